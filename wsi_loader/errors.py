@@ -1,0 +1,117 @@
+"""The one error tree of wsi_loader.
+
+Every error carries structured fields (``path``, coordinates, ``cause``) so callers can record
+failures as data instead of parsing messages. Standard-library bases are added where they fit,
+so ``except FileNotFoundError`` or ``except ValueError`` keep working.
+
+::
+
+    WsiLoaderError
+     +-- ConfigError (ValueError)            bad YAML / option: path, key, value
+     +-- InputError (ValueError)             bad manifest / labels CSV: path, line
+     +-- IndexFormatError                    missing, corrupt or incompatible index directory: path
+     +-- SlideError                          anything about one slide: path
+          +-- SlideNotFoundError (FileNotFoundError)
+          +-- SlideOpenError                 no backend could open it
+          +-- ResolutionError                no usable MPP, missing level, target not reachable
+          +-- TileReadError                  one region failed: l0_x, l0_y, level, cause
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "IndexFormatError",
+    "InputError",
+    "ResolutionError",
+    "SlideError",
+    "SlideNotFoundError",
+    "SlideOpenError",
+    "TileReadError",
+    "WsiLoaderError",
+]
+
+
+class WsiLoaderError(Exception):
+    """Base class of every error raised by wsi_loader."""
+
+
+class ConfigError(WsiLoaderError, ValueError):
+    """An option or configuration file is invalid.
+
+    ``path`` is the config file (None for options given in code), ``key`` the dotted option
+    name, ``value`` the offending value.
+    """
+
+    def __init__(
+        self, message: str, *, path: str | None = None, key: str | None = None, value: Any = None
+    ) -> None:
+        self.path = path
+        self.key = key
+        self.value = value
+        where = f"{path}: " if path else ""
+        super().__init__(f"{where}{message}")
+
+
+class InputError(WsiLoaderError, ValueError):
+    """A manifest, labels file or other user-supplied table is malformed."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        where = f"{path}:{line}: " if path and line else (f"{path}: " if path else "")
+        super().__init__(f"{where}{message}")
+
+
+class IndexFormatError(WsiLoaderError):
+    """An index directory is missing, corrupt, or written by an incompatible version."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class SlideError(WsiLoaderError):
+    """Something went wrong with one slide file."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class SlideNotFoundError(SlideError, FileNotFoundError):
+    """The slide file does not exist (or vanished after indexing)."""
+
+
+class SlideOpenError(SlideError):
+    """No backend could open the slide; the message lists each backend's reason."""
+
+
+class ResolutionError(SlideError):
+    """The requested resolution cannot be served by this slide (no MPP, no such level...)."""
+
+
+class TileReadError(SlideError):
+    """Reading one region failed.
+
+    ``l0_x``/``l0_y`` are the level-0 top-left corner, ``level`` the read level, ``cause`` the
+    backend's error text.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        l0_x: int | None = None,
+        l0_y: int | None = None,
+        level: int | None = None,
+        cause: str | None = None,
+    ) -> None:
+        self.l0_x = l0_x
+        self.l0_y = l0_y
+        self.level = level
+        self.cause = cause
+        super().__init__(message, path=path)

@@ -1,0 +1,78 @@
+"""The reader protocol every slide backend implements, and the normalised slide metadata.
+
+Coordinate frames are named in variables: ``l0_*`` level-0 pixels, ``l_*`` pixels of the level
+being read. Pixels come back as ``(H, W, 3)`` uint8 RGB numpy arrays; transparent areas (outside
+the scanned region) are composited onto white, the slide background.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+RGBArray = npt.NDArray[np.uint8]
+MppSource = Literal["vendor", "tiff-resolution", "manifest", "missing"]
+
+# Resolutions coarser than this are not microscope scans: they come from a screen DPI
+# (72 dpi = 352.8 um/px) written by generic image software.
+MAX_PLAUSIBLE_MPP = 20.0
+
+
+@dataclass(frozen=True)
+class SlideMeta:
+    """What every backend reports about a slide, normalised across vendors."""
+
+    backend: str
+    vendor: str
+    level_dimensions: tuple[tuple[int, int], ...]
+    level_downsamples: tuple[float, ...]
+    mpp: float | None
+    mpp_source: MppSource
+    objective_power: float | None = None
+    # storage tile (width, height) per level; (0, 0) when unknown or stored as strips
+    tile_sizes: tuple[tuple[int, int], ...] = field(default_factory=tuple)
+
+    @property
+    def dimensions(self) -> tuple[int, int]:
+        return self.level_dimensions[0]
+
+    @property
+    def level_count(self) -> int:
+        return len(self.level_dimensions)
+
+    @property
+    def usable_mpp(self) -> float | None:
+        """The MPP if it is a plausible microscope resolution, else None."""
+        if self.mpp is None or not (0.0 < self.mpp <= MAX_PLAUSIBLE_MPP):
+            return None
+        return self.mpp
+
+
+@runtime_checkable
+class SlideReader(Protocol):
+    """An open slide. Not thread-safe; one per process (see ``slides.pool``)."""
+
+    path: str
+    meta: SlideMeta
+
+    def read_region(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> RGBArray:
+        """Read ``l_w`` x ``l_h`` pixels of ``level`` whose top-left is level-0 ``(l0_x, l0_y)``.
+
+        Raises ``TileReadError`` on any backend failure.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+def rgba_to_rgb(rgba: npt.NDArray[np.uint8]) -> RGBArray:
+    """Composite an RGBA array onto white (OpenSlide returns alpha 0 outside scanned areas)."""
+    alpha = rgba[..., 3]
+    if bool(alpha.min() == 255):
+        return np.ascontiguousarray(rgba[..., :3])
+    a = alpha.astype(np.uint16)[..., None]
+    rgb = (rgba[..., :3].astype(np.uint16) * a + 255 * (255 - a) + 127) // 255
+    return rgb.astype(np.uint8)

@@ -1,0 +1,97 @@
+"""OpenSlide backend: the universal reader (Aperio, Hamamatsu, MIRAX, DICOM, generic TIFF...).
+
+OpenSlide errors latch: after one failed call every call on that handle fails until it is
+closed. ``read_region`` therefore marks the reader ``broken`` so the handle pool reopens it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import openslide
+
+from wsi_loader.errors import SlideOpenError, TileReadError
+from wsi_loader.slides.base import MppSource, RGBArray, SlideMeta, rgba_to_rgb
+
+log = logging.getLogger(__name__)
+
+# Vendors whose MPP OpenSlide derives from the TIFF resolution tags rather than scanner metadata.
+_RESOLUTION_TAG_VENDORS = {"generic-tiff"}
+
+
+def _float_property(props: openslide._PropertyMap, key: str) -> float | None:  # noqa: SLF001
+    value = props.get(key)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if number > 0 else None
+
+
+class OpenSlideReader:
+    """A `SlideReader` over one ``openslide.OpenSlide`` handle."""
+
+    backend = "openslide"
+
+    def __init__(self, path: str, cache: openslide.OpenSlideCache | None = None) -> None:
+        self.path = path
+        self.broken = False
+        try:
+            self._slide = openslide.OpenSlide(path)
+        except openslide.OpenSlideError as exc:  # includes OpenSlideUnsupportedFormatError
+            raise SlideOpenError(f"OpenSlide: {exc}", path=path) from exc
+        if cache is not None:
+            self._slide.set_cache(cache)
+        try:
+            self.meta = self._read_meta()
+        except openslide.OpenSlideError as exc:
+            self.close()
+            raise SlideOpenError(f"OpenSlide: {exc}", path=path) from exc
+
+    def _read_meta(self) -> SlideMeta:
+        slide = self._slide
+        props = slide.properties
+        vendor = props.get(openslide.PROPERTY_NAME_VENDOR) or "unknown"
+        mpp = _float_property(props, openslide.PROPERTY_NAME_MPP_X)
+        source: MppSource = "missing"
+        if mpp is not None:
+            source = "tiff-resolution" if vendor in _RESOLUTION_TAG_VENDORS else "vendor"
+        tile_sizes = []
+        for level in range(slide.level_count):
+            tw = props.get(f"openslide.level[{level}].tile-width")
+            th = props.get(f"openslide.level[{level}].tile-height")
+            tile_sizes.append((int(tw), int(th)) if tw and th else (0, 0))
+        return SlideMeta(
+            backend=self.backend,
+            vendor=vendor,
+            level_dimensions=tuple((int(w), int(h)) for w, h in slide.level_dimensions),
+            level_downsamples=tuple(float(d) for d in slide.level_downsamples),
+            mpp=mpp,
+            mpp_source=source,
+            objective_power=_float_property(props, openslide.PROPERTY_NAME_OBJECTIVE_POWER),
+            tile_sizes=tuple(tile_sizes),
+        )
+
+    def read_region(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> RGBArray:
+        try:
+            image = self._slide.read_region((l0_x, l0_y), level, (l_w, l_h))
+        except (openslide.OpenSlideError, OSError, ValueError) as exc:
+            self.broken = True  # the handle's error state is sticky: it must be reopened
+            raise TileReadError(
+                f"read failed at level-0 ({l0_x}, {l0_y}), level {level}, {l_w}x{l_h}: {exc}",
+                path=self.path,
+                l0_x=l0_x,
+                l0_y=l0_y,
+                level=level,
+                cause=f"{type(exc).__name__}: {exc}",
+            ) from exc
+        return rgba_to_rgb(np.asarray(image))
+
+    def close(self) -> None:
+        slide = getattr(self, "_slide", None)
+        if slide is not None:
+            slide.close()
+            self._slide = None  # type: ignore[assignment]
