@@ -1,0 +1,134 @@
+"""The ``wsi-loader`` command: a thin layer over the library.
+
+Exit codes: 0 success, 1 the work ran but produced nothing usable (e.g. no slide indexed),
+2 usage or input errors (bad option, config, manifest or index directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from wsi_loader.config import IndexConfig, load_config, with_overrides
+from wsi_loader.errors import WsiLoaderError
+from wsi_loader.index import SlideIndex, build_index
+
+log = logging.getLogger(__name__)
+
+
+_COMMON = argparse.ArgumentParser(add_help=False)
+_COMMON.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+
+
+def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("index", help="build or update a slide index", parents=[_COMMON],
+                       description="Find tissue, lay a tile grid and record tile coordinates.")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="slide files, folders (searched recursively), globs or CSV manifests")
+    p.add_argument("--out", required=True, metavar="DIR", help="index directory")
+    p.add_argument("--config", metavar="FILE", help="YAML config (see configs/index.yaml)")
+    p.add_argument("--tile-size", type=int, metavar="PX", help="tile edge in output pixels")
+    res = p.add_mutually_exclusive_group()
+    res.add_argument("--mpp", type=float, metavar="UM_PER_PX", help="target resolution")
+    res.add_argument("--level", type=int, metavar="N", help="read this level (no MPP needed)")
+    p.add_argument("--mpp-tolerance", type=float, metavar="F", help="accepted relative MPP error")
+    p.add_argument("--min-tissue", type=float, metavar="F", help="minimum tissue fraction 0..1")
+    p.add_argument("--stride", type=int, metavar="PX", help="grid step in output pixels")
+    p.add_argument("--labels", metavar="CSV", help="labels CSV joined by path or slide name")
+    p.add_argument("--root", metavar="DIR", help="store slide paths relative to this folder")
+    p.add_argument("--workers", type=int, metavar="N", help="parallel slide workers")
+    p.add_argument("--backend", choices=["auto", "openslide", "tiff"])
+    p.add_argument("--no-align", dest="align_to_storage", action="store_const", const=False,
+                   help="centre the grid instead of starting it on storage-tile corners")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _add_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("info", help="summarise an index", parents=[_COMMON])
+    p.add_argument("index", metavar="DIR")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--root", metavar="DIR", help="remap the slide root")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wsi-loader", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_index(sub)
+    _add_info(sub)
+    return parser
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    config = load_config(args.config).index if args.config else IndexConfig()
+    overrides: dict[str, Any] = {
+        key: getattr(args, key)
+        for key in ("tile_size", "mpp", "level", "mpp_tolerance", "min_tissue", "stride",
+                    "labels", "root", "workers", "backend", "align_to_storage")
+    }
+    config = with_overrides(config, source="command line", **overrides)
+    index = build_index(args.paths, args.out, config, progress=not args.no_progress)
+    ok = [s for s in index.slides if s.status == "ok"]
+    failed = len(index.slides) - len(ok)
+    print(f"{len(index.slides)} slides ({len(ok)} ok, {failed} failed), {len(index)} tiles -> "
+          f"{args.out}", file=sys.stderr)
+    for s in index.slides:
+        if s.status == "failed":
+            print(f"  failed: {s.path}: {s.error}", file=sys.stderr)
+    if not ok:
+        print("error: no slide could be indexed", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _human_summary(summary: dict[str, Any]) -> str:
+    slides = summary["slides"]
+    ok = sum(s["status"] == "ok" for s in slides)
+    lines = [
+        f"index {summary['path']} (schema {summary['schema_version']}, {summary['generation']})",
+        f"{len(slides)} slides ({ok} ok, {len(slides) - ok} failed), {summary['tiles']} tiles, "
+        f"{len(summary['quarantined'])} quarantined",
+        f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'level':>5} {'label':12} path",
+    ]
+    for s in slides:
+        mpp = f"{s['mpp']:.3f}" if s["mpp"] else "-"
+        level = "-" if s["read_level"] is None else str(s["read_level"])
+        lines.append(f"{s['slide_id']:>4} {s['status']:7} {s['tiles']:>7} {mpp:>7} {level:>5} "
+                     f"{(s['label'] or '-')[:12]:12} {s['path']}")
+        if s["error"]:
+            lines.append(f"{'':>4} error: {s['error']}")
+    return "\n".join(lines)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    index = SlideIndex.open(args.index, root=args.root)
+    summary = index.summary()
+    print(json.dumps(summary, indent=1) if args.json else _human_summary(summary))
+    return 0
+
+
+COMMANDS = {"index": cmd_index, "info": cmd_info}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return COMMANDS[args.command](args)
+    except WsiLoaderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

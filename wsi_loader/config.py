@@ -1,0 +1,135 @@
+"""Typed, validated configuration (YAML files and keyword arguments).
+
+pydantic does the validation (strict types, unknown keys rejected) so every error can name the
+key, the value and the file; `ConfigError` carries those as fields. YAML is read with
+``yaml.safe_load`` only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from wsi_loader.errors import ConfigError
+
+__all__ = ["Config", "DatasetConfig", "IndexConfig", "load_config", "validate"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class IndexConfig(_Strict):
+    """How `build_index` lays the tile grid. See ``configs/index.yaml`` for the documented default."""
+
+    tile_size: int = Field(256, gt=0, le=16384, description="tile edge in output pixels")
+    mpp: float | None = Field(0.5, gt=0, description="target microns per pixel")
+    level: int | None = Field(None, ge=0, description="read this pyramid level instead of an MPP")
+    mpp_tolerance: float = Field(0.1, ge=0, lt=1, description="relative MPP mismatch accepted")
+    stride: int | None = Field(None, gt=0, description="grid step in output pixels (tile_size)")
+    min_tissue: float = Field(0.5, ge=0, le=1, description="minimum tissue fraction of a tile")
+    align_to_storage: bool = Field(True, description="start the grid on storage-tile corners")
+    mask_max_size: int = Field(2048, ge=64, le=16384, description="longest side of tissue mask")
+    backend: Literal["auto", "openslide", "tiff"] = "auto"
+    workers: int = Field(1, ge=1, le=512)
+    root: str | None = Field(None, description="store slide paths relative to this folder")
+    labels: str | None = Field(None, description="CSV of labels joined by path or slide name")
+    exclude_quarantined: bool = Field(True, description="drop quarantined tiles when rebuilding")
+
+    @model_validator(mode="after")
+    def _mpp_or_level(self) -> IndexConfig:
+        if self.level is not None and self.mpp is not None:
+            raise ValueError("give either mpp or level, not both (set the other to null)")
+        if self.level is None and self.mpp is None:
+            raise ValueError("give mpp (microns per pixel) or level")
+        return self
+
+    @property
+    def grid_stride(self) -> int:
+        return self.stride if self.stride is not None else self.tile_size
+
+
+class DatasetConfig(_Strict):
+    """Options of `TileDataset` / `make_loader` readable from the same YAML file."""
+
+    on_error: Literal["fill", "substitute", "raise"] = "fill"
+    retries: int = Field(2, ge=0, le=10)
+    fill_value: int = Field(255, ge=0, le=255)
+    max_open_slides: int = Field(16, ge=1)
+    openslide_cache_mb: int = Field(64, ge=0)
+    exclude_quarantined: bool = False
+    batch_size: int = Field(64, ge=1)
+    num_workers: int | None = Field(None, ge=0)
+
+
+class Config(_Strict):
+    """A whole config file: one section per command."""
+
+    index: IndexConfig = IndexConfig()
+    dataset: DatasetConfig = DatasetConfig()
+
+
+def _describe(error: ValidationError, source: str | None) -> ConfigError:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or None
+    value = first.get("input")
+    if first["type"] == "extra_forbidden":
+        message = f"unknown key {key!r}"
+    elif key:
+        message = f"invalid value {value!r} for {key!r}: {first['msg']}"
+    else:
+        message = first["msg"]
+    more = len(error.errors()) - 1
+    if more:
+        message += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return ConfigError(message, path=source, key=key, value=value)
+
+
+def validate(model: type[_Strict], data: Any, source: str | None = None, prefix: str = "") -> Any:
+    """Validate ``data`` into ``model``; raise `ConfigError` naming key, value and ``source``."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = _describe(exc, source)
+        if prefix and err.key:
+            err.key = f"{prefix}.{err.key}"
+        raise err from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read a YAML config file. An empty file gives the defaults."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file: {exc.strerror}", path=source) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", path=source) from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"the top level must be a mapping of sections, got {type(data).__name__}",
+            path=source,
+        )
+    config: Config = validate(Config, data, source)
+    return config
+
+
+def with_overrides(config: IndexConfig, source: str | None = None, **overrides: Any) -> IndexConfig:
+    """A copy of ``config`` with the non-None ``overrides`` applied and validated again.
+
+    Giving ``level`` clears ``mpp`` and vice versa, so a CLI ``--level`` beats a file's ``mpp``.
+    """
+    updates = {k: v for k, v in overrides.items() if v is not None}
+    if "level" in updates and "mpp" not in updates:
+        updates["mpp"] = None
+    if "mpp" in updates and "level" not in updates:
+        updates["level"] = None
+    result: IndexConfig = validate(IndexConfig, {**config.model_dump(), **updates}, source)
+    return result

@@ -1,0 +1,18 @@
+"""Slide index: tissue detection, grid layout, the on-disk table and its builder.
+
+This layer never imports torch, so indexing runs on machines without it.
+"""
+
+from wsi_loader.index.builder import build_index, index_slide
+from wsi_loader.index.quarantine import Quarantine
+from wsi_loader.index.table import SCHEMA_VERSION, TILE_COLUMNS, SlideIndex, SlideRecord
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "TILE_COLUMNS",
+    "Quarantine",
+    "SlideIndex",
+    "SlideRecord",
+    "build_index",
+    "index_slide",
+]

@@ -1,0 +1,256 @@
+"""Build an index: discover slides, find tissue on a low level, lay the grid, write atomically.
+
+Each slide is indexed by `index_slide`, a plain function of small picklable arguments that
+returns the slide's record and coordinate arrays, so it runs inline, in a process pool, or on
+any ``concurrent.futures.Executor`` (a Dask cluster's ``client.get_executor()``). It never
+raises: a slide that cannot be indexed comes back as a failed record with the reason.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import multiprocessing
+import os
+import sys
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from wsi_loader.config import IndexConfig, with_overrides
+from wsi_loader.errors import SlideError
+from wsi_loader.index.geometry import grid, plan_read
+from wsi_loader.index.inputs import SlideEntry, discover, fingerprint, join_labels
+from wsi_loader.index.quarantine import Quarantine, coords_in
+from wsi_loader.index.table import (
+    CURRENT,
+    TILE_COLUMNS,
+    SlideIndex,
+    SlideRecord,
+    TileArrays,
+    records_by_path,
+    split_tiles,
+    write_index,
+)
+from wsi_loader.index.tissue import read_mask_image, tile_fractions, tissue_mask
+from wsi_loader.slides.open import open_slide
+
+log = logging.getLogger(__name__)
+
+# Parameters that change the tiles of a slide: an index built with others is not reused.
+GRID_PARAMS = (
+    "tile_size", "mpp", "level", "mpp_tolerance", "stride", "min_tissue",
+    "align_to_storage", "mask_max_size", "backend",
+)
+
+
+@dataclass(frozen=True)
+class SlideTask:
+    entry: SlideEntry
+    stored_path: str
+    config: IndexConfig
+
+
+def _empty_tiles() -> TileArrays:
+    return {name: np.zeros(0, dtype=dtype) for name, dtype in TILE_COLUMNS.items()}
+
+
+def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
+    """Index one slide. Never raises: failures come back as ``status="failed"`` records."""
+    entry, cfg = task.entry, task.config
+    record = SlideRecord(path=task.stored_path, label=entry.label, split=entry.split)
+    try:
+        size, mtime_ns, digest = fingerprint(entry.path)
+        record = replace(record, size=size, mtime_ns=mtime_ns, fingerprint=digest)
+        reader = open_slide(entry.path, cfg.backend)
+    except (SlideError, OSError) as exc:
+        reason = str(exc) if isinstance(exc, SlideError) else f"{exc.strerror or exc}"
+        if isinstance(exc, SlideError) and exc.path and reason.startswith(f"{exc.path}: "):
+            reason = reason[len(exc.path) + 2 :]
+        if isinstance(exc, FileNotFoundError):
+            reason = "slide file does not exist"
+        return replace(record, status="failed", error=reason), _empty_tiles()
+    try:
+        meta = reader.meta
+        mpp = entry.mpp if entry.mpp is not None else meta.mpp
+        record = replace(
+            record,
+            backend=meta.backend,
+            vendor=meta.vendor,
+            width=meta.dimensions[0],
+            height=meta.dimensions[1],
+            level_count=meta.level_count,
+            mpp=mpp,
+            mpp_source="manifest" if entry.mpp is not None else meta.mpp_source,
+            objective_power=meta.objective_power,
+        )
+        plan = plan_read(
+            meta, cfg.tile_size, cfg.grid_stride, mpp=cfg.mpp, level=cfg.level,
+            tolerance=cfg.mpp_tolerance, slide_mpp=entry.mpp,
+        )
+        record = replace(
+            record,
+            read_level=plan.level,
+            read_downsample=plan.level_downsample,
+            read_size=plan.read_size,
+            stride=plan.l_stride,
+            tile_mpp=plan.tile_mpp,
+            aligned=plan.aligned,
+            warning=plan.warning,
+        )
+        l0_x, l0_y = grid(meta, plan, align=cfg.align_to_storage)
+        if cfg.min_tissue > 0 and len(l0_x):
+            image, mask_level = read_mask_image(reader, cfg.mask_max_size)
+            mask = tissue_mask(image)
+            tissue = tile_fractions(mask, meta.dimensions, l0_x, l0_y, plan.l0_footprint)
+            record = replace(record, mask_level=mask_level)
+        else:
+            tissue = np.ones(len(l0_x), dtype=np.float32)
+        keep = tissue >= cfg.min_tissue
+        tiles: TileArrays = {
+            "slide_id": np.zeros(int(keep.sum()), dtype=np.int32),  # set when assembled
+            "l0_x": l0_x[keep].astype(np.int32),
+            "l0_y": l0_y[keep].astype(np.int32),
+            "level": np.full(int(keep.sum()), plan.level, dtype=np.int16),
+            "read_size": np.full(int(keep.sum()), plan.read_size, dtype=np.int32),
+            "tissue": tissue[keep].astype(np.float32),
+        }
+        if not len(l0_x):
+            record = replace(record, warning=_join(record.warning, "the slide is smaller than one tile"))
+        elif not keep.any():
+            record = replace(record, warning=_join(record.warning, "no tile reaches min_tissue"))
+        return replace(record, tiles=int(keep.sum())), tiles
+    except SlideError as exc:
+        reason = str(exc)
+        if exc.path and reason.startswith(f"{exc.path}: "):
+            reason = reason[len(exc.path) + 2 :]
+        return replace(record, status="failed", error=reason), _empty_tiles()
+    except Exception as exc:  # a malformed file must not stop the run
+        log.debug("indexing %s failed:\n%s", entry.path, traceback.format_exc())
+        return replace(record, status="failed", error=f"{type(exc).__name__}: {exc}"), _empty_tiles()
+    finally:
+        reader.close()
+
+
+def _join(first: str | None, second: str) -> str:
+    return f"{first}; {second}" if first else second
+
+
+def _stored_path(path: str, root: str | None) -> str:
+    if root is None:
+        return path
+    rel = os.path.relpath(path, root)
+    return path if rel.startswith(os.pardir + os.sep) or rel == os.pardir else rel
+
+
+def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
+    """The existing index at ``out`` if its grid parameters match ``config``."""
+    if not os.path.exists(os.path.join(out, CURRENT)):
+        return None
+    index = SlideIndex.open(out)
+    wanted = config.model_dump()
+    changed = [k for k in GRID_PARAMS if index.params.get(k) != wanted.get(k)]
+    if changed:
+        log.info("grid parameters changed (%s): re-indexing every slide", ", ".join(changed))
+        return None
+    return index
+
+
+def _run(
+    tasks: list[SlideTask], workers: int, executor: cf.Executor | None, progress: bool
+) -> list[tuple[SlideRecord, TileArrays]]:
+    bar = tqdm(total=len(tasks), unit="slide", desc="indexing", file=sys.stderr,
+               disable=None if progress and tasks else True)  # None: only on a terminal
+    results: list[tuple[SlideRecord, TileArrays] | None] = [None] * len(tasks)
+    try:
+        if executor is None and workers <= 1:
+            for i, task in enumerate(tasks):
+                results[i] = index_slide(task)
+                bar.update()
+        else:
+            own = executor is None
+            pool = executor or cf.ProcessPoolExecutor(
+                max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+            )
+            try:
+                futures = {pool.submit(index_slide, task): i for i, task in enumerate(tasks)}
+                for future in cf.as_completed(futures):
+                    results[futures[future]] = future.result()
+                    bar.update()
+            finally:
+                if own:
+                    pool.shutdown(cancel_futures=True)
+    finally:
+        bar.close()
+    return [r for r in results if r is not None]
+
+
+def build_index(
+    inputs: Iterable[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    config: IndexConfig | None = None,
+    *,
+    executor: cf.Executor | None = None,
+    progress: bool = False,
+    **overrides: Any,
+) -> SlideIndex:
+    """Index slides (files, folders, globs, CSV manifests) into the directory ``out``.
+
+    ``overrides`` are `IndexConfig` fields (``tile_size=224, mpp=0.5, workers=4``...). Slides
+    already in ``out`` with an unchanged fingerprint and the same grid parameters are carried
+    over without being opened; failed slides are retried. Returns the new `SlideIndex`.
+    """
+    cfg = with_overrides(config or IndexConfig(), **overrides)
+    out = os.fspath(out)
+    root = os.path.abspath(cfg.root) if cfg.root else None
+    entries = discover(inputs)
+    if cfg.labels:
+        entries = join_labels(entries, cfg.labels)
+    previous = _previous(out, cfg)
+    old = records_by_path(previous) if previous else {}
+
+    slots: list[tuple[SlideRecord, TileArrays] | SlideTask] = []
+    reused = 0
+    for entry in entries:
+        stored = _stored_path(entry.path, root)
+        hit = old.get(stored)
+        if hit and hit[1].status == "ok" and previous is not None:
+            try:
+                size, mtime_ns, digest = fingerprint(entry.path)
+            except OSError:
+                digest = None
+            if digest == hit[1].fingerprint:
+                record = replace(hit[1], label=entry.label, split=entry.split)
+                slots.append((record, split_tiles(previous, hit[0])))
+                reused += 1
+                continue
+        slots.append(SlideTask(entry=entry, stored_path=stored, config=cfg))
+    tasks = [s for s in slots if isinstance(s, SlideTask)]
+    log.info("%d slides: %d unchanged, %d to index", len(entries), reused, len(tasks))
+    done = iter(_run(tasks, cfg.workers, executor, progress))
+    results = [next(done) if isinstance(s, SlideTask) else s for s in slots]
+    results.sort(key=lambda r: r[0].path)
+
+    quarantined = (
+        Quarantine(os.path.join(out, "quarantine.jsonl")).coords_by_path()
+        if cfg.exclude_quarantined else {}
+    )
+    records, tiles = [], []
+    for slide_id, (record, arrays) in enumerate(results):
+        drop = coords_in(arrays["l0_x"], arrays["l0_y"], quarantined.get(record.path, set()))
+        if drop.any():
+            arrays = {k: v[~drop] for k, v in arrays.items()}
+            note = f"{int(drop.sum())} quarantined tiles excluded"
+            record = replace(record, tiles=len(arrays["l0_x"]), warning=_join(record.warning, note))
+        arrays = {**arrays, "slide_id": np.full(len(arrays["l0_x"]), slide_id, dtype=np.int32)}
+        records.append(record)
+        tiles.append(arrays)
+    params = cfg.model_dump()
+    index = write_index(out, records, tiles, params, root)
+    failed = sum(r.status == "failed" for r in records)
+    log.info("indexed %d slides (%d failed), %d tiles -> %s", len(records), failed, len(index), out)
+    return index

@@ -1,0 +1,124 @@
+"""Tissue detection on a low-resolution image: Otsu on saturation, then morphology.
+
+Brightfield tissue is coloured (stain) while glass is near-white or grey, so saturation
+separates them better than brightness. The mask image comes from the lowest-resolution level
+(`read_mask_image`), never from level 0 of a pyramidal slide.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+from scipy import ndimage
+
+from wsi_loader.slides.base import RGBArray, SlideReader
+
+BoolArray = npt.NDArray[np.bool_]
+
+# Below this saturation nothing is tissue, whatever Otsu says (an all-glass image has a
+# threshold too, somewhere in its noise).
+MIN_SATURATION = 0.05
+
+
+def otsu_threshold(values: npt.NDArray[np.floating], bins: int = 256) -> float:
+    """Otsu's threshold of values in [0, 1]."""
+    hist, edges = np.histogram(values, bins=bins, range=(0.0, 1.0))
+    weights = hist.astype(np.float64)
+    total = weights.sum()
+    if total == 0:
+        return 1.0
+    centres = (edges[:-1] + edges[1:]) / 2
+    w0 = np.cumsum(weights)
+    w1 = total - w0
+    sum0 = np.cumsum(weights * centres)
+    mean0 = sum0 / np.maximum(w0, 1e-12)
+    mean1 = (sum0[-1] - sum0) / np.maximum(w1, 1e-12)
+    between = w0 * w1 * (mean0 - mean1) ** 2
+    return float(edges[int(np.argmax(between)) + 1])
+
+
+def saturation(rgb: RGBArray) -> npt.NDArray[np.float32]:
+    high = rgb.max(axis=-1).astype(np.float32)
+    low = rgb.min(axis=-1).astype(np.float32)
+    return np.where(high > 0, (high - low) / np.maximum(high, 1.0), 0.0).astype(np.float32)
+
+
+def tissue_mask(rgb: RGBArray) -> BoolArray:
+    """Boolean tissue mask of a low-resolution RGB image."""
+    sat = saturation(rgb)
+    threshold = max(otsu_threshold(sat), MIN_SATURATION)
+    mask = sat > threshold
+    radius = max(1, round(max(mask.shape) / 512))
+    structure = ndimage.generate_binary_structure(2, 1)
+    mask = ndimage.binary_closing(mask, structure, iterations=radius, border_value=0)
+    mask = ndimage.binary_opening(mask, structure, iterations=radius)
+    return np.asarray(ndimage.binary_fill_holes(mask), dtype=bool)
+
+
+def read_mask_image(reader: SlideReader, max_size: int) -> tuple[RGBArray, int]:
+    """Read the lowest-resolution level, shrunk so its longest side is at most ``max_size``.
+
+    Returns the image and the level it came from. The level is read in chunks and box-filtered,
+    so a large single-level slide never needs its full raster in memory.
+    """
+    meta = reader.meta
+    level = meta.level_count - 1
+    l_w, l_h = meta.level_dimensions[level]
+    factor = max(1, math.ceil(max(l_w, l_h) / max_size))
+    chunk = factor * max(1, 2048 // factor)
+    out_w, out_h = math.ceil(l_w / factor), math.ceil(l_h / factor)
+    out = np.empty((out_h, out_w, 3), dtype=np.uint8)
+    ds = meta.level_downsamples[level]
+    for l_y in range(0, l_h, chunk):
+        for l_x in range(0, l_w, chunk):
+            w, h = min(chunk, l_w - l_x), min(chunk, l_h - l_y)
+            pixels = reader.read_region(round(l_x * ds), round(l_y * ds), level, w, h)
+            if factor > 1:
+                pixels = _box_reduce(pixels, factor)
+            out[l_y // factor : l_y // factor + pixels.shape[0],
+                l_x // factor : l_x // factor + pixels.shape[1]] = pixels
+    return out, level
+
+
+def _box_reduce(pixels: RGBArray, factor: int) -> RGBArray:
+    """Mean over factor x factor blocks; partial edge blocks are padded with white."""
+    h, w = pixels.shape[:2]
+    ph, pw = math.ceil(h / factor) * factor, math.ceil(w / factor) * factor
+    if (ph, pw) != (h, w):
+        padded = np.full((ph, pw, 3), 255, dtype=np.uint8)
+        padded[:h, :w] = pixels
+        pixels = padded
+    blocks = pixels.reshape(ph // factor, factor, pw // factor, factor, 3).astype(np.float32)
+    return (blocks.mean(axis=(1, 3)) + 0.5).astype(np.uint8)
+
+
+def tile_fractions(
+    mask: BoolArray,
+    l0_size: tuple[int, int],
+    l0_x: npt.NDArray[np.int64],
+    l0_y: npt.NDArray[np.int64],
+    l0_footprint: float,
+) -> npt.NDArray[np.float32]:
+    """Tissue fraction of each tile (level-0 top-left, square footprint), from the mask.
+
+    Uses a summed-area table, so the cost is O(1) per tile.
+    """
+    h_m, w_m = mask.shape
+    sx, sy = w_m / l0_size[0], h_m / l0_size[1]
+    sat = np.zeros((h_m + 1, w_m + 1), dtype=np.int64)
+    sat[1:, 1:] = mask.astype(np.int64).cumsum(0).cumsum(1)
+
+    def bounds(start: npt.NDArray[np.int64], scale: float, limit: int) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.int64]
+    ]:
+        lo = np.clip(np.floor(start * scale).astype(np.int64), 0, limit)
+        hi = np.clip(np.ceil((start + l0_footprint) * scale).astype(np.int64), 0, limit)
+        return lo, np.maximum(hi, np.minimum(lo + 1, limit))
+
+    x0, x1 = bounds(l0_x, sx, w_m)
+    y0, y1 = bounds(l0_y, sy, h_m)
+    area = np.maximum((x1 - x0) * (y1 - y0), 1)
+    inside = sat[y1, x1] - sat[y0, x1] - sat[y1, x0] + sat[y0, x0]
+    return (inside / area).astype(np.float32)
