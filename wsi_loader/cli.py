@@ -25,10 +25,18 @@ _COMMON.add_argument("-v", "--verbose", action="count", default=0, help="more lo
 
 
 def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("index", help="build or update a slide index", parents=[_COMMON],
-                       description="Find tissue, lay a tile grid and record tile coordinates.")
-    p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="slide files, folders (searched recursively), globs or CSV manifests")
+    p = sub.add_parser(
+        "index",
+        help="build or update a slide index",
+        parents=[_COMMON],
+        description="Find tissue, lay a tile grid and record tile coordinates.",
+    )
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="slide files, folders (searched recursively), globs or CSV manifests",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="index directory")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/index.yaml)")
     p.add_argument("--tile-size", type=int, metavar="PX", help="tile edge in output pixels")
@@ -42,8 +50,13 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--root", metavar="DIR", help="store slide paths relative to this folder")
     p.add_argument("--workers", type=int, metavar="N", help="parallel slide workers")
     p.add_argument("--backend", choices=["auto", "openslide", "tiff"])
-    p.add_argument("--no-align", dest="align_to_storage", action="store_const", const=False,
-                   help="centre the grid instead of starting it on storage-tile corners")
+    p.add_argument(
+        "--no-align",
+        dest="align_to_storage",
+        action="store_const",
+        const=False,
+        help="centre the grid instead of starting it on storage-tile corners",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -66,15 +79,29 @@ def cmd_index(args: argparse.Namespace) -> int:
     config = load_config(args.config).index if args.config else IndexConfig()
     overrides: dict[str, Any] = {
         key: getattr(args, key)
-        for key in ("tile_size", "mpp", "level", "mpp_tolerance", "min_tissue", "stride",
-                    "labels", "root", "workers", "backend", "align_to_storage")
+        for key in (
+            "tile_size",
+            "mpp",
+            "level",
+            "mpp_tolerance",
+            "min_tissue",
+            "stride",
+            "labels",
+            "root",
+            "workers",
+            "backend",
+            "align_to_storage",
+        )
     }
     config = with_overrides(config, source="command line", **overrides)
     index = build_index(args.paths, args.out, config, progress=not args.no_progress)
     ok = [s for s in index.slides if s.status == "ok"]
     failed = len(index.slides) - len(ok)
-    print(f"{len(index.slides)} slides ({len(ok)} ok, {failed} failed), {len(index)} tiles -> "
-          f"{args.out}", file=sys.stderr)
+    print(
+        f"{len(index.slides)} slides ({len(ok)} ok, {failed} failed), {len(index)} tiles -> "
+        f"{args.out}",
+        file=sys.stderr,
+    )
     for s in index.slides:
         if s.status == "failed":
             print(f"  failed: {s.path}: {s.error}", file=sys.stderr)
@@ -96,8 +123,10 @@ def _human_summary(summary: dict[str, Any]) -> str:
     for s in slides:
         mpp = f"{s['mpp']:.3f}" if s["mpp"] else "-"
         level = "-" if s["read_level"] is None else str(s["read_level"])
-        lines.append(f"{s['slide_id']:>4} {s['status']:7} {s['tiles']:>7} {mpp:>7} {level:>5} "
-                     f"{(s['label'] or '-')[:12]:12} {s['path']}")
+        lines.append(
+            f"{s['slide_id']:>4} {s['status']:7} {s['tiles']:>7} {mpp:>7} {level:>5} "
+            f"{(s['label'] or '-')[:12]:12} {s['path']}"
+        )
         if s["error"]:
             lines.append(f"{'':>4} error: {s['error']}")
     return "\n".join(lines)

@@ -23,7 +23,7 @@ class _Strict(BaseModel):
 
 
 class IndexConfig(_Strict):
-    """How `build_index` lays the tile grid. See ``configs/index.yaml`` for the documented default."""
+    """How `build_index` lays the tile grid; ``configs/index.yaml`` documents the defaults."""
 
     tile_size: int = Field(256, gt=0, le=16384, description="tile edge in output pixels")
     mpp: float | None = Field(0.5, gt=0, description="target microns per pixel")

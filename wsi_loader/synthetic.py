@@ -65,7 +65,7 @@ class _Painter:
         ] = {}
 
     def tissue_mask(self, l0_x: int, l0_y: int, ds: float, w: int, h: int) -> npt.NDArray[np.bool_]:
-        """Tissue where the smoothed field (sampled every 8 px, then bilinear) passes the threshold."""
+        """Tissue where the smoothed field (sampled every 8 px, bilinear) passes the threshold."""
         step = 8
         xs = (l0_x + np.arange(0, w + step, step) * ds) / _FIELD_STEP
         ys = (l0_y + np.arange(0, h + step, step) * ds) / _FIELD_STEP
@@ -75,11 +75,15 @@ class _Painter:
             return np.zeros((h, w), dtype=bool)
         size = ((coarse.shape[1] - 1) * step, (coarse.shape[0] - 1) * step)
         fine = Image.fromarray(coarse.astype(np.float32), "F").resize(
-            size, Image.Resampling.BILINEAR, box=(0.5, 0.5, coarse.shape[1] - 0.5, coarse.shape[0] - 0.5)
+            size,
+            Image.Resampling.BILINEAR,
+            box=(0.5, 0.5, coarse.shape[1] - 0.5, coarse.shape[0] - 0.5),
         )
         return np.asarray(fine)[:h, :w] > self.threshold
 
-    def _textures(self, size: int) -> tuple[list[npt.NDArray[np.uint8]], list[npt.NDArray[np.uint8]]]:
+    def _textures(
+        self, size: int
+    ) -> tuple[list[npt.NDArray[np.uint8]], list[npt.NDArray[np.uint8]]]:
         """A few pre-drawn background and stroma textures per tile size (noise is the slow part)."""
         if size not in self._texture_bank:
             rng = np.random.default_rng([self.spec.seed, size])
@@ -89,7 +93,9 @@ class _Painter:
             self._texture_bank[size] = (background, stroma)
         return self._texture_bank[size]
 
-    def paint(self, level: int, l0_x: int, l0_y: int, ds: float, size: int) -> npt.NDArray[np.uint8]:
+    def paint(
+        self, level: int, l0_x: int, l0_y: int, ds: float, size: int
+    ) -> npt.NDArray[np.uint8]:
         rng = np.random.default_rng([self.spec.seed, level, l0_x, l0_y])
         background, stroma = self._textures(size)
         shift = tuple(int(v) for v in rng.integers(0, size, 2))
@@ -201,7 +207,24 @@ def write_svs(
                 metadata=None,
                 subfiletype=0,
             )
+            if level == 0:  # real SVS files keep a stripped thumbnail right after level 0
+                _write_thumbnail(tif, painter, spec)
     return path
+
+
+def _write_thumbnail(tif: tifffile.TiffWriter, painter: _Painter, spec: SlideSpec) -> None:
+    ds = max(spec.width, spec.height) / 768
+    w, h = max(1, round(spec.width / ds)), max(1, round(spec.height / ds))
+    mask = painter.tissue_mask(0, 0, ds, w, h)[..., None]
+    thumb = np.where(mask, _STROMA, _BACKGROUND).astype(np.uint8)
+    tif.write(
+        thumb,
+        photometric="rgb",
+        compression="jpeg",
+        rowsperstrip=16,
+        description=f"Aperio Image Library v12.0.15 \r\n{spec.width}x{spec.height} -> {w}x{h}",
+        metadata=None,
+    )
 
 
 def write_tiff(
@@ -244,7 +267,7 @@ def write_tiff(
 
 def _overwrite_tiles(path: str, tiles: set[tuple[int, int]]) -> None:
     with tifffile.TiffFile(path) as tif:
-        page = tif.pages[0]
+        page = tif.pages.first
         across = math.ceil(page.imagewidth / page.tilewidth)
         spans = [
             (page.dataoffsets[row * across + col], page.databytecounts[row * across + col])

@@ -43,8 +43,15 @@ log = logging.getLogger(__name__)
 
 # Parameters that change the tiles of a slide: an index built with others is not reused.
 GRID_PARAMS = (
-    "tile_size", "mpp", "level", "mpp_tolerance", "stride", "min_tissue",
-    "align_to_storage", "mask_max_size", "backend",
+    "tile_size",
+    "mpp",
+    "level",
+    "mpp_tolerance",
+    "stride",
+    "min_tissue",
+    "align_to_storage",
+    "mask_max_size",
+    "backend",
 )
 
 
@@ -89,8 +96,13 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
             objective_power=meta.objective_power,
         )
         plan = plan_read(
-            meta, cfg.tile_size, cfg.grid_stride, mpp=cfg.mpp, level=cfg.level,
-            tolerance=cfg.mpp_tolerance, slide_mpp=entry.mpp,
+            meta,
+            cfg.tile_size,
+            cfg.grid_stride,
+            mpp=cfg.mpp,
+            level=cfg.level,
+            tolerance=cfg.mpp_tolerance,
+            slide_mpp=entry.mpp,
         )
         record = replace(
             record,
@@ -120,7 +132,9 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
             "tissue": tissue[keep].astype(np.float32),
         }
         if not len(l0_x):
-            record = replace(record, warning=_join(record.warning, "the slide is smaller than one tile"))
+            record = replace(
+                record, warning=_join(record.warning, "the slide is smaller than one tile")
+            )
         elif not keep.any():
             record = replace(record, warning=_join(record.warning, "no tile reaches min_tissue"))
         return replace(record, tiles=int(keep.sum())), tiles
@@ -131,7 +145,9 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
         return replace(record, status="failed", error=reason), _empty_tiles()
     except Exception as exc:  # a malformed file must not stop the run
         log.debug("indexing %s failed:\n%s", entry.path, traceback.format_exc())
-        return replace(record, status="failed", error=f"{type(exc).__name__}: {exc}"), _empty_tiles()
+        return replace(
+            record, status="failed", error=f"{type(exc).__name__}: {exc}"
+        ), _empty_tiles()
     finally:
         reader.close()
 
@@ -163,8 +179,13 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
 def _run(
     tasks: list[SlideTask], workers: int, executor: cf.Executor | None, progress: bool
 ) -> list[tuple[SlideRecord, TileArrays]]:
-    bar = tqdm(total=len(tasks), unit="slide", desc="indexing", file=sys.stderr,
-               disable=None if progress and tasks else True)  # None: only on a terminal
+    bar = tqdm(
+        total=len(tasks),
+        unit="slide",
+        desc="indexing",
+        file=sys.stderr,
+        disable=None if progress and tasks else True,
+    )  # None: only on a terminal
     results: list[tuple[SlideRecord, TileArrays] | None] = [None] * len(tasks)
     try:
         if executor is None and workers <= 1:
@@ -220,7 +241,7 @@ def build_index(
         hit = old.get(stored)
         if hit and hit[1].status == "ok" and previous is not None:
             try:
-                size, mtime_ns, digest = fingerprint(entry.path)
+                digest: str | None = fingerprint(entry.path)[2]
             except OSError:
                 digest = None
             if digest == hit[1].fingerprint:
@@ -237,16 +258,18 @@ def build_index(
 
     quarantined = (
         Quarantine(os.path.join(out, "quarantine.jsonl")).coords_by_path()
-        if cfg.exclude_quarantined else {}
+        if cfg.exclude_quarantined
+        else {}
     )
     records, tiles = [], []
-    for slide_id, (record, arrays) in enumerate(results):
+    for slide_id, (found, found_tiles) in enumerate(results):
+        record, arrays = found, dict(found_tiles)
         drop = coords_in(arrays["l0_x"], arrays["l0_y"], quarantined.get(record.path, set()))
         if drop.any():
             arrays = {k: v[~drop] for k, v in arrays.items()}
             note = f"{int(drop.sum())} quarantined tiles excluded"
             record = replace(record, tiles=len(arrays["l0_x"]), warning=_join(record.warning, note))
-        arrays = {**arrays, "slide_id": np.full(len(arrays["l0_x"]), slide_id, dtype=np.int32)}
+        arrays["slide_id"] = np.full(len(arrays["l0_x"]), slide_id, dtype=np.int32)
         records.append(record)
         tiles.append(arrays)
     params = cfg.model_dump()

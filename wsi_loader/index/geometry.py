@@ -45,8 +45,9 @@ class ReadPlan:
 def _mpp_reason(meta: SlideMeta, mpp: float | None) -> str:
     if mpp is None:
         return "the slide has no MPP (microns per pixel) in its metadata"
+    source = _SOURCE_NAMES.get(meta.mpp_source, meta.mpp_source)
     return (
-        f"its MPP {mpp:.4g} um/px (from the {_SOURCE_NAMES.get(meta.mpp_source, meta.mpp_source)}) is not a microscope resolution "
+        f"its MPP {mpp:.4g} um/px (from the {source}) is not a microscope resolution "
         "(probably a screen DPI)"
     )
 
@@ -133,9 +134,7 @@ def _aligned(meta: SlideMeta, level: int, l_stride: int) -> bool:
     return l_stride % tw == 0 and l_stride % th == 0
 
 
-def grid(
-    meta: SlideMeta, plan: ReadPlan, align: bool = True
-) -> tuple[IntArray, IntArray]:
+def grid(meta: SlideMeta, plan: ReadPlan, align: bool = True) -> tuple[IntArray, IntArray]:
     """Level-0 top-left corners of every full window of the plan, row-major.
 
     With ``align`` the grid starts at (0, 0), where storage tiles start; otherwise it is
@@ -163,8 +162,7 @@ def _axis(length: int, window: int, step: int, align: bool) -> IntArray:
 def describe(plan: ReadPlan) -> str:
     return (
         f"level {plan.level} (x{plan.level_downsample:.4g}), window {plan.read_size} px, "
-        f"step {plan.l_stride} px" + (f", {plan.tile_mpp:.4g} um/px" if plan.tile_mpp else "")
+        f"step {plan.l_stride} px"
+        + (f", {plan.tile_mpp:.4g} um/px" if plan.tile_mpp else "")
         + (", aligned" if plan.aligned else "")
     )
-
-

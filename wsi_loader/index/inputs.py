@@ -20,8 +20,20 @@ from pathlib import Path
 from wsi_loader.errors import InputError
 
 SLIDE_SUFFIXES = frozenset(
-    {".svs", ".tif", ".tiff", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".bif", ".svslide",
-     ".qptiff", ".dcm"}
+    {
+        ".svs",
+        ".tif",
+        ".tiff",
+        ".ndpi",
+        ".vms",
+        ".vmu",
+        ".scn",
+        ".mrxs",
+        ".bif",
+        ".svslide",
+        ".qptiff",
+        ".dcm",
+    }
 )
 _GLOB_CHARS = set("*?[")
 
@@ -64,7 +76,9 @@ def _parse_float(value: str, path: str, line: int, column: str) -> float | None:
     try:
         number = float(value)
     except ValueError:
-        raise InputError(f"column {column!r}: {value!r} is not a number", path=path, line=line) from None
+        raise InputError(
+            f"column {column!r}: {value!r} is not a number", path=path, line=line
+        ) from None
     if not number > 0:
         raise InputError(f"column {column!r}: {value!r} must be > 0", path=path, line=line)
     return number
@@ -86,9 +100,12 @@ def _read_csv(path: str, required: Sequence[str]) -> list[tuple[int, dict[str, s
                 if None in row:
                     raise InputError(
                         f"{len(header) + len(row[None])} fields where the header has {len(header)}",
-                        path=path, line=reader.line_num,
+                        path=path,
+                        line=reader.line_num,
                     )
-                rows.append((reader.line_num, {k.strip(): (v or "").strip() for k, v in row.items()}))
+                rows.append(
+                    (reader.line_num, {k.strip(): (v or "").strip() for k, v in row.items()})
+                )
             return rows
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 text: {exc.reason}", path=path) from exc
@@ -101,7 +118,8 @@ def _read_csv(path: str, required: Sequence[str]) -> list[tuple[int, dict[str, s
 def read_manifest(path: str) -> list[SlideEntry]:
     """Entries of a ``path,label[,split][,mpp]`` manifest."""
     folder = os.path.dirname(os.path.abspath(path))
-    entries, seen = [], {}
+    entries: list[SlideEntry] = []
+    seen: dict[str, int] = {}
     for line, row in _read_csv(path, ["path"]):
         if "path" not in row:
             raise InputError("the manifest needs a 'path' column", path=path)
@@ -110,7 +128,9 @@ def read_manifest(path: str) -> list[SlideEntry]:
             raise InputError("empty 'path'", path=path, line=line)
         full = os.path.normpath(os.path.join(folder, value))
         if full in seen:
-            raise InputError(f"{value!r} is listed twice (first on line {seen[full]})", path=path, line=line)
+            raise InputError(
+                f"{value!r} is listed twice (first on line {seen[full]})", path=path, line=line
+            )
         seen[full] = line
         if os.path.isdir(full):
             dicoms = sorted(f for f in os.listdir(full) if f.lower().endswith(".dcm"))
@@ -139,7 +159,8 @@ def discover(inputs: Iterable[str | os.PathLike[str]]) -> list[SlideEntry]:
             paths = _scan_folder(Path(text))
         elif not os.path.exists(text) and _GLOB_CHARS & set(text):
             paths = sorted(
-                p for p in glob.glob(text, recursive=True)
+                p
+                for p in glob.glob(text, recursive=True)
                 if os.path.isfile(p) and Path(p).suffix.lower() in SLIDE_SUFFIXES
             )
             if not paths:
@@ -166,7 +187,9 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> list[SlideEntry]:
         elif row.get("slide"):
             name = row["slide"]
             if name in by_name and by_name[name] != value:
-                raise InputError(f"slide {name!r} has two different labels", path=labels_csv, line=line)
+                raise InputError(
+                    f"slide {name!r} has two different labels", path=labels_csv, line=line
+                )
             by_name[name] = value
         else:
             raise InputError("a row needs 'path' or 'slide'", path=labels_csv, line=line)
@@ -186,7 +209,9 @@ def fingerprint(path: str) -> tuple[int, int, str]:
     files = [path]
     if path.lower().endswith(".dcm"):
         folder = os.path.dirname(path)
-        files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.lower().endswith(".dcm"))
+        files = sorted(
+            os.path.join(folder, f) for f in os.listdir(folder) if f.lower().endswith(".dcm")
+        )
     digest = hashlib.blake2b(digest_size=16)
     size = mtime = 0
     for file in files:

@@ -29,7 +29,7 @@ class Quarantine:
         self.path = Path(path)
 
     def append(self, record: dict[str, Any]) -> None:
-        """Append one record (must hold at least ``slide_id``, ``path``, ``x``, ``y``, ``error``)."""
+        """Append one record (at least ``slide_id``, ``path``, ``x``, ``y``, ``error``)."""
         entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **record}
         line = (json.dumps(entry, sort_keys=True) + "\n").encode("utf-8")
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -80,7 +80,8 @@ class Quarantine:
 
 
 def coords_in(
-    l0_x: npt.NDArray[np.integer[Any]], l0_y: npt.NDArray[np.integer[Any]],
+    l0_x: npt.NDArray[np.integer[Any]],
+    l0_y: npt.NDArray[np.integer[Any]],
     coords: set[tuple[int, int]],
 ) -> npt.NDArray[np.bool_]:
     """Boolean per tile: is (l0_x, l0_y) one of ``coords``."""

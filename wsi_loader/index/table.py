@@ -105,7 +105,10 @@ class SlideIndex:
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], *, root: str | None = None,
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        root: str | None = None,
         exclude_quarantined: bool = False,
     ) -> SlideIndex:
         """Open an index directory.
@@ -133,7 +136,9 @@ class SlideIndex:
             try:
                 array = np.load(file, mmap_mode="r")
             except (OSError, ValueError) as exc:
-                raise IndexFormatError(f"unreadable column {name!r}: {exc}", path=str(file)) from exc
+                raise IndexFormatError(
+                    f"unreadable column {name!r}: {exc}", path=str(file)
+                ) from exc
             if array.dtype != dtype or array.ndim != 1 or len(array) != meta["tiles_total"]:
                 raise IndexFormatError(
                     f"column {name!r} has dtype {array.dtype}, shape {array.shape}; expected "
@@ -160,10 +165,14 @@ class SlideIndex:
             coords = by_path.get(record.path)
             if coords and record.tiles:
                 rows = slice(record.first_row, record.first_row + record.tiles)
-                drop[rows] = coords_in(self.columns["l0_x"][rows], self.columns["l0_y"][rows], coords)
+                drop[rows] = coords_in(
+                    self.columns["l0_x"][rows], self.columns["l0_y"][rows], coords
+                )
         self.excluded = int(drop.sum())
         if self.excluded:
-            self.columns = {name: np.ascontiguousarray(col[~drop]) for name, col in self.columns.items()}
+            self.columns = {
+                name: np.ascontiguousarray(col[~drop]) for name, col in self.columns.items()
+            }
 
     def __len__(self) -> int:
         return len(self.columns["slide_id"])
@@ -191,8 +200,10 @@ class SlideIndex:
     def slide_labels(self) -> npt.NDArray[np.int64]:
         """Label id per slide (position in ``label_names``), -1 when unlabelled."""
         lookup = {name: i for i, name in enumerate(self.label_names)}
-        return np.array([lookup.get(s.label, -1) if s.label is not None else -1
-                         for s in self.slides], dtype=np.int64)
+        return np.array(
+            [lookup.get(s.label, -1) if s.label is not None else -1 for s in self.slides],
+            dtype=np.int64,
+        )
 
     def summary(self) -> dict[str, Any]:
         """The JSON object `wsi-loader info --json` prints."""

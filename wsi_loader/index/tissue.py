@@ -77,8 +77,10 @@ def read_mask_image(reader: SlideReader, max_size: int) -> tuple[RGBArray, int]:
             pixels = reader.read_region(round(l_x * ds), round(l_y * ds), level, w, h)
             if factor > 1:
                 pixels = _box_reduce(pixels, factor)
-            out[l_y // factor : l_y // factor + pixels.shape[0],
-                l_x // factor : l_x // factor + pixels.shape[1]] = pixels
+            out[
+                l_y // factor : l_y // factor + pixels.shape[0],
+                l_x // factor : l_x // factor + pixels.shape[1],
+            ] = pixels
     return out, level
 
 
@@ -91,7 +93,8 @@ def _box_reduce(pixels: RGBArray, factor: int) -> RGBArray:
         padded[:h, :w] = pixels
         pixels = padded
     blocks = pixels.reshape(ph // factor, factor, pw // factor, factor, 3).astype(np.float32)
-    return (blocks.mean(axis=(1, 3)) + 0.5).astype(np.uint8)
+    reduced: RGBArray = (blocks.mean(axis=(1, 3)) + 0.5).astype(np.uint8)
+    return reduced
 
 
 def tile_fractions(
@@ -110,9 +113,9 @@ def tile_fractions(
     sat = np.zeros((h_m + 1, w_m + 1), dtype=np.int64)
     sat[1:, 1:] = mask.astype(np.int64).cumsum(0).cumsum(1)
 
-    def bounds(start: npt.NDArray[np.int64], scale: float, limit: int) -> tuple[
-        npt.NDArray[np.int64], npt.NDArray[np.int64]
-    ]:
+    def bounds(
+        start: npt.NDArray[np.int64], scale: float, limit: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         lo = np.clip(np.floor(start * scale).astype(np.int64), 0, limit)
         hi = np.clip(np.ceil((start + l0_footprint) * scale).astype(np.int64), 0, limit)
         return lo, np.maximum(hi, np.minimum(lo + 1, limit))

@@ -7,6 +7,7 @@ closed. ``read_region`` therefore marks the reader ``broken`` so the handle pool
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 import openslide
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 _RESOLUTION_TAG_VENDORS = {"generic-tiff"}
 
 
-def _float_property(props: openslide._PropertyMap, key: str) -> float | None:  # noqa: SLF001
+def _float_property(props: Mapping[str, str], key: str) -> float | None:
     value = props.get(key)
     if value is None:
         return None

@@ -45,6 +45,13 @@ class HandlePool:
         self.opened = 0  # handles opened by this process (for tests and stats)
         _live_pools.add(self)
 
+    def __getstate__(self) -> dict[str, int]:
+        """Pickle the options only: handles never cross a process boundary."""
+        return {"max_open": self.max_open, "openslide_cache_bytes": self.openslide_cache_bytes}
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
     def _check_process(self) -> None:
         pid = os.getpid()
         if pid != self._pid:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections import OrderedDict
 
 import numpy as np
@@ -33,14 +34,25 @@ def _resolution_mpp(page: tifffile.TiffPage) -> float | None:
     num, den = x_res.value
     if num <= 0 or den <= 0:
         return None
-    return _UNIT_TO_UM[int(unit.value)] * den / num
+    return float(_UNIT_TO_UM[int(unit.value)] * den / num)
+
+
+def _aperio_field(description: str, name: str) -> float | None:
+    """A number from an Aperio ImageDescription (``...|MPP = 0.4990|AppMag = 20|...``)."""
+    match = re.search(rf"\|\s*{name}\s*=\s*([0-9.]+)", description)
+    try:
+        return float(match.group(1)) if match else None
+    except ValueError:
+        return None
 
 
 def to_rgb(pixels: npt.NDArray[np.generic]) -> RGBArray:
     """Convert decoded samples (grey, grey+alpha, RGB, RGBA; any integer depth) to RGB uint8."""
     if pixels.dtype != np.uint8:
-        info = np.iinfo(pixels.dtype) if np.issubdtype(pixels.dtype, np.integer) else None
-        scale = 255.0 / info.max if info else 255.0 / max(float(pixels.max()), 1e-9)
+        if np.issubdtype(pixels.dtype, np.integer):
+            scale = 255.0 / float(np.iinfo(pixels.dtype.type).max)  # type: ignore[type-var]
+        else:
+            scale = 255.0 / max(float(pixels.max()), 1e-9)
         pixels = np.clip(pixels.astype(np.float32) * scale + 0.5, 0, 255).astype(np.uint8)
     if pixels.ndim == 2:
         pixels = pixels[..., None]
@@ -84,7 +96,15 @@ class TiffReader:
         try:
             self._tif = tifffile.TiffFile(path)
             series = self._tif.series[0]
-            self._levels = [_Level(level.pages[0]) for level in series.levels]
+            candidates: list[object] = (
+                list(self._tif.pages)  # SVS, as OpenSlide reads it: every tiled page is a level
+                if series.kind == "svs"
+                else [level.pages[0] for level in series.levels]
+            )
+            pages = [p for p in candidates if isinstance(p, tifffile.TiffPage)]
+            if series.kind == "svs":
+                pages = [p for p in pages if p.is_tiled]
+            self._levels = [_Level(page) for page in pages]
         except Exception as exc:  # tifffile raises many types for malformed input
             self.close()
             raise SlideOpenError(f"tifffile: {type(exc).__name__}: {exc}", path=path) from exc
@@ -97,20 +117,27 @@ class TiffReader:
         base = self._levels[0]
         mpp = _resolution_mpp(base.page)
         source: MppSource = "tiff-resolution" if mpp is not None else "missing"
+        objective = None
+        vendor = f"tiff-{series.kind}" if series.kind else "tiff"
+        if series.kind == "svs":
+            vendor = "aperio"
+            description = base.page.description or ""
+            mpp = _aperio_field(description, "MPP")
+            source = "vendor" if mpp is not None else "missing"
+            objective = _aperio_field(description, "AppMag")
         dims = tuple((lv.width, lv.height) for lv in self._levels)
         downsamples = tuple(
             (base.width / lv.width + base.height / lv.height) / 2.0 for lv in self._levels
         )
-        tiles = tuple(
-            (lv.seg_w, lv.seg_h) if lv.page.is_tiled else (0, 0) for lv in self._levels
-        )
+        tiles = tuple((lv.seg_w, lv.seg_h) if lv.page.is_tiled else (0, 0) for lv in self._levels)
         return SlideMeta(
             backend=self.backend,
-            vendor=f"tiff-{series.kind}" if series.kind else "tiff",
+            vendor=vendor,
             level_dimensions=dims,
             level_downsamples=downsamples,
             mpp=mpp,
             mpp_source=source,
+            objective_power=objective,
             tile_sizes=tiles,
         )
 

@@ -1,0 +1,69 @@
+"""Index build time: per slide for 10k/20k/40k px wide synthetic slides, and 100 small slides
+with 1 vs 2 workers. Build time must follow the lowest level's size, not level 0's.
+
+    .venv/bin/python benchmarks/bench_index.py [--scratch DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from wsi_loader.index import build_index
+from wsi_loader.synthetic import SlideSpec, write_svs
+
+
+def timed_build(inputs: list[Path], out: Path, **options: object) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    build_index(inputs, out, **options)  # type: ignore[arg-type]
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scratch", default=None, help="folder for the synthetic slides")
+    parser.add_argument("--small", type=int, default=100, help="number of small slides")
+    args = parser.parse_args()
+    scratch = Path(args.scratch or tempfile.mkdtemp(prefix="wsi-bench-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+
+    print("## Build time per slide (min_tissue 0.5, 256 px at 0.5 um/px, 1 worker, best of 3)")
+    print(f"{'level 0':>14} {'lowest level':>14} {'tiles':>7} {'build ms':>9} {'us per low px':>14}")
+    base = None
+    for width in (10_000, 20_000, 40_000):
+        height = width * 3 // 4
+        path = scratch / f"w{width}.svs"
+        if not path.exists():
+            write_svs(str(path), SlideSpec(width=width, height=height, seed=width))
+        best = min(timed_build([path], scratch / "idx", mpp=0.5) for _ in range(3))
+        index = build_index([path], scratch / "idx", mpp=0.5)
+        low_w, low_h = width // 64, height // 64
+        per_px = best * 1e6 / (low_w * low_h)
+        base = base or best
+        print(f"{width:>7}x{height:<6} {low_w:>7}x{low_h:<6} {len(index):>7} {best * 1e3:>9.1f} "
+              f"{per_px:>14.2f}   ({best / base:.2f}x the 10k slide; level 0 is "
+              f"{width * height / 75e6:.0f}x)")
+
+    print(f"\n## {args.small} small slides (2000x1500), 1 vs 2 workers")
+    folder = scratch / "small"
+    folder.mkdir(exist_ok=True)
+    for i in range(args.small):
+        path = folder / f"s{i:03d}.svs"
+        if not path.exists():
+            write_svs(str(path), SlideSpec(width=2000, height=1500, seed=1000 + i))
+    serial = timed_build([folder], scratch / "idx-small", workers=1)
+    parallel = timed_build([folder], scratch / "idx-small", workers=2)
+    print(f"{'workers':>8} {'seconds':>8} {'slides/s':>9} {'speed-up':>9}")
+    print(f"{1:>8} {serial:>8.2f} {args.small / serial:>9.1f} {1.0:>9.2f}")
+    print(f"{2:>8} {parallel:>8.2f} {args.small / parallel:>9.1f} {serial / parallel:>9.2f}")
+    start = time.perf_counter()
+    build_index([folder], scratch / "idx-small", workers=2)
+    print(f"incremental re-run (nothing changed): {time.perf_counter() - start:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import SlideFactory
+from wsi_loader.errors import IndexFormatError
+from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.index import builder as builder_module
+from wsi_loader.index import table as table_module
+from wsi_loader.index.quarantine import Quarantine
+from wsi_loader.slides import open_slide
+
+
+@pytest.fixture
+def archive(tmp_path: Path, make_slide: SlideFactory) -> Path:
+    folder = tmp_path / "archive"
+    (folder / "sub").mkdir(parents=True)
+    shutil.copy(make_slide(width=3000, height=2400, seed=11), folder / "a.svs")
+    shutil.copy(make_slide(width=2600, height=2600, seed=12, mpp=0.25), folder / "sub" / "b.svs")
+    shutil.copy(make_slide("tiff", width=2000, height=1500, seed=13), folder / "c.tiff")
+    (folder / "notes.txt").write_text("not a slide")
+    return folder
+
+
+def test_builds_columns_and_slide_table(archive: Path, tmp_path: Path) -> None:
+    index = build_index([archive], tmp_path / "idx", tile_size=128, mpp=0.5, min_tissue=0.5)
+    assert [Path(s.path).name for s in index.slides] == ["a.svs", "c.tiff", "b.svs"]
+    assert all(s.status == "ok" and s.tiles > 0 for s in index.slides)
+    assert len(index) == sum(s.tiles for s in index.slides)
+    for name, column in index.columns.items():
+        assert isinstance(column, np.memmap), name
+    b = index.slides[2]
+    assert (b.mpp, b.read_level, b.read_size, b.tile_mpp) == (0.25, 0, 256, 0.5)
+    rows = slice(b.first_row, b.first_row + b.tiles)
+    assert set(index.columns["slide_id"][rows].tolist()) == {2}
+    assert index.columns["tissue"].min() >= 0.5
+
+
+def test_tiles_sit_on_tissue(archive: Path, tmp_path: Path) -> None:
+    """Tiles the index keeps are mostly stained; the grid cells it drops are mostly glass."""
+    index = build_index(
+        [archive / "a.svs"], tmp_path / "idx", tile_size=256, mpp=0.5, min_tissue=0.9
+    )
+    reader = open_slide(index.slide_path(0))
+    kept = {
+        (int(x), int(y)) for x, y in zip(index.columns["l0_x"], index.columns["l0_y"], strict=True)
+    }
+    w, h = reader.meta.dimensions
+    for x in range(0, w - 255, 256):
+        for y in range(0, h - 255, 256):
+            pixels = reader.read_region(x, y, 0, 256, 256).astype(np.int16)
+            stained = ((pixels.max(-1) - pixels.min(-1)) > 30).mean()
+            if (x, y) in kept:
+                assert stained > 0.7, (x, y, stained)
+            elif stained > 0.99:
+                pytest.fail(f"fully stained tile {(x, y)} was dropped")
+    reader.close()
+
+
+def test_level0_is_never_decoded(
+    make_slide: SlideFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All level-0 tiles are corrupt, yet indexing succeeds, and no read asks for level 0."""
+    corrupt = [(c, r) for c in range(12) for r in range(8)]
+    path = make_slide(width=3072, height=2048, seed=14, corrupt=corrupt)
+    levels: list[int] = []
+    real_open = builder_module.open_slide
+
+    def spying_open(p: str, backend: str = "auto"):  # type: ignore[no-untyped-def]
+        reader = real_open(p, backend)
+        real_read = reader.read_region
+
+        def read_region(*args: int) -> np.ndarray:
+            levels.append(args[2])
+            return real_read(*args)
+
+        reader.read_region = read_region  # type: ignore[method-assign]
+        return reader
+
+    monkeypatch.setattr(builder_module, "open_slide", spying_open)
+    index = build_index([path], tmp_path / "idx", tile_size=256, mpp=0.5, min_tissue=0.3)
+    assert index.slides[0].status == "ok" and index.slides[0].tiles > 0
+    assert levels and 0 not in levels
+
+
+def test_incremental_skips_unchanged_reindexes_changed(
+    archive: Path, tmp_path: Path, make_slide: SlideFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "idx"
+    first = build_index([archive], out, tile_size=128)
+    calls: list[str] = []
+    real = builder_module.index_slide
+    monkeypatch.setattr(
+        builder_module, "index_slide", lambda task: calls.append(task.stored_path) or real(task)
+    )
+    second = build_index([archive], out, tile_size=128)
+    assert calls == []
+    for name in first.columns:
+        np.testing.assert_array_equal(first.columns[name], second.columns[name])
+    # replace one slide with different content: only that one is re-indexed
+    shutil.copy(make_slide(width=1800, height=1800, seed=99), archive / "c.tiff")
+    third = build_index([archive], out, tile_size=128)
+    assert [Path(c).name for c in calls] == ["c.tiff"]
+    assert third.slides[1].width == 1800
+    # different grid parameters: everything again
+    calls.clear()
+    build_index([archive], out, tile_size=256)
+    assert len(calls) == 3
+
+
+def test_killed_build_leaves_previous_index(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "idx"
+    before = build_index([archive], out, tile_size=128)
+    expected = np.array(before.columns["l0_x"])
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt("killed mid-write")
+
+    monkeypatch.setattr(table_module.np, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        build_index([archive], out, tile_size=64)
+    monkeypatch.undo()
+    survivor = SlideIndex.open(out)
+    assert survivor.params["tile_size"] == 128
+    np.testing.assert_array_equal(survivor.columns["l0_x"], expected)
+    rebuilt = build_index([archive], out, tile_size=64)  # leftovers of the killed build are removed
+    assert sorted(p.name for p in out.iterdir()) == ["CURRENT", rebuilt.meta["generation"]]
+
+
+def test_bad_slides_are_recorded_not_fatal(archive: Path, tmp_path: Path) -> None:
+    (archive / "bad.svs").write_text("garbage")
+    missing = tmp_path / "gone.svs"
+    index = build_index([archive, missing], tmp_path / "idx", workers=2)
+    by_name = {Path(s.path).name: s for s in index.slides}
+    assert by_name["bad.svs"].status == "failed" and "Unsupported" in (
+        by_name["bad.svs"].error or ""
+    )
+    assert by_name["gone.svs"].error == "slide file does not exist"
+    assert by_name["a.svs"].status == "ok"
+
+
+def test_parallel_equals_serial(archive: Path, tmp_path: Path) -> None:
+    serial = build_index([archive], tmp_path / "s", tile_size=128, workers=1)
+    parallel = build_index([archive], tmp_path / "p", tile_size=128, workers=2)
+    assert serial.summary()["slides"] == parallel.summary()["slides"]
+    for name in serial.columns:
+        np.testing.assert_array_equal(serial.columns[name], parallel.columns[name])
+
+
+def test_root_makes_index_portable(archive: Path, tmp_path: Path) -> None:
+    index = build_index([archive], tmp_path / "idx", root=str(archive))
+    assert [s.path for s in index.slides] == ["a.svs", "c.tiff", os.path.join("sub", "b.svs")]
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(archive), moved)
+    reopened = SlideIndex.open(tmp_path / "idx", root=str(moved))
+    assert reopened.slide_path(2) == str(moved / "sub" / "b.svs")
+    assert open_slide(reopened.slide_path(0)).meta.dimensions == (3000, 2400)
+
+
+def test_labels_csv_and_manifest(archive: Path, tmp_path: Path) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label\na,tumour\nb,normal\n")
+    index = build_index([archive], tmp_path / "idx", labels=str(labels))
+    assert [s.label for s in index.slides] == ["tumour", None, "normal"]
+    assert index.label_names == ("normal", "tumour")
+    assert index.slide_labels().tolist() == [1, -1, 0]
+    manifest = tmp_path / "manifest.csv"
+    manifest.write_text("path,label,split,mpp\narchive/a.svs,x,train,\narchive/c.tiff,y,val,0.25\n")
+    index = build_index([manifest], tmp_path / "idx2", mpp=1.0)
+    assert [(s.label, s.split, s.mpp_source) for s in index.slides] == [
+        ("x", "train", "vendor"),
+        ("y", "val", "manifest"),
+    ]
+    assert index.slides[1].read_level == 1
+
+
+def test_rebuild_excludes_quarantined_tiles(archive: Path, tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    index = build_index([archive], out, tile_size=128)
+    x, y = int(index.columns["l0_x"][3]), int(index.columns["l0_y"][3])
+    path = index.slides[int(index.columns["slide_id"][3])].path
+    Quarantine(out / "quarantine.jsonl").append(
+        {"slide_id": 0, "path": path, "x": x, "y": y, "error": "boom"}
+    )
+    assert len(SlideIndex.open(out, exclude_quarantined=True)) == len(index) - 1
+    rebuilt = build_index([archive], out, tile_size=128)
+    assert len(rebuilt) == len(index) - 1
+    assert "1 quarantined tiles excluded" in (rebuilt.slides[0].warning or "")
+    kept = build_index([archive], tmp_path / "idx-b", tile_size=128, exclude_quarantined=False)
+    assert len(kept) == len(index)
+
+
+def test_open_rejects_bad_directories(tmp_path: Path, archive: Path) -> None:
+    with pytest.raises(IndexFormatError, match="not an index directory"):
+        SlideIndex.open(tmp_path)
+    out = tmp_path / "idx"
+    index = build_index([archive], out)
+    meta_file = out / index.meta["generation"] / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["schema_version"] = 999
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(IndexFormatError, match="schema_version 999 is not supported"):
+        SlideIndex.open(out)
+    meta["schema_version"] = 1
+    meta_file.write_text(json.dumps(meta))
+    (out / index.meta["generation"] / "l0_x.npy").write_bytes(b"junk")
+    with pytest.raises(IndexFormatError, match="unreadable column 'l0_x'"):
+        SlideIndex.open(out)

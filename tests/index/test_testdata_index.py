@@ -1,0 +1,70 @@
+"""Every third-party slide is indexed, or rejected with the reason the testdata README gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wsi_loader.index import build_index
+
+pytestmark = pytest.mark.testdata
+
+# at 0.5 um/px: file -> (status, substring of error or warning, tiles > 0)
+AT_MPP = {
+    "CMU-1-Small-Region.svs": ("ok", None, True),
+    "small.svs": ("ok", "smaller than one tile", False),
+    "unreadable.svs": ("ok", "smaller than one tile", False),
+    "dicom-boxes/boxes_0.dcm": ("ok", "smaller than one tile", False),
+    "test3-DAPI-2-(387).ndpi": ("ok", "8.7% from the target", True),
+    "small_vectra.qptiff": ("ok", None, False),
+    "tcga-cr-7395-01a-01-ts1.svs": ("failed", "no MPP", False),
+    "kidney-48-5.tif": ("failed", "no MPP", False),
+    "boxes.tiff": ("failed", "not a microscope resolution", False),
+    "boxes_noicc.tiff": ("failed", "not a microscope resolution", False),
+    "yb10kx5k.zstd.tiff": ("failed", "not a microscope resolution", False),
+    "small_la.tiff": ("failed", "not a microscope resolution", False),
+    "broken.svs": ("failed", "Unsupported or missing image file", False),
+    "unopenable.tiff": ("failed", "Unsupported TIFF compression: 52479", False),
+    "dicom-no-imagetype/small_dicom.dcm": ("failed", "Couldn't get image flavor", False),
+}
+
+
+@pytest.fixture(scope="module")
+def index_at_mpp(testdata: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return build_index(
+        [testdata],
+        tmp_path_factory.mktemp("idx"),
+        tile_size=256,
+        mpp=0.5,
+        min_tissue=0.25,
+        root=str(testdata),
+    )
+
+
+def test_every_file_is_accounted_for(index_at_mpp, testdata: Path) -> None:  # type: ignore[no-untyped-def]
+    assert {s.path for s in index_at_mpp.slides} == set(AT_MPP)
+
+
+@pytest.mark.parametrize("name", sorted(AT_MPP))
+def test_indexed_or_rejected_with_reason(index_at_mpp, name: str) -> None:  # type: ignore[no-untyped-def]
+    status, text, has_tiles = AT_MPP[name]
+    record = next(s for s in index_at_mpp.slides if s.path == name)
+    assert record.status == status
+    if text:
+        assert text in (record.error or record.warning or ""), record
+    assert (record.tiles > 0) == has_tiles
+
+
+def test_level_mode_indexes_slides_without_usable_mpp(testdata: Path, tmp_path: Path) -> None:
+    names = ["tcga-cr-7395-01a-01-ts1.svs", "kidney-48-5.tif", "boxes.tiff", "yb10kx5k.zstd.tiff"]
+    index = build_index(
+        [testdata / n for n in names], tmp_path / "idx", level=0, tile_size=64, min_tissue=0.1
+    )
+    assert all(s.status == "ok" and s.tiles > 0 for s in index.slides), index.slides
+    kidney = next(s for s in index.slides if s.path.endswith("kidney-48-5.tif"))
+    assert kidney.backend == "tiff"
+    jp2k = next(s for s in index.slides if s.path.endswith(".svs"))
+    assert jp2k.level_count == 2 and jp2k.mpp is None
+    too_deep = build_index([testdata / "boxes.tiff"], tmp_path / "idx2", level=4)
+    assert "level 4 requested but the slide has 4 level(s)" in (too_deep.slides[0].error or "")

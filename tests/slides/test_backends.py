@@ -1,0 +1,129 @@
+"""One contract every slide backend must pass, plus backend-specific behaviour."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openslide
+import pytest
+
+from tests.conftest import SlideFactory
+from wsi_loader.errors import SlideNotFoundError, SlideOpenError, TileReadError
+from wsi_loader.slides import open_slide
+from wsi_loader.slides.base import SlideReader, rgba_to_rgb
+from wsi_loader.slides.tiff_backend import to_rgb
+
+BACKENDS = ["openslide", "tiff"]
+
+
+@pytest.fixture(params=["svs", "tiff"])
+def slide_path(request: pytest.FixtureRequest, make_slide: SlideFactory) -> Path:
+    return make_slide(request.param, width=2100, height=1700, seed=3, mpp=0.25)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_contract_metadata(slide_path: Path, backend: str) -> None:
+    reader = open_slide(str(slide_path), backend)
+    try:
+        assert isinstance(reader, SlideReader)
+        meta = reader.meta
+        assert meta.dimensions == (2100, 1700)
+        assert meta.level_downsamples[:2] == (1.0, 4.0)
+        assert meta.mpp == pytest.approx(0.25)
+        assert meta.mpp_source in {"vendor", "tiff-resolution"}
+        assert meta.tile_sizes[0] == (256, 256)
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "window",
+    [
+        (0, 0, 0, 256, 256),
+        (300, 257, 0, 300, 200),
+        (2000, 1600, 0, 256, 256),
+        (400, 400, 1, 64, 80),
+    ],
+)
+def test_contract_pixels_match_openslide(
+    slide_path: Path, backend: str, window: tuple[int, int, int, int, int]
+) -> None:
+    """Every backend returns what OpenSlide returns, including past the right/bottom edge."""
+    reference = openslide.OpenSlide(str(slide_path))
+    expected = rgba_to_rgb(np.asarray(reference.read_region(window[:2], window[2], window[3:])))
+    reader = open_slide(str(slide_path), backend)
+    got = reader.read_region(*window)
+    assert got.shape == (window[4], window[3], 3) and got.dtype == np.uint8
+    np.testing.assert_array_equal(got, expected)
+    reader.close()
+    reference.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_contract_corrupt_tile_raises_structured_error(
+    make_slide: SlideFactory, backend: str
+) -> None:
+    path = make_slide("svs", corrupt=[(1, 1)], width=1024, height=1024, seed=4)
+    reader = open_slide(str(path), backend)
+    with pytest.raises(TileReadError) as info:
+        reader.read_region(256, 256, 0, 256, 256)
+    err = info.value
+    assert (err.path, err.l0_x, err.l0_y, err.level) == (str(path), 256, 256, 0)
+    assert err.cause and "marker" in err.cause.lower()
+    reader.close()
+
+
+def test_openslide_errors_latch_and_mark_reader_broken(make_slide: SlideFactory) -> None:
+    path = make_slide("svs", corrupt=[(1, 1)], width=1024, height=1024, seed=4)
+    reader = open_slide(str(path), "openslide")
+    reader.read_region(0, 0, 0, 256, 256)
+    with pytest.raises(TileReadError):
+        reader.read_region(256, 256, 0, 256, 256)
+    assert reader.broken is True
+    with pytest.raises(TileReadError):  # a good tile on the same handle fails too: latched
+        reader.read_region(0, 0, 0, 256, 256)
+    reader.close()
+    fresh = open_slide(str(path), "openslide")
+    assert fresh.read_region(0, 0, 0, 256, 256).shape == (256, 256, 3)
+    fresh.close()
+
+
+def test_tiff_errors_do_not_latch(make_slide: SlideFactory) -> None:
+    path = make_slide("svs", corrupt=[(1, 1)], width=1024, height=1024, seed=4)
+    reader = open_slide(str(path), "tiff")
+    with pytest.raises(TileReadError):
+        reader.read_region(256, 256, 0, 256, 256)
+    assert reader.read_region(0, 0, 0, 256, 256).shape == (256, 256, 3)
+    reader.close()
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(SlideNotFoundError) as info:
+        open_slide(str(tmp_path / "nope.svs"))
+    assert isinstance(info.value, FileNotFoundError)
+
+
+def test_auto_falls_back_to_tifffile_only_for_unknown_formats(tmp_path: Path) -> None:
+    text = tmp_path / "fake.svs"
+    text.write_text("not a slide")
+    with pytest.raises(SlideOpenError) as info:
+        open_slide(str(text))
+    assert "OpenSlide" in str(info.value) and "tifffile" in str(info.value)
+
+
+def test_unknown_backend_name(small_svs: Path) -> None:
+    with pytest.raises(ValueError, match="backend"):
+        open_slide(str(small_svs), "cucim")
+
+
+def test_to_rgb_conversions() -> None:
+    grey = np.full((2, 2, 1), 10, np.uint8)
+    assert to_rgb(grey).shape == (2, 2, 3)
+    grey_alpha = np.zeros((1, 1, 2), np.uint8)  # fully transparent -> white
+    assert to_rgb(grey_alpha).tolist() == [[[255, 255, 255]]]
+    deep = np.full((1, 1, 3), 65535, np.uint16)
+    assert to_rgb(deep).tolist() == [[[255, 255, 255]]]
+    rgba = np.array([[[0, 0, 0, 0], [10, 20, 30, 255]]], np.uint8)
+    assert rgba_to_rgb(rgba).tolist() == [[[255, 255, 255], [10, 20, 30]]]

@@ -1,0 +1,91 @@
+"""The third-party slides: each opens with the backend and metadata the README documents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openslide
+import pytest
+
+from wsi_loader.errors import SlideOpenError, TileReadError
+from wsi_loader.slides import open_slide
+
+pytestmark = pytest.mark.testdata
+
+OPENS = {
+    # file: (backend, vendor, level count, mpp, mpp source)
+    "small.svs": ("openslide", "aperio", 1, 0.499, "vendor"),
+    "CMU-1-Small-Region.svs": ("openslide", "aperio", 1, 0.499, "vendor"),
+    "tcga-cr-7395-01a-01-ts1.svs": ("openslide", "aperio", 2, None, "missing"),
+    "boxes.tiff": ("openslide", "generic-tiff", 4, 352.7777798337701, "tiff-resolution"),
+    "boxes_noicc.tiff": ("openslide", "generic-tiff", 4, 352.85814906304194, "tiff-resolution"),
+    "test3-DAPI-2-(387).ndpi": ("openslide", "hamamatsu", 7, 0.2281750559028887, "vendor"),
+    "yb10kx5k.zstd.tiff": ("openslide", "generic-tiff", 5, 352.858149123434, "tiff-resolution"),
+    "small_la.tiff": ("openslide", "generic-tiff", 1, 1000.0, "tiff-resolution"),
+    "dicom-boxes/boxes_0.dcm": ("openslide", "dicom", 1, 0.499, "vendor"),
+    "kidney-48-5.tif": ("tiff", "tiff-uniform", 1, None, "missing"),
+    "small_vectra.qptiff": ("tiff", "tiff-qpi", 1, 0.49653463077185084, "tiff-resolution"),
+}
+
+REJECTS = {
+    "broken.svs": "Unsupported or missing image file",
+    "unopenable.tiff": "Unsupported TIFF compression: 52479",
+    "dicom-no-imagetype/small_dicom.dcm": "Couldn't get image flavor",
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPENS))
+def test_opens_with_documented_metadata(testdata: Path, name: str) -> None:
+    backend, vendor, levels, mpp, source = OPENS[name]
+    reader = open_slide(str(testdata / name))
+    try:
+        meta = reader.meta
+        assert (meta.backend, meta.vendor, meta.level_count) == (backend, vendor, levels)
+        assert meta.mpp == (pytest.approx(mpp) if mpp else None)
+        assert meta.mpp_source == source
+        w, h = meta.dimensions
+        pixels = reader.read_region(0, 0, 0, min(w, 64), min(h, 64))
+        assert pixels.dtype == np.uint8 and pixels.shape == (min(h, 64), min(w, 64), 3)
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("name", sorted(REJECTS))
+def test_rejected_with_reason(testdata: Path, name: str) -> None:
+    with pytest.raises(SlideOpenError, match=REJECTS[name]):
+        open_slide(str(testdata / name))
+
+
+def test_ndpi_and_dicom_match_plain_openslide(testdata: Path) -> None:
+    for name in ["test3-DAPI-2-(387).ndpi", "dicom-boxes/boxes_0.dcm"]:
+        reader = open_slide(str(testdata / name))
+        ref = openslide.OpenSlide(str(testdata / name))
+        expected = np.asarray(ref.read_region((0, 0), 0, (16, 16)))[..., :3]
+        np.testing.assert_array_equal(reader.read_region(0, 0, 0, 16, 16), expected)
+        reader.close()
+        ref.close()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["CMU-1-Small-Region.svs", "tcga-cr-7395-01a-01-ts1.svs", "boxes.tiff", "yb10kx5k.zstd.tiff"],
+)
+def test_tiff_backend_matches_openslide_at_level0(testdata: Path, name: str) -> None:
+    """JPEG, JPEG 2000, deflate and ZSTD tiles decode to OpenSlide's pixels exactly."""
+    a = open_slide(str(testdata / name), "openslide")
+    b = open_slide(str(testdata / name), "tiff")
+    for x, y in [(0, 0), (130, 70), (200, 190)]:
+        np.testing.assert_array_equal(
+            a.read_region(x, y, 0, 50, 60), b.read_region(x, y, 0, 50, 60)
+        )
+    a.close()
+    b.close()
+
+
+def test_unreadable_svs_latches_in_openslide(testdata: Path) -> None:
+    reader = open_slide(str(testdata / "unreadable.svs"), "openslide")
+    with pytest.raises(TileReadError, match="Bogus marker length"):
+        reader.read_region(0, 0, 0, 16, 16)
+    assert reader.broken is True
+    reader.close()

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SlideFactory
+from wsi_loader.cli import main
+
+
+@pytest.fixture
+def slides(tmp_path: Path, make_slide: SlideFactory) -> Path:
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    for seed in (21, 22):
+        (folder / f"s{seed}.svs").write_bytes(
+            make_slide(width=2000, height=1600, seed=seed).read_bytes()
+        )
+    (folder / "bad.svs").write_text("garbage")
+    return folder
+
+
+def test_index_then_info_json(
+    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "idx"
+    assert (
+        main(
+            [
+                "index",
+                str(slides),
+                "--out",
+                str(out),
+                "--tile-size",
+                "128",
+                "--mpp",
+                "0.5",
+                "--min-tissue",
+                "0.4",
+                "--stride",
+                "64",
+                "--workers",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "3 slides (2 ok, 1 failed)" in err and "bad.svs" in err
+    assert main(["info", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["schema_version"] == 1 and info["quarantined"] == []
+    assert info["tiles"] == sum(s["tiles"] for s in info["slides"]) > 0
+    assert [s["status"] for s in info["slides"]] == ["failed", "ok", "ok"]
+    first = info["slides"][0]
+    assert {"path", "status", "error", "tiles", "mpp", "label"} <= first.keys()
+    assert first["error"] and info["slides"][1]["error"] is None
+    assert info["params"]["stride"] == 64
+    assert main(["info", str(out)]) == 0
+    assert "3 slides (2 ok, 1 failed)" in capsys.readouterr().out
+
+
+def test_config_file_and_flag_override(
+    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("index:\n  tile_size: 64\n  mpp: null\n  level: 1\n")
+    out = tmp_path / "idx"
+    assert (
+        main(
+            ["index", str(slides), "--out", str(out), "--config", str(config), "--tile-size", "32"]
+        )
+        == 0
+    )
+    main(["info", str(out), "--json"])
+    params = json.loads(capsys.readouterr().out)["params"]
+    assert (params["tile_size"], params["level"], params["mpp"]) == (32, 1, None)
+
+
+def test_exit_codes(slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", str(slides / "bad.svs"), "--out", str(tmp_path / "i")]) == 1
+    assert "no slide could be indexed" in capsys.readouterr().err
+    bad = tmp_path / "c.yaml"
+    bad.write_text("index:\n  colour: red\n")
+    assert main(["index", str(slides), "--out", str(tmp_path / "j"), "--config", str(bad)]) == 2
+    assert f"error: {bad}: unknown key 'index.colour'" in capsys.readouterr().err
+    assert main(["info", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit) as info:
+        main(["index", str(slides), "--out", "x", "--mpp", "0.5", "--level", "1"])
+    assert info.value.code == 2
+
+
+def test_console_script_runs(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "wsi_loader.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "index" in result.stdout and "info" in result.stdout

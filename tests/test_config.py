@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from wsi_loader.config import Config, IndexConfig, load_config, with_overrides
+from wsi_loader.errors import ConfigError
+
+
+def test_documented_default_file_equals_the_defaults() -> None:
+    assert load_config(REPO / "configs" / "index.yaml") == Config()
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "message"),
+    [
+        ("index:\n  tile_sise: 256\n", "index.tile_sise", "unknown key 'index.tile_sise'"),
+        (
+            "index:\n  tile_size: big\n",
+            "index.tile_size",
+            "invalid value 'big' for 'index.tile_size'",
+        ),
+        ("index:\n  tile_size: '256'\n", "index.tile_size", "invalid value '256'"),
+        ("index:\n  min_tissue: 1.5\n", "index.min_tissue", "less than or equal to 1"),
+        ("index:\n  mpp: 0.5\n  level: 1\n", "index", "either mpp or level"),
+        ("dataset:\n  on_error: ignore\n", "dataset.on_error", "'fill', 'substitute' or 'raise'"),
+        ("exports: {}\n", "exports", "unknown key 'exports'"),
+    ],
+)
+def test_errors_name_key_value_and_file(tmp_path: Path, text: str, key: str, message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(path)
+    assert info.value.key == key and info.value.path == str(path)
+    assert str(info.value).startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("index: [\n", "not valid YAML"),
+        ("!!python/object/apply:os.system ['echo hi']\n", "not valid YAML"),
+    ],
+)
+def test_malformed_files(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "none.yaml")
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("")
+    assert load_config(tmp_path / "c.yaml") == Config()
+
+
+def test_overrides_win_and_level_clears_mpp() -> None:
+    base = IndexConfig(tile_size=512)
+    cfg = with_overrides(base, level=2, workers=None)
+    assert (cfg.tile_size, cfg.level, cfg.mpp) == (512, 2, None)
+    assert with_overrides(cfg, mpp=0.25).level is None
+    with pytest.raises(ConfigError, match="'tile_size'") as info:
+        with_overrides(base, source="command line", tile_size=-1)
+    assert info.value.value == -1 and str(info.value).startswith("command line: ")
