@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from wsi_loader.index import build_index
+from wsi_loader.slides import open_slide
 from wsi_loader.synthetic import SlideSpec, write_svs
 
 
@@ -34,6 +35,9 @@ def main() -> None:
     print("## Build time per slide (min_tissue 0.5, 256 px at 0.5 um/px, 1 worker, best of 3)")
     print(f"{'level 0':>14} {'lowest level':>14} {'tiles':>7} {'build ms':>9} {'us per low px':>14}")
     base = None
+    warm = scratch / "warm.svs"
+    write_svs(str(warm), SlideSpec(width=2000, height=1500))
+    timed_build([warm], scratch / "idx")  # imports and first-open costs out of the way
     for width in (10_000, 20_000, 40_000):
         height = width * 3 // 4
         path = scratch / f"w{width}.svs"
@@ -41,7 +45,8 @@ def main() -> None:
             write_svs(str(path), SlideSpec(width=width, height=height, seed=width))
         best = min(timed_build([path], scratch / "idx", mpp=0.5) for _ in range(3))
         index = build_index([path], scratch / "idx", mpp=0.5)
-        low_w, low_h = width // 64, height // 64
+        record = index.slides[0]
+        low_w, low_h = open_slide(index.slide_path(0)).meta.level_dimensions[record.mask_level or 0]
         per_px = best * 1e6 / (low_w * low_h)
         base = base or best
         print(f"{width:>7}x{height:<6} {low_w:>7}x{low_h:<6} {len(index):>7} {best * 1e3:>9.1f} "

@@ -117,7 +117,14 @@ class SlideIndex:
         ``exclude_quarantined`` leaves out tiles recorded in the quarantine.
         """
         base = Path(path)
-        gen = _current_generation(base)
+        return cls._open_generation(base, _current_generation(base), root, exclude_quarantined)
+
+    @classmethod
+    def _open_generation(
+        cls, base: Path, gen: Path, root: str | None, exclude_quarantined: bool
+    ) -> SlideIndex:
+        if not gen.is_dir():
+            raise IndexFormatError("the index generation no longer exists", path=str(gen))
         try:
             meta = json.loads((gen / "meta.json").read_text(encoding="utf-8"))
             slides_json = json.loads((gen / "slides.json").read_text(encoding="utf-8"))
@@ -173,6 +180,24 @@ class SlideIndex:
             self.columns = {
                 name: np.ascontiguousarray(col[~drop]) for name, col in self.columns.items()
             }
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without tile data: the receiver memory-maps the same generation again.
+
+        Columns filtered by ``exclude_quarantined`` are in memory and travel as they are, so a
+        worker never sees a different tile set than its parent.
+        """
+        state = dict(self.__dict__)
+        if not self.excluded:
+            state["columns"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.columns is None:
+            gen = self.path / str(self.meta["generation"])
+            fresh = SlideIndex._open_generation(self.path, gen, self.root, False)
+            self.columns = fresh.columns
 
     def __len__(self) -> int:
         return len(self.columns["slide_id"])

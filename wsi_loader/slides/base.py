@@ -72,7 +72,7 @@ def rgba_to_rgb(rgba: npt.NDArray[np.uint8]) -> RGBArray:
     """Composite an RGBA array onto white (OpenSlide returns alpha 0 outside scanned areas)."""
     alpha = rgba[..., 3]
     if bool(alpha.min() == 255):
-        return np.ascontiguousarray(rgba[..., :3])
+        return rgba[..., :3]  # a view: callers copy it into their batch buffer anyway
     a = alpha.astype(np.uint16)[..., None]
     rgb = (rgba[..., :3].astype(np.uint16) * a + 255 * (255 - a) + 127) // 255
     return rgb.astype(np.uint8)

@@ -1,0 +1,206 @@
+"""Read index rows into pixels, surviving bad data. Shared by every dataset and the exporter.
+
+A failed read discards the handle (OpenSlide errors latch), reopens it and retries a bounded
+number of times; then the policy applies: ``fill`` (constant colour, not ok), ``substitute``
+(a deterministic other tile of the same slide, not ok, marked substituted) or ``raise``
+(`TileReadError`). Every failure is appended to the index's quarantine and kept in
+``TileReader.failures``. Nothing here imports torch: batches are numpy NHWC uint8 buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image
+
+from wsi_loader.errors import SlideError, TileReadError
+from wsi_loader.index.quarantine import Quarantine
+from wsi_loader.index.table import SlideIndex
+from wsi_loader.slides.base import RGBArray
+from wsi_loader.slides.pool import HandlePool
+
+log = logging.getLogger(__name__)
+
+OnError = Literal["fill", "substitute", "raise"]
+ON_ERROR: tuple[str, ...] = ("fill", "substitute", "raise")
+SUBSTITUTE_ATTEMPTS = 3
+
+
+@dataclass
+class ReadResult:
+    """Pixels of a group of rows plus what happened to each (all arrays have one row per tile)."""
+
+    pixels: npt.NDArray[np.uint8]  # (N, H, W, 3)
+    ok: npt.NDArray[np.bool_]
+    substituted: npt.NDArray[np.bool_]
+    source_rows: npt.NDArray[np.int64]  # the row whose pixels were returned
+    errors: list[str | None] = field(default_factory=list)
+
+
+class TileReader:
+    """Reads tiles of a `SlideIndex` through a per-process `HandlePool`.
+
+    Pickles without open handles (the pool keeps only its options), so it can live inside a
+    Dataset handed to spawned DataLoader workers.
+    """
+
+    def __init__(
+        self,
+        index: SlideIndex,
+        *,
+        on_error: str = "fill",
+        retries: int = 2,
+        fill_value: int = 255,
+        pool: HandlePool | None = None,
+        backend: str | None = None,
+        record_failures: bool = True,
+    ) -> None:
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if not 0 <= retries <= 10:
+            raise ValueError(f"retries must be between 0 and 10, got {retries}")
+        if not 0 <= fill_value <= 255:
+            raise ValueError(f"fill_value must be between 0 and 255, got {fill_value}")
+        self.index = index
+        self.on_error = on_error
+        self.retries = retries
+        self.fill_value = fill_value
+        self.pool = pool or HandlePool()
+        self.backend = backend
+        self.record_failures = record_failures
+        self.tile_size = int(index.params["tile_size"])
+        self.failures: list[dict[str, Any]] = []
+        self._quarantined: set[tuple[int, int, int]] = set()
+        self._slide_start = np.searchsorted(
+            index.columns["slide_id"], np.arange(len(index.slides) + 1)
+        ).astype(np.int64)
+
+    # -- one window ------------------------------------------------------------------------
+    def _backend(self, slide_id: int) -> str:
+        return self.backend or self.index.slides[slide_id].backend or "auto"
+
+    def _read_window(self, row: int) -> RGBArray:
+        """Read one row's window, reopening and retrying; raises the last error."""
+        cols = self.index.columns
+        slide_id = int(cols["slide_id"][row])
+        path = self.index.slide_path(slide_id)
+        backend = self._backend(slide_id)
+        x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
+        level, size = int(cols["level"][row]), int(cols["read_size"][row])
+        last: SlideError | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                reader = self.pool.get(path, backend)
+                pixels = reader.read_region(x, y, level, size, size)
+            except SlideError as exc:  # includes TileReadError, not found, unopenable
+                self.pool.discard(path, backend)  # its error state may be latched
+                last = exc
+                log.debug("read of %s (%d, %d) failed, attempt %d: %s", path, x, y, attempt, exc)
+                continue
+            if size != self.tile_size:
+                pixels = np.asarray(
+                    Image.fromarray(pixels).resize(
+                        (self.tile_size, self.tile_size), Image.Resampling.BILINEAR
+                    )
+                )
+            return pixels
+        assert last is not None
+        if isinstance(last, TileReadError):
+            raise last
+        raise TileReadError(
+            f"cannot read level-0 ({x}, {y}): {last}", path=path, l0_x=x, l0_y=y,
+            level=level, cause=f"{type(last).__name__}: {last}",
+        ) from last
+
+    # -- failures --------------------------------------------------------------------------
+    def _record(self, row: int, error: TileReadError) -> None:
+        cols = self.index.columns
+        slide_id = int(cols["slide_id"][row])
+        x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
+        entry = {
+            "slide_id": slide_id,
+            "path": self.index.slides[slide_id].path,
+            "x": x,
+            "y": y,
+            "level": int(cols["level"][row]),
+            "row": int(row),
+            "error": error.cause or str(error),
+            "policy": self.on_error,
+        }
+        self.failures.append(entry)
+        key = (slide_id, x, y)
+        if not self.record_failures or key in self._quarantined:
+            return
+        self._quarantined.add(key)
+        try:
+            Quarantine(os.path.join(self.index.path, "quarantine.jsonl")).append(entry)
+        except OSError as exc:  # a read-only index: the failure stays in self.failures
+            log.warning("cannot write the quarantine of %s: %s", self.index.path, exc)
+
+    def _substitute(self, row: int) -> tuple[RGBArray, int] | None:
+        """Pixels of a deterministic other row of the same slide, or None."""
+        slide_id = int(self.index.columns["slide_id"][row])
+        start, stop = int(self._slide_start[slide_id]), int(self._slide_start[slide_id + 1])
+        if stop - start < 2:
+            return None
+        rng = np.random.default_rng([row, 0x5EED])
+        tried: set[int] = {row}
+        for _ in range(SUBSTITUTE_ATTEMPTS):
+            other = int(rng.integers(start, stop))
+            if other in tried:
+                continue
+            tried.add(other)
+            try:
+                return self._read_window(other), other
+            except TileReadError as exc:
+                self._record(other, exc)
+        return None
+
+    # -- public ----------------------------------------------------------------------------
+    def read(self, rows: npt.ArrayLike, out: npt.NDArray[np.uint8] | None = None) -> ReadResult:
+        """Read ``rows`` into one (N, H, W, 3) buffer, grouped by slide for handle locality."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        n, t = len(rows), self.tile_size
+        if out is None:
+            out = np.empty((n, t, t, 3), dtype=np.uint8)
+        elif out.shape != (n, t, t, 3) or out.dtype != np.uint8:
+            raise ValueError(f"out must be uint8 of shape {(n, t, t, 3)}, got {out.shape} {out.dtype}")
+        result = ReadResult(
+            pixels=out,
+            ok=np.ones(n, dtype=bool),
+            substituted=np.zeros(n, dtype=bool),
+            source_rows=rows.copy(),
+            errors=[None] * n,
+        )
+        if n and (rows.min() < 0 or rows.max() >= len(self.index)):
+            raise IndexError(f"rows out of range 0..{len(self.index) - 1}")
+        order = np.argsort(self.index.columns["slide_id"][rows], kind="stable")
+        for i in order.tolist():
+            self._read_into(int(rows[i]), i, result)
+        return result
+
+    def _read_into(self, row: int, i: int, result: ReadResult) -> None:
+        try:
+            result.pixels[i] = self._read_window(row)
+            return
+        except TileReadError as exc:
+            self._record(row, exc)
+            result.ok[i] = False
+            result.errors[i] = exc.cause or str(exc)
+            if self.on_error == "raise":
+                raise
+        if self.on_error == "substitute":
+            found = self._substitute(row)
+            if found is not None:
+                result.pixels[i], result.source_rows[i] = found
+                result.substituted[i] = True
+                return
+        result.pixels[i] = self.fill_value
+
+    def close(self) -> None:
+        self.pool.close()

@@ -1,0 +1,247 @@
+"""Samplers over tile rows with memory independent of the number of tiles.
+
+* `DistributedTileSampler`: torch's DistributedSampler contract (disjoint shards, full coverage,
+  padding smaller than the world size, ``set_epoch``), but the shuffle is a keyed pseudo-random
+  permutation (a Feistel network with cycle-walking) evaluated on demand, so a 10^9-row index
+  needs no 10^9-element permutation. ``slide_window=k`` shuffles slides, then tiles within
+  windows of k consecutive slides, so a worker's handle pool stays warm.
+* `BalancedTileSampler`: draws label (or slide) groups uniformly, then a tile uniformly within
+  the group, from per-slide counts only.
+
+Both have ``state_dict()`` / ``load_state_dict()`` to resume mid-epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sized
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+from wsi_loader.index.table import SlideIndex
+
+IntArray = npt.NDArray[np.int64]
+_CHUNK = 65536
+_ROUNDS = 4
+
+
+def _mix(values: npt.NDArray[np.uint64], key: np.uint64) -> npt.NDArray[np.uint64]:
+    """splitmix64 finaliser of ``values + key`` (wrapping uint64 arithmetic)."""
+    z = values + key
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class RandomPermutation:
+    """A keyed bijection of ``[0, n)`` evaluated pointwise in O(1) memory."""
+
+    def __init__(self, n: int, *key: int) -> None:
+        self.n = n
+        bits = max(2, math.ceil(math.log2(max(n, 2))))
+        self.half = (bits + 1) // 2
+        self.mask = np.uint64((1 << self.half) - 1)
+        state = np.random.SeedSequence([abs(k) for k in key]).generate_state(_ROUNDS, np.uint64)
+        self.keys = [np.uint64(k) for k in state]
+
+    def _feistel(self, v: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+        half = np.uint64(self.half)
+        left, right = v >> half, v & self.mask
+        for key in self.keys:
+            left, right = right, left ^ (_mix(right, key) & self.mask)
+        return (left << half) | right
+
+    def __call__(self, positions: IntArray) -> IntArray:
+        values = positions.astype(np.uint64)
+        todo = np.ones(len(values), dtype=bool)
+        while todo.any():  # cycle-walk until inside [0, n): expected < 4 rounds
+            values[todo] = self._feistel(values[todo])
+            todo = values >= np.uint64(self.n)
+        return values.astype(np.int64)
+
+
+def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    initialised = dist.is_available() and dist.is_initialized()
+    if num_replicas is None:
+        num_replicas = dist.get_world_size() if initialised else 1
+    if rank is None:
+        rank = dist.get_rank() if initialised else 0
+    if not isinstance(num_replicas, int) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
+    if not isinstance(rank, int) or not 0 <= rank < num_replicas:
+        raise ValueError(f"rank must be in [0, {num_replicas - 1}], got {rank!r}")
+    return num_replicas, rank
+
+
+def _slide_starts(index: SlideIndex) -> IntArray:
+    """First row of every slide (+ the end), from the sorted slide_id column."""
+    starts = np.searchsorted(index.columns["slide_id"], np.arange(len(index.slides) + 1))
+    return starts.astype(np.int64)
+
+
+class _Resumable:
+    """Epoch and mid-epoch position bookkeeping shared by the samplers."""
+
+    seed: int
+    epoch: int = 0
+    _start: int = 0
+    _yielded: int = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """Where this epoch stands. DataLoader prefetches, so pass ``consumed`` (samples your
+        loop has actually used on this rank) for an exact resume; otherwise the count of
+        samples this sampler has yielded is saved."""
+        return {"epoch": self.epoch, "seed": self.seed,
+                "position": self._yielded if consumed is None else int(consumed)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next ``__iter__`` continues epoch ``state['epoch']`` at ``state['position']``."""
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"state was saved with seed {state['seed']}, this sampler has {self.seed}")
+        self.epoch = int(state["epoch"])
+        self._start = int(state["position"])
+
+
+class DistributedTileSampler(_Resumable, Sampler[int]):
+    """Shard (and shuffle) tile rows across ranks; the contract of torch's DistributedSampler."""
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        slide_window: int | None = None,
+    ) -> None:
+        self.num_replicas, self.rank = _world(num_replicas, rank)
+        if not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        if slide_window is not None and (not isinstance(slide_window, int) or slide_window < 1):
+            raise ValueError(f"slide_window must be a positive int or None, got {slide_window!r}")
+        self.n = len(dataset)
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.slide_window = slide_window
+        self._starts: IntArray | None = None
+        if slide_window is not None:
+            index = getattr(dataset, "index", None)
+            if not isinstance(index, SlideIndex):
+                raise ValueError("slide_window needs a dataset with a SlideIndex (.index)")
+            self._starts = _slide_starts(index)
+        if drop_last:
+            self.num_samples = self.n // self.num_replicas
+        else:
+            self.num_samples = math.ceil(self.n / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._start, self._yielded = self._start, 0, self._start
+        if self.n == 0:
+            return
+        sequence = self._windowed if self._starts is not None else self._plain
+        for first in range(start, self.num_samples, _CHUNK):
+            steps = np.arange(first, min(first + _CHUNK, self.num_samples), dtype=np.int64)
+            positions = (self.rank + steps * self.num_replicas) % self.n  # wrap = padding
+            for row in sequence(positions).tolist():
+                self._yielded += 1
+                yield row
+
+    def _plain(self, positions: IntArray) -> IntArray:
+        if not self.shuffle:
+            return positions
+        return RandomPermutation(self.n, self.seed, self.epoch)(positions)
+
+    def _windowed(self, positions: IntArray) -> IntArray:
+        assert self._starts is not None and self.slide_window is not None
+        counts = np.diff(self._starts)
+        slides = len(counts)
+        order = (np.random.default_rng([self.seed, self.epoch]).permutation(slides)
+                 if self.shuffle else np.arange(slides))
+        cum = np.concatenate([[0], np.cumsum(counts[order])]).astype(np.int64)
+        window_of = (np.searchsorted(cum, positions, side="right") - 1) // self.slide_window
+        out = np.empty_like(positions)
+        for window in np.unique(window_of).tolist():
+            sel = window_of == window
+            lo = cum[window * self.slide_window]
+            hi = cum[min((window + 1) * self.slide_window, slides)]
+            offsets = positions[sel] - lo
+            if self.shuffle:
+                offsets = RandomPermutation(int(hi - lo), self.seed, self.epoch, window + 1)(offsets)
+            pos = lo + offsets
+            j = np.searchsorted(cum, pos, side="right") - 1
+            out[sel] = self._starts[order[j]] + (pos - cum[j])
+        return out
+
+
+class BalancedTileSampler(_Resumable, Sampler[int]):
+    """Draw ``num_samples`` rows per epoch (split over ranks) balanced by label or by slide.
+
+    ``by="label"``: every label (unlabelled tiles form one more group) is drawn equally often,
+    tiles uniformly within it. ``by="slide"``: every slide with tiles equally often. Draws are
+    with replacement, deterministic for (seed, epoch, rank).
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        by: Literal["label", "slide"] = "label",
+        num_samples: int | None = None,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+    ) -> None:
+        if by not in ("label", "slide"):
+            raise ValueError(f"by must be 'label' or 'slide', got {by!r}")
+        index = getattr(dataset, "index", None)
+        if not isinstance(index, SlideIndex):
+            raise ValueError("BalancedTileSampler needs a dataset with a SlideIndex (.index)")
+        self.num_replicas, self.rank = _world(num_replicas, rank)
+        total = num_samples if num_samples is not None else len(dataset)
+        if not isinstance(total, int) or total < 0:
+            raise ValueError(f"num_samples must be a non-negative int, got {num_samples!r}")
+        self.by, self.seed = by, seed
+        self.num_samples = math.ceil(total / self.num_replicas)
+        self.starts = _slide_starts(index)
+        counts = np.diff(self.starts)
+        self.counts = counts
+        has_tiles = np.flatnonzero(counts > 0)
+        if not len(has_tiles):
+            raise ValueError("the index has no tiles to sample")
+        groups = index.slide_labels()[has_tiles] if by == "label" else has_tiles
+        self.groups = [has_tiles[groups == g] for g in np.unique(groups)]  # slides per group
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _chunk(self, number: int, size: int) -> IntArray:
+        """Rows of one chunk of draws: its own random stream, so any chunk can be regenerated."""
+        rng = np.random.default_rng([self.seed, self.epoch, self.rank, number])
+        group = rng.integers(len(self.groups), size=size)
+        u = rng.random(size)
+        rows = np.empty(size, dtype=np.int64)
+        for g, slides in enumerate(self.groups):
+            sel = group == g
+            weights = self.counts[slides].astype(np.float64)
+            slide = slides[rng.choice(len(slides), size=int(sel.sum()), p=weights / weights.sum())]
+            rows[sel] = self.starts[slide] + (u[sel] * self.counts[slide]).astype(np.int64)
+        return rows
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._start, self._yielded = self._start, 0, self._start
+        for number in range(start // _CHUNK, math.ceil(self.num_samples / _CHUNK)):
+            first = number * _CHUNK
+            rows = self._chunk(number, min(_CHUNK, self.num_samples - first))
+            for row in rows[max(start - first, 0):].tolist():
+                self._yielded += 1
+                yield row

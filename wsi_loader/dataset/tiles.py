@@ -1,0 +1,125 @@
+"""`TileDataset`: a torch Dataset over the rows of a `SlideIndex`.
+
+Handles are opened lazily in the process that reads (a per-process `HandlePool`), so the same
+dataset object works with ``num_workers=0``, forked and spawned DataLoader workers without a
+``worker_init_fn``; it pickles without handles or tile data. Per-tile state lives only in the
+index's memory-mapped numpy columns, so worker memory stays flat in the index size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from wsi_loader.config import DatasetConfig
+from wsi_loader.dataset.reading import ReadResult, TileReader
+from wsi_loader.index.table import SlideIndex
+from wsi_loader.slides.pool import HandlePool
+
+Sample = dict[str, Any]
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+class TileDataset(Dataset[Sample]):
+    """One sample per index row.
+
+    ``ds[row]`` is a dict: ``image`` (uint8 ``(3, H, W)`` RGB), ``label`` (label id, -1 when
+    unlabelled; names in ``label_names``), ``ok`` (False when the read failed), ``substituted``,
+    ``row``, ``slide_id`` and ``x``, ``y`` (level-0 top-left). ``transform`` is applied to the
+    uint8 image tensor.
+    """
+
+    def __init__(
+        self,
+        index: SlideIndex | str | os.PathLike[str],
+        *,
+        on_error: str = "fill",
+        retries: int = 2,
+        fill_value: int = 255,
+        transform: Transform | None = None,
+        max_open_slides: int = 16,
+        openslide_cache_mb: int = 64,
+        exclude_quarantined: bool = False,
+        root: str | None = None,
+        backend: str | None = None,
+        record_failures: bool = True,
+    ) -> None:
+        if not isinstance(index, SlideIndex):
+            index = SlideIndex.open(index, root=root, exclude_quarantined=exclude_quarantined)
+        self.index = index
+        self.transform = transform
+        self.reader = TileReader(
+            index,
+            on_error=on_error,
+            retries=retries,
+            fill_value=fill_value,
+            pool=HandlePool(max_open_slides, openslide_cache_mb * 2**20),
+            backend=backend,
+            record_failures=record_failures,
+        )
+        self.slide_labels = index.slide_labels()
+        self.label_names = index.label_names
+
+    @classmethod
+    def from_config(cls, index: SlideIndex | str | os.PathLike[str], config: DatasetConfig,
+                    **kwargs: Any) -> TileDataset:
+        return cls(
+            index,
+            on_error=config.on_error,
+            retries=config.retries,
+            fill_value=config.fill_value,
+            max_open_slides=config.max_open_slides,
+            openslide_cache_mb=config.openslide_cache_mb,
+            exclude_quarantined=config.exclude_quarantined,
+            **kwargs,
+        )
+
+    @property
+    def tile_size(self) -> int:
+        return self.reader.tile_size
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        """Failures seen by this process (every process also appends them to the quarantine)."""
+        return self.reader.failures
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _samples(self, rows: np.ndarray, result: ReadResult) -> list[Sample]:
+        cols = self.index.columns
+        samples = []
+        for i, row in enumerate(rows.tolist()):
+            slide_id = int(cols["slide_id"][row])
+            image = torch.from_numpy(result.pixels[i]).permute(2, 0, 1).contiguous()
+            if self.transform is not None:
+                image = self.transform(image)
+            samples.append(
+                {
+                    "image": image,
+                    "label": int(self.slide_labels[slide_id]),
+                    "ok": bool(result.ok[i]),
+                    "substituted": bool(result.substituted[i]),
+                    "row": int(row),
+                    "slide_id": slide_id,
+                    "x": int(cols["l0_x"][row]),
+                    "y": int(cols["l0_y"][row]),
+                }
+            )
+        return samples
+
+    def __getitem__(self, row: int) -> Sample:
+        if not -len(self) <= row < len(self):
+            raise IndexError(f"row {row} out of range for {len(self)} tiles")
+        rows = np.array([row % len(self)], dtype=np.int64)
+        return self._samples(rows, self.reader.read(rows))[0]
+
+    def __getitems__(self, rows: Sequence[int]) -> list[Sample]:
+        """Batched reads (used by DataLoader): rows are read grouped by slide."""
+        array = np.asarray(rows, dtype=np.int64)
+        return self._samples(array, self.reader.read(array))
