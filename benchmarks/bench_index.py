@@ -33,7 +33,9 @@ def main() -> None:
     scratch.mkdir(parents=True, exist_ok=True)
 
     print("## Build time per slide (min_tissue 0.5, 256 px at 0.5 um/px, 1 worker, best of 3)")
-    print(f"{'level 0':>14} {'lowest level':>14} {'tiles':>7} {'build ms':>9} {'us per low px':>14}")
+    print(
+        f"{'level 0':>14} {'lowest level':>14} {'tiles':>7} {'build ms':>9} {'us per low px':>14}"
+    )
     base = None
     warm = scratch / "warm.svs"
     write_svs(str(warm), SlideSpec(width=2000, height=1500))
@@ -49,9 +51,11 @@ def main() -> None:
         low_w, low_h = open_slide(index.slide_path(0)).meta.level_dimensions[record.mask_level or 0]
         per_px = best * 1e6 / (low_w * low_h)
         base = base or best
-        print(f"{width:>7}x{height:<6} {low_w:>7}x{low_h:<6} {len(index):>7} {best * 1e3:>9.1f} "
-              f"{per_px:>14.2f}   ({best / base:.2f}x the 10k slide; level 0 is "
-              f"{width * height / 75e6:.0f}x)")
+        print(
+            f"{width:>7}x{height:<6} {low_w:>7}x{low_h:<6} {len(index):>7} {best * 1e3:>9.1f} "
+            f"{per_px:>14.2f}   ({best / base:.2f}x the 10k slide; level 0 is "
+            f"{width * height / 75e6:.0f}x)"
+        )
 
     print(f"\n## {args.small} small slides (2000x1500), 1 vs 2 workers")
     folder = scratch / "small"

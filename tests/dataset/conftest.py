@@ -25,8 +25,14 @@ def archive(tmp_path: Path, make_slide: SlideFactory) -> Path:
 
 @pytest.fixture
 def index(archive: Path, tmp_path: Path) -> SlideIndex:
-    return build_index([archive], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.0,
-                       labels=str(archive / "labels.csv"))
+    return build_index(
+        [archive],
+        tmp_path / "idx",
+        tile_size=256,
+        level=0,
+        min_tissue=0.0,
+        labels=str(archive / "labels.csv"),
+    )
 
 
 def corrupt_rows(index: SlideIndex) -> np.ndarray:

@@ -17,7 +17,9 @@ def openslide_pixels(index: SlideIndex, row: int) -> np.ndarray:
     cols = index.columns
     slide = openslide.OpenSlide(index.slide_path(int(cols["slide_id"][row])))
     size = int(cols["read_size"][row])
-    region = slide.read_region((int(cols["l0_x"][row]), int(cols["l0_y"][row])), int(cols["level"][row]), (size, size))
+    region = slide.read_region(
+        (int(cols["l0_x"][row]), int(cols["l0_y"][row])), int(cols["level"][row]), (size, size)
+    )
     slide.close()
     return np.asarray(region)[..., :3]
 
@@ -67,7 +69,11 @@ def test_raise_policy_raises_structured_error(index: SlideIndex) -> None:
         TileReader(index, on_error="raise", retries=0).read([row])
     err = info.value
     assert err.path and err.path.endswith("bad.svs")
-    assert (err.l0_x, err.l0_y, err.level) == (int(index.columns["l0_x"][row]), int(index.columns["l0_y"][row]), 0)
+    assert (err.l0_x, err.l0_y, err.level) == (
+        int(index.columns["l0_x"][row]),
+        int(index.columns["l0_y"][row]),
+        0,
+    )
     assert "marker" in (err.cause or "")
     assert index.quarantine.read()[0]["row"] == row  # recorded before raising
 
@@ -89,7 +95,9 @@ def test_vanished_and_truncated_slides_are_failures(index: SlideIndex, archive: 
 
 
 def test_unreadable_svs_from_testdata(testdata: Path, tmp_path: Path) -> None:
-    index = build_index([testdata / "unreadable.svs"], tmp_path / "idx", level=0, tile_size=16, min_tissue=0)
+    index = build_index(
+        [testdata / "unreadable.svs"], tmp_path / "idx", level=0, tile_size=16, min_tissue=0
+    )
     assert len(index) == 1
     for policy in ("fill", "substitute"):
         result = TileReader(index, on_error=policy).read([0])
@@ -99,7 +107,9 @@ def test_unreadable_svs_from_testdata(testdata: Path, tmp_path: Path) -> None:
 
 
 def test_off_level_reads_are_resized_to_tile_size(archive: Path, tmp_path: Path) -> None:
-    index = build_index([archive / "good.svs"], tmp_path / "idx", tile_size=128, mpp=1.0, min_tissue=0)
+    index = build_index(
+        [archive / "good.svs"], tmp_path / "idx", tile_size=128, mpp=1.0, min_tissue=0
+    )
     assert index.slides[0].read_size == 256 and index.slides[0].read_level == 0
     result = TileReader(index).read([0, 1])
     assert result.pixels.shape == (2, 128, 128, 3) and result.ok.all()

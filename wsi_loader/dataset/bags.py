@@ -55,7 +55,10 @@ class SlideBagDataset(Dataset[Bag]):
         self.index, self.k, self.chunk_size, self.seed = index, k, chunk_size, seed
         self.epoch = 0
         self.reader = TileReader(
-            index, on_error=on_error, retries=retries, fill_value=fill_value,
+            index,
+            on_error=on_error,
+            retries=retries,
+            fill_value=fill_value,
             pool=HandlePool(max_open_slides, openslide_cache_mb * 2**20),
             record_failures=record_failures,
         )

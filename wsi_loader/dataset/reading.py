@@ -113,8 +113,12 @@ class TileReader:
         if isinstance(last, TileReadError):
             raise last
         raise TileReadError(
-            f"cannot read level-0 ({x}, {y}): {last}", path=path, l0_x=x, l0_y=y,
-            level=level, cause=f"{type(last).__name__}: {last}",
+            f"cannot read level-0 ({x}, {y}): {last}",
+            path=path,
+            l0_x=x,
+            l0_y=y,
+            level=level,
+            cause=f"{type(last).__name__}: {last}",
         ) from last
 
     # -- failures --------------------------------------------------------------------------
@@ -169,7 +173,9 @@ class TileReader:
         if out is None:
             out = np.empty((n, t, t, 3), dtype=np.uint8)
         elif out.shape != (n, t, t, 3) or out.dtype != np.uint8:
-            raise ValueError(f"out must be uint8 of shape {(n, t, t, 3)}, got {out.shape} {out.dtype}")
+            raise ValueError(
+                f"out must be uint8 of shape {(n, t, t, 3)}, got {out.shape} {out.dtype}"
+            )
         result = ReadResult(
             pixels=out,
             ok=np.ones(n, dtype=bool),

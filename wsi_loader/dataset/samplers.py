@@ -98,13 +98,18 @@ class _Resumable:
         """Where this epoch stands. DataLoader prefetches, so pass ``consumed`` (samples your
         loop has actually used on this rank) for an exact resume; otherwise the count of
         samples this sampler has yielded is saved."""
-        return {"epoch": self.epoch, "seed": self.seed,
-                "position": self._yielded if consumed is None else int(consumed)}
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "position": self._yielded if consumed is None else int(consumed),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``__iter__`` continues epoch ``state['epoch']`` at ``state['position']``."""
         if int(state["seed"]) != self.seed:
-            raise ValueError(f"state was saved with seed {state['seed']}, this sampler has {self.seed}")
+            raise ValueError(
+                f"state was saved with seed {state['seed']}, this sampler has {self.seed}"
+            )
         self.epoch = int(state["epoch"])
         self._start = int(state["position"])
 
@@ -166,8 +171,11 @@ class DistributedTileSampler(_Resumable, Sampler[int]):
         assert self._starts is not None and self.slide_window is not None
         counts = np.diff(self._starts)
         slides = len(counts)
-        order = (np.random.default_rng([self.seed, self.epoch]).permutation(slides)
-                 if self.shuffle else np.arange(slides))
+        order = (
+            np.random.default_rng([self.seed, self.epoch]).permutation(slides)
+            if self.shuffle
+            else np.arange(slides)
+        )
         cum = np.concatenate([[0], np.cumsum(counts[order])]).astype(np.int64)
         window_of = (np.searchsorted(cum, positions, side="right") - 1) // self.slide_window
         out = np.empty_like(positions)
@@ -177,7 +185,9 @@ class DistributedTileSampler(_Resumable, Sampler[int]):
             hi = cum[min((window + 1) * self.slide_window, slides)]
             offsets = positions[sel] - lo
             if self.shuffle:
-                offsets = RandomPermutation(int(hi - lo), self.seed, self.epoch, window + 1)(offsets)
+                offsets = RandomPermutation(int(hi - lo), self.seed, self.epoch, window + 1)(
+                    offsets
+                )
             pos = lo + offsets
             j = np.searchsorted(cum, pos, side="right") - 1
             out[sel] = self._starts[order[j]] + (pos - cum[j])
@@ -242,6 +252,6 @@ class BalancedTileSampler(_Resumable, Sampler[int]):
         for number in range(start // _CHUNK, math.ceil(self.num_samples / _CHUNK)):
             first = number * _CHUNK
             rows = self._chunk(number, min(_CHUNK, self.num_samples - first))
-            for row in rows[max(start - first, 0):].tolist():
+            for row in rows[max(start - first, 0) :].tolist():
                 self._yielded += 1
                 yield row

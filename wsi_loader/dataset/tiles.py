@@ -66,8 +66,9 @@ class TileDataset(Dataset[Sample]):
         self.label_names = index.label_names
 
     @classmethod
-    def from_config(cls, index: SlideIndex | str | os.PathLike[str], config: DatasetConfig,
-                    **kwargs: Any) -> TileDataset:
+    def from_config(
+        cls, index: SlideIndex | str | os.PathLike[str], config: DatasetConfig, **kwargs: Any
+    ) -> TileDataset:
         return cls(
             index,
             on_error=config.on_error,

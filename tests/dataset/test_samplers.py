@@ -1,0 +1,186 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.data import DistributedSampler
+
+from wsi_loader.dataset import BalancedTileSampler, DistributedTileSampler, TileDataset
+from wsi_loader.dataset.samplers import RandomPermutation
+from wsi_loader.index import SlideIndex
+
+
+class Sized:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 4097])
+def test_permutation_is_a_bijection(n: int) -> None:
+    perm = RandomPermutation(n, 3, 1)(np.arange(n))
+    assert sorted(perm.tolist()) == list(range(n))
+    if n > 10:
+        assert perm.tolist() != list(range(n))
+
+
+@pytest.mark.parametrize(("n", "world"), [(10, 3), (2, 4), (100, 1), (1001, 8)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_shards_are_disjoint_and_cover(n: int, world: int, drop_last: bool) -> None:
+    shards = [
+        list(DistributedTileSampler(Sized(n), world, r, seed=5, drop_last=drop_last))
+        for r in range(world)
+    ]
+    assert len({len(s) for s in shards}) == 1
+    flat = [i for s in shards for i in s]
+    if drop_last:
+        assert len(set(flat)) == len(flat) == (n // world) * world
+    else:
+        assert set(flat) == set(range(n))
+        assert len(flat) - n < world  # padding smaller than the world size
+        if n >= world:
+            assert len(flat) - len(set(flat)) == len(flat) - n
+
+
+def test_unshuffled_order_matches_torch() -> None:
+    for rank in range(3):
+        ours = list(DistributedTileSampler(Sized(11), 3, rank, shuffle=False))
+        theirs = list(DistributedSampler(Sized(11), 3, rank, shuffle=False))  # type: ignore[arg-type]
+        assert ours == theirs
+
+
+def test_deterministic_per_seed_and_epoch() -> None:
+    a = DistributedTileSampler(Sized(500), 2, 0, seed=1)
+    b = DistributedTileSampler(Sized(500), 2, 0, seed=1)
+    assert list(a) == list(b)
+    b.set_epoch(1)
+    assert list(a) != list(b)
+    assert list(a) != list(DistributedTileSampler(Sized(500), 2, 0, seed=2))
+
+
+def test_resume_mid_epoch() -> None:
+    sampler = DistributedTileSampler(Sized(300), 2, 1, seed=4)
+    sampler.set_epoch(3)
+    full = list(sampler)
+    it = iter(sampler)
+    head = [next(it) for _ in range(40)]
+    state = sampler.state_dict()
+    assert state == {"epoch": 3, "seed": 4, "position": 40}
+    fresh = DistributedTileSampler(Sized(300), 2, 1, seed=4)
+    fresh.load_state_dict(state)
+    assert head + list(fresh) == full
+    assert len(list(fresh)) == len(full)  # the resume applies to one epoch only
+    with pytest.raises(ValueError, match="seed"):
+        DistributedTileSampler(Sized(300), seed=9).load_state_dict(state)
+
+
+def test_huge_index_needs_no_permutation_array() -> None:
+    tracemalloc.start()
+    sampler = DistributedTileSampler(Sized(10**9), 4, 2, seed=0)
+    it = iter(sampler)
+    head = [next(it) for _ in range(1000)]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 16 * 2**20
+    assert len(set(head)) == 1000 and max(head) < 10**9
+
+
+def test_slide_window_keeps_locality(index: SlideIndex) -> None:
+    ds = TileDataset(index)
+    sampler = DistributedTileSampler(ds, 1, 0, seed=3, slide_window=1)
+    rows = np.array(list(sampler))
+    assert sorted(rows.tolist()) == list(range(len(ds)))
+    slides = index.columns["slide_id"][rows]
+    assert int((np.diff(slides) != 0).sum()) == 1  # one slide after the other
+    assert rows.tolist() != sorted(rows.tolist())  # but shuffled within the slide
+    two = [list(DistributedTileSampler(ds, 2, r, seed=3, slide_window=1)) for r in range(2)]
+    assert sorted(two[0] + two[1])[: len(ds)] == list(range(len(ds)))
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="rank must be in"):
+        DistributedTileSampler(Sized(5), 2, 2)
+    with pytest.raises(ValueError, match="num_replicas"):
+        DistributedTileSampler(Sized(5), 0, 0)
+    with pytest.raises(ValueError, match="slide_window"):
+        DistributedTileSampler(Sized(5), slide_window=0)
+    with pytest.raises(ValueError, match="needs a dataset with a SlideIndex"):
+        DistributedTileSampler(Sized(5), slide_window=2)
+
+
+def test_balanced_by_slide_and_label(index: SlideIndex) -> None:
+    ds = TileDataset(index)
+    rows = np.array(list(BalancedTileSampler(ds, by="slide", num_samples=4000, seed=1)))
+    counts = np.bincount(index.columns["slide_id"][rows], minlength=2)
+    assert abs(counts[0] - counts[1]) < 300
+    by_label = BalancedTileSampler(ds, by="label", num_samples=4000, seed=1, num_replicas=2, rank=1)
+    assert len(by_label) == 2000
+    labels = ds.slide_labels[index.columns["slide_id"][np.array(list(by_label))]]
+    assert set(labels.tolist()) == {0, 1}
+    with pytest.raises(ValueError, match="by must be"):
+        BalancedTileSampler(ds, by="stain")  # type: ignore[arg-type]
+
+
+TORCHRUN_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+from wsi_loader.dataset import DistributedTileSampler
+
+class Sized:
+    def __len__(self):
+        return 1001
+
+dist.init_process_group("gloo")
+sampler = DistributedTileSampler(Sized(), seed=7)  # world size and rank from torch.distributed
+sampler.set_epoch(2)
+rows = list(sampler)
+gathered = [None] * dist.get_world_size()
+dist.all_gather_object(gathered, rows)
+if dist.get_rank() == 0:
+    with open(sys.argv[1], "w") as fh:
+        json.dump({"world": dist.get_world_size(), "shards": gathered}, fh)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_gloo(tmp_path: Path) -> None:
+    script = tmp_path / "shard.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    out = tmp_path / "shards.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(out),
+        ],
+        check=True,
+        env=env,
+        timeout=180,
+        capture_output=True,
+    )
+
+    result = json.loads(out.read_text())
+    a, b = result["shards"]
+    assert result["world"] == 2 and len(a) == len(b) == 501
+    assert set(a) | set(b) == set(range(1001)) and len(set(a) & set(b)) == 1  # one pad sample
+    assert a == _epoch(DistributedTileSampler(Sized(1001), 2, 0, seed=7), 2)
+
+
+def _epoch(sampler: DistributedTileSampler, epoch: int) -> list[int]:
+    sampler.set_epoch(epoch)
+    return list(sampler)

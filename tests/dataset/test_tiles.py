@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+import json
+import multiprocessing
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from tests.dataset.conftest import corrupt_rows
+from wsi_loader.cli import main
+from wsi_loader.dataset import DistributedTileSampler, TileDataset
+from wsi_loader.index import Quarantine, SlideIndex
+
+
+def test_sample_contract(index: SlideIndex) -> None:
+    ds = TileDataset(index)
+    sample = ds[3]
+    assert sample["image"].dtype == torch.uint8 and sample["image"].shape == (3, 256, 256)
+    assert sample["row"] == 3 and sample["ok"] is True and sample["substituted"] is False
+    slide_id = int(index.columns["slide_id"][3])
+    assert sample["slide_id"] == slide_id
+    assert (sample["x"], sample["y"]) == (
+        int(index.columns["l0_x"][3]),
+        int(index.columns["l0_y"][3]),
+    )
+    assert ds.label_names[sample["label"]] == index.slides[slide_id].label
+    assert ds[-1]["row"] == len(ds) - 1
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+
+
+def test_transform_hook(index: SlideIndex) -> None:
+    ds = TileDataset(index, transform=lambda img: img[:, :8, :8].float() / 255)
+    assert ds[0]["image"].shape == (3, 8, 8)
+
+
+def test_getitems_keeps_order_while_grouping_by_slide(index: SlideIndex) -> None:
+    ds = TileDataset(index)
+    rows = [len(ds) - 1, 0, len(ds) // 2, 1]
+    batch = ds.__getitems__(rows)
+    assert [s["row"] for s in batch] == rows
+    for sample in batch:
+        assert torch.equal(sample["image"], ds[sample["row"]]["image"])
+
+
+def test_pickles_small_without_handles(index: SlideIndex) -> None:
+    ds = TileDataset(index)
+    ds[0]
+    blob = pickle.dumps(ds)
+    assert len(blob) < 20_000  # no tile columns, no handles
+    clone = pickle.loads(blob)
+    assert len(clone.reader.pool) == 0
+    assert torch.equal(clone[5]["image"], ds[5]["image"])
+
+
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_dataloader_epoch_with_real_workers(
+    index: SlideIndex, workers: int, context: str | None
+) -> None:
+    ds = TileDataset(index, on_error="fill")
+    loader = DataLoader(
+        ds,
+        batch_size=8,
+        num_workers=workers,
+        multiprocessing_context=context,
+        sampler=DistributedTileSampler(ds, shuffle=True, seed=1),
+    )
+    seen, not_ok = [], []
+    for batch in loader:
+        assert batch["image"].shape[1:] == (3, 256, 256) and batch["image"].dtype == torch.uint8
+        seen += batch["row"].tolist()
+        not_ok += batch["row"][~batch["ok"]].tolist()
+    assert sorted(seen) == list(range(len(ds)))
+    assert sorted(not_ok) == sorted(corrupt_rows(index).tolist())
+    records = index.quarantine.read()
+    assert sorted({r["row"] for r in records}) == sorted(not_ok)
+
+
+def _append_many(path: str, worker: int) -> None:
+    q = Quarantine(path)
+    for i in range(200):
+        q.append({"slide_id": worker, "path": f"s{worker}.svs", "x": i, "y": 0, "error": "x" * 300})
+
+
+def test_concurrent_quarantine_writers_lose_nothing(tmp_path: Path) -> None:
+    path = str(tmp_path / "quarantine.jsonl")
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_append_many, args=(path, w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+    records = Quarantine(path).read()
+    assert len(records) == 800
+    assert {(r["slide_id"], r["x"]) for r in records} == {
+        (w, i) for w in range(4) for i in range(200)
+    }
+
+
+def test_torn_quarantine_record_does_not_hide_others(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "quarantine.jsonl"
+    q = Quarantine(path)
+    q.append({"slide_id": 0, "path": "a", "x": 1, "y": 2, "error": "e"})
+    with open(path, "ab") as fh:
+        fh.write(b'{"slide_id": 0, "path": "a", "x"')  # a writer killed mid-record
+    q.append({"slide_id": 0, "path": "a", "x": 3, "y": 4, "error": "e"})
+    assert [r["x"] for r in q.read()] == [1, 3]
+    assert "torn quarantine record" in caplog.text
+
+
+def test_info_json_lists_quarantine_and_index_can_exclude(
+    index: SlideIndex, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ds = TileDataset(index)
+    bad = corrupt_rows(index)
+    ds.__getitems__(bad.tolist())
+    assert main(["info", str(index.path), "--json"]) == 0
+    quarantined = json.loads(capsys.readouterr().out)["quarantined"]
+    assert len(quarantined) == len(bad)
+    assert {"slide_id", "x", "y", "error"} <= quarantined[0].keys()
+    excluded = TileDataset(index.path, exclude_quarantined=True)
+    assert len(excluded) == len(index) - len(bad) and excluded.index.excluded == len(bad)
+    loader = DataLoader(excluded, batch_size=64, num_workers=2, multiprocessing_context="spawn")
+    assert all(bool(b["ok"].all()) for b in loader)
+
+
+def test_dataset_follows_a_moved_archive(archive: Path, tmp_path: Path) -> None:
+    from wsi_loader.index import build_index
+
+    built = build_index([archive], tmp_path / "rooted", level=0, min_tissue=0.5, root=str(archive))
+    moved = tmp_path / "moved"
+    archive.rename(moved)
+    ds = TileDataset(built.path, root=str(moved))
+    assert ds[0]["ok"] and ds.index.slide_path(0).startswith(str(moved))
+
+
+def test_memory_is_numpy_not_python_objects(index: SlideIndex) -> None:
+    ds = TileDataset(index)
+    for name, column in ds.index.columns.items():
+        assert isinstance(column, np.ndarray), name
