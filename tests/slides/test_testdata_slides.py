@@ -15,13 +15,14 @@ pytestmark = pytest.mark.testdata
 
 OPENS = {
     # file: (backend, vendor, level count, mpp, mpp source)
-    "small.svs": ("openslide", "aperio", 1, 0.499, "vendor"),
-    "CMU-1-Small-Region.svs": ("openslide", "aperio", 1, 0.499, "vendor"),
-    "tcga-cr-7395-01a-01-ts1.svs": ("openslide", "aperio", 2, None, "missing"),
-    "boxes.tiff": ("openslide", "generic-tiff", 4, 352.7777798337701, "tiff-resolution"),
-    "boxes_noicc.tiff": ("openslide", "generic-tiff", 4, 352.85814906304194, "tiff-resolution"),
+    # tiled TIFF-family files go to the raw path ("tiff"); the rest to OpenSlide
+    "small.svs": ("tiff", "aperio", 1, 0.499, "vendor"),
+    "CMU-1-Small-Region.svs": ("tiff", "aperio", 1, 0.499, "vendor"),
+    "tcga-cr-7395-01a-01-ts1.svs": ("tiff", "aperio", 2, None, "missing"),
+    "boxes.tiff": ("tiff", "generic-tiff", 4, 352.7777798337701, "tiff-resolution"),
+    "boxes_noicc.tiff": ("tiff", "generic-tiff", 4, 352.85814906304194, "tiff-resolution"),
     "test3-DAPI-2-(387).ndpi": ("openslide", "hamamatsu", 7, 0.2281750559028887, "vendor"),
-    "yb10kx5k.zstd.tiff": ("openslide", "generic-tiff", 5, 352.858149123434, "tiff-resolution"),
+    "yb10kx5k.zstd.tiff": ("tiff", "generic-tiff", 5, 352.858149123434, "tiff-resolution"),
     "small_la.tiff": ("openslide", "generic-tiff", 1, 1000.0, "tiff-resolution"),
     "dicom-boxes/boxes_0.dcm": ("openslide", "dicom", 1, 0.499, "vendor"),
     "kidney-48-5.tif": ("tiff", "tiff-uniform", 1, None, "missing"),
@@ -49,6 +50,26 @@ def test_opens_with_documented_metadata(testdata: Path, name: str) -> None:
         assert pixels.dtype == np.uint8 and pixels.shape == (min(h, 64), min(w, 64), 3)
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n, v in OPENS.items() if v[0] == "tiff" and n.endswith((".svs", ".tiff")))
+)
+def test_raw_path_metadata_equals_openslide(testdata: Path, name: str) -> None:
+    raw = open_slide(str(testdata / name), "tiff")
+    ref = open_slide(str(testdata / name), "openslide")
+    for field in (
+        "vendor",
+        "level_dimensions",
+        "level_downsamples",
+        "mpp",
+        "mpp_source",
+        "objective_power",
+        "tile_sizes",
+    ):
+        assert getattr(raw.meta, field) == getattr(ref.meta, field), field
+    raw.close()
+    ref.close()
 
 
 @pytest.mark.parametrize("name", sorted(REJECTS))

@@ -16,13 +16,13 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image
 
 from wsi_loader.errors import SlideError, TileReadError
 from wsi_loader.index.quarantine import Quarantine
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.base import RGBArray
 from wsi_loader.slides.pool import HandlePool
+from wsi_loader.slides.tiff_backend import resize
 
 log = logging.getLogger(__name__)
 
@@ -96,19 +96,17 @@ class TileReader:
         for attempt in range(self.retries + 1):
             try:
                 reader = self.pool.get(path, backend)
+                scaled = getattr(reader, "read_region_scaled", None)
+                if size != self.tile_size and scaled is not None:  # DCT-domain downscaling
+                    t = self.tile_size
+                    return scaled(x, y, level, size, size, t, t)  # type: ignore[no-any-return]
                 pixels = reader.read_region(x, y, level, size, size)
             except SlideError as exc:  # includes TileReadError, not found, unopenable
                 self.pool.discard(path, backend)  # its error state may be latched
                 last = exc
                 log.debug("read of %s (%d, %d) failed, attempt %d: %s", path, x, y, attempt, exc)
                 continue
-            if size != self.tile_size:
-                pixels = np.asarray(
-                    Image.fromarray(pixels).resize(
-                        (self.tile_size, self.tile_size), Image.Resampling.BILINEAR
-                    )
-                )
-            return pixels
+            return resize(pixels, self.tile_size, self.tile_size)
         assert last is not None
         if isinstance(last, TileReadError):
             raise last

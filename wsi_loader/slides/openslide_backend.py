@@ -91,6 +91,10 @@ class OpenSlideReader:
             ) from exc
         return rgba_to_rgb(np.asarray(image))
 
+    @property
+    def closed(self) -> bool:
+        return getattr(self, "_slide", None) is None
+
     def close(self) -> None:
         slide = getattr(self, "_slide", None)
         if slide is not None:

@@ -19,6 +19,7 @@ import openslide
 
 from wsi_loader.slides.base import SlideReader
 from wsi_loader.slides.open import open_slide
+from wsi_loader.slides.tiff_backend import SegmentCache
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,8 @@ class HandlePool:
     """LRU pool of readers keyed by (path, backend), valid only in the process that opened them.
 
     ``openslide_cache_bytes`` sizes one `openslide.OpenSlideCache` shared by every OpenSlide
-    handle of this process, so memory does not grow with the number of open handles.
+    handle of this process, and one `SegmentCache` of decoded raw tiles shared by every raw
+    handle, so memory does not grow with the number of open handles.
     """
 
     def __init__(self, max_open: int = 16, openslide_cache_bytes: int = 64 * 2**20) -> None:
@@ -42,6 +44,7 @@ class HandlePool:
         self._pid = -1
         self._readers: OrderedDict[tuple[str, str], SlideReader] = OrderedDict()
         self._cache: openslide.OpenSlideCache | None = None
+        self._segments: SegmentCache | None = None
         self.opened = 0  # handles opened by this process (for tests and stats)
         _live_pools.add(self)
 
@@ -58,6 +61,7 @@ class HandlePool:
             # Inherited from another process (fork): forget, never touch, the parent's handles.
             self._readers = OrderedDict()
             self._cache = None
+            self._segments = None
             self._pid = pid
             self.opened = 0
 
@@ -73,7 +77,9 @@ class HandlePool:
             self.discard(path, backend)
         if self._cache is None and self.openslide_cache_bytes > 0:
             self._cache = openslide.OpenSlideCache(self.openslide_cache_bytes)
-        reader = open_slide(path, backend, self._cache)
+        if self._segments is None:
+            self._segments = SegmentCache(self.openslide_cache_bytes)
+        reader = open_slide(path, backend, self._cache, self._segments)
         self.opened += 1
         self._readers[key] = reader
         while len(self._readers) > self.max_open:

@@ -8,14 +8,17 @@ tile raises `TileReadError` and the next read works.
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import re
 from collections import OrderedDict
 
+import imagecodecs
 import numpy as np
 import numpy.typing as npt
 import tifffile
+from PIL import Image
 
 from wsi_loader.errors import SlideOpenError, TileReadError
 from wsi_loader.slides.base import MppSource, RGBArray, SlideMeta
@@ -23,6 +26,42 @@ from wsi_loader.slides.base import MppSource, RGBArray, SlideMeta
 log = logging.getLogger(__name__)
 
 _UNIT_TO_UM = {2: 25400.0, 3: 10000.0}  # ResolutionUnit inch / centimetre -> micrometres
+_JPEG = 7
+_RGB, _YCBCR = 2, 6
+# Compressions imagecodecs decodes: none, LZW, JPEG, deflate, JPEG 2000 (Aperio), ZSTD, WebP
+RAW_COMPRESSIONS = frozenset({1, 5, 7, 8, 32946, 33003, 33005, 34712, 50000, 50001})
+DCT_SCALES = (2, 4, 8)
+
+
+class SegmentCache:
+    """LRU cache of decoded storage segments, bounded in bytes, shared by a process's readers.
+
+    Neighbouring windows that share storage tiles (256 px windows on 512 px tiles, overlapping
+    grids) decode each tile once.
+    """
+
+    def __init__(self, max_bytes: int = 32 * 2**20) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[object, ...], npt.NDArray[np.uint8]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: tuple[object, ...]) -> npt.NDArray[np.uint8] | None:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: tuple[object, ...], value: npt.NDArray[np.uint8]) -> None:
+        if value.nbytes > self.max_bytes:
+            return
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._bytes -= old.nbytes
+        self._items[key] = value
+        self._bytes += value.nbytes
+        while self._bytes > self.max_bytes:
+            _, evicted = self._items.popitem(last=False)
+            self._bytes -= evicted.nbytes
 
 
 def _resolution_mpp(page: tifffile.TiffPage) -> float | None:
@@ -67,6 +106,16 @@ def to_rgb(pixels: npt.NDArray[np.generic]) -> RGBArray:
     return np.ascontiguousarray(pixels[..., :3])
 
 
+def resize(pixels: RGBArray, out_w: int, out_h: int) -> RGBArray:
+    """Bilinear (antialiased) resize with PIL."""
+    if pixels.shape[1] == out_w and pixels.shape[0] == out_h:
+        return pixels
+    image = Image.fromarray(np.ascontiguousarray(pixels)).resize(
+        (out_w, out_h), Image.Resampling.BILINEAR
+    )
+    return np.asarray(image)
+
+
 class _Level:
     """Segment geometry of one pyramid level (tiles, or strips that span the full width)."""
 
@@ -83,6 +132,23 @@ class _Level:
         self.counts = page.databytecounts
         if page.planarconfig != 1 and page.samplesperpixel > 1:
             raise ValueError("planar-separate multi-sample pages are not supported")
+        # Fast JPEG path: decode with libjpeg-turbo directly (optionally DCT-scaled), only for
+        # 8-bit RGB/YCbCr tiles whose colour space we can state without tifffile's help.
+        self.tables: bytes | None = page.jpegtables
+        self.jpeg_colorspace: tuple[int | None, int] | None = None
+        if (
+            page.compression == _JPEG
+            and page.is_tiled
+            and page.samplesperpixel == 3
+            and page.bitspersample == 8
+            and not page.extrasamples
+        ):
+            if page.photometric == _YCBCR or (page.photometric == _RGB and page.is_jfif):
+                self.jpeg_colorspace = (None, _RGB)
+            elif page.photometric == _RGB:
+                self.jpeg_colorspace = (_RGB, _RGB)  # Aperio's RGB JPEGs carry no JFIF marker
+        # libjpeg's DCT scaling guesses the colour space from markers: safe for YCbCr only
+        self.dct_scalable = self.jpeg_colorspace == (None, _RGB)
 
 
 class TiffReader:
@@ -90,7 +156,7 @@ class TiffReader:
 
     backend = "tiff"
 
-    def __init__(self, path: str, cache_bytes: int = 32 * 2**20) -> None:
+    def __init__(self, path: str, cache: SegmentCache | None = None) -> None:
         self.path = path
         self.broken = False  # tifffile errors do not latch; kept for the pool's protocol
         try:
@@ -108,9 +174,7 @@ class TiffReader:
         except Exception as exc:  # tifffile raises many types for malformed input
             self.close()
             raise SlideOpenError(f"tifffile: {type(exc).__name__}: {exc}", path=path) from exc
-        self._cache: OrderedDict[tuple[int, int], RGBArray] = OrderedDict()
-        self._cache_bytes = 0
-        self._cache_limit = cache_bytes
+        self._cache = cache if cache is not None else SegmentCache()
         self.meta = self._read_meta(series)
 
     def _read_meta(self, series: tifffile.TiffPageSeries) -> SlideMeta:
@@ -118,7 +182,7 @@ class TiffReader:
         mpp = _resolution_mpp(base.page)
         source: MppSource = "tiff-resolution" if mpp is not None else "missing"
         objective = None
-        vendor = f"tiff-{series.kind}" if series.kind else "tiff"
+        vendor = {"generic": "generic-tiff"}.get(series.kind, f"tiff-{series.kind}")
         if series.kind == "svs":
             vendor = "aperio"
             description = base.page.description or ""
@@ -141,64 +205,155 @@ class TiffReader:
             tile_sizes=tiles,
         )
 
-    def _segment(self, level: int, index: int) -> RGBArray:
-        key = (level, index)
-        cached = self._cache.get(key)
-        if cached is not None:
-            self._cache.move_to_end(key)
-            return cached
+    def _raw(self, level: int, index: int) -> bytes:
         lv = self._levels[level]
         fh = self._tif.filehandle
         fh.seek(lv.offsets[index])
-        data = fh.read(lv.counts[index])
-        decoded, _, _ = lv.page.decode(data, index, jpegtables=lv.page.jpegtables)
-        if decoded is None:
-            raise ValueError(f"segment {index} of level {level} is empty")
-        pixels = to_rgb(decoded[0])  # decoded is (depth, length, width, samples)
-        self._cache[key] = pixels
-        self._cache_bytes += pixels.nbytes
-        while self._cache_bytes > self._cache_limit and len(self._cache) > 1:
-            _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= old.nbytes
+        data: bytes = fh.read(lv.counts[index])
+        if len(data) != lv.counts[index] or not data:
+            raise ValueError(
+                f"segment {index} of level {level} is truncated: "
+                f"{len(data)} of {lv.counts[index]} bytes (file shorter than its index)"
+            )
+        return data
+
+    def _segment(self, level: int, index: int, scale: int = 1) -> RGBArray:
+        """Decoded storage segment ``index`` of ``level``, DCT-scaled down by ``scale``."""
+        key = (self.path, level, index, scale)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        lv = self._levels[level]
+        data = self._raw(level, index)
+        if scale > 1:
+            # abbreviated stream + shared tables = one complete JPEG for PIL's draft mode
+            stream = (lv.tables[:-2] + data[2:]) if lv.tables else data
+            image = Image.open(io.BytesIO(stream))
+            image.draft("RGB", (lv.seg_w // scale, lv.seg_h // scale))
+            pixels: RGBArray = np.asarray(image.convert("RGB"))
+        elif lv.jpeg_colorspace is not None:
+            colorspace, out = lv.jpeg_colorspace
+            pixels = imagecodecs.jpeg8_decode(
+                data, tables=lv.tables, colorspace=colorspace, outcolorspace=out
+            )
+        else:
+            decoded, _, _ = lv.page.decode(data, index, jpegtables=lv.tables)
+            if decoded is None:
+                raise ValueError(f"segment {index} of level {level} is empty")
+            pixels = to_rgb(decoded[0])  # decoded is (depth, length, width, samples)
+        pixels.flags.writeable = False  # shared through the cache: callers copy, never mutate
+        self._cache.put(key, pixels)
         return pixels
+
+    def read_region_scaled(
+        self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, out_w: int, out_h: int
+    ) -> RGBArray:
+        """Read a window and shrink it to ``out_w`` x ``out_h``.
+
+        When the factor is 2, 4 or 8 and the window sits on the scaled grid, JPEG tiles are
+        decoded at reduced size by libjpeg (DCT scaling, ~3x cheaper than decode-and-shrink);
+        otherwise the window is read at full size and resampled (bilinear).
+        """
+        try:
+            lv = self._levels[level]
+            scale = l_w // out_w if out_w else 0
+            ds = self.meta.level_downsamples[level]
+            l_x, l_y = int(l0_x / ds), int(l0_y / ds)
+            if (
+                lv.dct_scalable
+                and scale in DCT_SCALES
+                and l_w == out_w * scale
+                and l_h == out_h * scale
+                and l_x % scale == 0
+                and l_y % scale == 0
+                and lv.seg_w % scale == 0
+                and lv.seg_h % scale == 0
+            ):
+                return self._read_window(l0_x, l0_y, level, l_w, l_h, scale)
+            pixels = self._read_window(l0_x, l0_y, level, l_w, l_h)
+        except Exception as exc:  # decoders raise codec-specific types
+            raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
+        return resize(pixels, out_w, out_h)
+
+    def _error(
+        self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, exc: Exception
+    ) -> TileReadError:
+        return TileReadError(
+            f"read failed at level-0 ({l0_x}, {l0_y}), level {level}, {l_w}x{l_h}: {exc}",
+            path=self.path,
+            l0_x=l0_x,
+            l0_y=l0_y,
+            level=level,
+            cause=f"{type(exc).__name__}: {exc}",
+        )
 
     def read_region(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> RGBArray:
         try:
             return self._read_window(l0_x, l0_y, level, l_w, l_h)
         except Exception as exc:  # decoders raise codec-specific types
-            raise TileReadError(
-                f"read failed at level-0 ({l0_x}, {l0_y}), level {level}, {l_w}x{l_h}: {exc}",
-                path=self.path,
-                l0_x=l0_x,
-                l0_y=l0_y,
-                level=level,
-                cause=f"{type(exc).__name__}: {exc}",
-            ) from exc
+            raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
-    def _read_window(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> RGBArray:
+    def _read_window(
+        self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, scale: int = 1
+    ) -> RGBArray:
+        """Stitch the (optionally DCT-scaled) segments covering a window; white outside."""
         lv = self._levels[level]
         ds = self.meta.level_downsamples[level]
         l_x, l_y = int(l0_x / ds), int(l0_y / ds)
-        out = np.full((l_h, l_w, 3), 255, dtype=np.uint8)  # outside the image: background
         x0, y0 = max(l_x, 0), max(l_y, 0)
         x1, y1 = min(l_x + l_w, lv.width), min(l_y + l_h, lv.height)
+        first_col, first_row = x0 // lv.seg_w, y0 // lv.seg_h
+        if (
+            scale == 1
+            and x0 == l_x
+            and y0 == l_y
+            and x1 - x0 == l_w
+            and y1 - y0 == l_h
+            and l_x % lv.seg_w == 0
+            and l_y % lv.seg_h == 0
+            and l_w == lv.seg_w
+            and l_h == lv.seg_h
+        ):
+            return self._segment(level, first_row * lv.across + first_col)  # aligned: no copy
+        out = np.full((l_h // scale, l_w // scale, 3), 255, dtype=np.uint8)
         if x0 >= x1 or y0 >= y1:
             return out
-        for row in range(y0 // lv.seg_h, (y1 - 1) // lv.seg_h + 1):
-            for col in range(x0 // lv.seg_w, (x1 - 1) // lv.seg_w + 1):
-                seg = self._segment(level, row * lv.across + col)
+        for row in range(first_row, (y1 - 1) // lv.seg_h + 1):
+            for col in range(first_col, (x1 - 1) // lv.seg_w + 1):
+                seg = self._segment(level, row * lv.across + col, scale)
                 sx, sy = col * lv.seg_w, row * lv.seg_h
                 ax, ay = max(x0, sx), max(y0, sy)
-                bx = min(x1, sx + lv.seg_w, sx + seg.shape[1])
-                by = min(y1, sy + lv.seg_h, sy + seg.shape[0])
+                bx = min(x1, sx + lv.seg_w, sx + seg.shape[1] * scale)
+                by = min(y1, sy + lv.seg_h, sy + seg.shape[0] * scale)
                 if ax < bx and ay < by:
-                    out[ay - l_y : by - l_y, ax - l_x : bx - l_x] = seg[
-                        ay - sy : by - sy, ax - sx : bx - sx
+                    out[
+                        (ay - l_y) // scale : -(-(by - l_y) // scale),
+                        (ax - l_x) // scale : -(-(bx - l_x) // scale),
+                    ] = seg[
+                        (ay - sy) // scale : -(-(by - sy) // scale),
+                        (ax - sx) // scale : -(-(bx - sx) // scale),
                     ]
         return out
+
+    def qualifies(self) -> bool:
+        """Whether every level is tiled with a codec the raw path decodes (auto backend)."""
+        return all(
+            lv.page.is_tiled
+            and lv.page.compression in RAW_COMPRESSIONS
+            and lv.page.samplesperpixel in (3, 4)
+            and lv.page.bitspersample == 8
+            for lv in self._levels
+        )
 
     def close(self) -> None:
         tif = getattr(self, "_tif", None)
         if tif is not None:
             tif.close()
             self._tif = None  # type: ignore[assignment]
+
+    @property
+    def closed(self) -> bool:
+        return getattr(self, "_tif", None) is None
+
+    def __del__(self) -> None:  # a reader dropped without close() must not leak its file
+        self.close()
