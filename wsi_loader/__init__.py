@@ -27,33 +27,56 @@ from wsi_loader.slides import HandlePool, SlideMeta, open_slide
 __version__ = "0.1.0"
 
 __all__ = [
+    "BalancedTileSampler",
     "Config",
     "ConfigError",
     "DatasetConfig",
+    "DeviceLoader",
+    "DistributedTileSampler",
     "HandlePool",
     "IndexConfig",
     "IndexFormatError",
     "InputError",
     "Quarantine",
     "ResolutionError",
+    "SlideBagDataset",
     "SlideError",
     "SlideIndex",
     "SlideMeta",
     "SlideNotFoundError",
     "SlideOpenError",
     "SlideRecord",
+    "TileBatch",
+    "TileDataset",
     "TileReadError",
     "WsiLoaderError",
     "build_index",
     "load_config",
+    "make_loader",
     "open_slide",
 ]
 
 # torch-based names, imported on first use so `import wsi_loader` stays torch-free.
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "TileDataset": "wsi_loader.dataset",
+    "SlideBagDataset": "wsi_loader.dataset",
+    "DistributedTileSampler": "wsi_loader.dataset",
+    "BalancedTileSampler": "wsi_loader.dataset",
+    "TileBatch": "wsi_loader.dataset",
+    "make_loader": "wsi_loader.dataset",
+    "DeviceLoader": "wsi_loader.gpu",
+}
 
 if TYPE_CHECKING:
-    pass
+    from wsi_loader.dataset import (
+        BalancedTileSampler,
+        DistributedTileSampler,
+        SlideBagDataset,
+        TileBatch,
+        TileDataset,
+        make_loader,
+    )
+    from wsi_loader.gpu import DeviceLoader
 
 
 def __getattr__(name: str) -> Any:

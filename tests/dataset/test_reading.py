@@ -7,7 +7,7 @@ import numpy as np
 import openslide
 import pytest
 
-from tests.dataset.conftest import corrupt_rows
+from tests.conftest import corrupt_rows
 from wsi_loader.dataset import TileReader
 from wsi_loader.errors import TileReadError
 from wsi_loader.index import SlideIndex, build_index

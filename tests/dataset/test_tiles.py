@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from tests.dataset.conftest import corrupt_rows
+from tests.conftest import corrupt_rows
 from wsi_loader.cli import main
 from wsi_loader.dataset import DistributedTileSampler, TileDataset
 from wsi_loader.index import Quarantine, SlideIndex

@@ -20,7 +20,7 @@ def test_lazy_lru_and_close_on_eviction(make_slide: SlideFactory) -> None:
     pool.get(paths[1])
     pool.get(paths[2])  # evicts paths[0], the least recently used
     assert len(pool) == 2
-    assert getattr(first, "closed") is True  # closed on eviction
+    assert first.closed is True  # closed on eviction
     pool.close()
     assert len(pool) == 0
 

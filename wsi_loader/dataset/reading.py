@@ -40,6 +40,7 @@ class ReadResult:
     substituted: npt.NDArray[np.bool_]
     source_rows: npt.NDArray[np.int64]  # the row whose pixels were returned
     errors: list[str | None] = field(default_factory=list)
+    encoded: list[bytes | None] | None = None  # compressed tiles left for the caller to decode
 
 
 class TileReader:
@@ -71,7 +72,7 @@ class TileReader:
         self.retries = retries
         self.fill_value = fill_value
         self.pool = pool or HandlePool()
-        self.backend = backend
+        self.backend = backend or "auto"  # per process: the fastest correct reader
         self.record_failures = record_failures
         self.tile_size = int(index.params["tile_size"])
         self.failures: list[dict[str, Any]] = []
@@ -81,15 +82,12 @@ class TileReader:
         ).astype(np.int64)
 
     # -- one window ------------------------------------------------------------------------
-    def _backend(self, slide_id: int) -> str:
-        return self.backend or self.index.slides[slide_id].backend or "auto"
-
     def _read_window(self, row: int) -> RGBArray:
         """Read one row's window, reopening and retrying; raises the last error."""
         cols = self.index.columns
         slide_id = int(cols["slide_id"][row])
         path = self.index.slide_path(slide_id)
-        backend = self._backend(slide_id)
+        backend = self.backend
         x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
         level, size = int(cols["level"][row]), int(cols["read_size"][row])
         last: SlideError | None = None
@@ -164,8 +162,14 @@ class TileReader:
         return None
 
     # -- public ----------------------------------------------------------------------------
-    def read(self, rows: npt.ArrayLike, out: npt.NDArray[np.uint8] | None = None) -> ReadResult:
-        """Read ``rows`` into one (N, H, W, 3) buffer, grouped by slide for handle locality."""
+    def read(
+        self, rows: npt.ArrayLike, out: npt.NDArray[np.uint8] | None = None, encoded: bool = False
+    ) -> ReadResult:
+        """Read ``rows`` into one (N, H, W, 3) buffer, grouped by slide for handle locality.
+
+        With ``encoded``, rows that are exactly one JPEG storage tile are not decoded: their
+        compressed stream goes to ``result.encoded[i]`` (pixels left zero) for a GPU decoder.
+        """
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         n, t = len(rows), self.tile_size
         if out is None:
@@ -180,13 +184,39 @@ class TileReader:
             substituted=np.zeros(n, dtype=bool),
             source_rows=rows.copy(),
             errors=[None] * n,
+            encoded=[None] * n if encoded else None,
         )
         if n and (rows.min() < 0 or rows.max() >= len(self.index)):
             raise IndexError(f"rows out of range 0..{len(self.index) - 1}")
         order = np.argsort(self.index.columns["slide_id"][rows], kind="stable")
         for i in order.tolist():
+            if result.encoded is not None:
+                result.encoded[i] = self._encoded(int(rows[i]))
+                if result.encoded[i] is not None:
+                    result.pixels[i] = 0
+                    continue
             self._read_into(int(rows[i]), i, result)
         return result
+
+    def _encoded(self, row: int) -> bytes | None:
+        """Compressed stream of a row when its reader can hand one out; None otherwise (and on
+        any error: the normal path then reads it and applies the failure policy)."""
+        cols = self.index.columns
+        if int(cols["read_size"][row]) != self.tile_size:
+            return None
+        slide_id = int(cols["slide_id"][row])
+        try:
+            reader = self.pool.get(self.index.slide_path(slide_id), self.backend)
+            read_encoded = getattr(reader, "read_encoded", None)
+            if read_encoded is None:
+                return None
+            size = self.tile_size
+            data: bytes | None = read_encoded(
+                int(cols["l0_x"][row]), int(cols["l0_y"][row]), int(cols["level"][row]), size, size
+            )
+            return data
+        except SlideError:
+            return None
 
     def _read_into(self, row: int, i: int, result: ReadResult) -> None:
         try:

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from wsi_loader.config import DatasetConfig
+from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.reading import ReadResult, TileReader
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.pool import HandlePool
@@ -124,3 +125,25 @@ class TileDataset(Dataset[Sample]):
         """Batched reads (used by DataLoader): rows are read grouped by slide."""
         array = np.asarray(rows, dtype=np.int64)
         return self._samples(array, self.reader.read(array))
+
+    def read_batch(self, rows: Sequence[int], encoded: bool = False) -> TileBatch:
+        """Read rows into one `TileBatch` (NHWC uint8); see `make_loader`."""
+        array = np.asarray(rows, dtype=np.int64)
+        result = self.reader.read(array, encoded=encoded)
+        cols = self.index.columns
+        slide_id = np.asarray(cols["slide_id"][array], dtype=np.int64)
+        batch = TileBatch(
+            images=torch.from_numpy(result.pixels),
+            ok=torch.from_numpy(result.ok),
+            substituted=torch.from_numpy(result.substituted),
+            rows=torch.from_numpy(array),
+            slide_id=torch.from_numpy(slide_id),
+            x=torch.from_numpy(np.asarray(cols["l0_x"][array], dtype=np.int64)),
+            y=torch.from_numpy(np.asarray(cols["l0_y"][array], dtype=np.int64)),
+            label=torch.from_numpy(self.slide_labels[slide_id]),
+        )
+        if result.encoded is not None and any(e is not None for e in result.encoded):
+            batch.encoded = result.encoded
+            batch.slide_paths = [self.index.slides[int(i)].path for i in slide_id]
+            batch.quarantine = str(self.index.path / "quarantine.jsonl")
+        return batch

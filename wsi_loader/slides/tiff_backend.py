@@ -335,6 +335,28 @@ class TiffReader:
                     ]
         return out
 
+    def read_encoded(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> bytes | None:
+        """The complete JPEG stream of a window that is exactly one YCbCr JPEG storage tile
+        (tables spliced in), for decoding elsewhere (GPU); None when the window is not one."""
+        lv = self._levels[level]
+        ds = self.meta.level_downsamples[level]
+        l_x, l_y = int(l0_x / ds), int(l0_y / ds)
+        if not (
+            lv.dct_scalable
+            and l_w == lv.seg_w
+            and l_h == lv.seg_h
+            and l_x % lv.seg_w == 0
+            and l_y % lv.seg_h == 0
+            and l_x + l_w <= lv.width
+            and l_y + l_h <= lv.height
+        ):
+            return None
+        try:
+            data = self._raw(level, (l_y // lv.seg_h) * lv.across + l_x // lv.seg_w)
+        except Exception as exc:
+            raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
+        return (lv.tables[:-2] + data[2:]) if lv.tables else data
+
     def qualifies(self) -> bool:
         """Whether every level is tiled with a codec the raw path decodes (auto backend)."""
         return all(

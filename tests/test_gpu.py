@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from wsi_loader.dataset import TileDataset, make_loader
+from wsi_loader.gpu import IMAGENET_MEAN, IMAGENET_STD, DeviceLoader
+from wsi_loader.index import SlideIndex
+
+
+def expected(images_nhwc: torch.Tensor) -> torch.Tensor:
+    x = images_nhwc.permute(0, 3, 1, 2).float() / 255
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def test_cpu_device_loader_normalises_and_keeps_metadata(index: SlideIndex) -> None:
+    loader = make_loader(index, batch_size=8, num_workers=0, shuffle=False)
+    raw = list(loader)
+    device_batches = list(DeviceLoader(loader, "cpu"))
+    assert len(device_batches) == len(raw)
+    for got, batch in zip(device_batches, raw, strict=True):
+        assert got["image"].dtype == torch.float32 and got["image"].shape == (
+            len(batch),
+            3,
+            256,
+            256,
+        )
+        assert got["image"].is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(got["image"], expected(batch.images), atol=1e-5, rtol=1e-5)
+        assert torch.equal(got["row"], batch.rows) and torch.equal(got["ok"], batch.ok)
+
+
+def test_device_decode_mode_equals_cpu_mode(index: SlideIndex) -> None:
+    cpu = list(DeviceLoader(make_loader(index, batch_size=8, num_workers=0, shuffle=False), "cpu"))
+    dev = list(
+        DeviceLoader(
+            make_loader(index, batch_size=8, num_workers=2, shuffle=False, decode="device"),
+            "cpu",
+            channels_last=False,
+        )
+    )
+    for a, b in zip(cpu, dev, strict=True):
+        assert b["image"].is_contiguous()
+        torch.testing.assert_close(a["image"], b["image"])
+        assert torch.equal(a["ok"], b["ok"])
+
+
+def test_plain_dataloader_dicts_work_too(index: SlideIndex) -> None:
+    loader = DataLoader(TileDataset(index), batch_size=4)
+    batch = next(iter(DeviceLoader(loader, "cpu", mean=None, std=None, dtype=torch.float64)))
+    assert batch["image"].dtype == torch.float64 and float(batch["image"].max()) <= 1.0
+
+
+def test_option_checks(index: SlideIndex) -> None:
+    loader = make_loader(index, num_workers=0)
+    with pytest.raises(ValueError, match="both mean and std"):
+        DeviceLoader(loader, "cpu", mean=(0.5, 0.5, 0.5), std=None)
+    with pytest.raises(ValueError, match="floating point"):
+        DeviceLoader(loader, "cpu", dtype=torch.uint8)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            DeviceLoader(loader, "cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_side_stream_matches_cpu(index: SlideIndex) -> None:
+    loader = make_loader(index, batch_size=8, num_workers=2, shuffle=False, pin_memory=True)
+    cpu = list(DeviceLoader(loader, "cpu"))
+    gpu = list(DeviceLoader(loader, "cuda"))
+    for a, b in zip(cpu, gpu, strict=True):
+        assert b["image"].is_cuda
+        torch.testing.assert_close(a["image"], b["image"].cpu())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_decode_mode(index: SlideIndex) -> None:
+    cpu = list(DeviceLoader(make_loader(index, batch_size=8, num_workers=0, shuffle=False), "cpu"))
+    gpu = list(
+        DeviceLoader(
+            make_loader(index, batch_size=8, num_workers=2, shuffle=False, decode="device"), "cuda"
+        )
+    )
+    for a, b in zip(cpu, gpu, strict=True):
+        # nvJPEG and libjpeg-turbo may round differently by a grey level or two
+        assert float((a["image"] - b["image"].cpu()).abs().mean()) < 0.05

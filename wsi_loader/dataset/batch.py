@@ -1,0 +1,63 @@
+"""`TileBatch`: one contiguous NHWC uint8 tensor per batch plus per-tile metadata.
+
+Workers read and decode a whole batch into one buffer and ship it as one tensor (stacking
+per-item CHW tensors with the default collate costs more than decoding). The permute to
+NCHW / channels_last happens on the device (`wsi_loader.gpu.DeviceLoader`). ``pin_memory()``
+lets ``DataLoader(pin_memory=True)`` pin it.
+
+In ``decode="device"`` mode, tiles that are single JPEG storage tiles travel compressed
+(``encoded[i]`` is a complete JPEG stream) and are decoded in the main process, on the GPU when
+there is one; their rows of ``images`` are zero until then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+
+
+@dataclass
+class TileBatch:
+    images: torch.Tensor  # (N, H, W, 3) uint8, RGB
+    ok: torch.Tensor  # (N,) bool: False when the requested tile could not be read
+    substituted: torch.Tensor  # (N,) bool: pixels come from another tile of the slide
+    rows: torch.Tensor  # (N,) int64 index rows
+    slide_id: torch.Tensor  # (N,) int64
+    x: torch.Tensor  # (N,) int64 level-0 top-left
+    y: torch.Tensor  # (N,) int64
+    label: torch.Tensor  # (N,) int64, -1 when unlabelled
+    encoded: list[bytes | None] | None = None  # compressed tiles still to decode
+    slide_paths: list[str] | None = None  # stored slide paths (for failures found later)
+    quarantine: str | None = None  # where failures found after the worker are appended
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def _map(self, fn: Any) -> TileBatch:
+        changes = {
+            f.name: fn(getattr(self, f.name))
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **changes)
+
+    def pin_memory(self) -> TileBatch:
+        return self._map(lambda t: t.pin_memory())
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> TileBatch:
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The same keys as `TileDataset` samples, images as NCHW (a view, no copy)."""
+        return {
+            "image": self.images.permute(0, 3, 1, 2),
+            "label": self.label,
+            "ok": self.ok,
+            "substituted": self.substituted,
+            "row": self.rows,
+            "slide_id": self.slide_id,
+            "x": self.x,
+            "y": self.y,
+        }

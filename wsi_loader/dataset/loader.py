@@ -1,0 +1,100 @@
+"""`make_loader`: a DataLoader that reads whole batches inside its workers.
+
+The DataLoader gets a `BatchSampler` as its sampler and ``batch_size=None``, so each worker call
+receives a list of rows and returns one `TileBatch`: one read loop, one buffer, one tensor per
+batch through the worker queue, no per-item collate.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
+
+from wsi_loader.dataset.batch import TileBatch
+from wsi_loader.dataset.samplers import DistributedTileSampler
+from wsi_loader.dataset.tiles import TileDataset
+from wsi_loader.index.table import SlideIndex
+
+DECODE_MODES = ("cpu", "device")
+
+
+class BatchReads(Dataset[TileBatch]):
+    """Adapts a `TileDataset` so that ``ds[list_of_rows]`` is one `TileBatch`."""
+
+    def __init__(self, tiles: TileDataset, encoded: bool = False) -> None:
+        self.tiles = tiles
+        self.encoded = encoded
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+    def __getitem__(self, rows: Sequence[int]) -> TileBatch:
+        return self.tiles.read_batch(rows, encoded=self.encoded)
+
+
+def default_workers() -> int:
+    """One worker per core the process may use, at most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(0, min(cores, 8))
+
+
+def _passthrough(batch: Any) -> Any:
+    """The batch is already collated by the worker (a `TileBatch`)."""
+    return batch
+
+
+def make_loader(
+    data: TileDataset | SlideIndex | str | os.PathLike[str],
+    batch_size: int = 64,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    sampler: Sampler[int] | Iterable[int] | None = None,
+    drop_last: bool = False,
+    num_workers: int | None = None,
+    pin_memory: bool | None = None,
+    prefetch_factor: int = 4,
+    persistent_workers: bool = True,
+    multiprocessing_context: str | None = None,
+    decode: str = "cpu",
+    **dataset_options: Any,
+) -> DataLoader[TileBatch]:
+    """A DataLoader yielding `TileBatch` objects, with sane defaults.
+
+    ``sampler`` defaults to a `DistributedTileSampler` (sharded across ranks when
+    torch.distributed is initialised; call ``loader.batch_sampler.sampler.set_epoch(e)``).
+    ``num_workers`` defaults to the usable cores (at most 8); ``pin_memory`` to whether CUDA is
+    available. ``decode="device"`` ships single-JPEG-tile reads compressed, for
+    `wsi_loader.gpu.DeviceLoader` to decode (on the GPU when there is one). Other keyword
+    arguments go to `TileDataset`.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if decode not in DECODE_MODES:
+        raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+    if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0):
+        raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
+    tiles = data if isinstance(data, TileDataset) else TileDataset(data, **dataset_options)
+    if dataset_options and isinstance(data, TileDataset):
+        raise ValueError("dataset options apply only when make_loader builds the TileDataset")
+    if sampler is None:
+        sampler = DistributedTileSampler(tiles, shuffle=shuffle, seed=seed)
+    workers = default_workers() if num_workers is None else num_workers
+    return DataLoader(
+        BatchReads(tiles, encoded=decode == "device"),
+        batch_size=None,
+        sampler=BatchSampler(sampler, batch_size, drop_last),
+        num_workers=workers,
+        collate_fn=_passthrough,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        prefetch_factor=prefetch_factor if workers else None,
+        persistent_workers=persistent_workers and workers > 0,
+        multiprocessing_context=multiprocessing_context if workers else None,
+    )

@@ -1,0 +1,185 @@
+"""`DeviceLoader`: overlap host-to-device copies with compute, normalise on the device.
+
+On CUDA the next batch is copied ``non_blocking`` from pinned memory on a side stream while the
+current batch is in use; the consumer's stream waits on the copy, and tensors are recorded on
+the consumer's stream so the caching allocator never reuses them early. The uint8 NHWC batch is
+permuted, converted and normalised on the device (a permuted NHWC tensor *is* channels_last, so
+that layout costs nothing). On CPU the same code runs without streams, which is what CI tests.
+
+Compressed tiles (``make_loader(decode="device")``) are decoded here: with nvJPEG through
+``torchvision.io.decode_jpeg(device="cuda")`` when torchvision and a GPU are present (an optional
+extra), otherwise with libjpeg-turbo on the CPU (imagecodecs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import imagecodecs
+import numpy as np
+import torch
+
+from wsi_loader.dataset.batch import TileBatch
+from wsi_loader.index.quarantine import Quarantine
+
+log = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _gpu_decoder() -> Any:
+    try:
+        from torchvision.io import decode_jpeg  # optional extra
+    except Exception:  # torchvision absent or built against another torch
+        return None
+    return decode_jpeg
+
+
+def decode_encoded(batch: TileBatch, device: torch.device) -> TileBatch:
+    """Decode the compressed tiles of ``batch`` into ``batch.images`` (on ``device``).
+
+    A tile that fails to decode is filled white, marked not ok and appended to the quarantine.
+    """
+    if not batch.encoded:
+        return batch
+    todo = [i for i, e in enumerate(batch.encoded) if e is not None]
+    decoded: dict[int, torch.Tensor] = {}
+    decoder = _gpu_decoder() if device.type == "cuda" else None
+    if decoder is not None:
+        streams = [
+            torch.frombuffer(bytearray(batch.encoded[i] or b""), dtype=torch.uint8) for i in todo
+        ]
+        try:
+            images = decoder(streams, device=device)
+            decoded = {i: img.permute(1, 2, 0) for i, img in zip(todo, images, strict=True)}
+        except RuntimeError as exc:  # one bad stream fails the call: fall back per tile
+            log.debug("batched GPU decode failed (%s); decoding tiles on the CPU", exc)
+    for i in todo:
+        if i in decoded:
+            continue
+        try:
+            pixels = imagecodecs.jpeg8_decode(batch.encoded[i] or b"")
+            decoded[i] = torch.from_numpy(np.ascontiguousarray(pixels[..., :3]))
+        except Exception as exc:  # corrupt compressed tile
+            _mark_failed(batch, i, f"{type(exc).__name__}: {exc}")
+    if decoded:
+        index = torch.tensor(list(decoded), dtype=torch.long, device=batch.images.device)
+        stacked = torch.stack([decoded[i].to(batch.images.device) for i in decoded])
+        batch.images.index_copy_(0, index, stacked)
+    batch.encoded = None
+    return batch
+
+
+def _mark_failed(batch: TileBatch, i: int, error: str) -> None:
+    batch.ok[i] = False
+    batch.images[i] = 255
+    log.warning("tile row %d failed to decode: %s", int(batch.rows[i]), error)
+    if batch.quarantine and batch.slide_paths:
+        Quarantine(batch.quarantine).append(
+            {
+                "slide_id": int(batch.slide_id[i]),
+                "path": batch.slide_paths[i],
+                "x": int(batch.x[i]),
+                "y": int(batch.y[i]),
+                "row": int(batch.rows[i]),
+                "error": error,
+                "policy": "fill",
+            }
+        )
+
+
+class DeviceLoader:
+    """Wrap a loader of `TileBatch` (or default-collated sample dicts) and yield dicts whose
+    ``image`` is a normalised float tensor ``(N, 3, H, W)`` on ``device``.
+
+    ``mean``/``std`` are in [0, 1] units (ImageNet's by default; ``None`` gives plain /255).
+    ``wait_seconds`` accumulates the time the consumer waited for the next batch.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[TileBatch | dict[str, Any]],
+        device: str | torch.device = "cuda",
+        *,
+        mean: Sequence[float] | None = IMAGENET_MEAN,
+        std: Sequence[float] | None = IMAGENET_STD,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = True,
+    ) -> None:
+        self.loader = loader
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device is 'cuda' but CUDA is not available; use device='cpu'")
+        if (mean is None) != (std is None):
+            raise ValueError("give both mean and std, or neither")
+        if std is not None and any(s <= 0 for s in std):
+            raise ValueError(f"std must be positive, got {tuple(std)}")
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating point type, got {dtype}")
+        self.dtype = dtype
+        self.channels_last = channels_last
+        mean_t = torch.tensor(mean if mean is not None else (0.0, 0.0, 0.0), dtype=torch.float64)
+        std_t = torch.tensor(std if std is not None else (1.0, 1.0, 1.0), dtype=torch.float64)
+        # x / 255 then (x - mean) / std, folded into one multiply-add
+        self._scale = (1.0 / (255.0 * std_t)).view(1, 3, 1, 1).to(self.device, dtype)
+        self._shift = (-mean_t / std_t).view(1, 3, 1, 1).to(self.device, dtype)
+        self._stream = (
+            torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            if self.device.type == "cuda"
+            else None
+        )
+        self.wait_seconds = 0.0
+        self.batches = 0
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def _prepare(self, batch: TileBatch | dict[str, Any]) -> dict[str, Any]:
+        """Copy to the device and convert; runs on the side stream when there is one."""
+        if isinstance(batch, TileBatch):
+            moved = batch.to(self.device, non_blocking=True)
+            moved = decode_encoded(moved, self.device)
+            out = moved.as_dict()
+        else:  # default-collated dicts from a plain DataLoader(TileDataset)
+            out = {
+                k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in batch.items()
+            }
+        image = out["image"].to(self.dtype).mul_(self._scale).add_(self._shift)  # in place
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        out["image"] = image.contiguous(memory_format=fmt)
+        return out
+
+    def _load(self, iterator: Iterator[TileBatch | dict[str, Any]]) -> dict[str, Any] | None:
+        start = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return None
+        finally:
+            self.wait_seconds += time.perf_counter() - start
+        if self._stream is None:
+            return self._prepare(batch)
+        with torch.cuda.stream(self._stream):
+            return self._prepare(batch)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        iterator = iter(self.loader)
+        upcoming = self._load(iterator)
+        while upcoming is not None:
+            current = upcoming
+            if self._stream is not None:
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_stream(self._stream)
+                for value in current.values():
+                    if isinstance(value, torch.Tensor) and value.is_cuda:
+                        value.record_stream(consumer)
+            self.batches += 1
+            yield current
+            # the consumer has queued its (asynchronous) work on `current`: the next copy,
+            # issued on the side stream, overlaps it
+            upcoming = self._load(iterator)
