@@ -57,8 +57,15 @@ class ListIndexDataset(Dataset[dict[str, Any]]):
 
     def __init__(self, index: SlideIndex) -> None:
         cols = index.columns
-        self.items = list(zip(cols["l0_x"].tolist(), cols["l0_y"].tolist(),
-                              cols["level"].tolist(), cols["read_size"].tolist(), strict=True))
+        self.items = list(
+            zip(
+                cols["l0_x"].tolist(),
+                cols["l0_y"].tolist(),
+                cols["level"].tolist(),
+                cols["read_size"].tolist(),
+                strict=True,
+            )
+        )
         self.path = index.slide_path(0)
         self.slide: openslide.OpenSlide | None = None
 
@@ -86,8 +93,11 @@ class NaiveDataset(Dataset[dict[str, Any]]):
         cols = self.index.columns
         slide = openslide.OpenSlide(self.index.slide_path(int(cols["slide_id"][i])))
         size = int(cols["read_size"][i])
-        rgba = np.asarray(slide.read_region((int(cols["l0_x"][i]), int(cols["l0_y"][i])),
-                                            int(cols["level"][i]), (size, size)))
+        rgba = np.asarray(
+            slide.read_region(
+                (int(cols["l0_x"][i]), int(cols["l0_y"][i])), int(cols["level"][i]), (size, size)
+            )
+        )
         slide.close()
         return {"image": torch.from_numpy(rgba[..., :3].copy()).permute(2, 0, 1)}
 
@@ -96,8 +106,14 @@ def worker_memory(ds: Dataset[Any], batches: int, batch_size: int, scratch: Path
     pid_file = scratch / f"pids-{time.time_ns()}"
     os.environ["BENCH_PID_FILE"] = str(pid_file)
     sampler = DistributedTileSampler(ds, 1, 0, seed=0)  # type: ignore[arg-type]
-    loader = DataLoader(ds, batch_size=batch_size, num_workers=2, sampler=sampler,
-                        worker_init_fn=_record_pid, multiprocessing_context="fork")
+    loader = DataLoader(
+        ds,
+        batch_size=batch_size,
+        num_workers=2,
+        sampler=sampler,
+        worker_init_fn=_record_pid,
+        multiprocessing_context="fork",
+    )
     samples: list[float] = []
     for i, _ in enumerate(loader):
         if i in (10, batches // 2, batches - 1):
@@ -110,8 +126,13 @@ def worker_memory(ds: Dataset[Any], batches: int, batch_size: int, scratch: Path
 
 def throughput(ds: Dataset[Any], workers: int, batch_size: int, tiles: int) -> float:
     sampler = DistributedTileSampler(ds, 1, 0, seed=1)  # type: ignore[arg-type]
-    loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, sampler=sampler,
-                        multiprocessing_context="fork" if workers else None)
+    loader = DataLoader(
+        ds,
+        batch_size=batch_size,
+        num_workers=workers,
+        sampler=sampler,
+        multiprocessing_context="fork" if workers else None,
+    )
     it = iter(loader)
     next(it)  # start-up out of the measurement
     start, seen = time.perf_counter(), 0
@@ -135,15 +156,19 @@ def main() -> None:
         write_svs(str(slide), SlideSpec(width=20_000, height=15_000, seed=7))
     base = build_index([slide], scratch / "base", tile_size=256, level=0, min_tissue=0.5)
 
-    print(f"## Worker USS (MB) at batch 10 / {args.batches // 2} / {args.batches} "
-          "(2 fork workers, batch 16, 256 px)")
+    print(
+        f"## Worker USS (MB) at batch 10 / {args.batches // 2} / {args.batches} "
+        "(2 fork workers, batch 16, 256 px)"
+    )
     print(f"{'index rows':>11} {'numpy index (TileDataset)':>28} {'Python list index':>26}")
     for rows in (10**4, 10**7):
         index = synthetic_index(base, rows, scratch / f"idx-{rows}")
         ours = worker_memory(TileDataset(index), args.batches, 16, scratch)
         naive = worker_memory(ListIndexDataset(index), args.batches, 16, scratch)
-        print(f"{rows:>11} {' / '.join(f'{v:.0f}' for v in ours):>28} "
-              f"{' / '.join(f'{v:.0f}' for v in naive):>26}")
+        print(
+            f"{rows:>11} {' / '.join(f'{v:.0f}' for v in ours):>28} "
+            f"{' / '.join(f'{v:.0f}' for v in naive):>26}"
+        )
 
     print("\n## Tiles/s through DataLoader (batch 64, 256 px aligned JPEG, shuffled)")
     ds = TileDataset(base)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from wsi_loader.config import IndexConfig, load_config, with_overrides
-from wsi_loader.errors import WsiLoaderError
+from wsi_loader.errors import ConfigError, WsiLoaderError
 from wsi_loader.index import SlideIndex, build_index
 
 log = logging.getLogger(__name__)
@@ -67,11 +67,35 @@ def _add_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
 
 
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "bench", help="measure tile throughput on your slides and storage", parents=[_COMMON]
+    )
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--workers", type=int, metavar="N", help="largest DataLoader worker count")
+    p.add_argument("--batch-size", type=int, default=64, metavar="B")
+    p.add_argument("--tiles", type=int, default=2000, metavar="N", help="tiles per measurement")
+    p.add_argument("--device", metavar="D", help="also feed this device (cpu, cuda)")
+    p.add_argument("--step-ms", type=float, default=50.0, help="simulated model step per batch")
+    p.add_argument("--root", metavar="DIR", help="remap the slide root")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "demo", help="synthetic slides -> index -> batches, with throughput", parents=[_COMMON]
+    )
+    p.add_argument("--out", default="demo", metavar="DIR")
+    p.add_argument("--batches", type=int, default=40)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wsi-loader", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_index(sub)
     _add_info(sub)
+    _add_bench(sub)
+    _add_demo(sub)
     return parser
 
 
@@ -139,7 +163,36 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"index": cmd_index, "info": cmd_info}
+def cmd_bench(args: argparse.Namespace) -> int:
+    from wsi_loader.bench import format_table, run_bench
+    from wsi_loader.dataset.loader import default_workers
+
+    top = default_workers() if args.workers is None else args.workers
+    if top < 0 or args.batch_size < 1 or args.tiles < 1:
+        raise ConfigError(
+            "--workers must be >= 0, --batch-size and --tiles >= 1", path="command line"
+        )
+    index = SlideIndex.open(args.index, root=args.root)
+    result = run_bench(
+        index,
+        tiles=args.tiles,
+        batch_size=args.batch_size,
+        workers=sorted({0, *range(1, top + 1)}),
+        device=args.device,
+        step_ms=args.step_ms,
+    )
+    print(json.dumps(result, indent=1) if args.json else format_table(result))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from wsi_loader.demo import run
+
+    run(args.out, batches=args.batches)
+    return 0
+
+
+COMMANDS = {"index": cmd_index, "info": cmd_info, "bench": cmd_bench, "demo": cmd_demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except WsiLoaderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # an option rejected by the library (e.g. bench on no tiles)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,212 @@
+"""Throughput measurements on the user's own slides and storage (``wsi-loader bench``).
+
+Every number is measured in the same run as its baseline, so ratios are meaningful on a noisy
+machine: OpenSlide ``read_region`` with a long-lived handle per slide (the baseline), the naive
+pattern that opens a handle per item, our reader in one process, and `make_loader` through a
+DataLoader with a worker sweep. With a device, `DeviceLoader` feeds a simulated model step and
+the share of time the device waited for data is reported.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import openslide
+import torch
+
+from wsi_loader.dataset.loader import make_loader
+from wsi_loader.dataset.tiles import TileDataset
+from wsi_loader.gpu import DeviceLoader
+from wsi_loader.index.table import SlideIndex
+
+
+@dataclass
+class Measurement:
+    name: str
+    workers: int
+    tiles: int
+    seconds: float
+
+    @property
+    def tiles_per_s(self) -> float:
+        return self.tiles / self.seconds if self.seconds > 0 else 0.0
+
+
+def _sample_rows(index: SlideIndex, count: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.choice(len(index), size=min(count, len(index)), replace=False).astype(np.int64)
+
+
+def _timed(fn: Callable[[], int]) -> tuple[int, float]:
+    start = time.perf_counter()
+    tiles = fn()
+    return tiles, time.perf_counter() - start
+
+
+def openslide_baseline(index: SlideIndex, rows: np.ndarray, reopen: bool = False) -> Measurement:
+    """OpenSlide read_region per tile; ``reopen`` opens a new handle for every tile."""
+    cols = index.columns
+    handles: dict[int, openslide.OpenSlide] = {}
+
+    def run() -> int:
+        for row in rows.tolist():
+            sid = int(cols["slide_id"][row])
+            size = int(cols["read_size"][row])
+            slide = handles.get(sid)
+            if slide is None:
+                slide = openslide.OpenSlide(index.slide_path(sid))
+                if not reopen:
+                    handles[sid] = slide
+            region = slide.read_region(
+                (int(cols["l0_x"][row]), int(cols["l0_y"][row])),
+                int(cols["level"][row]),
+                (size, size),
+            )
+            np.asarray(region)[..., :3].copy()
+            if reopen:
+                slide.close()
+        return len(rows)
+
+    tiles, seconds = _timed(run)
+    for slide in handles.values():
+        slide.close()
+    return Measurement("openslide-naive" if reopen else "openslide", 0, tiles, seconds)
+
+
+def reader_single_process(index: SlideIndex, rows: np.ndarray, batch_size: int) -> Measurement:
+    ds = TileDataset(index, record_failures=False)
+    ds.read_batch(rows[: min(8, len(rows))].tolist())  # open handles outside the timing
+
+    def run() -> int:
+        for i in range(0, len(rows), batch_size):
+            ds.read_batch(rows[i : i + batch_size].tolist())
+        return len(rows)
+
+    tiles, seconds = _timed(run)
+    return Measurement("wsi_loader", 0, tiles, seconds)
+
+
+def loader_run(
+    index: SlideIndex,
+    workers: int,
+    batch_size: int,
+    tiles: int,
+    device: str | None = None,
+    step_ms: float = 0.0,
+) -> tuple[Measurement, float]:
+    """Tiles/s through make_loader (and DeviceLoader when ``device``); returns the share of
+    time the consumer waited for data."""
+    loader = make_loader(
+        index,
+        batch_size=batch_size,
+        num_workers=workers,
+        seed=1,
+        record_failures=False,
+        pin_memory=device == "cuda",
+        persistent_workers=False,
+    )
+    source: Any = DeviceLoader(loader, device) if device else loader
+    step = _model_step(device, step_ms)
+    iterator = iter(source)
+    next(iterator)  # worker start-up is not throughput
+    if isinstance(source, DeviceLoader):
+        source.wait_seconds = 0.0
+    seen, start = 0, time.perf_counter()
+    for batch in iterator:
+        seen += len(batch["image"]) if isinstance(batch, dict) else len(batch)
+        step(batch)
+        if seen >= tiles:
+            break
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    waited = source.wait_seconds / seconds if isinstance(source, DeviceLoader) else 0.0
+    name = f"make_loader+{device}" if device else "make_loader"
+    return Measurement(name, workers, seen, seconds), waited
+
+
+def _model_step(device: str | None, step_ms: float) -> Callable[[Any], None]:
+    """A stand-in for a forward/backward pass that keeps the device busy ``step_ms``."""
+    if not device or step_ms <= 0:
+        return lambda batch: None
+    if device == "cuda":
+        weight = torch.randn(4096, 4096, device="cuda")
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        weight @ weight
+        stop.record()
+        torch.cuda.synchronize()
+        repeats = max(1, round(step_ms / max(start.elapsed_time(stop), 1e-3)))
+
+        def gpu_step(batch: Any) -> None:
+            for _ in range(repeats):
+                weight @ weight
+
+        return gpu_step
+    return lambda batch: time.sleep(step_ms / 1000)  # CPU: simulate an accelerator
+
+
+def run_bench(
+    index: SlideIndex,
+    *,
+    tiles: int = 2000,
+    batch_size: int = 64,
+    workers: Sequence[int] = (0, 1, 2),
+    device: str | None = None,
+    step_ms: float = 50.0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """All measurements, as a JSON-ready dict with ratios against the OpenSlide baseline."""
+    if len(index) == 0:
+        raise ValueError("the index has no tiles to read")
+    rows = _sample_rows(index, tiles, seed)
+    results = [
+        openslide_baseline(index, rows),
+        openslide_baseline(index, rows, reopen=True),
+        reader_single_process(index, rows, batch_size),
+    ]
+    for w in workers:
+        results.append(loader_run(index, w, batch_size, tiles)[0])
+    out: dict[str, Any] = {"tiles": len(rows), "batch_size": batch_size, "results": []}
+    base = results[0].tiles_per_s
+    for m in results:
+        out["results"].append(
+            {
+                **asdict(m),
+                "tiles_per_s": round(m.tiles_per_s, 1),
+                "vs_openslide": round(m.tiles_per_s / base, 2) if base else None,
+            }
+        )
+    if device:
+        measured, waited = loader_run(index, max(workers), batch_size, tiles, device, step_ms)
+        out["device"] = {
+            "device": device,
+            "workers": max(workers),
+            "step_ms": step_ms,
+            "tiles_per_s": round(measured.tiles_per_s, 1),
+            "waiting_share": round(waited, 3),
+        }
+    return out
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['tiles']} random tiles, batch {result['batch_size']}",
+        f"{'path':<18} {'workers':>7} {'tiles/s':>9} {'vs OpenSlide':>13}",
+    ]
+    for r in result["results"]:
+        lines.append(
+            f"{r['name']:<18} {r['workers']:>7} {r['tiles_per_s']:>9.0f} "
+            f"{r['vs_openslide']:>12.2f}x"
+        )
+    if "device" in result:
+        d = result["device"]
+        lines.append(
+            f"{d['device']}: {d['tiles_per_s']:.0f} tiles/s behind a {d['step_ms']} ms "
+            f"step; waited for data {d['waiting_share']:.0%} of the time"
+        )
+    return "\n".join(lines)
