@@ -135,7 +135,8 @@ def _model_step(device: str | None, step_ms: float) -> Callable[[Any], None]:
         return lambda batch: None
     if device == "cuda":
         weight = torch.randn(4096, 4096, device="cuda")
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        stop = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
         weight @ weight
         stop.record()
