@@ -89,11 +89,32 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--batches", type=int, default=40)
 
 
+def _add_view(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("inspect", help="draw a slide's tile grid over its thumbnail",
+                       parents=[_COMMON])
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--out", required=True, metavar="FILE.png")
+    p.add_argument("--slide", metavar="PATH_OR_ID", help="slide id, path or name (first ok slide)")
+    p.add_argument("--color-by", choices=["tissue", "label", "status"], default="tissue")
+    p.add_argument("--max-size", type=int, default=1024, help="longest side of the thumbnail")
+    p.add_argument("--root", metavar="DIR", help="remap the slide root")
+    p = sub.add_parser("mosaic", help="a grid of sampled tiles with captions", parents=[_COMMON])
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--out", required=True, metavar="FILE.png")
+    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--slide", metavar="PATH_OR_ID")
+    p.add_argument("--label")
+    p.add_argument("--status", choices=["ok", "quarantined"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--root", metavar="DIR", help="remap the slide root")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wsi-loader", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_index(sub)
     _add_info(sub)
+    _add_view(sub)
     _add_bench(sub)
     _add_demo(sub)
     return parser
@@ -192,7 +213,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"index": cmd_index, "info": cmd_info, "bench": cmd_bench, "demo": cmd_demo}
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from wsi_loader.view import SlideOverview
+
+    index = SlideIndex.open(args.index, root=args.root)
+    overview = SlideOverview(index, args.slide, color_by=args.color_by, max_size=args.max_size)
+    overview.save(args.out)
+    print(f"{args.out}: {len(overview.cells)} tiles of {index.slides[overview.slide_id].path}",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_mosaic(args: argparse.Namespace) -> int:
+    from wsi_loader.view import Mosaic
+
+    index = SlideIndex.open(args.index, root=args.root)
+    mosaic = Mosaic(index, args.n, slide=args.slide, label=args.label, status=args.status,
+                    seed=args.seed)
+    mosaic.save(args.out)
+    print(f"{args.out}: {len(mosaic.rows)} tiles ({int((~mosaic.ok).sum())} failed to read)",
+          file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"index": cmd_index, "info": cmd_info, "inspect": cmd_inspect, "mosaic": cmd_mosaic,
+            "bench": cmd_bench, "demo": cmd_demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

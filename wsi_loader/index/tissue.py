@@ -57,14 +57,17 @@ def tissue_mask(rgb: RGBArray) -> BoolArray:
     return np.asarray(ndimage.binary_fill_holes(mask), dtype=bool)
 
 
-def read_mask_image(reader: SlideReader, max_size: int) -> tuple[RGBArray, int]:
-    """Read the lowest-resolution level, shrunk so its longest side is at most ``max_size``.
+def read_mask_image(
+    reader: SlideReader, max_size: int, level: int | None = None
+) -> tuple[RGBArray, int]:
+    """Read a level (the lowest-resolution one by default), shrunk so its longest side is at
+    most ``max_size``.
 
     Returns the image and the level it came from. The level is read in chunks and box-filtered,
     so a large single-level slide never needs its full raster in memory.
     """
     meta = reader.meta
-    level = meta.level_count - 1
+    level = meta.level_count - 1 if level is None else level
     l_w, l_h = meta.level_dimensions[level]
     factor = max(1, math.ceil(max(l_w, l_h) / max_size))
     chunk = factor * max(1, 2048 // factor)

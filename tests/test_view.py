@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import corrupt_rows
+from wsi_loader.cli import main
+from wsi_loader.dataset import TileDataset
+from wsi_loader.index import SlideIndex
+from wsi_loader.view import STATUS_COLOURS, IndexSummary, Mosaic, SlideOverview, resolve_slide
+
+
+def test_overview_cells_sit_where_the_index_says(index: SlideIndex) -> None:
+    view = SlideOverview(index, "good", color_by="tissue", max_size=400)
+    sid = view.slide_id
+    rows = np.flatnonzero(index.columns["slide_id"] == sid)
+    assert len(view.cells) == len(rows)
+    w0 = view.l0_size[0]
+    for cell, row in zip(view.cells, rows.tolist(), strict=True):
+        x0, y0, x1, y1 = cell.box
+        assert (cell.l0_x, cell.l0_y) == (int(index.columns["l0_x"][row]), int(index.columns["l0_y"][row]))
+        assert x0 == pytest.approx(cell.l0_x * view.scale) and x1 - x0 == pytest.approx(256 * view.scale)
+        assert 0 <= x0 and x1 <= w0 * view.scale + 1e-6
+    assert 200 <= view.scale * 2560 <= 400  # a pyramid level, box-shrunk to max_size
+    png = view._repr_png_()
+    assert png.startswith(b"\x89PNG")
+
+
+def test_status_colouring_shows_quarantined_tiles(index: SlideIndex, tmp_path: Path) -> None:
+    bad = corrupt_rows(index)
+    TileDataset(index).__getitems__(bad.tolist())
+    view = SlideOverview(index, "bad", color_by="status", max_size=512)
+    failed = [c for c in view.cells if c.status == "quarantined"]
+    assert sorted((c.l0_x, c.l0_y) for c in failed) == sorted(
+        (int(index.columns["l0_x"][r]), int(index.columns["l0_y"][r])) for r in bad)
+    out = tmp_path / "o.png"
+    view.save(out)
+    with Image.open(out) as png:
+        image = np.asarray(png.convert("RGB")).astype(int)
+    # the centre of a failed cell is drawn red-ish (crossed and filled)
+    cell = failed[0]
+    cx = int((cell.box[0] + cell.box[2]) / 2) + view.origin[0]
+    cy = int((cell.box[1] + cell.box[3]) / 2) + view.origin[1]
+    r, g, b = image[cy, cx]
+    assert r > g + 60 and r > b + 60, (r, g, b)
+    assert tuple(STATUS_COLOURS["quarantined"])  # legend colour defined
+
+
+def test_label_colouring_and_bad_options(index: SlideIndex) -> None:
+    assert SlideOverview(index, 0, color_by="label", max_size=200).image.width > 200
+    with pytest.raises(ValueError, match="color_by"):
+        SlideOverview(index, 0, color_by="heat")
+    with pytest.raises(ValueError, match="no slide 'nope'"):
+        resolve_slide(index, "nope")
+    with pytest.raises(ValueError, match="out of range"):
+        resolve_slide(index, 7)
+
+
+def test_mosaic_filters_and_marks_failures(index: SlideIndex) -> None:
+    bad = corrupt_rows(index)
+    TileDataset(index).__getitems__(bad.tolist())
+    failed = Mosaic(index, 4, status="quarantined", tile_px=64)
+    assert sorted(failed.rows.tolist()) == sorted(bad.tolist()) and not failed.ok.any()
+    tumour = Mosaic(index, 9, label="tumour", tile_px=64, seed=1)
+    tumour_id = index.label_names.index("tumour")
+    assert (index.slide_labels()[index.columns["slide_id"][tumour.rows]] == tumour_id).all()
+    assert tumour.image.size == (3 * 70 + 6, 3 * (64 + 34 + 6) + 6)
+    with pytest.raises(ValueError, match="no label"):
+        Mosaic(index, 4, label="zebra")
+
+
+def test_summary_table(index: SlideIndex) -> None:
+    summary = IndexSummary(index)
+    assert [r["label"] for r in summary.rows] == [s.label for s in index.slides]
+    assert summary.label_counts["tumour"]["slides"] == 1
+    html = summary._repr_html_()
+    assert "<table>" in html and "tumour" in html
+    assert "per label" in str(summary)
+
+
+def test_cli_inspect_and_mosaic(index: SlideIndex, tmp_path: Path) -> None:
+    out = tmp_path / "grid.png"
+    assert main(["inspect", str(index.path), "--out", str(out), "--slide", "bad", "--color-by", "status"]) == 0
+    with Image.open(out) as image:
+        assert image.size[0] > 100
+    assert main(["mosaic", str(index.path), "--out", str(tmp_path / "m.png"), "--n", "4"]) == 0
+    assert main(["mosaic", str(index.path), "--out", str(tmp_path / "m.png"), "--label", "x"]) == 2

@@ -1,0 +1,353 @@
+"""Look at what the index picked and what failed: overviews, mosaics, summaries.
+
+Everything renders to a PIL image (PNG) with PIL's drawing only; objects show themselves in
+Jupyter through ``_repr_png_`` / ``_repr_html_`` without importing anything from Jupyter.
+Tiles for mosaics are read through the dataset's `TileReader` (same backends, same failure
+policy), thumbnails from the lowest pyramid level (the same image the tissue mask used).
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from wsi_loader.dataset.reading import TileReader
+from wsi_loader.errors import TileReadError
+from wsi_loader.index.quarantine import coords_in
+from wsi_loader.index.table import SlideIndex
+from wsi_loader.index.tissue import read_mask_image
+from wsi_loader.slides.base import RGBArray, SlideReader
+from wsi_loader.slides.open import open_slide
+
+ColorBy = Literal["tissue", "label", "status"]
+COLOR_BY: tuple[str, ...] = ("tissue", "label", "status")
+STATUS_COLOURS = {"ok": (46, 160, 67), "substituted": (245, 159, 0), "quarantined": (220, 38, 38)}
+LABEL_PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
+                 (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
+UNLABELLED = (120, 120, 120)
+# viridis at 0, 0.25, 0.5, 0.75, 1: tissue fraction colour ramp
+_RAMP = np.array([(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)],
+                 dtype=np.float32)
+
+
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    return ImageFont.load_default(size=size)
+
+
+def tissue_colour(fraction: float) -> tuple[int, int, int]:
+    pos = min(max(fraction, 0.0), 1.0) * (len(_RAMP) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(_RAMP) - 1)
+    rgb = _RAMP[lo] + (_RAMP[hi] - _RAMP[lo]) * (pos - lo)
+    return int(rgb[0]), int(rgb[1]), int(rgb[2])
+
+
+def _nice_length(max_um: float) -> float:
+    """The largest 1/2/5 x 10^k micrometres not above ``max_um``."""
+    exponent = math.floor(math.log10(max_um))
+    for step in (5, 2, 1):
+        if step * 10**exponent <= max_um:
+            return float(step * 10**exponent)
+    return float(10**exponent)
+
+
+class _Renders:
+    """PNG rendering shared by the visual objects (the subclass sets ``image``)."""
+
+    image: Image.Image
+
+    def _repr_png_(self) -> bytes:
+        buf = io.BytesIO()
+        self.image.save(buf, "PNG")
+        return buf.getvalue()
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        self.image.save(path, "PNG")
+
+
+def resolve_slide(index: SlideIndex, slide: str | int | None) -> int:
+    """A slide id from an id, a stored path, a file name or a stem; the first ok slide if None."""
+    if slide is None:
+        for i, record in enumerate(index.slides):
+            if record.status == "ok" and record.tiles:
+                return i
+        raise ValueError("the index has no slide with tiles")
+    if isinstance(slide, int) or (isinstance(slide, str) and slide.isdigit()):
+        sid = int(slide)
+        if not 0 <= sid < len(index.slides):
+            raise ValueError(f"slide id {sid} out of range 0..{len(index.slides) - 1}")
+        return sid
+    for i, record in enumerate(index.slides):
+        name = os.path.basename(record.path)
+        if slide in (record.path, index.slide_path(i), name, os.path.splitext(name)[0]):
+            return i
+    raise ValueError(f"no slide {slide!r} in the index")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One drawn grid cell: thumbnail pixel box and what it shows."""
+
+    box: tuple[float, float, float, float]
+    l0_x: int
+    l0_y: int
+    status: str
+    tissue: float
+
+
+class SlideOverview(_Renders):
+    """The slide thumbnail with the tile grid drawn over it, a legend and a scale bar.
+
+    ``color_by``: ``tissue`` (fraction, colour ramp), ``label`` (one colour per label) or
+    ``status`` (ok / quarantined / substituted, from the quarantine). ``cells`` lists what was
+    drawn, in thumbnail pixels, for checks.
+    """
+
+    def __init__(self, index: SlideIndex, slide: str | int | None = None,
+                 color_by: str = "tissue", max_size: int = 1024) -> None:
+        if color_by not in COLOR_BY:
+            raise ValueError(f"color_by must be one of {COLOR_BY}, got {color_by!r}")
+        self.index, self.color_by = index, color_by
+        self.slide_id = resolve_slide(index, slide)
+        record = index.slides[self.slide_id]
+        if record.status != "ok":
+            raise ValueError(f"slide {record.path} was not indexed: {record.error}")
+        reader = open_slide(index.slide_path(self.slide_id))
+        try:
+            # the coarsest level still at least max_size wide: never level 0 of a pyramid
+            # unless the slide itself is that small
+            dims = reader.meta.level_dimensions
+            level = max((i for i, d in enumerate(dims) if max(d) >= max_size), default=0)
+            thumb = self._thumbnail(reader, max_size, level)
+            self.l0_size = reader.meta.dimensions
+        finally:
+            reader.close()
+        self.scale = thumb.shape[1] / self.l0_size[0]
+        self.cells = self._cells()
+        self.image = self._draw(Image.fromarray(thumb))
+
+    @staticmethod
+    def _thumbnail(reader: SlideReader, max_size: int, level: int) -> RGBArray:
+        """The thumbnail from ``level``, or from a coarser one if that level has bad tiles."""
+        last = reader.meta.level_count - 1
+        for candidate in range(level, last + 1):
+            try:
+                return read_mask_image(reader, max_size, candidate)[0]
+            except TileReadError:
+                if candidate == last:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _cells(self) -> list[Cell]:
+        index, record = self.index, self.index.slides[self.slide_id]
+        cols = index.columns
+        rows = np.flatnonzero(cols["slide_id"] == self.slide_id)
+        footprint = (record.read_size or 0) * (record.read_downsample or 1.0)
+        status: dict[tuple[int, int], str] = {}
+        for entry in index.quarantine.read():
+            if entry.get("path") == record.path:
+                key = (int(entry["x"]), int(entry["y"]))
+                status[key] = "substituted" if entry.get("policy") == "substitute" else "quarantined"
+        cells = []
+        seen = set()
+        for row in rows.tolist():
+            x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
+            seen.add((x, y))
+            cells.append(self._cell(x, y, footprint, status.get((x, y), "ok"),
+                                    float(cols["tissue"][row])))
+        for (x, y), state in status.items():  # quarantined tiles excluded from this index
+            if (x, y) not in seen:
+                cells.append(self._cell(x, y, footprint, state, float("nan")))
+        return cells
+
+    def _cell(self, x: int, y: int, footprint: float, status: str, tissue: float) -> Cell:
+        s = self.scale
+        return Cell((x * s, y * s, (x + footprint) * s, (y + footprint) * s), x, y, status, tissue)
+
+    def _colour(self, cell: Cell) -> tuple[int, int, int]:
+        if self.color_by == "status":
+            return STATUS_COLOURS[cell.status]
+        if self.color_by == "label":
+            label = int(self.index.slide_labels()[self.slide_id])
+            return LABEL_PALETTE[label % len(LABEL_PALETTE)] if label >= 0 else UNLABELLED
+        return tissue_colour(0.0 if math.isnan(cell.tissue) else cell.tissue)
+
+    def _draw(self, thumb: Image.Image) -> Image.Image:
+        base = thumb.convert("RGBA")
+        overlay = Image.new("RGBA", base.size, (0, 0, 0, 0))
+        draw = ImageDraw.Draw(overlay)
+        for cell in self.cells:
+            colour = self._colour(cell)
+            fill_alpha = 150 if cell.status != "ok" else 70
+            draw.rectangle(cell.box, fill=(*colour, fill_alpha), outline=(*colour, 230))
+            if cell.status != "ok":  # failures stay visible whatever the colouring
+                x0, y0, x1, y1 = cell.box
+                red = (*STATUS_COLOURS[cell.status], 255)
+                draw.line((x0, y0, x1, y1), fill=red, width=2)
+                draw.line((x0, y1, x1, y0), fill=red, width=2)
+        composed = Image.alpha_composite(base, overlay).convert("RGB")
+        return self._frame(composed)
+
+    def _legend_entries(self) -> list[tuple[tuple[int, int, int], str]]:
+        if self.color_by == "status":
+            counts = Counter(c.status for c in self.cells)
+            return [(STATUS_COLOURS[s], f"{s} ({counts.get(s, 0)})") for s in STATUS_COLOURS]
+        if self.color_by == "label":
+            label = self.index.slides[self.slide_id].label
+            lid = int(self.index.slide_labels()[self.slide_id])
+            colour = LABEL_PALETTE[lid % len(LABEL_PALETTE)] if lid >= 0 else UNLABELLED
+            return [(colour, f"label: {label or 'unlabelled'}")]
+        return [(tissue_colour(f), f"tissue {f:.2f}") for f in (0.25, 0.5, 0.75, 1.0)]
+
+    def _frame(self, picture: Image.Image) -> Image.Image:
+        """Add a title above and the legend and scale bar below the picture."""
+        record = self.index.slides[self.slide_id]
+        font, small = _font(16), _font(13)
+        width = max(picture.width, 420)
+        canvas = Image.new("RGB", (width + 20, picture.height + 110), "white")
+        draw = ImageDraw.Draw(canvas)
+        mpp = f"{record.tile_mpp:.3g} um/px tiles" if record.tile_mpp else "no MPP"
+        draw.text((10, 6), f"{os.path.basename(record.path)}  |  {record.tiles} tiles, "
+                  f"{record.read_size} px at level {record.read_level}, {mpp}", fill="black",
+                  font=font)
+        self.origin = (10, 32)
+        canvas.paste(picture, self.origin)
+        y = picture.height + 42
+        x = 10
+        for colour, text in self._legend_entries():
+            draw.rectangle((x, y, x + 14, y + 14), fill=colour, outline="black")
+            draw.text((x + 20, y), text, fill="black", font=small)
+            x += 30 + int(draw.textlength(text, font=small))
+        if record.mpp and record.mpp_source in ("vendor", "manifest", "tiff-resolution") and \
+                record.mpp <= 20:
+            um_per_thumb_px = record.mpp / self.scale
+            length_um = _nice_length(picture.width * 0.3 * um_per_thumb_px)
+            length_px = length_um / um_per_thumb_px
+            by = y + 36
+            draw.rectangle((10, by, 10 + length_px, by + 6), fill="black")
+            label = f"{length_um / 1000:g} mm" if length_um >= 1000 else f"{length_um:g} um"
+            draw.text((16 + length_px, by - 5), label, fill="black", font=small)
+        return canvas
+
+
+class Mosaic(_Renders):
+    """``n`` tiles from the index in a grid with captions, read by the dataset's reader.
+
+    Filter by ``slide``, ``label`` (name) or ``status`` (``ok`` / ``quarantined``). Tiles that
+    fail to read show the fill colour with a red border.
+    """
+
+    def __init__(self, index: SlideIndex, n: int = 16, *, slide: str | int | None = None,
+                 label: str | None = None, status: str | None = None, seed: int = 0,
+                 tile_px: int = 160, columns: int | None = None) -> None:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if status not in (None, "ok", "quarantined"):
+            raise ValueError(f"status must be 'ok' or 'quarantined', got {status!r}")
+        self.index = index
+        candidates = self._candidates(slide, label, status)
+        if not len(candidates):
+            raise ValueError("no tile matches the filters")
+        rng = np.random.default_rng(seed)
+        self.rows = np.sort(rng.choice(candidates, size=min(n, len(candidates)), replace=False))
+        result = TileReader(index, record_failures=False).read(self.rows)
+        self.ok = result.ok
+        self.columns = columns or math.ceil(math.sqrt(len(self.rows)))
+        self.image = self._draw(result.pixels, tile_px)
+
+    def _candidates(self, slide: str | int | None, label: str | None,
+                    status: str | None) -> np.ndarray:
+        cols = self.index.columns
+        keep = np.ones(len(self.index), dtype=bool)
+        if slide is not None:
+            keep &= cols["slide_id"] == resolve_slide(self.index, slide)
+        if label is not None:
+            if label not in self.index.label_names:
+                raise ValueError(f"no label {label!r}; labels: {list(self.index.label_names)}")
+            lid = self.index.label_names.index(label)
+            keep &= self.index.slide_labels()[cols["slide_id"]] == lid
+        if status is not None:
+            bad = np.zeros(len(self.index), dtype=bool)
+            by_path = self.index.quarantine.coords_by_path()
+            for sid, record in enumerate(self.index.slides):
+                coords = by_path.get(record.path)
+                if coords:
+                    rows = np.flatnonzero(cols["slide_id"] == sid)
+                    bad[rows] = coords_in(cols["l0_x"][rows], cols["l0_y"][rows], coords)
+            keep &= bad if status == "quarantined" else ~bad
+        return np.flatnonzero(keep)
+
+    def _draw(self, pixels: np.ndarray, tile_px: int) -> Image.Image:
+        cols = self.index.columns
+        caption_h, pad = 34, 6
+        n_rows = math.ceil(len(self.rows) / self.columns)
+        canvas = Image.new("RGB", (self.columns * (tile_px + pad) + pad,
+                                   n_rows * (tile_px + caption_h + pad) + pad), "white")
+        draw = ImageDraw.Draw(canvas)
+        font = _font(11)
+        for i, row in enumerate(self.rows.tolist()):
+            r, c = divmod(i, self.columns)
+            x = pad + c * (tile_px + pad)
+            y = pad + r * (tile_px + caption_h + pad)
+            canvas.paste(Image.fromarray(pixels[i]).resize((tile_px, tile_px)), (x, y))
+            if not self.ok[i]:
+                draw.rectangle((x, y, x + tile_px - 1, y + tile_px - 1), outline=(220, 38, 38),
+                               width=4)
+            record = self.index.slides[int(cols["slide_id"][row])]
+            mpp = f"{record.tile_mpp:.3g}um/px" if record.tile_mpp else "no MPP"
+            name = os.path.splitext(os.path.basename(record.path))[0][:22]
+            draw.text((x, y + tile_px + 2), name, fill="black", font=font)
+            draw.text((x, y + tile_px + 16),
+                      f"({int(cols['l0_x'][row])},{int(cols['l0_y'][row])}) {mpp}",
+                      fill="black", font=font)
+        return canvas
+
+
+class IndexSummary:
+    """Per-slide table (tiles, MPP, read level, label, status, error) and counts per label."""
+
+    COLUMNS = ("slide_id", "path", "status", "tiles", "mpp", "read_level", "label", "error")
+
+    def __init__(self, index: SlideIndex) -> None:
+        self.index = index
+        summary = index.summary()
+        self.rows: list[dict[str, Any]] = [{k: s[k] for k in self.COLUMNS} for s in summary["slides"]]
+        self.label_counts: dict[str, dict[str, int]] = {}
+        for s in summary["slides"]:
+            entry = self.label_counts.setdefault(s["label"] or "(unlabelled)",
+                                                 {"slides": 0, "tiles": 0})
+            entry["slides"] += 1
+            entry["tiles"] += s["tiles"] if s["status"] == "ok" else 0
+        self.quarantined = len(summary["quarantined"])
+
+    def __str__(self) -> str:
+        lines = [" ".join(f"{c:<10}" for c in self.COLUMNS)]
+        for r in self.rows:
+            lines.append(" ".join(f"{'' if r[c] is None else r[c]!s:<10}" for c in self.COLUMNS))
+        lines.append("per label: " + ", ".join(f"{k}: {v['slides']} slides / {v['tiles']} tiles"
+                                               for k, v in self.label_counts.items()))
+        lines.append(f"quarantined tile reads: {self.quarantined}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.COLUMNS)
+        body = "".join(
+            "<tr>" + "".join(
+                f"<td style='color:{'#b91c1c' if r['status'] == 'failed' else 'inherit'}'>"
+                f"{html.escape('' if r[c] is None else str(r[c]))}</td>" for c in self.COLUMNS
+            ) + "</tr>"
+            for r in self.rows
+        )
+        labels = "".join(f"<tr><td>{html.escape(k)}</td><td>{v['slides']}</td><td>{v['tiles']}</td></tr>"
+                         for k, v in self.label_counts.items())
+        return (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                f"<p><b>Per label</b></p><table><tr><th>label</th><th>slides</th><th>tiles</th>"
+                f"</tr>{labels}</table><p>Quarantined tile reads: {self.quarantined}</p>")
