@@ -21,8 +21,13 @@ def test_overview_cells_sit_where_the_index_says(index: SlideIndex) -> None:
     w0 = view.l0_size[0]
     for cell, row in zip(view.cells, rows.tolist(), strict=True):
         x0, y0, x1, y1 = cell.box
-        assert (cell.l0_x, cell.l0_y) == (int(index.columns["l0_x"][row]), int(index.columns["l0_y"][row]))
-        assert x0 == pytest.approx(cell.l0_x * view.scale) and x1 - x0 == pytest.approx(256 * view.scale)
+        assert (cell.l0_x, cell.l0_y) == (
+            int(index.columns["l0_x"][row]),
+            int(index.columns["l0_y"][row]),
+        )
+        assert x0 == pytest.approx(cell.l0_x * view.scale) and x1 - x0 == pytest.approx(
+            256 * view.scale
+        )
         assert 0 <= x0 and x1 <= w0 * view.scale + 1e-6
     assert 200 <= view.scale * 2560 <= 400  # a pyramid level, box-shrunk to max_size
     png = view._repr_png_()
@@ -35,7 +40,8 @@ def test_status_colouring_shows_quarantined_tiles(index: SlideIndex, tmp_path: P
     view = SlideOverview(index, "bad", color_by="status", max_size=512)
     failed = [c for c in view.cells if c.status == "quarantined"]
     assert sorted((c.l0_x, c.l0_y) for c in failed) == sorted(
-        (int(index.columns["l0_x"][r]), int(index.columns["l0_y"][r])) for r in bad)
+        (int(index.columns["l0_x"][r]), int(index.columns["l0_y"][r])) for r in bad
+    )
     out = tmp_path / "o.png"
     view.save(out)
     with Image.open(out) as png:
@@ -83,7 +89,21 @@ def test_summary_table(index: SlideIndex) -> None:
 
 def test_cli_inspect_and_mosaic(index: SlideIndex, tmp_path: Path) -> None:
     out = tmp_path / "grid.png"
-    assert main(["inspect", str(index.path), "--out", str(out), "--slide", "bad", "--color-by", "status"]) == 0
+    assert (
+        main(
+            [
+                "inspect",
+                str(index.path),
+                "--out",
+                str(out),
+                "--slide",
+                "bad",
+                "--color-by",
+                "status",
+            ]
+        )
+        == 0
+    )
     with Image.open(out) as image:
         assert image.size[0] > 100
     assert main(["mosaic", str(index.path), "--out", str(tmp_path / "m.png"), "--n", "4"]) == 0

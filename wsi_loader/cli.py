@@ -90,8 +90,9 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _add_view(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("inspect", help="draw a slide's tile grid over its thumbnail",
-                       parents=[_COMMON])
+    p = sub.add_parser(
+        "inspect", help="draw a slide's tile grid over its thumbnail", parents=[_COMMON]
+    )
     p.add_argument("index", metavar="INDEX")
     p.add_argument("--out", required=True, metavar="FILE.png")
     p.add_argument("--slide", metavar="PATH_OR_ID", help="slide id, path or name (first ok slide)")
@@ -219,8 +220,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     index = SlideIndex.open(args.index, root=args.root)
     overview = SlideOverview(index, args.slide, color_by=args.color_by, max_size=args.max_size)
     overview.save(args.out)
-    print(f"{args.out}: {len(overview.cells)} tiles of {index.slides[overview.slide_id].path}",
-          file=sys.stderr)
+    print(
+        f"{args.out}: {len(overview.cells)} tiles of {index.slides[overview.slide_id].path}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -228,16 +231,25 @@ def cmd_mosaic(args: argparse.Namespace) -> int:
     from wsi_loader.view import Mosaic
 
     index = SlideIndex.open(args.index, root=args.root)
-    mosaic = Mosaic(index, args.n, slide=args.slide, label=args.label, status=args.status,
-                    seed=args.seed)
+    mosaic = Mosaic(
+        index, args.n, slide=args.slide, label=args.label, status=args.status, seed=args.seed
+    )
     mosaic.save(args.out)
-    print(f"{args.out}: {len(mosaic.rows)} tiles ({int((~mosaic.ok).sum())} failed to read)",
-          file=sys.stderr)
+    print(
+        f"{args.out}: {len(mosaic.rows)} tiles ({int((~mosaic.ok).sum())} failed to read)",
+        file=sys.stderr,
+    )
     return 0
 
 
-COMMANDS = {"index": cmd_index, "info": cmd_info, "inspect": cmd_inspect, "mosaic": cmd_mosaic,
-            "bench": cmd_bench, "demo": cmd_demo}
+COMMANDS = {
+    "index": cmd_index,
+    "info": cmd_info,
+    "inspect": cmd_inspect,
+    "mosaic": cmd_mosaic,
+    "bench": cmd_bench,
+    "demo": cmd_demo,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,12 +30,23 @@ from wsi_loader.slides.open import open_slide
 ColorBy = Literal["tissue", "label", "status"]
 COLOR_BY: tuple[str, ...] = ("tissue", "label", "status")
 STATUS_COLOURS = {"ok": (46, 160, 67), "substituted": (245, 159, 0), "quarantined": (220, 38, 38)}
-LABEL_PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
-                 (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
+LABEL_PALETTE = [
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+]
 UNLABELLED = (120, 120, 120)
 # viridis at 0, 0.25, 0.5, 0.75, 1: tissue fraction colour ramp
-_RAMP = np.array([(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)],
-                 dtype=np.float32)
+_RAMP = np.array(
+    [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)], dtype=np.float32
+)
 
 
 def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
@@ -111,8 +122,13 @@ class SlideOverview(_Renders):
     drawn, in thumbnail pixels, for checks.
     """
 
-    def __init__(self, index: SlideIndex, slide: str | int | None = None,
-                 color_by: str = "tissue", max_size: int = 1024) -> None:
+    def __init__(
+        self,
+        index: SlideIndex,
+        slide: str | int | None = None,
+        color_by: str = "tissue",
+        max_size: int = 1024,
+    ) -> None:
         if color_by not in COLOR_BY:
             raise ValueError(f"color_by must be one of {COLOR_BY}, got {color_by!r}")
         self.index, self.color_by = index, color_by
@@ -155,14 +171,17 @@ class SlideOverview(_Renders):
         for entry in index.quarantine.read():
             if entry.get("path") == record.path:
                 key = (int(entry["x"]), int(entry["y"]))
-                status[key] = "substituted" if entry.get("policy") == "substitute" else "quarantined"
+                status[key] = (
+                    "substituted" if entry.get("policy") == "substitute" else "quarantined"
+                )
         cells = []
         seen = set()
         for row in rows.tolist():
             x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
             seen.add((x, y))
-            cells.append(self._cell(x, y, footprint, status.get((x, y), "ok"),
-                                    float(cols["tissue"][row])))
+            cells.append(
+                self._cell(x, y, footprint, status.get((x, y), "ok"), float(cols["tissue"][row]))
+            )
         for (x, y), state in status.items():  # quarantined tiles excluded from this index
             if (x, y) not in seen:
                 cells.append(self._cell(x, y, footprint, state, float("nan")))
@@ -215,9 +234,13 @@ class SlideOverview(_Renders):
         canvas = Image.new("RGB", (width + 20, picture.height + 110), "white")
         draw = ImageDraw.Draw(canvas)
         mpp = f"{record.tile_mpp:.3g} um/px tiles" if record.tile_mpp else "no MPP"
-        draw.text((10, 6), f"{os.path.basename(record.path)}  |  {record.tiles} tiles, "
-                  f"{record.read_size} px at level {record.read_level}, {mpp}", fill="black",
-                  font=font)
+        draw.text(
+            (10, 6),
+            f"{os.path.basename(record.path)}  |  {record.tiles} tiles, "
+            f"{record.read_size} px at level {record.read_level}, {mpp}",
+            fill="black",
+            font=font,
+        )
         self.origin = (10, 32)
         canvas.paste(picture, self.origin)
         y = picture.height + 42
@@ -226,8 +249,11 @@ class SlideOverview(_Renders):
             draw.rectangle((x, y, x + 14, y + 14), fill=colour, outline="black")
             draw.text((x + 20, y), text, fill="black", font=small)
             x += 30 + int(draw.textlength(text, font=small))
-        if record.mpp and record.mpp_source in ("vendor", "manifest", "tiff-resolution") and \
-                record.mpp <= 20:
+        if (
+            record.mpp
+            and record.mpp_source in ("vendor", "manifest", "tiff-resolution")
+            and record.mpp <= 20
+        ):
             um_per_thumb_px = record.mpp / self.scale
             length_um = _nice_length(picture.width * 0.3 * um_per_thumb_px)
             length_px = length_um / um_per_thumb_px
@@ -245,9 +271,18 @@ class Mosaic(_Renders):
     fail to read show the fill colour with a red border.
     """
 
-    def __init__(self, index: SlideIndex, n: int = 16, *, slide: str | int | None = None,
-                 label: str | None = None, status: str | None = None, seed: int = 0,
-                 tile_px: int = 160, columns: int | None = None) -> None:
+    def __init__(
+        self,
+        index: SlideIndex,
+        n: int = 16,
+        *,
+        slide: str | int | None = None,
+        label: str | None = None,
+        status: str | None = None,
+        seed: int = 0,
+        tile_px: int = 160,
+        columns: int | None = None,
+    ) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if status not in (None, "ok", "quarantined"):
@@ -263,8 +298,9 @@ class Mosaic(_Renders):
         self.columns = columns or math.ceil(math.sqrt(len(self.rows)))
         self.image = self._draw(result.pixels, tile_px)
 
-    def _candidates(self, slide: str | int | None, label: str | None,
-                    status: str | None) -> np.ndarray:
+    def _candidates(
+        self, slide: str | int | None, label: str | None, status: str | None
+    ) -> np.ndarray:
         cols = self.index.columns
         keep = np.ones(len(self.index), dtype=bool)
         if slide is not None:
@@ -289,8 +325,11 @@ class Mosaic(_Renders):
         cols = self.index.columns
         caption_h, pad = 34, 6
         n_rows = math.ceil(len(self.rows) / self.columns)
-        canvas = Image.new("RGB", (self.columns * (tile_px + pad) + pad,
-                                   n_rows * (tile_px + caption_h + pad) + pad), "white")
+        canvas = Image.new(
+            "RGB",
+            (self.columns * (tile_px + pad) + pad, n_rows * (tile_px + caption_h + pad) + pad),
+            "white",
+        )
         draw = ImageDraw.Draw(canvas)
         font = _font(11)
         for i, row in enumerate(self.rows.tolist()):
@@ -299,15 +338,19 @@ class Mosaic(_Renders):
             y = pad + r * (tile_px + caption_h + pad)
             canvas.paste(Image.fromarray(pixels[i]).resize((tile_px, tile_px)), (x, y))
             if not self.ok[i]:
-                draw.rectangle((x, y, x + tile_px - 1, y + tile_px - 1), outline=(220, 38, 38),
-                               width=4)
+                draw.rectangle(
+                    (x, y, x + tile_px - 1, y + tile_px - 1), outline=(220, 38, 38), width=4
+                )
             record = self.index.slides[int(cols["slide_id"][row])]
             mpp = f"{record.tile_mpp:.3g}um/px" if record.tile_mpp else "no MPP"
             name = os.path.splitext(os.path.basename(record.path))[0][:22]
             draw.text((x, y + tile_px + 2), name, fill="black", font=font)
-            draw.text((x, y + tile_px + 16),
-                      f"({int(cols['l0_x'][row])},{int(cols['l0_y'][row])}) {mpp}",
-                      fill="black", font=font)
+            draw.text(
+                (x, y + tile_px + 16),
+                f"({int(cols['l0_x'][row])},{int(cols['l0_y'][row])}) {mpp}",
+                fill="black",
+                font=font,
+            )
         return canvas
 
 
@@ -319,11 +362,14 @@ class IndexSummary:
     def __init__(self, index: SlideIndex) -> None:
         self.index = index
         summary = index.summary()
-        self.rows: list[dict[str, Any]] = [{k: s[k] for k in self.COLUMNS} for s in summary["slides"]]
+        self.rows: list[dict[str, Any]] = [
+            {k: s[k] for k in self.COLUMNS} for s in summary["slides"]
+        ]
         self.label_counts: dict[str, dict[str, int]] = {}
         for s in summary["slides"]:
-            entry = self.label_counts.setdefault(s["label"] or "(unlabelled)",
-                                                 {"slides": 0, "tiles": 0})
+            entry = self.label_counts.setdefault(
+                s["label"] or "(unlabelled)", {"slides": 0, "tiles": 0}
+            )
             entry["slides"] += 1
             entry["tiles"] += s["tiles"] if s["status"] == "ok" else 0
         self.quarantined = len(summary["quarantined"])
@@ -332,22 +378,34 @@ class IndexSummary:
         lines = [" ".join(f"{c:<10}" for c in self.COLUMNS)]
         for r in self.rows:
             lines.append(" ".join(f"{'' if r[c] is None else r[c]!s:<10}" for c in self.COLUMNS))
-        lines.append("per label: " + ", ".join(f"{k}: {v['slides']} slides / {v['tiles']} tiles"
-                                               for k, v in self.label_counts.items()))
+        lines.append(
+            "per label: "
+            + ", ".join(
+                f"{k}: {v['slides']} slides / {v['tiles']} tiles"
+                for k, v in self.label_counts.items()
+            )
+        )
         lines.append(f"quarantined tile reads: {self.quarantined}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.COLUMNS)
         body = "".join(
-            "<tr>" + "".join(
+            "<tr>"
+            + "".join(
                 f"<td style='color:{'#b91c1c' if r['status'] == 'failed' else 'inherit'}'>"
-                f"{html.escape('' if r[c] is None else str(r[c]))}</td>" for c in self.COLUMNS
-            ) + "</tr>"
+                f"{html.escape('' if r[c] is None else str(r[c]))}</td>"
+                for c in self.COLUMNS
+            )
+            + "</tr>"
             for r in self.rows
         )
-        labels = "".join(f"<tr><td>{html.escape(k)}</td><td>{v['slides']}</td><td>{v['tiles']}</td></tr>"
-                         for k, v in self.label_counts.items())
-        return (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-                f"<p><b>Per label</b></p><table><tr><th>label</th><th>slides</th><th>tiles</th>"
-                f"</tr>{labels}</table><p>Quarantined tile reads: {self.quarantined}</p>")
+        labels = "".join(
+            f"<tr><td>{html.escape(k)}</td><td>{v['slides']}</td><td>{v['tiles']}</td></tr>"
+            for k, v in self.label_counts.items()
+        )
+        return (
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            f"<p><b>Per label</b></p><table><tr><th>label</th><th>slides</th><th>tiles</th>"
+            f"</tr>{labels}</table><p>Quarantined tile reads: {self.quarantined}</p>"
+        )

@@ -101,3 +101,12 @@ def test_pin_memory_batches(index: SlideIndex) -> None:
     loader = make_loader(index, batch_size=8, num_workers=2, pin_memory=True)
     batch = next(iter(loader))
     assert batch.images.is_pinned() and batch.ok.is_pinned()
+
+
+def test_set_epoch_reshuffles(index: SlideIndex) -> None:
+    loader = make_loader(index, batch_size=len(index), num_workers=0, seed=2)
+    first = next(iter(loader)).rows.tolist()
+    assert next(iter(loader)).rows.tolist() == first
+    loader.set_epoch(1)
+    second = next(iter(loader)).rows.tolist()
+    assert second != first and sorted(second) == sorted(first)

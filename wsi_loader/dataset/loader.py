@@ -50,6 +50,18 @@ def _passthrough(batch: Any) -> Any:
     return batch
 
 
+class TileLoader(DataLoader[TileBatch]):
+    """The DataLoader `make_loader` returns: ``tile_sampler`` is the per-row sampler inside the
+    batch sampler; ``set_epoch`` forwards to it (when it has one)."""
+
+    tile_sampler: Sampler[int] | Iterable[int]
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self.tile_sampler, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
+
+
 def make_loader(
     data: TileDataset | SlideIndex | str | os.PathLike[str],
     batch_size: int = 64,
@@ -65,11 +77,11 @@ def make_loader(
     multiprocessing_context: str | None = None,
     decode: str = "cpu",
     **dataset_options: Any,
-) -> DataLoader[TileBatch]:
+) -> TileLoader:
     """A DataLoader yielding `TileBatch` objects, with sane defaults.
 
     ``sampler`` defaults to a `DistributedTileSampler` (sharded across ranks when
-    torch.distributed is initialised; call ``loader.batch_sampler.sampler.set_epoch(e)``).
+    torch.distributed is initialised); call ``loader.set_epoch(e)`` every epoch.
     ``num_workers`` defaults to the usable cores (at most 8); ``pin_memory`` to whether CUDA is
     available. ``decode="device"`` ships single-JPEG-tile reads compressed, for
     `wsi_loader.gpu.DeviceLoader` to decode (on the GPU when there is one). Other keyword
@@ -87,7 +99,7 @@ def make_loader(
     if sampler is None:
         sampler = DistributedTileSampler(tiles, shuffle=shuffle, seed=seed)
     workers = default_workers() if num_workers is None else num_workers
-    return DataLoader(
+    loader = TileLoader(
         BatchReads(tiles, encoded=decode == "device"),
         batch_size=None,
         sampler=BatchSampler(sampler, batch_size, drop_last),
@@ -98,3 +110,5 @@ def make_loader(
         persistent_workers=persistent_workers and workers > 0,
         multiprocessing_context=multiprocessing_context if workers else None,
     )
+    loader.tile_sampler = sampler
+    return loader
