@@ -20,7 +20,7 @@ def test_overview_cells_sit_where_the_index_says(index: SlideIndex) -> None:
     assert len(view.cells) == len(rows)
     w0 = view.l0_size[0]
     for cell, row in zip(view.cells, rows.tolist(), strict=True):
-        x0, y0, x1, y1 = cell.box
+        x0, _, x1, _ = cell.box
         assert (cell.l0_x, cell.l0_y) == (
             int(index.columns["l0_x"][row]),
             int(index.columns["l0_y"][row]),
@@ -28,7 +28,7 @@ def test_overview_cells_sit_where_the_index_says(index: SlideIndex) -> None:
         assert x0 == pytest.approx(cell.l0_x * view.scale) and x1 - x0 == pytest.approx(
             256 * view.scale
         )
-        assert 0 <= x0 and x1 <= w0 * view.scale + 1e-6
+        assert x0 >= 0 and x1 <= w0 * view.scale + 1e-6
     assert 200 <= view.scale * 2560 <= 400  # a pyramid level, box-shrunk to max_size
     png = view._repr_png_()
     assert png.startswith(b"\x89PNG")

@@ -55,7 +55,7 @@ def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
 
 def tissue_colour(fraction: float) -> tuple[int, int, int]:
     pos = min(max(fraction, 0.0), 1.0) * (len(_RAMP) - 1)
-    lo = int(math.floor(pos))
+    lo = math.floor(pos)
     hi = min(lo + 1, len(_RAMP) - 1)
     rgb = _RAMP[lo] + (_RAMP[hi] - _RAMP[lo]) * (pos - lo)
     return int(rgb[0]), int(rgb[1]), int(rgb[2])
