@@ -58,6 +58,11 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="centre the grid instead of starting it on storage-tile corners",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--scheduler",
+        metavar="tcp://HOST:PORT",
+        help="run on a Dask distributed cluster (pip install 'wsi_loader[dask]')",
+    )
 
 
 def _add_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,6 +70,35 @@ def _add_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("index", metavar="DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
+
+
+def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "export", help="write tiles to image folders or WebDataset tar shards", parents=[_COMMON]
+    )
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--format", choices=["imagefolder", "webdataset"], default="imagefolder")
+    p.add_argument("--image-format", choices=["png", "jpeg", "webp"], default="png")
+    p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG/WebP quality")
+    p.add_argument("--shard-size", type=int, default=1000, metavar="N", help="tiles per shard")
+    p.add_argument("--workers", type=int, default=1, metavar="N")
+    p.add_argument("--config", metavar="FILE", help="YAML config (its index root is used)")
+    p.add_argument("--root", metavar="DIR", help="remap the slide root")
+    p.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on a Dask cluster")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _dask_client(address: str | None) -> Any:
+    if not address:
+        return None
+    try:
+        from dask.distributed import Client
+    except ImportError as exc:
+        raise ConfigError(
+            "--scheduler needs dask: pip install 'wsi_loader[dask]'", path="command line"
+        ) from exc
+    return Client(address)  # type: ignore[no-untyped-call]
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -116,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_index(sub)
     _add_info(sub)
     _add_view(sub)
+    _add_export(sub)
     _add_bench(sub)
     _add_demo(sub)
     return parser
@@ -140,7 +175,15 @@ def cmd_index(args: argparse.Namespace) -> int:
         )
     }
     config = with_overrides(config, source="command line", **overrides)
-    index = build_index(args.paths, args.out, config, progress=not args.no_progress)
+    client = _dask_client(args.scheduler)
+    try:
+        executor = client.get_executor() if client is not None else None
+        index = build_index(
+            args.paths, args.out, config, progress=not args.no_progress, executor=executor
+        )
+    finally:
+        if client is not None:
+            client.close()
     ok = [s for s in index.slides if s.status == "ok"]
     failed = len(index.slides) - len(ok)
     print(
@@ -182,6 +225,38 @@ def cmd_info(args: argparse.Namespace) -> int:
     index = SlideIndex.open(args.index, root=args.root)
     summary = index.summary()
     print(json.dumps(summary, indent=1) if args.json else _human_summary(summary))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from wsi_loader.export import export_index
+
+    root = args.root
+    if args.config and root is None:
+        root = load_config(args.config).index.root
+    index = SlideIndex.open(args.index, root=root)
+    client = _dask_client(args.scheduler)
+    try:
+        report = export_index(
+            index,
+            args.out,
+            format=args.format,
+            image_format=args.image_format,
+            quality=args.quality,
+            shard_size=args.shard_size,
+            workers=args.workers,
+            executor=client,
+            progress=not args.no_progress,
+        )
+    finally:
+        if client is not None:
+            client.close()
+    print(
+        f"{report.tiles} tiles -> {args.out} ({report.failed} failed, {report.quarantined} "
+        f"quarantined: see failures.csv; {report.units_skipped}/{report.units} units were "
+        "already complete)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -247,6 +322,7 @@ COMMANDS = {
     "info": cmd_info,
     "inspect": cmd_inspect,
     "mosaic": cmd_mosaic,
+    "export": cmd_export,
     "bench": cmd_bench,
     "demo": cmd_demo,
 }

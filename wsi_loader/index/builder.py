@@ -176,6 +176,18 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     return index
 
 
+def as_executor(executor: Any) -> cf.Executor | None:
+    """Accept a concurrent.futures Executor or a dask.distributed Client (duck-typed, so the
+    index layer needs neither dask nor torch)."""
+    if executor is None or isinstance(executor, cf.Executor):
+        return executor
+    get_executor = getattr(executor, "get_executor", None)
+    if get_executor is None:
+        raise TypeError(f"expected an Executor or a dask Client, got {type(executor).__name__}")
+    result: cf.Executor = get_executor()
+    return result
+
+
 def _run(
     tasks: list[SlideTask], workers: int, executor: cf.Executor | None, progress: bool
 ) -> list[tuple[SlideRecord, TileArrays]]:
@@ -215,7 +227,7 @@ def build_index(
     out: str | os.PathLike[str],
     config: IndexConfig | None = None,
     *,
-    executor: cf.Executor | None = None,
+    executor: Any = None,
     progress: bool = False,
     **overrides: Any,
 ) -> SlideIndex:
@@ -223,7 +235,10 @@ def build_index(
 
     ``overrides`` are `IndexConfig` fields (``tile_size=224, mpp=0.5, workers=4``...). Slides
     already in ``out`` with an unchanged fingerprint and the same grid parameters are carried
-    over without being opened; failed slides are retried. Returns the new `SlideIndex`.
+    over without being opened; failed slides are retried. ``executor``: None (local processes
+    when ``workers > 1``), any concurrent.futures Executor, or a ``dask.distributed.Client``
+    (workers return small per-slide results; the client writes the index). Returns the new
+    `SlideIndex`.
     """
     cfg = with_overrides(config or IndexConfig(), **overrides)
     out = os.fspath(out)
@@ -252,7 +267,7 @@ def build_index(
         slots.append(SlideTask(entry=entry, stored_path=stored, config=cfg))
     tasks = [s for s in slots if isinstance(s, SlideTask)]
     log.info("%d slides: %d unchanged, %d to index", len(entries), reused, len(tasks))
-    done = iter(_run(tasks, cfg.workers, executor, progress))
+    done = iter(_run(tasks, cfg.workers, as_executor(executor), progress))
     results = [next(done) if isinstance(s, SlideTask) else s for s in slots]
     results.sort(key=lambda r: r[0].path)
 

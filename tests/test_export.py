@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import csv
+import gc
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import corrupt_rows
+from wsi_loader import export as export_module
+from wsi_loader.cli import main
+from wsi_loader.dataset import TileDataset
+from wsi_loader.errors import ConfigError
+from wsi_loader.export import export_index, label_folders, safe_component
+from wsi_loader.index import SlideIndex, build_index
+
+
+def manifest(out: Path, name: str = "manifest.csv") -> list[dict[str, str]]:
+    with open(out / name, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_imagefolder_layout_manifest_and_failures(index: SlideIndex, tmp_path: Path) -> None:
+    bad = corrupt_rows(index)
+    TileDataset(index).__getitems__(bad[:2].tolist())  # two quarantined before the export
+    out = tmp_path / "out"
+    report = export_index(index, out, format="imagefolder", image_format="png", shard_size=50)
+    assert report.quarantined == 2 and report.failed == len(bad) - 2
+    assert report.tiles == len(index) - len(bad)
+    assert sorted(p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")) == [
+        "normal",
+        "tumour",
+    ]
+    rows = manifest(out)
+    assert len(rows) == report.tiles
+    ds = TileDataset(index, record_failures=False)
+    for entry in rows[:: max(1, len(rows) // 8)]:
+        path = out / entry["file"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"]
+        assert path.parent.name == entry["label"]
+        assert f"_x{entry['x']}_y{entry['y']}." in path.name
+        with Image.open(path) as image:  # lossless: exactly the dataset's pixels
+            pixels = np.asarray(image.convert("RGB"))
+        expected = ds[int(entry["row"])]["image"].permute(1, 2, 0).numpy()
+        np.testing.assert_array_equal(pixels, expected)
+    failures = manifest(out, "failures.csv")
+    assert sorted(int(f["row"]) for f in failures) == sorted(bad.tolist())
+    reasons = {f["reason"].split(":")[0] for f in failures}
+    assert reasons == {"quarantined before export", "read failed"}
+    summary = json.loads((out / "export.json").read_text())
+    assert summary["settings"]["index"] == str(index.path.resolve())
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_webdataset_shards_are_read_by_tarfile_and_webdataset(
+    index: SlideIndex, tmp_path: Path
+) -> None:
+    out = tmp_path / "wds"
+    report = export_index(
+        index, out, format="webdataset", image_format="jpeg", quality=85, shard_size=40
+    )
+    shards = sorted(out.glob("shard-*.tar"))
+    assert len(shards) == len(report.shards) == -(-(len(index)) // 40)
+    assert all(s["tiles"] <= 40 for s in report.shards)
+    with tarfile.open(shards[0]) as tar:
+        names = tar.getnames()
+        assert names[0].endswith(".jpg") and names[1].endswith(".json")
+        meta = json.loads(tar.extractfile(names[1]).read())  # type: ignore[union-attr]
+        assert {"slide", "x", "y", "level", "mpp", "label"} <= meta.keys()
+    import webdataset as wds
+
+    samples = list(wds.WebDataset([str(s) for s in shards], shardshuffle=False))
+    ok_rows = {int(r["row"]) for r in manifest(out)}
+    assert len(samples) == len(ok_rows)
+    first = samples[0]
+    assert {"__key__", "jpg", "json"} <= first.keys()
+    with Image.open(io.BytesIO(first["jpg"])) as image:
+        assert image.size == (256, 256)
+    assert json.loads(first["json"])["row"] in ok_rows
+    del samples, first
+    gc.collect()  # the webdataset library leaves its shard files to the garbage collector
+
+
+def test_resume_writes_only_what_is_missing(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = build_index([archive / "good.svs"], tmp_path / "idx", level=0, min_tissue=0)
+    out = tmp_path / "out"
+    real = export_module.export_unit
+    calls: list[int] = []
+
+    def dies_on_third(unit: export_module.ExportUnit) -> dict:  # type: ignore[type-arg]
+        calls.append(unit.number)
+        if len(calls) == 3:
+            (out / f".shard-{unit.number:06d}.tar.tmp-999").write_bytes(b"half")  # a torn write
+            raise KeyboardInterrupt("killed")
+        return real(unit)
+
+    monkeypatch.setattr(export_module, "export_unit", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        export_index(index, out, format="webdataset", shard_size=30)
+    first = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
+    assert len(first) == 2 and not (out / "manifest.csv").exists()
+    calls.clear()
+    monkeypatch.setattr(export_module, "export_unit", lambda u: calls.append(u.number) or real(u))
+    report = export_index(index, out, format="webdataset", shard_size=30)
+    assert report.units_skipped == 2 and sorted(calls) == list(range(2, report.units))
+    assert {
+        p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar") if p.name in first
+    } == first
+    assert not list(out.glob(".*.tmp-*"))
+    reference = export_index(index, tmp_path / "clean", format="webdataset", shard_size=30)
+    for shard in reference.shards:  # deterministic: same bytes as an uninterrupted run
+        assert (out / shard["file"]).read_bytes() == (
+            tmp_path / "clean" / shard["file"]
+        ).read_bytes()
+
+
+def test_different_arguments_into_existing_export_is_an_error(
+    index: SlideIndex, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    export_index(index, out, shard_size=100)
+    with pytest.raises(ConfigError, match="different arguments \\(image_format\\)"):
+        export_index(index, out, shard_size=100, image_format="jpeg")
+    other = tmp_path / "busy"
+    other.mkdir()
+    (other / "x.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not empty and holds no export"):
+        export_index(index, other)
+    with pytest.raises(ConfigError, match="format"):
+        export_index(index, tmp_path / "n", format="zip")
+
+
+def test_hostile_labels_stay_inside(archive: Path, tmp_path: Path) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text('slide,label\ngood,../../escape\nbad,"a/b\\\\c"\n')
+    index = build_index([archive], tmp_path / "idx", level=0, min_tissue=0.9, labels=str(labels))
+    out = tmp_path / "out"
+    export_index(index, out)
+    written = [p for p in tmp_path.rglob("*.png")]
+    assert written and all(out in p.parents for p in written)
+    assert not (tmp_path / "escape").exists()
+    assert safe_component("../../x") == "_.._x" and safe_component("..") == "_"
+    assert safe_component("") == "_" and safe_component("a\\b/c") == "a_b_c"
+    folders = label_folders(["a/b", "a_b", None, "unlabelled"])
+    assert len(set(folders.values())) == 4
+
+
+def test_cli_export(index: SlideIndex, tmp_path: Path) -> None:
+    out = tmp_path / "cli"
+    assert (
+        main(
+            [
+                "export",
+                str(index.path),
+                "--out",
+                str(out),
+                "--format",
+                "webdataset",
+                "--shard-size",
+                "64",
+                "--workers",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert len(list(out.glob("shard-*.tar"))) == -(-len(index) // 64)
+    assert main(["export", str(index.path), "--out", str(out), "--format", "imagefolder"]) == 2

@@ -1,0 +1,467 @@
+"""Freeze a tile dataset to disk for other tools: image folders or WebDataset tar shards.
+
+The export is cut into deterministic units (a shard's rows, or a fixed chunk of rows for image
+folders). Each unit is a plain function of small arguments (`export_unit`) that reads its tiles
+through the dataset's `TileReader` (same backends, retries and quarantine), writes its files
+under temporary names, renames them into place, and writes a small part record last; it returns
+only that record (never pixels), so units run inline, in a process pool or on a Dask cluster.
+
+Resuming: a unit whose part record exists is complete and is skipped, so a second run with the
+same arguments writes only what is missing. Different arguments into a folder holding an export
+are refused. ``manifest.csv`` (one row per exported tile, with the SHA-256 of the stored bytes),
+``failures.csv`` (tiles not exported and why: quarantined before, or failed now) and
+``export.json`` (arguments, source index and counts) are written at the end.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import csv
+import hashlib
+import io
+import json
+import logging
+import multiprocessing
+import os
+import re
+import sys
+import tarfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from wsi_loader.dataset.reading import TileReader
+from wsi_loader.errors import ConfigError
+from wsi_loader.index.builder import as_executor
+from wsi_loader.index.quarantine import coords_in
+from wsi_loader.index.table import SlideIndex
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("imagefolder", "webdataset")
+IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
+EXPORT_VERSION = 1
+PARTS = ".parts"
+MANIFEST_COLUMNS = (
+    "file",
+    "member",
+    "row",
+    "slide_id",
+    "slide_path",
+    "x",
+    "y",
+    "level",
+    "read_size",
+    "tile_mpp",
+    "label",
+    "sha256",
+)
+FAILURE_COLUMNS = ("row", "slide_id", "slide_path", "x", "y", "level", "reason")
+
+
+def safe_component(name: str, max_length: int = 100) -> str:
+    """A path component that cannot escape its folder: only ``[A-Za-z0-9._-]``, no leading dot."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip(".")[:max_length]
+    return cleaned or "_"
+
+
+def label_folders(labels: list[str | None]) -> dict[str | None, str]:
+    """Folder per label; labels that sanitise to the same name get a short hash suffix."""
+    out: dict[str | None, str] = {None: "unlabelled"}
+    taken = {"unlabelled": None}
+    for label in sorted({lb for lb in labels if lb is not None}):
+        folder = safe_component(label)
+        if folder in taken:
+            folder = f"{folder}-{hashlib.sha256(label.encode()).hexdigest()[:8]}"
+        out[label] = folder
+        taken[folder] = None
+    return out
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    format: str = "imagefolder"
+    image_format: str = "png"
+    quality: int = 90
+    shard_size: int = 1000  # tiles per tar shard, and per unit of work for image folders
+    on_error: str = "fill"  # reads that still fail are never exported; fill keeps going
+    retries: int = 2
+
+    def check(self) -> None:
+        if self.format not in FORMATS:
+            raise ConfigError(
+                f"format must be one of {FORMATS}, got {self.format!r}",
+                key="format",
+                value=self.format,
+            )
+        if self.image_format not in IMAGE_FORMATS:
+            raise ConfigError(
+                f"image format must be one of {tuple(IMAGE_FORMATS)}, got {self.image_format!r}",
+                key="image_format",
+                value=self.image_format,
+            )
+        if not 1 <= self.quality <= 100:
+            raise ConfigError(
+                f"quality must be 1..100, got {self.quality}", key="quality", value=self.quality
+            )
+        if self.shard_size < 1:
+            raise ConfigError(
+                f"shard size must be >= 1, got {self.shard_size}",
+                key="shard_size",
+                value=self.shard_size,
+            )
+        if self.on_error not in ("fill", "raise"):
+            raise ConfigError(
+                "on_error must be 'fill' or 'raise' for exports (a substituted tile "
+                "would be exported under the wrong coordinates)",
+                key="on_error",
+                value=self.on_error,
+            )
+
+
+@dataclass(frozen=True)
+class ExportUnit:
+    """Rows ``start:stop`` of the export order, read from the index at ``index_path``."""
+
+    number: int
+    rows: tuple[int, ...]
+    index_path: str
+    root: str | None
+    out: str
+    options: ExportOptions
+    folders: tuple[tuple[str | None, str], ...]
+
+
+@dataclass
+class ExportReport:
+    out: Path
+    tiles: int
+    failed: int
+    quarantined: int
+    units: int
+    units_skipped: int
+    shards: list[dict[str, Any]]
+
+
+def _encode(pixels: np.ndarray, options: ExportOptions) -> bytes:
+    buf = io.BytesIO()
+    kind = IMAGE_FORMATS[options.image_format]
+    if kind == "PNG":
+        Image.fromarray(pixels).save(buf, kind, compress_level=3)
+    else:
+        Image.fromarray(pixels).save(buf, kind, quality=options.quality)
+    return buf.getvalue()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o644  # deterministic bytes
+    tar.addfile(info, io.BytesIO(data))
+
+
+def export_unit(unit: ExportUnit) -> dict[str, Any]:
+    """Export one unit; returns its part record (manifest and failure rows). Idempotent."""
+    out = Path(unit.out)
+    part = out / PARTS / f"unit-{unit.number:06d}.json"
+    if part.exists():
+        record: dict[str, Any] = json.loads(part.read_text(encoding="utf-8"))
+        record["skipped"] = True
+        return record
+    index = SlideIndex.open(unit.index_path, root=unit.root)
+    reader = TileReader(index, on_error=unit.options.on_error, retries=unit.options.retries)
+    rows = np.asarray(unit.rows, dtype=np.int64)
+    cols, folders = index.columns, dict(unit.folders)
+    ext = "jpg" if unit.options.image_format == "jpeg" else unit.options.image_format
+
+    def key_of(row: int) -> tuple[int, str]:
+        sid = int(cols["slide_id"][row])
+        stem = safe_component(Path(index.slides[sid].path).stem, 60)
+        return sid, f"s{sid:05d}_{stem}_x{int(cols['l0_x'][row])}_y{int(cols['l0_y'][row])}"
+
+    def file_of(row: int) -> Path:
+        sid, key = key_of(row)
+        return out / folders[index.slides[sid].label] / f"{key}.{ext}"
+
+    # image files already under their final name are complete (atomic renames): keep them
+    done = np.array(
+        [unit.options.format == "imagefolder" and file_of(r).exists() for r in rows.tolist()],
+        dtype=bool,
+    )
+    result = reader.read(rows[~done])
+    pixels = iter(range(len(result.ok)))
+    tiles, failures, members = [], [], []
+    for i, row in enumerate(rows.tolist()):
+        sid, key = key_of(row)
+        slide = index.slides[sid]
+        x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
+        base = {
+            "row": row,
+            "slide_id": sid,
+            "slide_path": slide.path,
+            "x": x,
+            "y": y,
+            "level": int(cols["level"][row]),
+        }
+        if done[i]:
+            data = file_of(row).read_bytes()
+        else:
+            j = next(pixels)
+            if not result.ok[j]:
+                failures.append({**base, "reason": f"read failed: {result.errors[j]}"})
+                continue
+            data = _encode(result.pixels[j], unit.options)
+        entry = {
+            **base,
+            "read_size": int(cols["read_size"][row]),
+            "tile_mpp": slide.tile_mpp,
+            "label": slide.label,
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+        if unit.options.format == "imagefolder":
+            path = file_of(row)
+            if not done[i]:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _write_atomic(path, data)
+            tiles.append({**entry, "file": f"{path.parent.name}/{path.name}", "member": ""})
+        else:
+            meta = {
+                "slide": slide.path,
+                "slide_id": sid,
+                "x": x,
+                "y": y,
+                "level": base["level"],
+                "read_size": entry["read_size"],
+                "mpp": slide.tile_mpp,
+                "label": slide.label,
+                "label_id": index.label_names.index(slide.label) if slide.label else -1,
+                "row": row,
+            }
+            members.append((key, ext, data, json.dumps(meta, sort_keys=True).encode()))
+            tiles.append(
+                {**entry, "file": f"shard-{unit.number:06d}.tar", "member": f"{key}.{ext}"}
+            )
+    shard = None
+    if unit.options.format == "webdataset":
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for key, image_ext, data, meta_bytes in members:
+                _tar_member(tar, f"{key}.{image_ext}", data)
+                _tar_member(tar, f"{key}.json", meta_bytes)
+        name = f"shard-{unit.number:06d}.tar"
+        shard = {"file": name, "tiles": len(members), "bytes": len(buf.getvalue())}
+        _write_atomic(out / name, buf.getvalue())
+    reader.close()
+    record = {"unit": unit.number, "tiles": tiles, "failures": failures, "shard": shard}
+    (out / PARTS).mkdir(exist_ok=True)
+    _write_atomic(part, json.dumps(record).encode())  # last: marks the unit complete
+    return record
+
+
+def _check_destination(out: Path, settings: dict[str, Any]) -> None:
+    marker = out / "export.json"
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not marker.exists() and not (out / PARTS).exists():
+        raise ConfigError(
+            f"{out} is not empty and holds no export; choose an empty folder", path=str(out)
+        )
+    if marker.exists():
+        previous = json.loads(marker.read_text(encoding="utf-8")).get("settings")
+    else:
+        previous = json.loads((out / PARTS / "settings.json").read_text(encoding="utf-8"))
+    if previous != settings:
+        changed = sorted(k for k in settings if previous.get(k) != settings.get(k))
+        raise ConfigError(
+            f"{out} holds an export made with different arguments ({', '.join(changed)}); "
+            "use the same arguments to resume, or an empty folder",
+            path=str(out),
+        )
+
+
+def export_index(
+    index: SlideIndex | str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    format: str = "imagefolder",
+    image_format: str = "png",
+    quality: int = 90,
+    shard_size: int = 1000,
+    workers: int = 1,
+    executor: Any = None,
+    progress: bool = False,
+    root: str | None = None,
+) -> ExportReport:
+    """Export every tile of an index (quarantined tiles are left out and listed).
+
+    ``executor``: None (local processes when ``workers > 1``), any concurrent.futures
+    Executor, or a ``dask.distributed.Client`` (workers must see ``out`` and the slides).
+    """
+    options = ExportOptions(
+        format=format, image_format=image_format, quality=quality, shard_size=shard_size
+    )
+    options.check()
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}", key="workers", value=workers)
+    if not isinstance(index, SlideIndex):
+        index = SlideIndex.open(index, root=root)
+    out_path = Path(out)
+    settings = {
+        **asdict(options),
+        "index": str(Path(index.path).resolve()),
+        "generation": index.meta["generation"],
+        "version": EXPORT_VERSION,
+    }
+    _check_destination(out_path, settings)
+    _remove_partial_files(out_path)
+    (out_path / PARTS).mkdir(parents=True, exist_ok=True)
+    (out_path / PARTS / "settings.json").write_text(json.dumps(settings, sort_keys=True))
+
+    # The plan (which rows, in which order) is fixed by the first run, so units keep their
+    # contents when a resumed run sees a quarantine that grew in the meantime.
+    plan = out_path / PARTS / "plan.npy"
+    if plan.exists():
+        quarantined_rows = np.load(plan)
+    else:
+        quarantined_rows = _quarantined_rows(index)
+        tmp = plan.with_name(f".plan.tmp-{os.getpid()}.npy")
+        np.save(tmp, quarantined_rows)
+        os.replace(tmp, plan)
+    order = np.flatnonzero(~quarantined_rows)
+    folders = tuple(label_folders([s.label for s in index.slides]).items())
+    units = [
+        ExportUnit(
+            number=i,
+            rows=tuple(order[start : start + shard_size].tolist()),
+            index_path=str(index.path),
+            root=index.root,
+            out=str(out_path),
+            options=options,
+            folders=folders,
+        )
+        for i, start in enumerate(range(0, len(order), shard_size))
+    ]
+    records = _run(units, workers, as_executor(executor), progress)
+    tiles = [t for r in records for t in r["tiles"]]
+    failures = [f for r in records for f in r["failures"]]
+    cols = index.columns
+    for row in np.flatnonzero(quarantined_rows).tolist():
+        sid = int(cols["slide_id"][row])
+        failures.append(
+            {
+                "row": row,
+                "slide_id": sid,
+                "slide_path": index.slides[sid].path,
+                "x": int(cols["l0_x"][row]),
+                "y": int(cols["l0_y"][row]),
+                "level": int(cols["level"][row]),
+                "reason": "quarantined before export",
+            }
+        )
+    failures.sort(key=lambda f: f["row"])
+    _write_csv(out_path / "manifest.csv", MANIFEST_COLUMNS, tiles)
+    _write_csv(out_path / "failures.csv", FAILURE_COLUMNS, failures)
+    shards = [r["shard"] for r in records if r.get("shard")]
+    report = ExportReport(
+        out=out_path,
+        tiles=len(tiles),
+        failed=len(failures) - int(quarantined_rows.sum()),
+        quarantined=int(quarantined_rows.sum()),
+        units=len(units),
+        units_skipped=sum(bool(r.get("skipped")) for r in records),
+        shards=shards,
+    )
+    summary = {
+        "settings": settings,
+        "tiles": report.tiles,
+        "failed": report.failed,
+        "quarantined": report.quarantined,
+        "shards": shards,
+        "label_folders": {str(k): v for k, v in folders},
+    }
+    _write_atomic(out_path / "export.json", json.dumps(summary, indent=1, sort_keys=True).encode())
+    return report
+
+
+def _remove_partial_files(out: Path) -> None:
+    """Delete temporary files a killed export left behind (never under a final name)."""
+    if not out.exists():
+        return
+    for path in out.rglob(".*.tmp-*"):
+        if path.is_file() and re.search(r"\.tmp-\d+$", path.name):
+            path.unlink()
+
+
+def _quarantined_rows(index: SlideIndex) -> np.ndarray:
+    by_path = index.quarantine.coords_by_path()
+    bad = np.zeros(len(index), dtype=bool)
+    cols = index.columns
+    for sid, record in enumerate(index.slides):
+        coords = by_path.get(record.path)
+        if coords and record.tiles:
+            rows = np.flatnonzero(cols["slide_id"] == sid)
+            bad[rows] = coords_in(cols["l0_x"][rows], cols["l0_y"][rows], coords)
+    return bad
+
+
+def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    _write_atomic(path, buf.getvalue().encode())
+
+
+def _run(
+    units: list[ExportUnit], workers: int, executor: cf.Executor | None, progress: bool
+) -> list[dict[str, Any]]:
+    bar = tqdm(
+        total=sum(len(u.rows) for u in units),
+        unit="tile",
+        desc="exporting",
+        file=sys.stderr,
+        disable=None if progress and units else True,
+    )
+    results: dict[int, dict[str, Any]] = {}
+    for unit in units:  # completed units are read back here, without starting any worker
+        part = Path(unit.out) / PARTS / f"unit-{unit.number:06d}.json"
+        if part.exists():
+            results[unit.number] = {**json.loads(part.read_text(encoding="utf-8")), "skipped": True}
+            bar.update(len(unit.rows))
+    units = [u for u in units if u.number not in results]
+    try:
+        if not units:
+            pass
+        elif executor is None and workers <= 1:
+            for unit in units:
+                results[unit.number] = export_unit(unit)
+                bar.update(len(unit.rows))
+        else:
+            own = executor is None
+            pool = executor or cf.ProcessPoolExecutor(
+                max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+            )
+            try:
+                futures = {pool.submit(export_unit, unit): unit for unit in units}
+                for future in cf.as_completed(futures):
+                    unit = futures[future]
+                    results[unit.number] = future.result()
+                    bar.update(len(unit.rows))
+            finally:
+                if own:
+                    pool.shutdown(cancel_futures=True)
+    finally:
+        bar.close()
+    return [results[number] for number in sorted(results)]
