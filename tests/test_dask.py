@@ -25,8 +25,6 @@ def client():  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@pytest.mark.filterwarnings("ignore::ResourceWarning")
 def test_index_and_export_on_localcluster(client, archive: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     local = build_index([archive], tmp_path / "local", tile_size=256, level=0, min_tissue=0.2)
     remote = build_index(

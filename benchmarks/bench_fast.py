@@ -1,0 +1,165 @@
+"""Fast path targets, every ratio measured in this one run.
+
+    .venv/bin/python benchmarks/bench_fast.py [--tiles 2000] [--scratch DIR]
+
+1. Aligned native-resolution 256 px JPEG tiles through TileDataset (single process) against
+   OpenSlide read_region with a long-lived handle and against the pure JPEG decode of the same
+   tiles (compressed bytes already in memory, libjpeg-turbo via imagecodecs).
+2. 224 px at 0.5 um/px from a 0.25 um/px slide (DCT-scaled decode) against OpenSlide reading
+   448 px at level 0 and resizing with PIL.
+3. make_loader with 2 workers against our single-process rate and against a DataLoader over a
+   Dataset with one pooled OpenSlide handle per worker (per-item CHW tensors, default collate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import imagecodecs
+import numpy as np
+import openslide
+import tifffile
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from wsi_loader.dataset import TileDataset, make_loader
+from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.synthetic import SlideSpec, write_svs
+
+
+def rate(fn: Any, count: int) -> float:
+    start = time.perf_counter()
+    fn()
+    return count / (time.perf_counter() - start)
+
+
+def openslide_rate(index: SlideIndex, rows: np.ndarray, resize_to: int | None = None) -> float:
+    cols = index.columns
+    slide = openslide.OpenSlide(index.slide_path(0))
+
+    def run() -> None:
+        for row in rows.tolist():
+            size = int(cols["read_size"][row])
+            region = slide.read_region((int(cols["l0_x"][row]), int(cols["l0_y"][row])),
+                                       int(cols["level"][row]), (size, size)).convert("RGB")
+            if resize_to:
+                region = region.resize((resize_to, resize_to), Image.Resampling.BILINEAR)
+            np.asarray(region)
+
+    result = rate(run, len(rows))
+    slide.close()
+    return result
+
+
+def ours_rate(index: SlideIndex, rows: np.ndarray, batch: int = 64) -> float:
+    ds = TileDataset(index, record_failures=False)
+    ds.read_batch(rows[:4].tolist())
+
+    def run() -> None:
+        for i in range(0, len(rows), batch):
+            ds.read_batch(rows[i : i + batch].tolist())
+
+    return rate(run, len(rows))
+
+
+def pure_decode_rate(index: SlideIndex, rows: np.ndarray) -> float:
+    """Decode the very same storage tiles from bytes already in memory."""
+    cols = index.columns
+    with tifffile.TiffFile(index.slide_path(0)) as tif:
+        page = tif.pages.first
+        across = -(-page.imagewidth // page.tilewidth)
+        fh = tif.filehandle
+        blobs = []
+        for row in rows.tolist():
+            i = (int(cols["l0_y"][row]) // 256) * across + int(cols["l0_x"][row]) // 256
+            fh.seek(page.dataoffsets[i])
+            blobs.append(fh.read(page.databytecounts[i]))
+        tables = page.jpegtables
+
+    def run() -> None:
+        for blob in blobs:
+            imagecodecs.jpeg8_decode(blob, tables=tables, outcolorspace=2)
+
+    return rate(run, len(blobs))
+
+
+class PooledOpenSlideDataset(Dataset[dict[str, Any]]):
+    """One OpenSlide handle per worker process, per-item CHW tensors (the usual good Dataset)."""
+
+    def __init__(self, index: SlideIndex) -> None:
+        self.index = index
+        self.slide: openslide.OpenSlide | None = None
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if self.slide is None:
+            self.slide = openslide.OpenSlide(self.index.slide_path(0))
+        cols = self.index.columns
+        size = int(cols["read_size"][i])
+        rgba = np.asarray(self.slide.read_region((int(cols["l0_x"][i]), int(cols["l0_y"][i])),
+                                                 int(cols["level"][i]), (size, size)))
+        return {"image": torch.from_numpy(rgba[..., :3].copy()).permute(2, 0, 1), "row": i}
+
+
+def loader_rate(loader: Any, tiles: int) -> float:
+    iterator = iter(loader)
+    next(iterator)
+    seen, start = 0, time.perf_counter()
+    for batch in iterator:
+        seen += len(batch["image"]) if isinstance(batch, dict) else len(batch)
+        if seen >= tiles:
+            break
+    return seen / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tiles", type=int, default=2000)
+    parser.add_argument("--scratch")
+    args = parser.parse_args()
+    scratch = Path(args.scratch or tempfile.mkdtemp(prefix="wsi-bench-fast-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    native, fine = scratch / "native.svs", scratch / "fine.svs"
+    if not native.exists():
+        write_svs(str(native), SlideSpec(width=20_000, height=15_000, seed=5, mpp=0.5))
+    if not fine.exists():
+        write_svs(str(fine), SlideSpec(width=20_000, height=15_000, seed=6, mpp=0.25))
+    aligned = build_index([native], scratch / "aligned", tile_size=256, level=0, min_tissue=0.5)
+    off = build_index([fine], scratch / "off", tile_size=224, mpp=0.5, min_tissue=0.5)
+    rng = np.random.default_rng(0)
+    rows = rng.permutation(len(aligned))[: args.tiles]
+    off_rows = rng.permutation(len(off))[: args.tiles]
+
+    print("## 1. aligned 256 px JPEG tiles, one process, random order")
+    base, ours, pure = openslide_rate(aligned, rows), ours_rate(aligned, rows), pure_decode_rate(aligned, rows)
+    print(f"OpenSlide read_region {base:8.0f} tiles/s")
+    print(f"pure JPEG decode      {pure:8.0f} tiles/s")
+    print(f"TileDataset (raw)     {ours:8.0f} tiles/s = {ours / base:.2f}x OpenSlide, "
+          f"{ours / pure:.2f}x pure decode")
+
+    print("\n## 2. 224 px at 0.5 um/px from a 0.25 um/px slide (448 px windows at level 0)")
+    base2, ours2 = openslide_rate(off, off_rows, resize_to=224), ours_rate(off, off_rows)
+    print(f"OpenSlide 448 + resize {base2:7.0f} tiles/s")
+    print(f"TileDataset (DCT 1/2)  {ours2:7.0f} tiles/s = {ours2 / base2:.2f}x")
+
+    print("\n## 3. through DataLoader, batch 64, 2 workers (fork)")
+    single = loader_rate(make_loader(aligned, 64, num_workers=0, record_failures=False), args.tiles)
+    two = loader_rate(make_loader(aligned, 64, num_workers=2, record_failures=False,
+                                  multiprocessing_context="fork"), args.tiles)
+    pooled = loader_rate(DataLoader(PooledOpenSlideDataset(aligned), batch_size=64, shuffle=True,
+                                    num_workers=2, multiprocessing_context="fork"), args.tiles)
+    print(f"make_loader, 0 workers          {single:7.0f} tiles/s")
+    print(f"make_loader, 2 workers          {two:7.0f} tiles/s = {two / single:.2f}x single process")
+    print(f"pooled OpenSlide Dataset, 2 w.  {pooled:7.0f} tiles/s -> make_loader is "
+          f"{two / pooled:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
