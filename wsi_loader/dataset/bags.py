@@ -100,10 +100,11 @@ class SlideBagDataset(Dataset[Bag]):
         return {
             "images": torch.from_numpy(result.pixels).permute(0, 3, 1, 2).contiguous(),
             "label": int(self.slide_labels[slide]),
-            "ok": torch.from_numpy(result.ok),
-            "substituted": torch.from_numpy(result.substituted),
-            "x": torch.from_numpy(np.asarray(cols["l0_x"][rows], dtype=np.int64)),
-            "y": torch.from_numpy(np.asarray(cols["l0_y"][rows], dtype=np.int64)),
-            "rows": torch.from_numpy(rows),
+            # torch.tensor copies: numpy-backed tensors must not leave spawned workers
+            "ok": torch.tensor(result.ok),
+            "substituted": torch.tensor(result.substituted),
+            "x": torch.tensor(np.asarray(cols["l0_x"][rows], dtype=np.int64)),
+            "y": torch.tensor(np.asarray(cols["l0_y"][rows], dtype=np.int64)),
+            "rows": torch.tensor(rows),
             "slide_id": slide,
         }

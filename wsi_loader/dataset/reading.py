@@ -77,34 +77,45 @@ class TileReader:
         self.tile_size = int(index.params["tile_size"])
         self.failures: list[dict[str, Any]] = []
         self._quarantined: set[tuple[int, int, int]] = set()
+        self._paths = [index.slide_path(i) for i in range(len(index.slides))]
         self._slide_start = np.searchsorted(
             index.columns["slide_id"], np.arange(len(index.slides) + 1)
         ).astype(np.int64)
 
     # -- one window ------------------------------------------------------------------------
-    def _read_window(self, row: int) -> RGBArray:
-        """Read one row's window, reopening and retrying; raises the last error."""
+    def _windows(self, rows: npt.NDArray[np.int64]) -> list[tuple[int, int, int, int, int]]:
+        """(slide_id, l0_x, l0_y, level, read_size) per row, gathered in one vectorised pass."""
         cols = self.index.columns
-        slide_id = int(cols["slide_id"][row])
-        path = self.index.slide_path(slide_id)
-        backend = self.backend
-        x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
-        level, size = int(cols["level"][row]), int(cols["read_size"][row])
+        return list(
+            zip(
+                *(
+                    np.asarray(cols[name][rows]).tolist()
+                    for name in ("slide_id", "l0_x", "l0_y", "level", "read_size")
+                ),
+                strict=True,
+            )
+        )
+
+    def _read_window(self, window: tuple[int, int, int, int, int], dest: RGBArray) -> None:
+        """Read one window into ``dest`` (tile_size x tile_size x 3), reopening and retrying a
+        bounded number of times; raises the last error as `TileReadError`."""
+        slide_id, x, y, level, size = window
+        path, backend, t = self._paths[slide_id], self.backend, self.tile_size
         last: SlideError | None = None
         for attempt in range(self.retries + 1):
             try:
                 reader = self.pool.get(path, backend)
-                scaled = getattr(reader, "read_region_scaled", None)
-                if size != self.tile_size and scaled is not None:  # DCT-domain downscaling
-                    t = self.tile_size
-                    return scaled(x, y, level, size, size, t, t)  # type: ignore[no-any-return]
-                pixels = reader.read_region(x, y, level, size, size)
+                if size == t and hasattr(reader, "read_region_into"):
+                    reader.read_region_into(dest, x, y, level, size, size)
+                elif size != t and hasattr(reader, "read_region_scaled"):  # DCT downscaling
+                    dest[...] = reader.read_region_scaled(x, y, level, size, size, t, t)
+                else:
+                    dest[...] = resize(reader.read_region(x, y, level, size, size), t, t)
+                return
             except SlideError as exc:  # includes TileReadError, not found, unopenable
                 self.pool.discard(path, backend)  # its error state may be latched
                 last = exc
                 log.debug("read of %s (%d, %d) failed, attempt %d: %s", path, x, y, attempt, exc)
-                continue
-            return resize(pixels, self.tile_size, self.tile_size)
         assert last is not None
         if isinstance(last, TileReadError):
             raise last
@@ -142,8 +153,8 @@ class TileReader:
         except OSError as exc:  # a read-only index: the failure stays in self.failures
             log.warning("cannot write the quarantine of %s: %s", self.index.path, exc)
 
-    def _substitute(self, row: int) -> tuple[RGBArray, int] | None:
-        """Pixels of a deterministic other row of the same slide, or None."""
+    def _substitute(self, row: int, dest: RGBArray) -> int | None:
+        """Read a deterministic other row of the same slide into ``dest``; its row, or None."""
         slide_id = int(self.index.columns["slide_id"][row])
         start, stop = int(self._slide_start[slide_id]), int(self._slide_start[slide_id + 1])
         if stop - start < 2:
@@ -156,7 +167,8 @@ class TileReader:
                 continue
             tried.add(other)
             try:
-                return self._read_window(other), other
+                self._read_window(self._windows(np.array([other]))[0], dest)
+                return other
             except TileReadError as exc:
                 self._record(other, exc)
         return None
@@ -188,39 +200,38 @@ class TileReader:
         )
         if n and (rows.min() < 0 or rows.max() >= len(self.index)):
             raise IndexError(f"rows out of range 0..{len(self.index) - 1}")
+        windows = self._windows(rows)
         order = np.argsort(self.index.columns["slide_id"][rows], kind="stable")
         for i in order.tolist():
             if result.encoded is not None:
-                result.encoded[i] = self._encoded(int(rows[i]))
+                result.encoded[i] = self._encoded(windows[i])
                 if result.encoded[i] is not None:
                     result.pixels[i] = 0
                     continue
-            self._read_into(int(rows[i]), i, result)
+            self._read_into(int(rows[i]), windows[i], i, result)
         return result
 
-    def _encoded(self, row: int) -> bytes | None:
-        """Compressed stream of a row when its reader can hand one out; None otherwise (and on
-        any error: the normal path then reads it and applies the failure policy)."""
-        cols = self.index.columns
-        if int(cols["read_size"][row]) != self.tile_size:
+    def _encoded(self, window: tuple[int, int, int, int, int]) -> bytes | None:
+        """Compressed stream of a window when its reader can hand one out; None otherwise (and
+        on any error: the normal path then reads it and applies the failure policy)."""
+        slide_id, x, y, level, size = window
+        if size != self.tile_size:
             return None
-        slide_id = int(cols["slide_id"][row])
         try:
-            reader = self.pool.get(self.index.slide_path(slide_id), self.backend)
+            reader = self.pool.get(self._paths[slide_id], self.backend)
             read_encoded = getattr(reader, "read_encoded", None)
             if read_encoded is None:
                 return None
-            size = self.tile_size
-            data: bytes | None = read_encoded(
-                int(cols["l0_x"][row]), int(cols["l0_y"][row]), int(cols["level"][row]), size, size
-            )
+            data: bytes | None = read_encoded(x, y, level, size, size)
             return data
         except SlideError:
             return None
 
-    def _read_into(self, row: int, i: int, result: ReadResult) -> None:
+    def _read_into(
+        self, row: int, window: tuple[int, int, int, int, int], i: int, result: ReadResult
+    ) -> None:
         try:
-            result.pixels[i] = self._read_window(row)
+            self._read_window(window, result.pixels[i])
             return
         except TileReadError as exc:
             self._record(row, exc)
@@ -229,9 +240,9 @@ class TileReader:
             if self.on_error == "raise":
                 raise
         if self.on_error == "substitute":
-            found = self._substitute(row)
+            found = self._substitute(row, result.pixels[i])
             if found is not None:
-                result.pixels[i], result.source_rows[i] = found
+                result.source_rows[i] = found
                 result.substituted[i] = True
                 return
         result.pixels[i] = self.fill_value

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from wsi_loader.config import DatasetConfig
 from wsi_loader.dataset.batch import TileBatch
@@ -129,18 +129,25 @@ class TileDataset(Dataset[Sample]):
     def read_batch(self, rows: Sequence[int], encoded: bool = False) -> TileBatch:
         """Read rows into one `TileBatch` (NHWC uint8); see `make_loader`."""
         array = np.asarray(rows, dtype=np.int64)
-        result = self.reader.read(array, encoded=encoded)
+        t = self.tile_size
+        # Decode straight into a torch-owned buffer, in shared memory inside a DataLoader worker
+        # so the batch crosses the worker queue without a copy. (Never ship numpy-backed
+        # tensors from workers: with spawn, torch aborts the worker at shutdown.)
+        images = torch.empty((len(array), t, t, 3), dtype=torch.uint8)
+        if get_worker_info() is not None:
+            images.share_memory_()
+        result = self.reader.read(array, out=images.numpy(), encoded=encoded)
         cols = self.index.columns
         slide_id = np.asarray(cols["slide_id"][array], dtype=np.int64)
         batch = TileBatch(
-            images=torch.from_numpy(result.pixels),
-            ok=torch.from_numpy(result.ok),
-            substituted=torch.from_numpy(result.substituted),
-            rows=torch.from_numpy(array),
-            slide_id=torch.from_numpy(slide_id),
-            x=torch.from_numpy(np.asarray(cols["l0_x"][array], dtype=np.int64)),
-            y=torch.from_numpy(np.asarray(cols["l0_y"][array], dtype=np.int64)),
-            label=torch.from_numpy(self.slide_labels[slide_id]),
+            images=images,
+            ok=torch.tensor(result.ok),
+            substituted=torch.tensor(result.substituted),
+            rows=torch.tensor(array),
+            slide_id=torch.tensor(slide_id),
+            x=torch.tensor(np.asarray(cols["l0_x"][array], dtype=np.int64)),
+            y=torch.tensor(np.asarray(cols["l0_y"][array], dtype=np.int64)),
+            label=torch.tensor(self.slide_labels[slide_id]),
         )
         if result.encoded is not None and any(e is not None for e in result.encoded):
             batch.encoded = result.encoded

@@ -245,6 +245,42 @@ class TiffReader:
         self._cache.put(key, pixels)
         return pixels
 
+    def read_region_into(
+        self, dest: RGBArray, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int
+    ) -> None:
+        """`read_region` written into ``dest``; a window that is exactly one JPEG storage tile
+        not in the cache is decoded straight into ``dest`` (no intermediate copy)."""
+        try:
+            lv = self._levels[level]
+            ds = self.meta.level_downsamples[level]
+            l_x, l_y = int(l0_x / ds), int(l0_y / ds)
+            index = (l_y // lv.seg_h) * lv.across + l_x // lv.seg_w
+            if (
+                lv.jpeg_colorspace is not None
+                and l_w == lv.seg_w
+                and l_h == lv.seg_h
+                and l_x % lv.seg_w == 0
+                and l_y % lv.seg_h == 0
+                and l_x >= 0
+                and l_y >= 0
+                and l_x + l_w <= lv.width
+                and l_y + l_h <= lv.height
+                and dest.flags.c_contiguous
+                and self._cache.get((self.path, level, index, 1)) is None
+            ):
+                colorspace, outcolorspace = lv.jpeg_colorspace
+                imagecodecs.jpeg8_decode(
+                    self._raw(level, index),
+                    tables=lv.tables,
+                    colorspace=colorspace,
+                    outcolorspace=outcolorspace,
+                    out=dest,
+                )
+                return
+            dest[...] = self._read_window(l0_x, l0_y, level, l_w, l_h)
+        except Exception as exc:  # decoders raise codec-specific types
+            raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
+
     def read_region_scaled(
         self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, out_w: int, out_h: int
     ) -> RGBArray:
