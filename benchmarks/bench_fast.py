@@ -45,8 +45,11 @@ def openslide_rate(index: SlideIndex, rows: np.ndarray, resize_to: int | None = 
     def run() -> None:
         for row in rows.tolist():
             size = int(cols["read_size"][row])
-            region = slide.read_region((int(cols["l0_x"][row]), int(cols["l0_y"][row])),
-                                       int(cols["level"][row]), (size, size)).convert("RGB")
+            region = slide.read_region(
+                (int(cols["l0_x"][row]), int(cols["l0_y"][row])),
+                int(cols["level"][row]),
+                (size, size),
+            ).convert("RGB")
             if resize_to:
                 region = region.resize((resize_to, resize_to), Image.Resampling.BILINEAR)
             np.asarray(region)
@@ -103,8 +106,11 @@ class PooledOpenSlideDataset(Dataset[dict[str, Any]]):
             self.slide = openslide.OpenSlide(self.index.slide_path(0))
         cols = self.index.columns
         size = int(cols["read_size"][i])
-        rgba = np.asarray(self.slide.read_region((int(cols["l0_x"][i]), int(cols["l0_y"][i])),
-                                                 int(cols["level"][i]), (size, size)))
+        rgba = np.asarray(
+            self.slide.read_region(
+                (int(cols["l0_x"][i]), int(cols["l0_y"][i])), int(cols["level"][i]), (size, size)
+            )
+        )
         return {"image": torch.from_numpy(rgba[..., :3].copy()).permute(2, 0, 1), "row": i}
 
 
@@ -138,11 +144,17 @@ def main() -> None:
     off_rows = rng.permutation(len(off))[: args.tiles]
 
     print("## 1. aligned 256 px JPEG tiles, one process, random order")
-    base, ours, pure = openslide_rate(aligned, rows), ours_rate(aligned, rows), pure_decode_rate(aligned, rows)
+    base, ours, pure = (
+        openslide_rate(aligned, rows),
+        ours_rate(aligned, rows),
+        pure_decode_rate(aligned, rows),
+    )
     print(f"OpenSlide read_region {base:8.0f} tiles/s")
     print(f"pure JPEG decode      {pure:8.0f} tiles/s")
-    print(f"TileDataset (raw)     {ours:8.0f} tiles/s = {ours / base:.2f}x OpenSlide, "
-          f"{ours / pure:.2f}x pure decode")
+    print(
+        f"TileDataset (raw)     {ours:8.0f} tiles/s = {ours / base:.2f}x OpenSlide, "
+        f"{ours / pure:.2f}x pure decode"
+    )
 
     print("\n## 2. 224 px at 0.5 um/px from a 0.25 um/px slide (448 px windows at level 0)")
     base2, ours2 = openslide_rate(off, off_rows, resize_to=224), ours_rate(off, off_rows)
@@ -151,14 +163,30 @@ def main() -> None:
 
     print("\n## 3. through DataLoader, batch 64, 2 workers (fork)")
     single = loader_rate(make_loader(aligned, 64, num_workers=0, record_failures=False), args.tiles)
-    two = loader_rate(make_loader(aligned, 64, num_workers=2, record_failures=False,
-                                  multiprocessing_context="fork"), args.tiles)
-    pooled = loader_rate(DataLoader(PooledOpenSlideDataset(aligned), batch_size=64, shuffle=True,
-                                    num_workers=2, multiprocessing_context="fork"), args.tiles)
+    two = loader_rate(
+        make_loader(
+            aligned, 64, num_workers=2, record_failures=False, multiprocessing_context="fork"
+        ),
+        args.tiles,
+    )
+    pooled = loader_rate(
+        DataLoader(
+            PooledOpenSlideDataset(aligned),
+            batch_size=64,
+            shuffle=True,
+            num_workers=2,
+            multiprocessing_context="fork",
+        ),
+        args.tiles,
+    )
     print(f"make_loader, 0 workers          {single:7.0f} tiles/s")
-    print(f"make_loader, 2 workers          {two:7.0f} tiles/s = {two / single:.2f}x single process")
-    print(f"pooled OpenSlide Dataset, 2 w.  {pooled:7.0f} tiles/s -> make_loader is "
-          f"{two / pooled:.2f}x")
+    print(
+        f"make_loader, 2 workers          {two:7.0f} tiles/s = {two / single:.2f}x single process"
+    )
+    print(
+        f"pooled OpenSlide Dataset, 2 w.  {pooled:7.0f} tiles/s -> make_loader is "
+        f"{two / pooled:.2f}x"
+    )
 
 
 if __name__ == "__main__":

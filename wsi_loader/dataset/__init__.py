@@ -1,14 +1,25 @@
-"""torch Datasets, samplers and batches over a SlideIndex."""
+"""torch Datasets, samplers and batches over a SlideIndex.
 
-from wsi_loader.dataset.bags import SlideBagDataset
-from wsi_loader.dataset.batch import TileBatch
-from wsi_loader.dataset.loader import make_loader
-from wsi_loader.dataset.reading import ReadResult, TileReader
-from wsi_loader.dataset.samplers import (
-    BalancedTileSampler,
-    DistributedTileSampler,
-)
-from wsi_loader.dataset.tiles import TileDataset
+Names are imported on first use: `wsi_loader.dataset.reading` (the torch-free reader that the
+exporter and the views use) can be imported without paying for torch, which keeps spawned
+export workers quick to start.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY = {
+    "BalancedTileSampler": "wsi_loader.dataset.samplers",
+    "DistributedTileSampler": "wsi_loader.dataset.samplers",
+    "ReadResult": "wsi_loader.dataset.reading",
+    "SlideBagDataset": "wsi_loader.dataset.bags",
+    "TileBatch": "wsi_loader.dataset.batch",
+    "TileDataset": "wsi_loader.dataset.tiles",
+    "TileReader": "wsi_loader.dataset.reading",
+    "make_loader": "wsi_loader.dataset.loader",
+}
 
 __all__ = [
     "BalancedTileSampler",
@@ -20,3 +31,18 @@ __all__ = [
     "TileReader",
     "make_loader",
 ]
+
+if TYPE_CHECKING:
+    from wsi_loader.dataset.bags import SlideBagDataset
+    from wsi_loader.dataset.batch import TileBatch
+    from wsi_loader.dataset.loader import make_loader
+    from wsi_loader.dataset.reading import ReadResult, TileReader
+    from wsi_loader.dataset.samplers import BalancedTileSampler, DistributedTileSampler
+    from wsi_loader.dataset.tiles import TileDataset
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wsi_loader.dataset' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

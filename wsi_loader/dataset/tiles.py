@@ -135,7 +135,7 @@ class TileDataset(Dataset[Sample]):
         # tensors from workers: with spawn, torch aborts the worker at shutdown.)
         images = torch.empty((len(array), t, t, 3), dtype=torch.uint8)
         if get_worker_info() is not None:
-            images.share_memory_()
+            images.share_memory_()  # type: ignore[no-untyped-call]
         result = self.reader.read(array, out=images.numpy(), encoded=encoded)
         cols = self.index.columns
         slide_id = np.asarray(cols["slide_id"][array], dtype=np.int64)
