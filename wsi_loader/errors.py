@@ -115,3 +115,17 @@ class TileReadError(SlideError):
         self.level = level
         self.cause = cause
         super().__init__(message, path=path)
+
+    @classmethod
+    def for_region(
+        cls, path: str, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, exc: BaseException
+    ) -> TileReadError:
+        """The error a backend raises when reading one region failed with ``exc``."""
+        return cls(
+            f"read failed at level-0 ({l0_x}, {l0_y}), level {level}, {l_w}x{l_h}: {exc}",
+            path=path,
+            l0_x=l0_x,
+            l0_y=l0_y,
+            level=level,
+            cause=f"{type(exc).__name__}: {exc}",
+        )

@@ -12,9 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from wsi_loader.dataset.reading import TileReader
+from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.index.table import SlideIndex
-from wsi_loader.slides.pool import HandlePool
 
 Bag = dict[str, Any]
 
@@ -50,24 +49,28 @@ class SlideBagDataset(Dataset[Bag]):
             raise ValueError(f"k must be a positive int or None, got {k!r}")
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-        if not isinstance(index, SlideIndex):
-            index = SlideIndex.open(index, root=root, exclude_quarantined=exclude_quarantined)
-        self.index, self.k, self.chunk_size, self.seed = index, k, chunk_size, seed
-        self.epoch = 0
-        self.reader = TileReader(
+        # the same reader, pool, failure policy and labels as the tile dataset
+        self.tiles = TileDataset(
             index,
             on_error=on_error,
             retries=retries,
             fill_value=fill_value,
-            pool=HandlePool(max_open_slides, openslide_cache_mb * 2**20),
+            max_open_slides=max_open_slides,
+            openslide_cache_mb=openslide_cache_mb,
+            exclude_quarantined=exclude_quarantined,
+            root=root,
             record_failures=record_failures,
         )
+        index = self.tiles.index
+        self.index, self.k, self.chunk_size, self.seed = index, k, chunk_size, seed
+        self.epoch = 0
+        self.reader = self.tiles.reader
         starts = np.searchsorted(index.columns["slide_id"], np.arange(len(index.slides) + 1))
         self.starts = starts.astype(np.int64)
         counts = np.diff(self.starts)
         self.slide_ids = np.flatnonzero(counts > 0)
-        self.slide_labels = index.slide_labels()
-        self.label_names = index.label_names
+        self.slide_labels = self.tiles.slide_labels
+        self.label_names = self.tiles.label_names
         if k is None:  # (slide, chunk) pairs: one item per chunk of every slide
             chunks = -(-counts[self.slide_ids] // chunk_size)
             self.item_slide = np.repeat(self.slide_ids, chunks)

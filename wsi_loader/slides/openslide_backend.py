@@ -81,14 +81,7 @@ class OpenSlideReader:
             image = self._slide.read_region((l0_x, l0_y), level, (l_w, l_h))
         except (openslide.OpenSlideError, OSError, ValueError) as exc:
             self.broken = True  # the handle's error state is sticky: it must be reopened
-            raise TileReadError(
-                f"read failed at level-0 ({l0_x}, {l0_y}), level {level}, {l_w}x{l_h}: {exc}",
-                path=self.path,
-                l0_x=l0_x,
-                l0_y=l0_y,
-                level=level,
-                cause=f"{type(exc).__name__}: {exc}",
-            ) from exc
+            raise TileReadError.for_region(self.path, l0_x, l0_y, level, l_w, l_h, exc) from exc
         return rgba_to_rgb(np.asarray(image))
 
     @property

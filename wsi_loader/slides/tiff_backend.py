@@ -314,14 +314,7 @@ class TiffReader:
     def _error(
         self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, exc: Exception
     ) -> TileReadError:
-        return TileReadError(
-            f"read failed at level-0 ({l0_x}, {l0_y}), level {level}, {l_w}x{l_h}: {exc}",
-            path=self.path,
-            l0_x=l0_x,
-            l0_y=l0_y,
-            level=level,
-            cause=f"{type(exc).__name__}: {exc}",
-        )
+        return TileReadError.for_region(self.path, l0_x, l0_y, level, l_w, l_h, exc)
 
     def read_region(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> RGBArray:
         try:
