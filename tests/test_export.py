@@ -176,3 +176,35 @@ def test_cli_export(index: SlideIndex, tmp_path: Path) -> None:
     )
     assert len(list(out.glob("shard-*.tar"))) == -(-len(index) // 64)
     assert main(["export", str(index.path), "--out", str(out), "--format", "imagefolder"]) == 2
+
+
+def test_cli_export_reads_the_config_section(index: SlideIndex, tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("export:\n  format: webdataset\n  shard_size: 500\n  image_format: jpeg\n")
+    out = tmp_path / "cfg"
+    assert (
+        main(
+            [
+                "export",
+                str(index.path),
+                "--out",
+                str(out),
+                "--config",
+                str(config),
+                "--shard-size",
+                "100",
+            ]
+        )
+        == 0
+    )
+    settings = json.loads((out / "export.json").read_text())["settings"]
+    assert (settings["format"], settings["shard_size"], settings["image_format"]) == (
+        "webdataset",
+        100,
+        "jpeg",
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("export:\n  shards: 3\n")
+    assert (
+        main(["export", str(index.path), "--out", str(tmp_path / "x"), "--config", str(bad)]) == 2
+    )

@@ -108,3 +108,15 @@ def test_cli_inspect_and_mosaic(index: SlideIndex, tmp_path: Path) -> None:
         assert image.size[0] > 100
     assert main(["mosaic", str(index.path), "--out", str(tmp_path / "m.png"), "--n", "4"]) == 0
     assert main(["mosaic", str(index.path), "--out", str(tmp_path / "m.png"), "--label", "x"]) == 2
+
+
+def test_mosaic_from_a_dataset_uses_its_reader(index: SlideIndex) -> None:
+    ds = TileDataset(index, fill_value=0)
+    bad = corrupt_rows(index)
+    mosaic = Mosaic(ds, 2, slide="bad", status=None, seed=0, tile_px=32)
+    assert len(mosaic.rows) == 2
+    failed = Mosaic(ds, len(index), tile_px=16)
+    assert sorted(failed.rows[~failed.ok].tolist()) == sorted(bad.tolist())
+    assert len(ds.failures) >= len(bad)  # read through the dataset's own reader
+    with pytest.raises(TypeError):
+        Mosaic("not an index", 2)

@@ -13,7 +13,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from wsi_loader.config import IndexConfig, load_config, with_overrides
+from wsi_loader.config import (
+    Config,
+    ExportConfig,
+    IndexConfig,
+    load_config,
+    validate,
+    with_overrides,
+)
 from wsi_loader.errors import ConfigError, WsiLoaderError
 from wsi_loader.index import SlideIndex, build_index
 
@@ -78,12 +85,12 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("index", metavar="INDEX")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--format", choices=["imagefolder", "webdataset"], default="imagefolder")
-    p.add_argument("--image-format", choices=["png", "jpeg", "webp"], default="png")
-    p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG/WebP quality")
-    p.add_argument("--shard-size", type=int, default=1000, metavar="N", help="tiles per shard")
-    p.add_argument("--workers", type=int, default=1, metavar="N")
-    p.add_argument("--config", metavar="FILE", help="YAML config (its index root is used)")
+    p.add_argument("--format", choices=["imagefolder", "webdataset"])
+    p.add_argument("--image-format", choices=["png", "jpeg", "webp"])
+    p.add_argument("--quality", type=int, metavar="Q", help="JPEG/WebP quality")
+    p.add_argument("--shard-size", type=int, metavar="N", help="tiles per shard")
+    p.add_argument("--workers", type=int, metavar="N")
+    p.add_argument("--config", metavar="FILE", help="YAML config: its export section, index root")
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on a Dask cluster")
     p.add_argument("--no-progress", action="store_true")
@@ -231,20 +238,22 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from wsi_loader.export import export_index
 
-    root = args.root
-    if args.config and root is None:
-        root = load_config(args.config).index.root
-    index = SlideIndex.open(args.index, root=root)
+    config = load_config(args.config) if args.config else Config()
+    flags = {
+        key: getattr(args, key)
+        for key in ("format", "image_format", "quality", "shard_size", "workers")
+        if getattr(args, key) is not None
+    }
+    options: ExportConfig = validate(
+        ExportConfig, {**config.export.model_dump(), **flags}, "command line", "export"
+    )
+    index = SlideIndex.open(args.index, root=args.root or config.index.root)
     client = _dask_client(args.scheduler)
     try:
         report = export_index(
             index,
             args.out,
-            format=args.format,
-            image_format=args.image_format,
-            quality=args.quality,
-            shard_size=args.shard_size,
-            workers=args.workers,
+            **options.model_dump(),
             executor=client,
             progress=not args.no_progress,
         )

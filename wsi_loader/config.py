@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from wsi_loader.errors import ConfigError
 
-__all__ = ["Config", "DatasetConfig", "IndexConfig", "load_config", "validate"]
+__all__ = ["Config", "DatasetConfig", "ExportConfig", "IndexConfig", "load_config", "validate"]
 
 
 class _Strict(BaseModel):
@@ -65,11 +65,22 @@ class DatasetConfig(_Strict):
     num_workers: int | None = Field(None, ge=0)
 
 
+class ExportConfig(_Strict):
+    """Options of `wsi-loader export` readable from the same YAML file."""
+
+    format: Literal["imagefolder", "webdataset"] = "imagefolder"
+    image_format: Literal["png", "jpeg", "webp"] = "png"
+    quality: int = Field(90, ge=1, le=100)
+    shard_size: int = Field(1000, ge=1)
+    workers: int = Field(1, ge=1, le=512)
+
+
 class Config(_Strict):
     """A whole config file: one section per command."""
 
     index: IndexConfig = IndexConfig()
     dataset: DatasetConfig = DatasetConfig()
+    export: ExportConfig = ExportConfig()
 
 
 def _describe(error: ValidationError, source: str | None) -> ConfigError:

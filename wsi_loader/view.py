@@ -265,7 +265,8 @@ class SlideOverview(_Renders):
 
 
 class Mosaic(_Renders):
-    """``n`` tiles from the index in a grid with captions, read by the dataset's reader.
+    """``n`` tiles from an index or a dataset in a grid with captions, read by the dataset's
+    reader (a plain index gets a reader that does not write the quarantine).
 
     Filter by ``slide``, ``label`` (name) or ``status`` (``ok`` / ``quarantined``). Tiles that
     fail to read show the fill colour with a red border.
@@ -273,7 +274,7 @@ class Mosaic(_Renders):
 
     def __init__(
         self,
-        index: SlideIndex,
+        data: Any,
         n: int = 16,
         *,
         slide: str | int | None = None,
@@ -287,13 +288,18 @@ class Mosaic(_Renders):
             raise ValueError(f"n must be >= 1, got {n}")
         if status not in (None, "ok", "quarantined"):
             raise ValueError(f"status must be 'ok' or 'quarantined', got {status!r}")
+        # an index, or a dataset (TileDataset / SlideBagDataset): then its reader and policy
+        reader: TileReader | None = getattr(data, "reader", None)
+        index = data if isinstance(data, SlideIndex) else getattr(data, "index", None)
+        if not isinstance(index, SlideIndex):
+            raise TypeError(f"expected a SlideIndex or a dataset, got {type(data).__name__}")
         self.index = index
         candidates = self._candidates(slide, label, status)
         if not len(candidates):
             raise ValueError("no tile matches the filters")
         rng = np.random.default_rng(seed)
         self.rows = np.sort(rng.choice(candidates, size=min(n, len(candidates)), replace=False))
-        result = TileReader(index, record_failures=False).read(self.rows)
+        result = (reader or TileReader(index, record_failures=False)).read(self.rows)
         self.ok = result.ok
         self.columns = columns or math.ceil(math.sqrt(len(self.rows)))
         self.image = self._draw(result.pixels, tile_px)
