@@ -61,12 +61,17 @@ def openslide_baseline(index: SlideIndex, rows: np.ndarray, reopen: bool = False
                 slide = openslide.OpenSlide(index.slide_path(sid))
                 if not reopen:
                     handles[sid] = slide
-            region = slide.read_region(
-                (int(cols["l0_x"][row]), int(cols["l0_y"][row])),
-                int(cols["level"][row]),
-                (size, size),
-            )
-            np.asarray(region)[..., :3].copy()
+            try:
+                region = slide.read_region(
+                    (int(cols["l0_x"][row]), int(cols["l0_y"][row])),
+                    int(cols["level"][row]),
+                    (size, size),
+                )
+                np.asarray(region)[..., :3].copy()
+            except openslide.OpenSlideError:  # a bad tile latches the handle: drop it
+                handles.pop(sid, None)
+                slide.close()
+                continue
             if reopen:
                 slide.close()
         return len(rows)

@@ -61,22 +61,28 @@ def run(out: str | os.PathLike[str], batches: int = 40, batch_size: int = 64) ->
     )
     for s in index.slides:
         print(
-            f"  {s.path:<14} {s.label:<7} {s.tiles:>6} tiles  level {s.read_level} "
+            f"  {s.path:<14} {s.label or '-':<7} {s.tiles:>6} tiles  level {s.read_level} "
             f"window {s.read_size} px  ({s.mpp} um/px scanned)"
         )
 
     workers = min(2, default_workers())
-    loader = make_loader(index, batch_size=batch_size, num_workers=workers)
+    loader = make_loader(index, batch_size=batch_size, num_workers=workers, drop_last=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     stream = DeviceLoader(loader, device)
-    iterator = iter(stream)
-    next(iterator)  # worker start-up
-    seen, start = 0, time.perf_counter()
-    for i, batch in enumerate(iterator):
-        seen += len(batch["image"])
-        if i + 1 >= batches:
-            break
-    rate = seen / (time.perf_counter() - start)
+    seen, epoch = 0, 0
+    first_batch_done: float | None = None
+    while seen < batches * batch_size:
+        loader.set_epoch(epoch)  # a new shuffle every epoch
+        for batch in stream:
+            if first_batch_done is None:  # the first batch pays for worker start-up
+                first_batch_done = time.perf_counter()
+                continue
+            seen += len(batch["image"])
+            if seen >= batches * batch_size:
+                break
+        epoch += 1
+    assert first_batch_done is not None
+    rate = seen / (time.perf_counter() - first_batch_done)
     sample = np.random.default_rng(0).permutation(len(index))[:300]
     baseline = openslide_baseline(index, sample)
     print(
