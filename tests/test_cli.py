@@ -105,12 +105,35 @@ def test_console_script_runs(tmp_path: Path) -> None:
 
 
 def test_bench_json_on_an_index_with_bad_tiles(index, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
-    assert main(["bench", str(index.path), "--tiles", "40", "--batch-size", "8", "--workers", "1",
-                 "--device", "cpu", "--step-ms", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                str(index.path),
+                "--tiles",
+                "40",
+                "--batch-size",
+                "8",
+                "--workers",
+                "1",
+                "--device",
+                "cpu",
+                "--step-ms",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     names = [(r["name"], r["workers"]) for r in result["results"]]
-    assert names == [("openslide", 0), ("openslide-naive", 0), ("wsi_loader", 0),
-                     ("make_loader", 0), ("make_loader", 1)]
+    assert names == [
+        ("openslide", 0),
+        ("openslide-naive", 0),
+        ("wsi_loader", 0),
+        ("make_loader", 0),
+        ("make_loader", 1),
+    ]
     assert result["results"][0]["vs_openslide"] == 1.0
     assert 0 <= result["device"]["waiting_share"] <= 1
     assert main(["bench", str(index.path), "--tiles", "0"]) == 2

@@ -110,3 +110,14 @@ def test_set_epoch_reshuffles(index: SlideIndex) -> None:
     loader.set_epoch(1)
     second = next(iter(loader)).rows.tolist()
     assert second != first and sorted(second) == sorted(first)
+
+
+def test_tile_batch_pickles_metadata_by_value(index: SlideIndex) -> None:
+    import pickle
+
+    batch = TileDataset(index).read_batch([0, 5, 9])
+    clone = pickle.loads(pickle.dumps(batch))
+    for name in ("images", "ok", "substituted", "rows", "slide_id", "x", "y", "label"):
+        assert torch.equal(getattr(clone, name), getattr(batch, name)), name
+    state = batch.__getstate__()
+    assert isinstance(state["rows"], np.ndarray) and isinstance(state["images"], torch.Tensor)

@@ -35,6 +35,25 @@ class TileBatch:
     def __len__(self) -> int:
         return int(self.images.shape[0])
 
+    # Small per-tile tensors travel by value (as numpy arrays inside the pickle): each tensor
+    # sent from a DataLoader worker costs a shared-memory segment and a file descriptor,
+    # ~50 us per tile for the seven metadata columns. Only `images` goes through shared memory.
+    _BY_VALUE = ("ok", "substituted", "rows", "slide_id", "x", "y", "label")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in self._BY_VALUE:
+            tensor = state[name]
+            if tensor.device.type == "cpu":
+                state[name] = tensor.numpy()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in self._BY_VALUE:
+            if not isinstance(state[name], torch.Tensor):
+                state[name] = torch.from_numpy(state[name])
+        self.__dict__.update(state)
+
     def _map(self, fn: Any) -> TileBatch:
         changes = {
             f.name: fn(getattr(self, f.name))
