@@ -119,14 +119,7 @@ class TileReader:
         assert last is not None
         if isinstance(last, TileReadError):
             raise last
-        raise TileReadError(
-            f"cannot read level-0 ({x}, {y}): {last}",
-            path=path,
-            l0_x=x,
-            l0_y=y,
-            level=level,
-            cause=f"{type(last).__name__}: {last}",
-        ) from last
+        raise TileReadError.for_region(path, x, y, level, size, size, last) from last
 
     # -- failures --------------------------------------------------------------------------
     def _record(self, row: int, error: TileReadError) -> None:
