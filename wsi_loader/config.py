@@ -53,7 +53,7 @@ class IndexConfig(_Strict):
 
 
 class DatasetConfig(_Strict):
-    """Options of `TileDataset` / `make_loader` readable from the same YAML file."""
+    """Options of `TileDataset` (``TileDataset.from_config``) readable from the same YAML file."""
 
     on_error: Literal["fill", "substitute", "raise"] = "fill"
     retries: int = Field(2, ge=0, le=10)
@@ -61,8 +61,6 @@ class DatasetConfig(_Strict):
     max_open_slides: int = Field(16, ge=1)
     openslide_cache_mb: int = Field(64, ge=0)
     exclude_quarantined: bool = False
-    batch_size: int = Field(64, ge=1)
-    num_workers: int | None = Field(None, ge=0)
 
 
 class ExportConfig(_Strict):

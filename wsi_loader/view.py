@@ -299,7 +299,9 @@ class Mosaic(_Renders):
             raise ValueError("no tile matches the filters")
         rng = np.random.default_rng(seed)
         self.rows = np.sort(rng.choice(candidates, size=min(n, len(candidates)), replace=False))
-        result = (reader or TileReader(index, record_failures=False)).read(self.rows)
+        if reader is None:
+            reader = TileReader(index, record_failures=False)
+        result = reader.read(self.rows)
         self.ok = result.ok
         self.columns = columns or math.ceil(math.sqrt(len(self.rows)))
         self.image = self._draw(result.pixels, tile_px)

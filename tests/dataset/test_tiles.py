@@ -145,3 +145,14 @@ def test_memory_is_numpy_not_python_objects(index: SlideIndex) -> None:
     ds = TileDataset(index)
     for name, column in ds.index.columns.items():
         assert isinstance(column, np.ndarray), name
+
+
+def test_from_config_section(index: SlideIndex, tmp_path: Path) -> None:
+    from wsi_loader.config import load_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text("dataset:\n  on_error: substitute\n  retries: 0\n  max_open_slides: 2\n")
+    ds = TileDataset.from_config(index, load_config(config).dataset)
+    assert (ds.reader.on_error, ds.reader.retries, ds.reader.pool.max_open) == ("substitute", 0, 2)
+    bad = int(corrupt_rows(index)[0])
+    assert ds[bad]["substituted"] is True

@@ -71,7 +71,7 @@ class TileReader:
         self.on_error = on_error
         self.retries = retries
         self.fill_value = fill_value
-        self.pool = pool or HandlePool()
+        self.pool = pool if pool is not None else HandlePool()  # an empty pool is falsy
         self.backend = backend or "auto"  # per process: the fastest correct reader
         self.record_failures = record_failures
         self.tile_size = int(index.params["tile_size"])

@@ -18,7 +18,7 @@ IntArray = npt.NDArray[np.int64]
 
 _SOURCE_NAMES = {"tiff-resolution": "TIFF resolution tag", "vendor": "scanner metadata"}
 
-__all__ = ["ReadPlan", "describe", "grid", "plan_read"]
+__all__ = ["ReadPlan", "grid", "plan_read"]
 
 
 @dataclass(frozen=True)
@@ -157,12 +157,3 @@ def _axis(length: int, window: int, step: int, align: bool) -> IntArray:
     span = (count - 1) * step + window
     offset = 0 if align else (length - span) // 2
     return offset + np.arange(count, dtype=np.int64) * step
-
-
-def describe(plan: ReadPlan) -> str:
-    return (
-        f"level {plan.level} (x{plan.level_downsample:.4g}), window {plan.read_size} px, "
-        f"step {plan.l_stride} px"
-        + (f", {plan.tile_mpp:.4g} um/px" if plan.tile_mpp else "")
-        + (", aligned" if plan.aligned else "")
-    )
