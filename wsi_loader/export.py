@@ -37,7 +37,6 @@ from tqdm import tqdm
 from wsi_loader.dataset.reading import TileReader
 from wsi_loader.errors import ConfigError
 from wsi_loader.index.builder import as_executor
-from wsi_loader.index.quarantine import coords_in
 from wsi_loader.index.table import SlideIndex
 
 log = logging.getLogger(__name__)
@@ -335,7 +334,7 @@ def export_index(
     if plan.exists():
         quarantined_rows = np.load(plan)
     else:
-        quarantined_rows = _quarantined_rows(index)
+        quarantined_rows = index.quarantined_mask()
         tmp = plan.with_name(f".plan.tmp-{os.getpid()}.npy")
         np.save(tmp, quarantined_rows)
         os.replace(tmp, plan)
@@ -402,18 +401,6 @@ def _remove_partial_files(out: Path) -> None:
     for path in out.rglob(".*.tmp-*"):
         if path.is_file() and re.search(r"\.tmp-\d+$", path.name):
             path.unlink()
-
-
-def _quarantined_rows(index: SlideIndex) -> np.ndarray:
-    by_path = index.quarantine.coords_by_path()
-    bad = np.zeros(len(index), dtype=bool)
-    cols = index.columns
-    for sid, record in enumerate(index.slides):
-        coords = by_path.get(record.path)
-        if coords and record.tiles:
-            rows = np.flatnonzero(cols["slide_id"] == sid)
-            bad[rows] = coords_in(cols["l0_x"][rows], cols["l0_y"][rows], coords)
-    return bad
 
 
 def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:

@@ -21,7 +21,6 @@ from PIL import Image, ImageDraw, ImageFont
 
 from wsi_loader.dataset.reading import TileReader
 from wsi_loader.errors import TileReadError
-from wsi_loader.index.quarantine import coords_in
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.index.tissue import read_mask_image
 from wsi_loader.slides.base import RGBArray, SlideReader
@@ -165,7 +164,8 @@ class SlideOverview(_Renders):
     def _cells(self) -> list[Cell]:
         index, record = self.index, self.index.slides[self.slide_id]
         cols = index.columns
-        rows = np.flatnonzero(cols["slide_id"] == self.slide_id)
+        starts = index.slide_starts()
+        rows = np.arange(starts[self.slide_id], starts[self.slide_id + 1])
         footprint = (record.read_size or 0) * (record.read_downsample or 1.0)
         status: dict[tuple[int, int], str] = {}
         for entry in index.quarantine.read():
@@ -319,13 +319,7 @@ class Mosaic(_Renders):
             lid = self.index.label_names.index(label)
             keep &= self.index.slide_labels()[cols["slide_id"]] == lid
         if status is not None:
-            bad = np.zeros(len(self.index), dtype=bool)
-            by_path = self.index.quarantine.coords_by_path()
-            for sid, record in enumerate(self.index.slides):
-                coords = by_path.get(record.path)
-                if coords:
-                    rows = np.flatnonzero(cols["slide_id"] == sid)
-                    bad[rows] = coords_in(cols["l0_x"][rows], cols["l0_y"][rows], coords)
+            bad = self.index.quarantined_mask()
             keep &= bad if status == "quarantined" else ~bad
         return np.flatnonzero(keep)
 

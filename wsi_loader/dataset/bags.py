@@ -65,8 +65,7 @@ class SlideBagDataset(Dataset[Bag]):
         self.index, self.k, self.chunk_size, self.seed = index, k, chunk_size, seed
         self.epoch = 0
         self.reader = self.tiles.reader
-        starts = np.searchsorted(index.columns["slide_id"], np.arange(len(index.slides) + 1))
-        self.starts = starts.astype(np.int64)
+        self.starts = index.slide_starts()
         counts = np.diff(self.starts)
         self.slide_ids = np.flatnonzero(counts > 0)
         self.slide_labels = self.tiles.slide_labels

@@ -78,9 +78,7 @@ class TileReader:
         self.failures: list[dict[str, Any]] = []
         self._quarantined: set[tuple[int, int, int]] = set()
         self._paths = [index.slide_path(i) for i in range(len(index.slides))]
-        self._slide_start = np.searchsorted(
-            index.columns["slide_id"], np.arange(len(index.slides) + 1)
-        ).astype(np.int64)
+        self._slide_start = index.slide_starts()
 
     # -- one window ------------------------------------------------------------------------
     def _windows(self, rows: npt.NDArray[np.int64]) -> list[tuple[int, int, int, int, int]]:

@@ -77,12 +77,6 @@ def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
     return num_replicas, rank
 
 
-def _slide_starts(index: SlideIndex) -> IntArray:
-    """First row of every slide (+ the end), from the sorted slide_id column."""
-    starts = np.searchsorted(index.columns["slide_id"], np.arange(len(index.slides) + 1))
-    return starts.astype(np.int64)
-
-
 class _Resumable:
     """Epoch and mid-epoch position bookkeeping shared by the samplers."""
 
@@ -140,7 +134,7 @@ class DistributedTileSampler(_Resumable, Sampler[int]):
             index = getattr(dataset, "index", None)
             if not isinstance(index, SlideIndex):
                 raise ValueError("slide_window needs a dataset with a SlideIndex (.index)")
-            self._starts = _slide_starts(index)
+            self._starts = index.slide_starts()
         if drop_last:
             self.num_samples = self.n // self.num_replicas
         else:
@@ -222,7 +216,7 @@ class BalancedTileSampler(_Resumable, Sampler[int]):
             raise ValueError(f"num_samples must be a non-negative int, got {num_samples!r}")
         self.by, self.seed = by, seed
         self.num_samples = math.ceil(total / self.num_replicas)
-        self.starts = _slide_starts(index)
+        self.starts = index.slide_starts()
         counts = np.diff(self.starts)
         self.counts = counts
         has_tiles = np.flatnonzero(counts > 0)

@@ -163,23 +163,35 @@ class SlideIndex:
             label_names=tuple(meta.get("label_names", ())),
         )
         if exclude_quarantined:
-            index._exclude(index.quarantine.coords_by_path())
+            drop = index.quarantined_mask()
+            index.excluded = int(drop.sum())
+            if index.excluded:
+                index.columns = {
+                    name: np.ascontiguousarray(col[~drop]) for name, col in index.columns.items()
+                }
         return index
 
-    def _exclude(self, by_path: dict[str, set[tuple[int, int]]]) -> None:
-        drop = np.zeros(len(self), dtype=bool)
-        for record in self.slides:
+    def slide_starts(self) -> npt.NDArray[np.int64]:
+        """First row of every slide plus the end (tiles of a slide are contiguous), so slide
+        ``s`` owns rows ``starts[s]:starts[s + 1]``; valid after quarantine exclusion too."""
+        starts = np.searchsorted(self.columns["slide_id"], np.arange(len(self.slides) + 1))
+        return starts.astype(np.int64)
+
+    def quarantined_mask(self) -> npt.NDArray[np.bool_]:
+        """Boolean per row: is this tile in the quarantine (matched by slide path, x, y)."""
+        by_path = self.quarantine.coords_by_path()
+        mask = np.zeros(len(self), dtype=bool)
+        if not by_path:
+            return mask
+        starts = self.slide_starts()
+        for sid, record in enumerate(self.slides):
             coords = by_path.get(record.path)
-            if coords and record.tiles:
-                rows = slice(record.first_row, record.first_row + record.tiles)
-                drop[rows] = coords_in(
+            if coords:
+                rows = slice(int(starts[sid]), int(starts[sid + 1]))
+                mask[rows] = coords_in(
                     self.columns["l0_x"][rows], self.columns["l0_y"][rows], coords
                 )
-        self.excluded = int(drop.sum())
-        if self.excluded:
-            self.columns = {
-                name: np.ascontiguousarray(col[~drop]) for name, col in self.columns.items()
-            }
+        return mask
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without tile data: the receiver memory-maps the same generation again.

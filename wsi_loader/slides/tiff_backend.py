@@ -205,6 +205,27 @@ class TiffReader:
             tile_sizes=tiles,
         )
 
+    def _level_xy(self, level: int, l0_x: int, l0_y: int) -> tuple[int, int]:
+        """Level-0 coordinates to this level's pixels (floored)."""
+        ds = self.meta.level_downsamples[level]
+        return int(l0_x / ds), int(l0_y / ds)
+
+    def _whole_tile(self, level: int, l_x: int, l_y: int, l_w: int, l_h: int) -> int | None:
+        """The segment index when the window is exactly one full storage tile, else None."""
+        lv = self._levels[level]
+        if (
+            l_w == lv.seg_w
+            and l_h == lv.seg_h
+            and l_x >= 0
+            and l_y >= 0
+            and l_x % lv.seg_w == 0
+            and l_y % lv.seg_h == 0
+            and l_x + l_w <= lv.width
+            and l_y + l_h <= lv.height
+        ):
+            return (l_y // lv.seg_h) * lv.across + l_x // lv.seg_w
+        return None
+
     def _raw(self, level: int, index: int) -> bytes:
         lv = self._levels[level]
         fh = self._tif.filehandle
@@ -252,19 +273,10 @@ class TiffReader:
         not in the cache is decoded straight into ``dest`` (no intermediate copy)."""
         try:
             lv = self._levels[level]
-            ds = self.meta.level_downsamples[level]
-            l_x, l_y = int(l0_x / ds), int(l0_y / ds)
-            index = (l_y // lv.seg_h) * lv.across + l_x // lv.seg_w
+            index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
             if (
-                lv.jpeg_colorspace is not None
-                and l_w == lv.seg_w
-                and l_h == lv.seg_h
-                and l_x % lv.seg_w == 0
-                and l_y % lv.seg_h == 0
-                and l_x >= 0
-                and l_y >= 0
-                and l_x + l_w <= lv.width
-                and l_y + l_h <= lv.height
+                index is not None
+                and lv.jpeg_colorspace is not None
                 and dest.flags.c_contiguous
                 and self._cache.get((self.path, level, index, 1)) is None
             ):
@@ -293,8 +305,7 @@ class TiffReader:
         try:
             lv = self._levels[level]
             scale = l_w // out_w if out_w else 0
-            ds = self.meta.level_downsamples[level]
-            l_x, l_y = int(l0_x / ds), int(l0_y / ds)
+            l_x, l_y = self._level_xy(level, l0_x, l0_y)
             if (
                 lv.dct_scalable
                 and scale in DCT_SCALES
@@ -327,23 +338,13 @@ class TiffReader:
     ) -> RGBArray:
         """Stitch the (optionally DCT-scaled) segments covering a window; white outside."""
         lv = self._levels[level]
-        ds = self.meta.level_downsamples[level]
-        l_x, l_y = int(l0_x / ds), int(l0_y / ds)
+        l_x, l_y = self._level_xy(level, l0_x, l0_y)
+        whole = self._whole_tile(level, l_x, l_y, l_w, l_h) if scale == 1 else None
+        if whole is not None:
+            return self._segment(level, whole)  # aligned: the cached tile itself, no copy
         x0, y0 = max(l_x, 0), max(l_y, 0)
         x1, y1 = min(l_x + l_w, lv.width), min(l_y + l_h, lv.height)
         first_col, first_row = x0 // lv.seg_w, y0 // lv.seg_h
-        if (
-            scale == 1
-            and x0 == l_x
-            and y0 == l_y
-            and x1 - x0 == l_w
-            and y1 - y0 == l_h
-            and l_x % lv.seg_w == 0
-            and l_y % lv.seg_h == 0
-            and l_w == lv.seg_w
-            and l_h == lv.seg_h
-        ):
-            return self._segment(level, first_row * lv.across + first_col)  # aligned: no copy
         out = np.full((l_h // scale, l_w // scale, 3), 255, dtype=np.uint8)
         if x0 >= x1 or y0 >= y1:
             return out
@@ -368,20 +369,11 @@ class TiffReader:
         """The complete JPEG stream of a window that is exactly one YCbCr JPEG storage tile
         (tables spliced in), for decoding elsewhere (GPU); None when the window is not one."""
         lv = self._levels[level]
-        ds = self.meta.level_downsamples[level]
-        l_x, l_y = int(l0_x / ds), int(l0_y / ds)
-        if not (
-            lv.dct_scalable
-            and l_w == lv.seg_w
-            and l_h == lv.seg_h
-            and l_x % lv.seg_w == 0
-            and l_y % lv.seg_h == 0
-            and l_x + l_w <= lv.width
-            and l_y + l_h <= lv.height
-        ):
+        index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
+        if index is None or not lv.dct_scalable:
             return None
         try:
-            data = self._raw(level, (l_y // lv.seg_h) * lv.across + l_x // lv.seg_w)
+            data = self._raw(level, index)
         except Exception as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
         return (lv.tables[:-2] + data[2:]) if lv.tables else data
