@@ -8,6 +8,9 @@ lets ``DataLoader(pin_memory=True)`` pin it.
 In ``decode="device"`` mode, tiles that are single JPEG storage tiles travel compressed
 (``encoded[i]`` is a complete JPEG stream) and are decoded in the main process, on the GPU when
 there is one; their rows of ``images`` are zero until then.
+
+``recycled`` batches (from `make_loader`) live in a buffer the reading process reuses once
+every tensor over it is gone (`wsi_loader.dataset.buffers`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
+
+from wsi_loader.dataset.buffers import lease
 
 
 @dataclass
@@ -31,6 +36,7 @@ class TileBatch:
     encoded: list[bytes | None] | None = None  # compressed tiles still to decode
     slide_paths: list[str] | None = None  # stored slide paths (for failures found later)
     quarantine: str | None = None  # where failures found after the worker are appended
+    recycled: bool = False  # images live in a reused buffer (freed when no tensor is left)
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -48,7 +54,16 @@ class TileBatch:
                 state[name] = tensor.numpy()
         return state
 
+    def lease_on_arrival(self) -> None:
+        """Mark ``images`` as a view into this process's `BufferRing`: the process that
+        unpickles the batch wraps it with `lease`, so the buffer is reused only after that
+        process has let go of it. (Not a field: copies made by ``pin_memory``/``to`` and
+        re-pickled batches do not carry it.)"""
+        self.__dict__["_lease_on_arrival"] = True
+
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if state.pop("_lease_on_arrival", False):
+            state["images"] = lease(state["images"])
         for name in self._BY_VALUE:
             if not isinstance(state[name], torch.Tensor):
                 state[name] = torch.from_numpy(state[name])

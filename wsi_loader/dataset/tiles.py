@@ -126,16 +126,22 @@ class TileDataset(Dataset[Sample]):
         array = np.asarray(rows, dtype=np.int64)
         return self._samples(array, self.reader.read(array))
 
-    def read_batch(self, rows: Sequence[int], encoded: bool = False) -> TileBatch:
-        """Read rows into one `TileBatch` (NHWC uint8); see `make_loader`."""
+    def read_batch(
+        self, rows: Sequence[int], encoded: bool = False, out: torch.Tensor | None = None
+    ) -> TileBatch:
+        """Read rows into one `TileBatch` (NHWC uint8), into ``out`` when given; see
+        `make_loader`."""
         array = np.asarray(rows, dtype=np.int64)
         t = self.tile_size
-        # Decode straight into a torch-owned buffer, in shared memory inside a DataLoader worker
-        # so the batch crosses the worker queue without a copy. (Never ship numpy-backed
-        # tensors from workers: with spawn, torch aborts the worker at shutdown.)
-        images = torch.empty((len(array), t, t, 3), dtype=torch.uint8)
-        if get_worker_info() is not None:
-            images.share_memory_()  # type: ignore[no-untyped-call]
+        if out is not None:
+            images = out
+        else:
+            # Decode straight into a torch-owned buffer, in shared memory inside a DataLoader
+            # worker so the batch crosses the worker queue without a copy. (Never ship
+            # numpy-backed tensors from workers: with spawn, torch aborts the worker at exit.)
+            images = torch.empty((len(array), t, t, 3), dtype=torch.uint8)
+            if get_worker_info() is not None:
+                images.share_memory_()  # type: ignore[no-untyped-call]
         result = self.reader.read(array, out=images.numpy(), encoded=encoded)
         cols = self.index.columns
         slide_id = np.asarray(cols["slide_id"][array], dtype=np.int64)
