@@ -107,6 +107,17 @@ def test_held_batches_keep_their_pixels(
         assert torch.equal(view, expected)
 
 
+def test_failed_batch_gives_its_buffer_back(index: SlideIndex) -> None:
+    from tests.conftest import corrupt_rows
+    from wsi_loader.errors import TileReadError
+
+    ring = BufferRing(capacity=1)
+    ds = TileDataset(index, on_error="raise", retries=0, record_failures=False)
+    with pytest.raises(TileReadError):
+        ds.read_batch([0, int(corrupt_rows(index)[0])], buffers=ring)
+    assert ds.read_batch([0, 1], buffers=ring).recycled  # the only buffer is free again
+
+
 def test_reuse_can_be_switched_off(index: SlideIndex) -> None:
     loader = make_loader(index, batch_size=4, num_workers=0, reuse_buffers=False)
     assert not any(batch.recycled for batch in loader)

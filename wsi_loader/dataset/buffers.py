@@ -61,6 +61,11 @@ def lease(images: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+def release(images: torch.Tensor) -> None:
+    """Mark the ring buffer under ``images`` free now (a batch that was never handed out)."""
+    _flag(images)[0] = 0
+
+
 class BufferRing:
     """Per-process ring of batch buffers (pickles without its buffers: each process has its
     own, and a forked child starts empty)."""

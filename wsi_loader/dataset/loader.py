@@ -12,10 +12,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_worker_info
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
 from wsi_loader.dataset.batch import TileBatch
-from wsi_loader.dataset.buffers import BufferRing, lease
+from wsi_loader.dataset.buffers import BufferRing
 from wsi_loader.dataset.samplers import DistributedTileSampler
 from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.index.table import SlideIndex
@@ -38,19 +38,7 @@ class BatchReads(Dataset[TileBatch]):
         return len(self.tiles)
 
     def __getitem__(self, rows: Sequence[int]) -> TileBatch:
-        if self.buffers is None:
-            return self.tiles.read_batch(rows, encoded=self.encoded)
-        t = self.tiles.tile_size
-        in_worker = get_worker_info() is not None
-        images, recycled = self.buffers.take((len(rows), t, t, 3), shared=in_worker)
-        batch = self.tiles.read_batch(rows, encoded=self.encoded, out=images)
-        if recycled:
-            batch.recycled = True
-            if in_worker:
-                batch.lease_on_arrival()  # the main process leases it when it unpickles it
-            else:
-                batch.images = lease(images)
-        return batch
+        return self.tiles.read_batch(rows, encoded=self.encoded, buffers=self.buffers)
 
 
 def default_workers() -> int:

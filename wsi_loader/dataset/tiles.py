@@ -18,6 +18,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from wsi_loader.config import DatasetConfig
 from wsi_loader.dataset.batch import TileBatch
+from wsi_loader.dataset.buffers import BufferRing, lease, release
 from wsi_loader.dataset.reading import ReadResult, TileReader
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.pool import HandlePool
@@ -127,22 +128,32 @@ class TileDataset(Dataset[Sample]):
         return self._samples(array, self.reader.read(array))
 
     def read_batch(
-        self, rows: Sequence[int], encoded: bool = False, out: torch.Tensor | None = None
+        self, rows: Sequence[int], encoded: bool = False, buffers: BufferRing | None = None
     ) -> TileBatch:
-        """Read rows into one `TileBatch` (NHWC uint8), into ``out`` when given; see
-        `make_loader`."""
+        """Read rows into one `TileBatch` (NHWC uint8); see `make_loader`.
+
+        With ``buffers``, the pixels go into a buffer of that ring that is reused once no
+        tensor over this batch is left (``batch.recycled``; see `wsi_loader.dataset.buffers`).
+        """
         array = np.asarray(rows, dtype=np.int64)
         t = self.tile_size
-        if out is not None:
-            images = out
+        shape = (len(array), t, t, 3)
+        # Decode straight into a torch-owned buffer, in shared memory inside a DataLoader worker
+        # so the batch crosses the worker queue without a copy. (Never ship numpy-backed
+        # tensors from workers: with spawn, torch aborts the worker at shutdown.)
+        in_worker = get_worker_info() is not None
+        if buffers is not None:
+            images, recycled = buffers.take(shape, shared=in_worker)
         else:
-            # Decode straight into a torch-owned buffer, in shared memory inside a DataLoader
-            # worker so the batch crosses the worker queue without a copy. (Never ship
-            # numpy-backed tensors from workers: with spawn, torch aborts the worker at exit.)
-            images = torch.empty((len(array), t, t, 3), dtype=torch.uint8)
-            if get_worker_info() is not None:
+            images, recycled = torch.empty(shape, dtype=torch.uint8), False
+            if in_worker:
                 images.share_memory_()  # type: ignore[no-untyped-call]
-        result = self.reader.read(array, out=images.numpy(), encoded=encoded)
+        try:
+            result = self.reader.read(array, out=images.numpy(), encoded=encoded)
+        except BaseException:
+            if recycled:
+                release(images)  # on_error="raise": the batch is never handed out
+            raise
         cols = self.index.columns
         slide_id = np.asarray(cols["slide_id"][array], dtype=np.int64)
         batch = TileBatch(
@@ -154,7 +165,12 @@ class TileDataset(Dataset[Sample]):
             x=torch.tensor(np.asarray(cols["l0_x"][array], dtype=np.int64)),
             y=torch.tensor(np.asarray(cols["l0_y"][array], dtype=np.int64)),
             label=torch.tensor(self.slide_labels[slide_id]),
+            recycled=recycled,
         )
+        if recycled and in_worker:
+            batch.lease_on_arrival()  # the receiving process leases it when it unpickles it
+        elif recycled:
+            batch.images = lease(images)
         if result.encoded is not None and any(e is not None for e in result.encoded):
             batch.encoded = result.encoded
             batch.slide_paths = [self.index.slides[int(i)].path for i in slide_id]
