@@ -136,4 +136,6 @@ def test_bench_json_on_an_index_with_bad_tiles(index, capsys: pytest.CaptureFixt
     ]
     assert result["results"][0]["vs_openslide"] == 1.0
     assert 0 <= result["device"]["waiting_share"] <= 1
+    assert result["device"]["decode"] == "cpu" and result["device_decode"]["decode"] == "device"
+    assert result["device_decode"]["tiles_per_s"] > 0
     assert main(["bench", str(index.path), "--tiles", "0"]) == 2

@@ -4,7 +4,8 @@ Every number is measured in the same run as its baseline, so ratios are meaningf
 machine: OpenSlide ``read_region`` with a long-lived handle per slide (the baseline), the naive
 pattern that opens a handle per item, our reader in one process, and `make_loader` through a
 DataLoader with a worker sweep. With a device, `DeviceLoader` feeds a simulated model step and
-the share of time the device waited for data is reported.
+the share of time the device waited for data is reported, with the workers decoding JPEG and
+with the decode left to the device (`make_loader(decode="device")`).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ def loader_run(
     tiles: int,
     device: str | None = None,
     step_ms: float = 0.0,
+    decode: str = "cpu",
 ) -> tuple[Measurement, float]:
     """Tiles/s through make_loader (and DeviceLoader when ``device``) over ``rows``, repeated as
     needed to reach ``tiles`` in one epoch (steady state, not epoch start-up); returns the
@@ -118,6 +120,7 @@ def loader_run(
         record_failures=False,
         pin_memory=device == "cuda",
         persistent_workers=False,
+        decode=decode,
     )
     source: Any = DeviceLoader(loader, device) if device else loader
     step = _model_step(device, step_ms)
@@ -193,14 +196,20 @@ def run_bench(
             }
         )
     if device:
-        measured, waited = loader_run(index, rows, max(workers), batch_size, tiles, device, step_ms)
-        out["device"] = {
-            "device": device,
-            "workers": max(workers),
-            "step_ms": step_ms,
-            "tiles_per_s": round(measured.tiles_per_s, 1),
-            "waiting_share": round(waited, 3),
-        }
+        # decode="cpu": workers decode; "device": workers ship JPEG bytes, DeviceLoader decodes
+        # (nvJPEG on CUDA when torchvision is installed, libjpeg-turbo otherwise)
+        for key, decode in (("device", "cpu"), ("device_decode", "device")):
+            measured, waited = loader_run(
+                index, rows, max(workers), batch_size, tiles, device, step_ms, decode
+            )
+            out[key] = {
+                "device": device,
+                "decode": decode,
+                "workers": max(workers),
+                "step_ms": step_ms,
+                "tiles_per_s": round(measured.tiles_per_s, 1),
+                "waiting_share": round(waited, 3),
+            }
     return out
 
 
@@ -214,10 +223,11 @@ def format_table(result: dict[str, Any]) -> str:
             f"{r['name']:<18} {r['workers']:>7} {r['tiles_per_s']:>9.0f} "
             f"{r['vs_openslide']:>12.2f}x"
         )
-    if "device" in result:
-        d = result["device"]
-        lines.append(
-            f"{d['device']}: {d['tiles_per_s']:.0f} tiles/s behind a {d['step_ms']} ms "
-            f"step; waited for data {d['waiting_share']:.0%} of the time"
-        )
+    for key in ("device", "device_decode"):
+        if key in result:
+            d = result[key]
+            lines.append(
+                f"{d['device']}, {d['decode']} decode: {d['tiles_per_s']:.0f} tiles/s behind a "
+                f"{d['step_ms']} ms step; waited for data {d['waiting_share']:.0%} of the time"
+            )
     return "\n".join(lines)
