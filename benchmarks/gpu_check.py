@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 4, 8])
     parser.add_argument("--slides", type=int, default=2)
+    parser.add_argument("--slide-width", type=int, default=20_000)
     parser.add_argument("--skip-tests", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)
@@ -98,7 +99,10 @@ def main() -> None:
     for i in range(args.slides):
         path = scratch / f"slide-{i}.svs"
         if not path.exists():
-            write_svs(str(path), SlideSpec(width=20_000, height=15_000, seed=100 + i, mpp=0.5))
+            width = args.slide_width
+            write_svs(
+                str(path), SlideSpec(width=width, height=width * 3 // 4, seed=100 + i, mpp=0.5)
+            )
         slides.append(path)
     index = build_index(slides, out / "index", tile_size=256, level=0, min_tissue=0.5)
     report["index_tiles"] = len(index)
