@@ -121,3 +121,17 @@ def test_failed_batch_gives_its_buffer_back(index: SlideIndex) -> None:
 def test_reuse_can_be_switched_off(index: SlideIndex) -> None:
     loader = make_loader(index, batch_size=4, num_workers=0, reuse_buffers=False)
     assert not any(batch.recycled for batch in loader)
+
+
+def test_threads_never_share_a_buffer() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    ring = BufferRing(capacity=64)
+
+    def take(_: int) -> int:
+        images, _recycled = ring.take(SHAPE, shared=False)
+        return images.data_ptr()
+
+    with ThreadPoolExecutor(8) as pool:
+        pointers = list(pool.map(take, range(64)))
+    assert len(set(pointers)) == 64  # none leased or released: all distinct

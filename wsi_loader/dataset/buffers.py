@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 import numpy.typing as npt
@@ -74,6 +75,7 @@ class BufferRing:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
+        self._lock = threading.Lock()  # threads of one process may share a dataset
         self._pid = os.getpid()
         self._buffers: list[tuple[torch.Tensor, npt.NDArray[np.int64], bool]] = []
 
@@ -90,21 +92,22 @@ class BufferRing:
         """A uint8 tensor of ``shape`` to read a batch into, and whether it is a ring buffer
         (then the caller must hand out only `lease` views of it). ``shared``: allocate in
         shared memory (inside a DataLoader worker)."""
-        if self._pid != os.getpid():  # forked: the parent's buffers are not ours to reuse
-            self._pid, self._buffers = os.getpid(), []
         need = math.prod(shape)
-        for base, flag, in_shm in self._buffers:
-            if flag[0] == 0 and base.numel() - HEADER_BYTES >= need and in_shm == shared:
+        if self._pid != os.getpid():  # forked: the parent's buffers (and lock) are not ours
+            self._pid, self._buffers, self._lock = os.getpid(), [], threading.Lock()
+        with self._lock:
+            for base, flag, in_shm in self._buffers:
+                if flag[0] == 0 and base.numel() - HEADER_BYTES >= need and in_shm == shared:
+                    flag[0] = 1
+                    return base[HEADER_BYTES : HEADER_BYTES + need].view(shape), True
+            if len(self._buffers) < self.capacity:
+                base = torch.zeros(HEADER_BYTES + need, dtype=torch.uint8)
+                if shared:
+                    base.share_memory_()  # type: ignore[no-untyped-call]
+                flag = _flag(base)
                 flag[0] = 1
-                return base[HEADER_BYTES : HEADER_BYTES + need].view(shape), True
-        if len(self._buffers) < self.capacity:
-            base = torch.zeros(HEADER_BYTES + need, dtype=torch.uint8)
-            if shared:
-                base.share_memory_()  # type: ignore[no-untyped-call]
-            flag = _flag(base)
-            flag[0] = 1
-            self._buffers.append((base, flag, shared))
-            return base[HEADER_BYTES:].view(shape), True
+                self._buffers.append((base, flag, shared))
+                return base[HEADER_BYTES:].view(shape), True
         fresh = torch.empty(shape, dtype=torch.uint8)
         if shared:
             fresh.share_memory_()  # type: ignore[no-untyped-call]
