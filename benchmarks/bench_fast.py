@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/bench_fast.py [--tiles 2000] [--scratch DIR]
 
-Every rate is the best of 3 passes over the same tiles, for every path.
+Every rate is the best of --repeats (3) passes over the same tiles. The passes of a section are
+interleaved (A B C, A B C, ...) so that a slow spell of a noisy machine hits every path alike.
 
 1. Aligned native-resolution 256 px JPEG tiles through TileDataset (single process) against
    OpenSlide read_region with a long-lived handle and against the pure JPEG decode of the same
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +36,31 @@ from wsi_loader.dataset.buffers import BufferRing
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.synthetic import SlideSpec, write_svs
 
+Pass = Callable[[], float]  # runs one pass, returns its tiles/s
 
-def rate(fn: Any, count: int, repeats: int = 3) -> float:
-    """Best of ``repeats`` passes (the first pass also warms caches and the allocator)."""
-    best = 0.0
-    for _ in range(repeats):
+
+def timed(fn: Callable[[], Any], count: int) -> Pass:
+    def one_pass() -> float:
         start = time.perf_counter()
         fn()
-        best = max(best, count / (time.perf_counter() - start))
+        return count / (time.perf_counter() - start)
+
+    return one_pass
+
+
+def interleaved(passes: dict[str, Pass], repeats: int) -> dict[str, float]:
+    """Best rate of each path over ``repeats`` rounds that run every path once in turn, so a
+    slow spell of this noisy machine hits all paths alike instead of one path's passes."""
+    best = dict.fromkeys(passes, 0.0)
+    for _ in range(repeats):
+        for name, one_pass in passes.items():
+            best[name] = max(best[name], one_pass())
     return best
 
 
-def openslide_rate(index: SlideIndex, rows: np.ndarray, resize_to: int | None = None) -> float:
+def openslide_pass(index: SlideIndex, rows: np.ndarray, resize_to: int | None = None) -> Pass:
     cols = index.columns
-    slide = openslide.OpenSlide(index.slide_path(0))
+    slide = openslide.OpenSlide(index.slide_path(0))  # long-lived: closed at exit
 
     def run() -> None:
         for row in rows.tolist():
@@ -61,12 +74,10 @@ def openslide_rate(index: SlideIndex, rows: np.ndarray, resize_to: int | None = 
                 region = region.resize((resize_to, resize_to), Image.Resampling.BILINEAR)
             np.asarray(region)
 
-    result = rate(run, len(rows))
-    slide.close()
-    return result
+    return timed(run, len(rows))
 
 
-def ours_rate(index: SlideIndex, rows: np.ndarray, batch: int = 64, reuse: bool = True) -> float:
+def ours_pass(index: SlideIndex, rows: np.ndarray, batch: int = 64, reuse: bool = True) -> Pass:
     """TileDataset.read_batch, into reused buffers as make_loader does (or fresh ones)."""
     ds = TileDataset(index, record_failures=False)
     buffers = BufferRing() if reuse else None
@@ -76,10 +87,10 @@ def ours_rate(index: SlideIndex, rows: np.ndarray, batch: int = 64, reuse: bool 
         for i in range(0, len(rows), batch):
             ds.read_batch(rows[i : i + batch].tolist(), buffers=buffers)
 
-    return rate(run, len(rows))
+    return timed(run, len(rows))
 
 
-def pure_decode_rate(index: SlideIndex, rows: np.ndarray) -> float:
+def pure_decode_pass(index: SlideIndex, rows: np.ndarray) -> Pass:
     """Decode the very same storage tiles from bytes already in memory."""
     cols = index.columns
     with tifffile.TiffFile(index.slide_path(0)) as tif:
@@ -97,7 +108,7 @@ def pure_decode_rate(index: SlideIndex, rows: np.ndarray) -> float:
         for blob in blobs:
             imagecodecs.jpeg8_decode(blob, tables=tables, outcolorspace=2)
 
-    return rate(run, len(blobs))
+    return timed(run, len(blobs))
 
 
 class PooledOpenSlideDataset(Dataset[dict[str, Any]]):
@@ -123,10 +134,10 @@ class PooledOpenSlideDataset(Dataset[dict[str, Any]]):
         return {"image": torch.from_numpy(rgba[..., :3].copy()).permute(2, 0, 1), "row": i}
 
 
-def loader_rate(loader: Any, tiles: int, repeats: int = 3) -> float:
-    """Best of ``repeats`` epochs of ``tiles`` tiles, after the first batch (worker start-up)."""
-    best = 0.0
-    for _ in range(repeats):
+def loader_pass(loader: Any, tiles: int) -> Pass:
+    """One epoch of ``tiles`` tiles, timed after its first batch (worker start-up)."""
+
+    def one_pass() -> float:
         iterator = iter(loader)
         next(iterator)
         seen, start = 0, time.perf_counter()
@@ -134,9 +145,11 @@ def loader_rate(loader: Any, tiles: int, repeats: int = 3) -> float:
             seen += len(batch["image"]) if isinstance(batch, dict) else len(batch)
             if seen >= tiles:
                 break
-        best = max(best, seen / (time.perf_counter() - start))
+        rate = seen / (time.perf_counter() - start)
         del iterator
-    return best
+        return rate
+
+    return one_pass
 
 
 def main() -> None:
@@ -148,6 +161,7 @@ def main() -> None:
         default=6000,
         help="tiles per loader epoch: the index rows in random order, repeated (steady state)",
     )
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds per section")
     parser.add_argument("--scratch")
     args = parser.parse_args()
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="wsi-bench-fast-"))
@@ -164,12 +178,16 @@ def main() -> None:
     off_rows = rng.permutation(len(off))[: args.tiles]
 
     print("## 1. aligned 256 px JPEG tiles, one process, random order")
-    base, ours, fresh, pure = (
-        openslide_rate(aligned, rows),
-        ours_rate(aligned, rows),
-        ours_rate(aligned, rows, reuse=False),
-        pure_decode_rate(aligned, rows),
+    r = interleaved(
+        {
+            "openslide": openslide_pass(aligned, rows),
+            "ours": ours_pass(aligned, rows),
+            "fresh": ours_pass(aligned, rows, reuse=False),
+            "pure": pure_decode_pass(aligned, rows),
+        },
+        args.repeats,
     )
+    base, ours, fresh, pure = r["openslide"], r["ours"], r["fresh"], r["pure"]
     print(f"OpenSlide read_region {base:8.0f} tiles/s")
     print(f"pure JPEG decode      {pure:8.0f} tiles/s = {pure / base:.2f}x OpenSlide")
     print(
@@ -182,7 +200,14 @@ def main() -> None:
     )
 
     print("\n## 2. 224 px at 0.5 um/px from a 0.25 um/px slide (448 px windows at level 0)")
-    base2, ours2 = openslide_rate(off, off_rows, resize_to=224), ours_rate(off, off_rows)
+    r = interleaved(
+        {
+            "openslide": openslide_pass(off, off_rows, resize_to=224),
+            "ours": ours_pass(off, off_rows),
+        },
+        args.repeats,
+    )
+    base2, ours2 = r["openslide"], r["ours"]
     print(f"OpenSlide 448 + resize {base2:7.0f} tiles/s")
     print(f"TileDataset (DCT 1/2)  {ours2:7.0f} tiles/s = {ours2 / base2:.2f}x")
 
@@ -197,21 +222,27 @@ def main() -> None:
     )
     order = order[: args.loader_tiles].tolist()
     opts: dict[str, Any] = {"sampler": order, "record_failures": False}
-    single = loader_rate(make_loader(aligned, 64, num_workers=0, **opts), args.loader_tiles)
-    two = loader_rate(
-        make_loader(aligned, 64, num_workers=2, multiprocessing_context="fork", **opts),
-        args.loader_tiles,
+    r = interleaved(
+        {
+            "single": loader_pass(make_loader(aligned, 64, num_workers=0, **opts), len(order)),
+            "two": loader_pass(
+                make_loader(aligned, 64, num_workers=2, multiprocessing_context="fork", **opts),
+                len(order),
+            ),
+            "pooled": loader_pass(
+                DataLoader(
+                    PooledOpenSlideDataset(aligned),
+                    batch_size=64,
+                    sampler=order,
+                    num_workers=2,
+                    multiprocessing_context="fork",
+                ),
+                len(order),
+            ),
+        },
+        args.repeats,
     )
-    pooled = loader_rate(
-        DataLoader(
-            PooledOpenSlideDataset(aligned),
-            batch_size=64,
-            sampler=order,
-            num_workers=2,
-            multiprocessing_context="fork",
-        ),
-        args.loader_tiles,
-    )
+    single, two, pooled = r["single"], r["two"], r["pooled"]
     print(f"make_loader, 0 workers          {single:7.0f} tiles/s")
     print(
         f"make_loader, 2 workers          {two:7.0f} tiles/s = {two / single:.2f}x single process"
