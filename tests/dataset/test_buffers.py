@@ -135,3 +135,17 @@ def test_threads_never_share_a_buffer() -> None:
     with ThreadPoolExecutor(8) as pool:
         pointers = list(pool.map(take, range(64)))
     assert len(set(pointers)) == 64  # none leased or released: all distinct
+
+
+def test_abandoned_epochs_do_not_leak_buffers(index: SlideIndex) -> None:
+    """Batches in flight when an epoch is abandoned are drained by the DataLoader (persistent
+    workers), and released with them: later epochs still run entirely on reused buffers."""
+    loader = make_loader(
+        index, batch_size=4, num_workers=2, multiprocessing_context="fork", prefetch_factor=2
+    )
+    for _ in range(4):
+        iterator = iter(loader)
+        next(iterator)
+        next(iterator)
+        del iterator
+    assert all(batch.recycled for batch in loader)
