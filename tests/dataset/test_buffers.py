@@ -118,6 +118,12 @@ def test_failed_batch_gives_its_buffer_back(index: SlideIndex) -> None:
     assert ds.read_batch([0, 1], buffers=ring).recycled  # the only buffer is free again
 
 
+def test_copies_are_not_recycled(index: SlideIndex) -> None:
+    batch = TileDataset(index).read_batch([0, 1], buffers=BufferRing())
+    assert batch.recycled and batch.to("cpu").recycled  # the same tensors
+    assert not batch.to("meta").recycled  # a copy elsewhere
+
+
 def test_reuse_can_be_switched_off(index: SlideIndex) -> None:
     loader = make_loader(index, batch_size=4, num_workers=0, reuse_buffers=False)
     assert not any(batch.recycled for batch in loader)

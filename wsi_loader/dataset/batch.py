@@ -75,7 +75,9 @@ class TileBatch:
             for f in fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
-        return replace(self, **changes)
+        # a copy (pinned, on a device) no longer lives in the reused buffer
+        recycled = self.recycled and changes["images"] is self.images
+        return replace(self, **changes, recycled=recycled)
 
     def pin_memory(self) -> TileBatch:
         return self._map(lambda t: t.pin_memory())
