@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,12 +20,12 @@ from typing import Any
 import numpy as np
 import openslide
 import torch
+from common import scratch_folder, synthetic_slide
 from torch.utils.data import DataLoader, Dataset
 
 from wsi_loader.dataset import DistributedTileSampler, TileDataset
 from wsi_loader.index import SlideIndex, SlideRecord, build_index
 from wsi_loader.index.table import write_index
-from wsi_loader.synthetic import SlideSpec, write_svs
 
 
 def uss_mb(pid: int) -> float:
@@ -149,11 +148,8 @@ def main() -> None:
     parser.add_argument("--tiles", type=int, default=3000, help="tiles per throughput run")
     parser.add_argument("--scratch")
     args = parser.parse_args()
-    scratch = Path(args.scratch or tempfile.mkdtemp(prefix="wsi-bench-ds-"))
-    scratch.mkdir(parents=True, exist_ok=True)
-    slide = scratch / "slide.svs"
-    if not slide.exists():
-        write_svs(str(slide), SlideSpec(width=20_000, height=15_000, seed=7))
+    scratch = scratch_folder(args.scratch, "wsi-bench-ds-")
+    slide = synthetic_slide(scratch / "slide.svs", seed=7)
     base = build_index([slide], scratch / "base", tile_size=256, level=0, min_tissue=0.5)
 
     print(

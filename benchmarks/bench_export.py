@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import openslide
+from common import scratch_folder, synthetic_slide
 
 from wsi_loader.export import export_index
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index.table import write_index
-from wsi_loader.synthetic import SlideSpec, write_svs
 
 
 def plain_loop(index: SlideIndex, out: Path, image_format: str) -> float:
@@ -52,11 +51,8 @@ def main() -> None:
     parser.add_argument("--tiles", type=int, default=1500)
     parser.add_argument("--scratch")
     args = parser.parse_args()
-    scratch = Path(args.scratch or tempfile.mkdtemp(prefix="wsi-bench-export-"))
-    scratch.mkdir(parents=True, exist_ok=True)
-    slide = scratch / "slide.svs"
-    if not slide.exists():
-        write_svs(str(slide), SlideSpec(width=20_000, height=15_000, seed=9))
+    scratch = scratch_folder(args.scratch, "wsi-bench-export-")
+    slide = synthetic_slide(scratch / "slide.svs", seed=9)
     full = build_index([slide], scratch / "full", tile_size=256, level=0, min_tissue=0.5)
     keep = np.sort(np.random.default_rng(0).permutation(len(full))[: args.tiles])
     tiles = {name: np.asarray(col)[keep] for name, col in full.columns.items()}

@@ -17,10 +17,8 @@ interleaved (A B C, A B C, ...) so that a slow spell of a noisy machine hits eve
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import imagecodecs
@@ -28,13 +26,13 @@ import numpy as np
 import openslide
 import tifffile
 import torch
+from common import scratch_folder, synthetic_slide
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from wsi_loader.dataset import TileDataset, make_loader
 from wsi_loader.dataset.buffers import BufferRing
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.synthetic import SlideSpec, write_svs
 
 Pass = Callable[[], float]  # runs one pass, returns its tiles/s
 
@@ -164,13 +162,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds per section")
     parser.add_argument("--scratch")
     args = parser.parse_args()
-    scratch = Path(args.scratch or tempfile.mkdtemp(prefix="wsi-bench-fast-"))
-    scratch.mkdir(parents=True, exist_ok=True)
-    native, fine = scratch / "native.svs", scratch / "fine.svs"
-    if not native.exists():
-        write_svs(str(native), SlideSpec(width=20_000, height=15_000, seed=5, mpp=0.5))
-    if not fine.exists():
-        write_svs(str(fine), SlideSpec(width=20_000, height=15_000, seed=6, mpp=0.25))
+    scratch = scratch_folder(args.scratch, "wsi-bench-fast-")
+    native = synthetic_slide(scratch / "native.svs", seed=5, mpp=0.5)
+    fine = synthetic_slide(scratch / "fine.svs", seed=6, mpp=0.25)
     aligned = build_index([native], scratch / "aligned", tile_size=256, level=0, min_tissue=0.5)
     off = build_index([fine], scratch / "off", tile_size=224, mpp=0.5, min_tissue=0.5)
     rng = np.random.default_rng(0)

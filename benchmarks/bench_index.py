@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
+from common import scratch_folder, synthetic_slide
+
 from wsi_loader.index import build_index
 from wsi_loader.slides import open_slide
-from wsi_loader.synthetic import SlideSpec, write_svs
 
 
 def timed_build(inputs: list[Path], out: Path, **options: object) -> float:
@@ -29,22 +29,18 @@ def main() -> None:
     parser.add_argument("--scratch", default=None, help="folder for the synthetic slides")
     parser.add_argument("--small", type=int, default=100, help="number of small slides")
     args = parser.parse_args()
-    scratch = Path(args.scratch or tempfile.mkdtemp(prefix="wsi-bench-"))
-    scratch.mkdir(parents=True, exist_ok=True)
+    scratch = scratch_folder(args.scratch, "wsi-bench-")
 
     print("## Build time per slide (min_tissue 0.5, 256 px at 0.5 um/px, 1 worker, best of 3)")
     print(
         f"{'level 0':>14} {'lowest level':>14} {'tiles':>7} {'build ms':>9} {'us per low px':>14}"
     )
     base = None
-    warm = scratch / "warm.svs"
-    write_svs(str(warm), SlideSpec(width=2000, height=1500))
+    warm = synthetic_slide(scratch / "warm.svs", width=2000)
     timed_build([warm], scratch / "idx")  # imports and first-open costs out of the way
     for width in (10_000, 20_000, 40_000):
         height = width * 3 // 4
-        path = scratch / f"w{width}.svs"
-        if not path.exists():
-            write_svs(str(path), SlideSpec(width=width, height=height, seed=width))
+        path = synthetic_slide(scratch / f"w{width}.svs", width=width, seed=width)
         best = min(timed_build([path], scratch / "idx", mpp=0.5) for _ in range(3))
         index = build_index([path], scratch / "idx", mpp=0.5)
         record = index.slides[0]
@@ -61,9 +57,7 @@ def main() -> None:
     folder = scratch / "small"
     folder.mkdir(exist_ok=True)
     for i in range(args.small):
-        path = folder / f"s{i:03d}.svs"
-        if not path.exists():
-            write_svs(str(path), SlideSpec(width=2000, height=1500, seed=1000 + i))
+        synthetic_slide(folder / f"s{i:03d}.svs", width=2000, seed=1000 + i)
     serial = timed_build([folder], scratch / "idx-small", workers=1)
     parallel = timed_build([folder], scratch / "idx-small", workers=2)
     print(f"{'workers':>8} {'seconds':>8} {'slides/s':>9} {'speed-up':>9}")

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import synthetic_slide
 
 from wsi_loader.bench import format_table, run_bench
 from wsi_loader.index import build_index
-from wsi_loader.synthetic import SlideSpec, write_svs
 
 
 def resnet50_step_ms(device: str, batch: int, size: int) -> float | None:
@@ -95,15 +95,10 @@ def main() -> None:
 
     scratch = out / "slides"
     scratch.mkdir(exist_ok=True)
-    slides = []
-    for i in range(args.slides):
-        path = scratch / f"slide-{i}.svs"
-        if not path.exists():
-            width = args.slide_width
-            write_svs(
-                str(path), SlideSpec(width=width, height=width * 3 // 4, seed=100 + i, mpp=0.5)
-            )
-        slides.append(path)
+    slides = [
+        synthetic_slide(scratch / f"slide-{i}.svs", width=args.slide_width, seed=100 + i)
+        for i in range(args.slides)
+    ]
     index = build_index(slides, out / "index", tile_size=256, level=0, min_tissue=0.5)
     report["index_tiles"] = len(index)
 
