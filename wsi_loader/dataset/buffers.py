@@ -62,6 +62,16 @@ def lease(images: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+def fresh_buffer(shape: tuple[int, ...], shared: bool) -> torch.Tensor:
+    """A new, unrecycled uint8 batch buffer; in shared memory inside a DataLoader worker, so
+    the batch crosses the worker queue without a copy. (Never ship numpy-backed tensors from
+    workers: with spawn, torch aborts the worker at shutdown.)"""
+    images = torch.empty(shape, dtype=torch.uint8)
+    if shared:
+        images.share_memory_()  # type: ignore[no-untyped-call]
+    return images
+
+
 def release(images: torch.Tensor) -> None:
     """Mark the ring buffer under ``images`` free now (a batch that was never handed out)."""
     _flag(images)[0] = 0
@@ -108,7 +118,4 @@ class BufferRing:
                 flag[0] = 1
                 self._buffers.append((base, flag, shared))
                 return base[HEADER_BYTES:].view(shape), True
-        fresh = torch.empty(shape, dtype=torch.uint8)
-        if shared:
-            fresh.share_memory_()  # type: ignore[no-untyped-call]
-        return fresh, False
+        return fresh_buffer(shape, shared), False

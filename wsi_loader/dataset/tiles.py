@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from wsi_loader.config import DatasetConfig
 from wsi_loader.dataset.batch import TileBatch
-from wsi_loader.dataset.buffers import BufferRing, lease, release
+from wsi_loader.dataset.buffers import BufferRing, fresh_buffer, lease, release
 from wsi_loader.dataset.reading import ReadResult, TileReader
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.pool import HandlePool
@@ -138,16 +138,12 @@ class TileDataset(Dataset[Sample]):
         array = np.asarray(rows, dtype=np.int64)
         t = self.tile_size
         shape = (len(array), t, t, 3)
-        # Decode straight into a torch-owned buffer, in shared memory inside a DataLoader worker
-        # so the batch crosses the worker queue without a copy. (Never ship numpy-backed
-        # tensors from workers: with spawn, torch aborts the worker at shutdown.)
+        # decoded straight into this buffer (shared memory inside a DataLoader worker)
         in_worker = get_worker_info() is not None
         if buffers is not None:
             images, recycled = buffers.take(shape, shared=in_worker)
         else:
-            images, recycled = torch.empty(shape, dtype=torch.uint8), False
-            if in_worker:
-                images.share_memory_()  # type: ignore[no-untyped-call]
+            images, recycled = fresh_buffer(shape, shared=in_worker), False
         try:
             result = self.reader.read(array, out=images.numpy(), encoded=encoded)
         except BaseException:
