@@ -48,6 +48,8 @@ def test_shared_buffers_and_pickling() -> None:
     ring = BufferRing(capacity=3)
     images, _ = ring.take(SHAPE, shared=True)
     assert images.is_shared()
+    private, _ = ring.take(SHAPE, shared=False)  # in-process: numpy memory (huge pages)
+    assert not private.is_shared() and private.data_ptr() != images.data_ptr()
     clone = pickle.loads(pickle.dumps(ring))
     assert clone.capacity == 3 and len(clone) == 0  # buffers never travel
 
