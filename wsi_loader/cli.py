@@ -184,9 +184,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     config = with_overrides(config, source="command line", **overrides)
     client = _dask_client(args.scheduler)
     try:
-        executor = client.get_executor() if client is not None else None
         index = build_index(
-            args.paths, args.out, config, progress=not args.no_progress, executor=executor
+            args.paths, args.out, config, progress=not args.no_progress, executor=client
         )
     finally:
         if client is not None:

@@ -15,16 +15,13 @@ are refused. ``manifest.csv`` (one row per exported tile, with the SHA-256 of th
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import csv
 import hashlib
 import io
 import json
 import logging
-import multiprocessing
 import os
 import re
-import sys
 import tarfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,12 +29,11 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
 from wsi_loader.dataset.reading import TileReader
 from wsi_loader.errors import ConfigError
-from wsi_loader.index.builder import as_executor
 from wsi_loader.index.table import SlideIndex
+from wsi_loader.parallel import progress_bar, run_all
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +167,29 @@ def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+def _part_path(unit: ExportUnit) -> Path:
+    """The unit's part record: written last, so its presence means the unit is complete."""
+    return Path(unit.out) / PARTS / f"unit-{unit.number:06d}.json"
+
+
+def _tile_fields(index: SlideIndex, row: int) -> dict[str, Any]:
+    """Where a tile comes from: the columns manifest.csv and failures.csv share."""
+    cols = index.columns
+    sid = int(cols["slide_id"][row])
+    return {
+        "row": row,
+        "slide_id": sid,
+        "slide_path": index.slides[sid].path,
+        "x": int(cols["l0_x"][row]),
+        "y": int(cols["l0_y"][row]),
+        "level": int(cols["level"][row]),
+    }
+
+
 def export_unit(unit: ExportUnit) -> dict[str, Any]:
     """Export one unit; returns its part record (manifest and failure rows). Idempotent."""
     out = Path(unit.out)
-    part = out / PARTS / f"unit-{unit.number:06d}.json"
+    part = _part_path(unit)
     if part.exists():
         record: dict[str, Any] = json.loads(part.read_text(encoding="utf-8"))
         record["skipped"] = True
@@ -185,37 +200,28 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     cols, folders = index.columns, dict(unit.folders)
     ext = "jpg" if unit.options.image_format == "jpeg" else unit.options.image_format
 
-    def key_of(row: int) -> tuple[int, str]:
+    def key_of(row: int) -> str:
         sid = int(cols["slide_id"][row])
         stem = safe_component(Path(index.slides[sid].path).stem, 60)
-        return sid, f"s{sid:05d}_{stem}_x{int(cols['l0_x'][row])}_y{int(cols['l0_y'][row])}"
+        return f"s{sid:05d}_{stem}_x{int(cols['l0_x'][row])}_y{int(cols['l0_y'][row])}"
 
     def file_of(row: int) -> Path:
-        sid, key = key_of(row)
-        return out / folders[index.slides[sid].label] / f"{key}.{ext}"
+        label = index.slides[int(cols["slide_id"][row])].label
+        return out / folders[label] / f"{key_of(row)}.{ext}"
 
+    imagefolder = unit.options.format == "imagefolder"
+    files = [file_of(r) if imagefolder else None for r in rows.tolist()]
     # image files already under their final name are complete (atomic renames): keep them
-    done = np.array(
-        [unit.options.format == "imagefolder" and file_of(r).exists() for r in rows.tolist()],
-        dtype=bool,
-    )
+    done = np.array([f is not None and f.exists() for f in files], dtype=bool)
     result = reader.read(rows[~done])
     pixels = iter(range(len(result.ok)))
     tiles, failures, members = [], [], []
     for i, row in enumerate(rows.tolist()):
-        sid, key = key_of(row)
-        slide = index.slides[sid]
-        x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
-        base = {
-            "row": row,
-            "slide_id": sid,
-            "slide_path": slide.path,
-            "x": x,
-            "y": y,
-            "level": int(cols["level"][row]),
-        }
-        if done[i]:
-            data = file_of(row).read_bytes()
+        base = _tile_fields(index, row)
+        slide = index.slides[base["slide_id"]]
+        path = files[i]
+        if path is not None and done[i]:
+            data = path.read_bytes()
         else:
             j = next(pixels)
             if not result.ok[j]:
@@ -229,18 +235,18 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
             "label": slide.label,
             "sha256": hashlib.sha256(data).hexdigest(),
         }
-        if unit.options.format == "imagefolder":
-            path = file_of(row)
+        if path is not None:
             if not done[i]:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 _write_atomic(path, data)
             tiles.append({**entry, "file": f"{path.parent.name}/{path.name}", "member": ""})
         else:
+            key = key_of(row)
             meta = {
                 "slide": slide.path,
-                "slide_id": sid,
-                "x": x,
-                "y": y,
+                "slide_id": base["slide_id"],
+                "x": base["x"],
+                "y": base["y"],
                 "level": base["level"],
                 "read_size": entry["read_size"],
                 "mpp": slide.tile_mpp,
@@ -352,23 +358,11 @@ def export_index(
         )
         for i, start in enumerate(range(0, len(order), shard_size))
     ]
-    records = _run(units, workers, as_executor(executor), progress)
+    records = _run(units, workers, executor, progress)
     tiles = [t for r in records for t in r["tiles"]]
     failures = [f for r in records for f in r["failures"]]
-    cols = index.columns
     for row in np.flatnonzero(quarantined_rows).tolist():
-        sid = int(cols["slide_id"][row])
-        failures.append(
-            {
-                "row": row,
-                "slide_id": sid,
-                "slide_path": index.slides[sid].path,
-                "x": int(cols["l0_x"][row]),
-                "y": int(cols["l0_y"][row]),
-                "level": int(cols["level"][row]),
-                "reason": "quarantined before export",
-            }
-        )
+        failures.append({**_tile_fields(index, row), "reason": "quarantined before export"})
     failures.sort(key=lambda f: f["row"])
     _write_csv(out_path / "manifest.csv", MANIFEST_COLUMNS, tiles)
     _write_csv(out_path / "failures.csv", FAILURE_COLUMNS, failures)
@@ -411,44 +405,24 @@ def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]])
     _write_atomic(path, buf.getvalue().encode())
 
 
+def _unit_size(unit: ExportUnit) -> int:
+    return len(unit.rows)
+
+
 def _run(
-    units: list[ExportUnit], workers: int, executor: cf.Executor | None, progress: bool
+    units: list[ExportUnit], workers: int, executor: Any, progress: bool
 ) -> list[dict[str, Any]]:
-    bar = tqdm(
-        total=sum(len(u.rows) for u in units),
-        unit="tile",
-        desc="exporting",
-        file=sys.stderr,
-        disable=None if progress and units else True,
-    )
-    results: dict[int, dict[str, Any]] = {}
-    for unit in units:  # completed units are read back here, without starting any worker
-        part = Path(unit.out) / PARTS / f"unit-{unit.number:06d}.json"
-        if part.exists():
-            results[unit.number] = {**json.loads(part.read_text(encoding="utf-8")), "skipped": True}
-            bar.update(len(unit.rows))
-    units = [u for u in units if u.number not in results]
-    try:
-        if not units:
-            pass
-        elif executor is None and workers <= 1:
-            for unit in units:
-                results[unit.number] = export_unit(unit)
+    total = sum(len(u.rows) for u in units)
+    with progress_bar(total, "tile", "exporting", progress and bool(units)) as bar:
+        results: dict[int, dict[str, Any]] = {}
+        for unit in units:  # completed units are read back here, without starting any worker
+            part = _part_path(unit)
+            if part.exists():
+                record = json.loads(part.read_text(encoding="utf-8"))
+                results[unit.number] = {**record, "skipped": True}
                 bar.update(len(unit.rows))
-        else:
-            own = executor is None
-            pool = executor or cf.ProcessPoolExecutor(
-                max_workers=workers, mp_context=multiprocessing.get_context("spawn")
-            )
-            try:
-                futures = {pool.submit(export_unit, unit): unit for unit in units}
-                for future in cf.as_completed(futures):
-                    unit = futures[future]
-                    results[unit.number] = future.result()
-                    bar.update(len(unit.rows))
-            finally:
-                if own:
-                    pool.shutdown(cancel_futures=True)
-    finally:
-        bar.close()
+        todo = [u for u in units if u.number not in results]
+        done = run_all(export_unit, todo, workers, executor, bar, _unit_size)
+        for unit, record in zip(todo, done, strict=True):
+            results[unit.number] = record
     return [results[number] for number in sorted(results)]

@@ -8,18 +8,14 @@ raises: a slide that cannot be indexed comes back as a failed record with the re
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
-import multiprocessing
 import os
-import sys
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from wsi_loader.config import IndexConfig, with_overrides
 from wsi_loader.errors import SlideError
@@ -37,6 +33,7 @@ from wsi_loader.index.table import (
     write_index,
 )
 from wsi_loader.index.tissue import read_mask_image, tile_fractions, tissue_mask
+from wsi_loader.parallel import progress_bar, run_all
 from wsi_loader.slides.open import open_slide
 
 log = logging.getLogger(__name__)
@@ -74,12 +71,11 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
         size, mtime_ns, digest = fingerprint(entry.path)
         record = replace(record, size=size, mtime_ns=mtime_ns, fingerprint=digest)
         reader = open_slide(entry.path, cfg.backend)
-    except (SlideError, OSError) as exc:
-        reason = str(exc) if isinstance(exc, SlideError) else f"{exc.strerror or exc}"
-        if isinstance(exc, SlideError) and exc.path and reason.startswith(f"{exc.path}: "):
-            reason = reason[len(exc.path) + 2 :]
-        if isinstance(exc, FileNotFoundError):
-            reason = "slide file does not exist"
+    except SlideError as exc:
+        return replace(record, status="failed", error=_reason(exc)), _empty_tiles()
+    except OSError as exc:
+        missing = isinstance(exc, FileNotFoundError)
+        reason = "slide file does not exist" if missing else f"{exc.strerror or exc}"
         return replace(record, status="failed", error=reason), _empty_tiles()
     try:
         meta = reader.meta
@@ -139,10 +135,7 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
             record = replace(record, warning=_join(record.warning, "no tile reaches min_tissue"))
         return replace(record, tiles=int(keep.sum())), tiles
     except SlideError as exc:
-        reason = str(exc)
-        if exc.path and reason.startswith(f"{exc.path}: "):
-            reason = reason[len(exc.path) + 2 :]
-        return replace(record, status="failed", error=reason), _empty_tiles()
+        return replace(record, status="failed", error=_reason(exc)), _empty_tiles()
     except Exception as exc:  # a malformed file must not stop the run
         log.debug("indexing %s failed:\n%s", entry.path, traceback.format_exc())
         return replace(
@@ -150,6 +143,14 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
         ), _empty_tiles()
     finally:
         reader.close()
+
+
+def _reason(exc: SlideError) -> str:
+    """The error without its leading path (the record already names the slide)."""
+    reason = str(exc)
+    if exc.path and reason.startswith(f"{exc.path}: "):
+        return reason[len(exc.path) + 2 :]
+    return reason
 
 
 def _join(first: str | None, second: str) -> str:
@@ -176,50 +177,11 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     return index
 
 
-def as_executor(executor: Any) -> cf.Executor | None:
-    """Accept a concurrent.futures Executor or a dask.distributed Client (duck-typed, so the
-    index layer needs neither dask nor torch)."""
-    if executor is None or isinstance(executor, cf.Executor):
-        return executor
-    get_executor = getattr(executor, "get_executor", None)
-    if get_executor is None:
-        raise TypeError(f"expected an Executor or a dask Client, got {type(executor).__name__}")
-    result: cf.Executor = get_executor()
-    return result
-
-
 def _run(
-    tasks: list[SlideTask], workers: int, executor: cf.Executor | None, progress: bool
+    tasks: list[SlideTask], workers: int, executor: Any, progress: bool
 ) -> list[tuple[SlideRecord, TileArrays]]:
-    bar = tqdm(
-        total=len(tasks),
-        unit="slide",
-        desc="indexing",
-        file=sys.stderr,
-        disable=None if progress and tasks else True,
-    )  # None: only on a terminal
-    results: list[tuple[SlideRecord, TileArrays] | None] = [None] * len(tasks)
-    try:
-        if executor is None and workers <= 1:
-            for i, task in enumerate(tasks):
-                results[i] = index_slide(task)
-                bar.update()
-        else:
-            own = executor is None
-            pool = executor or cf.ProcessPoolExecutor(
-                max_workers=workers, mp_context=multiprocessing.get_context("spawn")
-            )
-            try:
-                futures = {pool.submit(index_slide, task): i for i, task in enumerate(tasks)}
-                for future in cf.as_completed(futures):
-                    results[futures[future]] = future.result()
-                    bar.update()
-            finally:
-                if own:
-                    pool.shutdown(cancel_futures=True)
-    finally:
-        bar.close()
-    return [r for r in results if r is not None]
+    with progress_bar(len(tasks), "slide", "indexing", progress and bool(tasks)) as bar:
+        return run_all(index_slide, tasks, workers, executor, bar)
 
 
 def build_index(
@@ -267,7 +229,7 @@ def build_index(
         slots.append(SlideTask(entry=entry, stored_path=stored, config=cfg))
     tasks = [s for s in slots if isinstance(s, SlideTask)]
     log.info("%d slides: %d unchanged, %d to index", len(entries), reused, len(tasks))
-    done = iter(_run(tasks, cfg.workers, as_executor(executor), progress))
+    done = iter(_run(tasks, cfg.workers, executor, progress))
     results = [next(done) if isinstance(s, SlideTask) else s for s in slots]
     results.sort(key=lambda r: r[0].path)
 
