@@ -13,7 +13,7 @@ from wsi_loader.errors import IndexFormatError
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index import builder as builder_module
 from wsi_loader.index import table as table_module
-from wsi_loader.index.quarantine import Quarantine
+from wsi_loader.index.quarantine import Quarantine, coords_in
 from wsi_loader.slides import open_slide
 
 
@@ -214,3 +214,12 @@ def test_open_rejects_bad_directories(tmp_path: Path, archive: Path) -> None:
     (out / index.meta["generation"] / "l0_x.npy").write_bytes(b"junk")
     with pytest.raises(IndexFormatError, match="unreadable column 'l0_x'"):
         SlideIndex.open(out)
+
+
+def test_coords_in_matches_exact_pairs() -> None:
+    x = np.array([0, 512, 512, -256, 2**31 - 1, 1], dtype=np.int32)
+    y = np.array([0, 0, 512, 512, 7, 0], dtype=np.int32)
+    # (1, 2**32) is outside int32: it must not alias the tile (1, 0)
+    wanted = {(512, 0), (-256, 512), (2**31 - 1, 7), (0, 512), (1, 2**32), (2**40, 0)}
+    assert coords_in(x, y, wanted).tolist() == [False, True, False, True, True, False]
+    assert not coords_in(x, y, set()).any() and len(coords_in(x[:0], y[:0], wanted)) == 0

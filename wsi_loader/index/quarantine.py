@@ -87,6 +87,12 @@ def coords_in(
     """Boolean per tile: is (l0_x, l0_y) one of ``coords``."""
     if not coords or not len(l0_x):
         return np.zeros(len(l0_x), dtype=bool)
-    xy = np.stack([np.asarray(l0_x, np.int64), np.asarray(l0_y, np.int64)], axis=1)
-    wanted = np.array(sorted(coords), dtype=np.int64)
-    return np.asarray((xy[:, None, :] == wanted[None, :, :]).all(axis=2).any(axis=1))
+    wanted = np.array(sorted(coords), dtype=np.int64).reshape(-1, 2)
+    wanted = wanted[(np.abs(wanted) < 2**31).all(axis=1)]  # tile columns are int32
+    # one int64 key per (x, y): a sorted lookup, not a tiles x coords comparison matrix
+    return np.isin(_xy_key(l0_x, l0_y), _xy_key(wanted[:, 0], wanted[:, 1]))
+
+
+def _xy_key(x: npt.ArrayLike, y: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """A unique int64 per (x, y) pair of int32 coordinates."""
+    return np.asarray(x, np.int64) * 2**32 + (np.asarray(y, np.int64) & 0xFFFFFFFF)
