@@ -146,6 +146,10 @@ class SlideOverview(_Renders):
         finally:
             reader.close()
         self.scale = thumb.shape[1] / self.l0_size[0]
+        label_id = int(index.slide_labels()[self.slide_id])
+        self.label_colour = (
+            LABEL_PALETTE[label_id % len(LABEL_PALETTE)] if label_id >= 0 else UNLABELLED
+        )
         self.cells = self._cells()
         self.image = self._draw(Image.fromarray(thumb))
 
@@ -195,8 +199,7 @@ class SlideOverview(_Renders):
         if self.color_by == "status":
             return STATUS_COLOURS[cell.status]
         if self.color_by == "label":
-            label = int(self.index.slide_labels()[self.slide_id])
-            return LABEL_PALETTE[label % len(LABEL_PALETTE)] if label >= 0 else UNLABELLED
+            return self.label_colour
         return tissue_colour(0.0 if math.isnan(cell.tissue) else cell.tissue)
 
     def _draw(self, thumb: Image.Image) -> Image.Image:
@@ -221,9 +224,7 @@ class SlideOverview(_Renders):
             return [(STATUS_COLOURS[s], f"{s} ({counts.get(s, 0)})") for s in STATUS_COLOURS]
         if self.color_by == "label":
             label = self.index.slides[self.slide_id].label
-            lid = int(self.index.slide_labels()[self.slide_id])
-            colour = LABEL_PALETTE[lid % len(LABEL_PALETTE)] if lid >= 0 else UNLABELLED
-            return [(colour, f"label: {label or 'unlabelled'}")]
+            return [(self.label_colour, f"label: {label or 'unlabelled'}")]
         return [(tissue_colour(f), f"tissue {f:.2f}") for f in (0.25, 0.5, 0.75, 1.0)]
 
     def _frame(self, picture: Image.Image) -> Image.Image:
