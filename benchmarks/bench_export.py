@@ -85,36 +85,18 @@ def main() -> None:
 
     from dask.distributed import Client, LocalCluster
 
-    local, _ = ours(
-        index,
-        scratch / "local",
-        format="webdataset",
-        image_format="jpeg",
-        shard_size=250,
-        workers=2,
+    shards_of_250: dict[str, object] = dict(
+        format="webdataset", image_format="jpeg", shard_size=250
     )
+    local, _ = ours(index, scratch / "local", workers=2, **shards_of_250)
     with (
         LocalCluster(
             n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
         ) as cluster,
         Client(cluster) as client,
     ):
-        ours(
-            index,
-            scratch / "warm",
-            format="webdataset",
-            image_format="jpeg",
-            shard_size=250,
-            executor=client,
-        )  # worker imports out of the way
-        remote, _ = ours(
-            index,
-            scratch / "dask",
-            format="webdataset",
-            image_format="jpeg",
-            shard_size=250,
-            executor=client,
-        )
+        ours(index, scratch / "warm", executor=client, **shards_of_250)  # worker imports
+        remote, _ = ours(index, scratch / "dask", executor=client, **shards_of_250)
     print(
         f"\nwebdataset jpeg, 2 local processes: {local:.0f} tiles/s; 2-worker Dask "
         f"LocalCluster: {remote:.0f} tiles/s ({remote / local:.2f}x)"

@@ -102,9 +102,9 @@ def make_loader(
         raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
     if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0):
         raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
-    tiles = data if isinstance(data, TileDataset) else TileDataset(data, **dataset_options)
     if dataset_options and isinstance(data, TileDataset):
         raise ValueError("dataset options apply only when make_loader builds the TileDataset")
+    tiles = data if isinstance(data, TileDataset) else TileDataset(data, **dataset_options)
     if sampler is None:
         sampler = DistributedTileSampler(tiles, shuffle=shuffle, seed=seed)
     workers = default_workers() if num_workers is None else num_workers
