@@ -20,6 +20,7 @@ from wsi_loader.config import DatasetConfig
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing, fresh_buffer, lease, release
 from wsi_loader.dataset.reading import ReadResult, TileReader
+from wsi_loader.dataset.worker_exit import let_queue_feeders_finish  # noqa: F401 (registers it)
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.pool import HandlePool
 
