@@ -102,7 +102,8 @@ class SlideBagDataset(Dataset[Bag]):
         return {
             "images": torch.from_numpy(result.pixels).permute(0, 3, 1, 2).contiguous(),
             "label": int(self.slide_labels[slide]),
-            # torch.tensor copies: numpy-backed tensors must not leave spawned workers
+            # small copies that torch owns (a numpy-backed tensor would be copied into shared
+            # memory on its way through the worker queue anyway)
             "ok": torch.tensor(result.ok),
             "substituted": torch.tensor(result.substituted),
             "x": torch.tensor(np.asarray(cols["l0_x"][rows], dtype=np.int64)),

@@ -64,8 +64,8 @@ def lease(images: torch.Tensor) -> torch.Tensor:
 
 def fresh_buffer(shape: tuple[int, ...], shared: bool) -> torch.Tensor:
     """A new uninitialised uint8 batch buffer. Inside a DataLoader worker it is shared memory,
-    so the batch crosses the worker queue without a copy (never ship numpy-backed tensors from
-    workers: with spawn, torch aborts the worker at shutdown). Otherwise numpy allocates it,
+    so the batch crosses the worker queue without a copy (torch would copy a numpy-backed one
+    into new shared memory for every batch). Otherwise numpy allocates it,
     because numpy asks Linux for transparent huge pages on large arrays and torch does not:
     decoding into huge pages is ~6% faster on a 2-core VM (fewer TLB misses, which
     virtualisation makes dear). Shared memory gets none where ``shmem_enabled`` is never."""
