@@ -7,10 +7,11 @@ Exit codes: 0 success, 1 the work ran but produced nothing usable (e.g. no slide
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from wsi_loader.config import (
@@ -96,16 +97,20 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--no-progress", action="store_true")
 
 
-def _dask_client(address: str | None) -> Any:
+@contextlib.contextmanager
+def _dask_client(address: str | None) -> Iterator[Any]:
+    """A Dask Client on ``address`` for the duration of a command (None without one)."""
     if not address:
-        return None
+        yield None
+        return
     try:
         from dask.distributed import Client
     except ImportError as exc:
         raise ConfigError(
             "--scheduler needs dask: pip install 'wsi_loader[dask]'", path="command line"
         ) from exc
-    return Client(address)  # type: ignore[no-untyped-call]
+    with Client(address) as client:  # type: ignore[no-untyped-call]
+        yield client
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -182,14 +187,10 @@ def cmd_index(args: argparse.Namespace) -> int:
         )
     }
     config = with_overrides(config, source="command line", **overrides)
-    client = _dask_client(args.scheduler)
-    try:
+    with _dask_client(args.scheduler) as client:
         index = build_index(
             args.paths, args.out, config, progress=not args.no_progress, executor=client
         )
-    finally:
-        if client is not None:
-            client.close()
     ok = [s for s in index.slides if s.status == "ok"]
     failed = len(index.slides) - len(ok)
     print(
@@ -247,8 +248,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         ExportConfig, {**config.export.model_dump(), **flags}, "command line", "export"
     )
     index = SlideIndex.open(args.index, root=args.root or config.index.root)
-    client = _dask_client(args.scheduler)
-    try:
+    with _dask_client(args.scheduler) as client:
         report = export_index(
             index,
             args.out,
@@ -256,9 +256,6 @@ def cmd_export(args: argparse.Namespace) -> int:
             executor=client,
             progress=not args.no_progress,
         )
-    finally:
-        if client is not None:
-            client.close()
     print(
         f"{report.tiles} tiles -> {args.out} ({report.failed} failed, {report.quarantined} "
         f"quarantined: see failures.csv; {report.units_skipped}/{report.units} units were "
@@ -345,10 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return COMMANDS[args.command](args)
-    except WsiLoaderError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # an option rejected by the library (e.g. bench on no tiles)
+    except (WsiLoaderError, ValueError) as exc:  # ValueError: an option the library rejected
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

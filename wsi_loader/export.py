@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from wsi_loader.config import ExportConfig, validate
 from wsi_loader.dataset.reading import TileReader
 from wsi_loader.errors import ConfigError
 from wsi_loader.index.table import SlideIndex
@@ -83,39 +84,10 @@ class ExportOptions:
     image_format: str = "png"
     quality: int = 90
     shard_size: int = 1000  # tiles per tar shard, and per unit of work for image folders
-    on_error: str = "fill"  # reads that still fail are never exported; fill keeps going
+    # not options of export_index: a substituted tile would be exported under the wrong
+    # coordinates, and reads that still fail are listed in failures.csv, never exported
+    on_error: str = "fill"
     retries: int = 2
-
-    def check(self) -> None:
-        if self.format not in FORMATS:
-            raise ConfigError(
-                f"format must be one of {FORMATS}, got {self.format!r}",
-                key="format",
-                value=self.format,
-            )
-        if self.image_format not in IMAGE_FORMATS:
-            raise ConfigError(
-                f"image format must be one of {tuple(IMAGE_FORMATS)}, got {self.image_format!r}",
-                key="image_format",
-                value=self.image_format,
-            )
-        if not 1 <= self.quality <= 100:
-            raise ConfigError(
-                f"quality must be 1..100, got {self.quality}", key="quality", value=self.quality
-            )
-        if self.shard_size < 1:
-            raise ConfigError(
-                f"shard size must be >= 1, got {self.shard_size}",
-                key="shard_size",
-                value=self.shard_size,
-            )
-        if self.on_error not in ("fill", "raise"):
-            raise ConfigError(
-                "on_error must be 'fill' or 'raise' for exports (a substituted tile "
-                "would be exported under the wrong coordinates)",
-                key="on_error",
-                value=self.on_error,
-            )
 
 
 @dataclass(frozen=True)
@@ -172,6 +144,15 @@ def _part_path(unit: ExportUnit) -> Path:
     return Path(unit.out) / PARTS / f"unit-{unit.number:06d}.json"
 
 
+def _completed(unit: ExportUnit) -> dict[str, Any] | None:
+    """The part record of a unit a previous run completed (marked skipped), else None."""
+    part = _part_path(unit)
+    if not part.exists():
+        return None
+    record: dict[str, Any] = json.loads(part.read_text(encoding="utf-8"))
+    return {**record, "skipped": True}
+
+
 def _tile_fields(index: SlideIndex, row: int) -> dict[str, Any]:
     """Where a tile comes from: the columns manifest.csv and failures.csv share."""
     cols = index.columns
@@ -188,12 +169,10 @@ def _tile_fields(index: SlideIndex, row: int) -> dict[str, Any]:
 
 def export_unit(unit: ExportUnit) -> dict[str, Any]:
     """Export one unit; returns its part record (manifest and failure rows). Idempotent."""
+    previous = _completed(unit)
+    if previous is not None:
+        return previous
     out = Path(unit.out)
-    part = _part_path(unit)
-    if part.exists():
-        record: dict[str, Any] = json.loads(part.read_text(encoding="utf-8"))
-        record["skipped"] = True
-        return record
     index = SlideIndex.open(unit.index_path, root=unit.root)
     reader = TileReader(index, on_error=unit.options.on_error, retries=unit.options.retries)
     rows = np.asarray(unit.rows, dtype=np.int64)
@@ -271,7 +250,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     reader.close()
     record = {"unit": unit.number, "tiles": tiles, "failures": failures, "shard": shard}
     (out / PARTS).mkdir(exist_ok=True)
-    _write_atomic(part, json.dumps(record).encode())  # last: marks the unit complete
+    _write_atomic(_part_path(unit), json.dumps(record).encode())  # last: marks it complete
     return record
 
 
@@ -314,12 +293,22 @@ def export_index(
     ``executor``: None (local processes when ``workers > 1``), any concurrent.futures
     Executor, or a ``dask.distributed.Client`` (workers must see ``out`` and the slides).
     """
-    options = ExportOptions(
-        format=format, image_format=image_format, quality=quality, shard_size=shard_size
+    checked: ExportConfig = validate(
+        ExportConfig,
+        {
+            "format": format,
+            "image_format": image_format,
+            "quality": quality,
+            "shard_size": shard_size,
+            "workers": workers,
+        },
     )
-    options.check()
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}", key="workers", value=workers)
+    options = ExportOptions(
+        format=checked.format,
+        image_format=checked.image_format,
+        quality=checked.quality,
+        shard_size=checked.shard_size,
+    )
     if not isinstance(index, SlideIndex):
         index = SlideIndex.open(index, root=root)
     out_path = Path(out)
@@ -416,10 +405,9 @@ def _run(
     with progress_bar(total, "tile", "exporting", progress and bool(units)) as bar:
         results: dict[int, dict[str, Any]] = {}
         for unit in units:  # completed units are read back here, without starting any worker
-            part = _part_path(unit)
-            if part.exists():
-                record = json.loads(part.read_text(encoding="utf-8"))
-                results[unit.number] = {**record, "skipped": True}
+            previous = _completed(unit)
+            if previous is not None:
+                results[unit.number] = previous
                 bar.update(len(unit.rows))
         todo = [u for u in units if u.number not in results]
         done = run_all(export_unit, todo, workers, executor, bar, _unit_size)
