@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import numpy as np
+
+from wsi_loader.bench import format_table, run_bench, sample_rows
+from wsi_loader.index.table import SlideIndex
+
+
+def test_sample_rows_are_distinct_when_the_index_is_large_enough(index: SlideIndex) -> None:
+    rows = sample_rows(index, len(index) - 3, seed=1)
+    assert len(rows) == len(index) - 3 and len(np.unique(rows)) == len(rows)
+    assert np.array_equal(rows, sample_rows(index, len(index) - 3, seed=1))
+
+
+def test_sample_rows_of_a_small_index_read_every_row_about_equally(index: SlideIndex) -> None:
+    count = 2 * len(index) + 5
+    rows = sample_rows(index, count, seed=1)
+    assert len(rows) == count and rows.dtype == np.int64
+    reads = np.bincount(rows, minlength=len(index))
+    assert reads.min() >= 2 and reads.max() <= 3
+
+
+def test_every_path_reads_the_same_number_of_tiles(index: SlideIndex) -> None:
+    """A small index is read round after round by every path, baselines included, so the
+    loader is not measured on warmer caches than OpenSlide."""
+    tiles = len(index) + 20
+    result = run_bench(index, tiles=tiles, batch_size=8, workers=(0,))
+    assert result["tiles"] == tiles and result["distinct_tiles"] == len(index)
+    assert [r["tiles"] for r in result["results"]] == [tiles] * 4
+    assert f"({len(index)} distinct, the index is small)" in format_table(result)
