@@ -7,11 +7,13 @@ interleaved (A B C, A B C, ...) so that a slow spell of a noisy machine hits eve
 
 1. Aligned native-resolution 256 px JPEG tiles through TileDataset (single process) against
    OpenSlide read_region with a long-lived handle and against the pure JPEG decode of the same
-   tiles (compressed bytes already in memory, libjpeg-turbo via imagecodecs).
+   tiles (compressed bytes already in memory, libjpeg-turbo via imagecodecs). One decode
+   thread, as the targets are per core; then the same with one decode thread per core.
 2. 224 px at 0.5 um/px from a 0.25 um/px slide (DCT-scaled decode) against OpenSlide reading
-   448 px at level 0 and resizing with PIL.
+   448 px at level 0 and resizing with PIL; then with one decode thread per core.
 3. make_loader with 2 workers against our single-process rate and against a DataLoader over a
    Dataset with one pooled OpenSlide handle per worker (per-item CHW tensors, default collate).
+   One decode thread per reading process, so this measures scaling by processes alone.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from wsi_loader.dataset import TileDataset, make_loader
 from wsi_loader.dataset.buffers import BufferRing
+from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.index import SlideIndex, build_index
 
 Pass = Callable[[], float]  # runs one pass, returns its tiles/s
@@ -75,9 +78,12 @@ def openslide_pass(index: SlideIndex, rows: np.ndarray, resize_to: int | None = 
     return timed(run, len(rows))
 
 
-def ours_pass(index: SlideIndex, rows: np.ndarray, batch: int = 64, reuse: bool = True) -> Pass:
-    """TileDataset.read_batch, into reused buffers as make_loader does (or fresh ones)."""
-    ds = TileDataset(index, record_failures=False)
+def ours_pass(
+    index: SlideIndex, rows: np.ndarray, batch: int = 64, reuse: bool = True, threads: int = 1
+) -> Pass:
+    """TileDataset.read_batch, into reused buffers as make_loader does (or fresh ones), with
+    ``threads`` decode threads (1: the per-core rate the targets are about)."""
+    ds = TileDataset(index, record_failures=False, decode_threads=threads)
     buffers = BufferRing() if reuse else None
     ds.read_batch(rows[:4].tolist())
 
@@ -162,6 +168,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds per section")
     parser.add_argument("--scratch")
     args = parser.parse_args()
+    cores = usable_cores()
     scratch = scratch_folder(args.scratch, "wsi-bench-fast-")
     native = synthetic_slide(scratch / "native.svs", seed=5, mpp=0.5)
     fine = synthetic_slide(scratch / "fine.svs", seed=6, mpp=0.25)
@@ -178,6 +185,7 @@ def main() -> None:
             "ours": ours_pass(aligned, rows),
             "fresh": ours_pass(aligned, rows, reuse=False),
             "pure": pure_decode_pass(aligned, rows),
+            "threads": ours_pass(aligned, rows, threads=cores),
         },
         args.repeats,
     )
@@ -192,18 +200,26 @@ def main() -> None:
         f"  fresh batch buffers {fresh:8.0f} tiles/s = {fresh / base:.2f}x OpenSlide, "
         f"{fresh / pure:.2f}x pure decode"
     )
+    print(
+        f"  {cores} decode threads    {r['threads']:8.0f} tiles/s = {r['threads'] / ours:.2f}x one "
+        f"thread (the default with num_workers=0: the cores of this one process)"
+    )
 
     print("\n## 2. 224 px at 0.5 um/px from a 0.25 um/px slide (448 px windows at level 0)")
     r = interleaved(
         {
             "openslide": openslide_pass(off, off_rows, resize_to=224),
             "ours": ours_pass(off, off_rows),
+            "threads": ours_pass(off, off_rows, threads=cores),
         },
         args.repeats,
     )
     base2, ours2 = r["openslide"], r["ours"]
     print(f"OpenSlide 448 + resize {base2:7.0f} tiles/s")
     print(f"TileDataset (DCT 1/2)  {ours2:7.0f} tiles/s = {ours2 / base2:.2f}x")
+    print(
+        f"  {cores} decode threads   {r['threads']:7.0f} tiles/s = {r['threads'] / ours2:.2f}x one"
+    )
 
     print(
         f"\n## 3. through DataLoader, batch 64, 2 workers (fork), {args.loader_tiles} tiles/epoch"
@@ -218,9 +234,18 @@ def main() -> None:
     opts: dict[str, Any] = {"sampler": order, "record_failures": False}
     r = interleaved(
         {
-            "single": loader_pass(make_loader(aligned, 64, num_workers=0, **opts), len(order)),
+            "single": loader_pass(
+                make_loader(aligned, 64, num_workers=0, decode_threads=1, **opts), len(order)
+            ),
             "two": loader_pass(
-                make_loader(aligned, 64, num_workers=2, multiprocessing_context="fork", **opts),
+                make_loader(
+                    aligned,
+                    64,
+                    num_workers=2,
+                    multiprocessing_context="fork",
+                    decode_threads=1,
+                    **opts,
+                ),
                 len(order),
             ),
             "pooled": loader_pass(
@@ -237,7 +262,7 @@ def main() -> None:
         args.repeats,
     )
     single, two, pooled = r["single"], r["two"], r["pooled"]
-    print(f"make_loader, 0 workers          {single:7.0f} tiles/s")
+    print(f"make_loader, 0 workers, 1 thread {single:6.0f} tiles/s")
     print(
         f"make_loader, 2 workers          {two:7.0f} tiles/s = {two / single:.2f}x single process"
     )

@@ -2,10 +2,11 @@
 
 Every number is measured in the same run as its baseline, so ratios are meaningful on a noisy
 machine: OpenSlide ``read_region`` with a long-lived handle per slide (the baseline), the naive
-pattern that opens a handle per item, our reader in one process, and `make_loader` through a
-DataLoader with a worker sweep. With a device, `DeviceLoader` feeds a simulated model step and
-the share of time the device waited for data is reported, with the workers decoding JPEG and
-with the decode left to the device (`make_loader(decode="device")`).
+pattern that opens a handle per item, our reader in one process with one decode thread, and
+`make_loader` through a DataLoader with a worker sweep, each reading process with its default
+decode threads (``threads`` in the output). With a device, `DeviceLoader` feeds a simulated
+model step and the share of time the device waited for data is reported, with the workers
+decoding JPEG and with the decode left to the device (`make_loader(decode="device")`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from wsi_loader.dataset.buffers import BufferRing
 from wsi_loader.dataset.loader import make_loader
+from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index.table import SlideIndex
@@ -32,6 +34,7 @@ class Measurement:
     workers: int
     tiles: int
     seconds: float
+    threads: int = 1  # decode threads per reading process
 
     @property
     def tiles_per_s(self) -> float:
@@ -91,8 +94,9 @@ def openslide_baseline(index: SlideIndex, rows: np.ndarray, reopen: bool = False
 
 
 def reader_single_process(index: SlideIndex, rows: np.ndarray, batch_size: int) -> Measurement:
-    """Batches read in this process, into reused buffers (what make_loader does)."""
-    ds = TileDataset(index, record_failures=False)
+    """Batches read in this process, into reused buffers (what make_loader does), with one
+    decode thread: the per-core rate, comparable with the OpenSlide baseline's one thread."""
+    ds = TileDataset(index, record_failures=False, decode_threads=1)
     buffers = BufferRing()
     ds.read_batch(rows[: min(8, len(rows))].tolist())  # open handles outside the timing
 
@@ -126,6 +130,7 @@ def loader_run(
         persistent_workers=False,
         decode=decode,
     )
+    threads = max(1, usable_cores() // max(1, workers))  # TileDataset's default
     source: Any = DeviceLoader(loader, device) if device else loader
     step = _model_step(device, step_ms)
     iterator = iter(source)
@@ -141,7 +146,7 @@ def loader_run(
     seconds = time.perf_counter() - start
     waited = source.wait_seconds / seconds if isinstance(source, DeviceLoader) else 0.0
     name = f"make_loader+{device}" if device else "make_loader"
-    return Measurement(name, workers, seen, seconds), waited
+    return Measurement(name, workers, seen, seconds, threads), waited
 
 
 def _model_step(device: str | None, step_ms: float) -> Callable[[Any], None]:
@@ -225,11 +230,11 @@ def format_table(result: dict[str, Any]) -> str:
     repeats = f" ({distinct} distinct, the index is small)" if distinct < tiles else ""
     lines = [
         f"{tiles} random tiles{repeats}, the same for every path, batch {result['batch_size']}",
-        f"{'path':<18} {'workers':>7} {'tiles/s':>9} {'vs OpenSlide':>13}",
+        f"{'path':<18} {'workers':>7} {'threads':>7} {'tiles/s':>9} {'vs OpenSlide':>13}",
     ]
     for r in result["results"]:
         lines.append(
-            f"{r['name']:<18} {r['workers']:>7} {r['tiles_per_s']:>9.0f} "
+            f"{r['name']:<18} {r['workers']:>7} {r['threads']:>7} {r['tiles_per_s']:>9.0f} "
             f"{r['vs_openslide']:>12.2f}x"
         )
     for key in ("device", "device_decode"):

@@ -61,6 +61,7 @@ class DatasetConfig(_Strict):
     max_open_slides: int = Field(16, ge=1)
     openslide_cache_mb: int = Field(64, ge=0)
     exclude_quarantined: bool = False
+    decode_threads: int | None = Field(None, ge=1)
 
 
 class ExportConfig(_Strict):

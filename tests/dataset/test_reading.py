@@ -1,16 +1,21 @@
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openslide
 import pytest
 
-from tests.conftest import corrupt_rows
-from wsi_loader.dataset import TileReader
+from tests.conftest import CORRUPT, corrupt_rows
+from wsi_loader.dataset import TileReader, reading
 from wsi_loader.errors import TileReadError
 from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.slides.pool import HandlePool
+from wsi_loader.slides.tiff_backend import TiffReader
 
 
 def openslide_pixels(index: SlideIndex, row: int) -> np.ndarray:
@@ -115,6 +120,135 @@ def test_off_level_reads_are_resized_to_tile_size(archive: Path, tmp_path: Path)
     assert result.pixels.shape == (2, 128, 128, 3) and result.ok.all()
 
 
+class CountingPool(ThreadPoolExecutor):
+    """The reader's thread pool, counting the jobs that ran to completion."""
+
+    jobs = 0
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def counted() -> Any:
+            result = fn(*args, **kwargs)
+            with LOCK:
+                CountingPool.jobs += 1
+            return result
+
+        return super().submit(counted)
+
+
+LOCK = threading.Lock()
+
+
+def assert_threads_change_nothing(
+    index: SlideIndex,
+    rows: np.ndarray,
+    monkeypatch: pytest.MonkeyPatch,
+    threads: int = 3,
+    **options: Any,
+) -> tuple[int, int, int]:
+    """Read ``rows`` with one thread and with ``threads``; everything must be equal. Returns
+    the jobs the threads completed and the segment decodes of each read (so callers can check
+    that the threads did the work and that nothing was decoded twice)."""
+    decodes = [0]
+    make_decoder = TiffReader._decoder
+
+    def counted(self: TiffReader, *args: Any) -> Any:
+        decode = make_decoder(self, *args)
+
+        def run() -> Any:
+            decodes[0] += 1
+            return decode()
+
+        return run
+
+    monkeypatch.setattr(TiffReader, "_decoder", counted)
+    serial = TileReader(index, record_failures=False, **options)
+    expected = serial.read(rows)
+    serial_decodes, decodes[0] = decodes[0], 0
+    monkeypatch.setattr(reading, "ThreadPoolExecutor", CountingPool)
+    CountingPool.jobs = 0
+    threaded = TileReader(index, record_failures=False, **options)
+    got = threaded.read(rows, threads=threads)
+    np.testing.assert_array_equal(got.pixels, expected.pixels)
+    for name in ("ok", "substituted", "source_rows"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(expected, name), err_msg=name)
+    assert got.errors == expected.errors
+    assert sorted(f["row"] for f in threaded.failures) == sorted(f["row"] for f in serial.failures)
+    assert not any(t.name.startswith("wsi-decode") for t in threading.enumerate())
+    return CountingPool.jobs, serial_decodes, decodes[0]
+
+
+@pytest.mark.parametrize("backend", ["tiff", "openslide"])
+@pytest.mark.parametrize("policy", ["fill", "substitute"])
+def test_threads_give_the_serial_result(
+    index: SlideIndex, policy: str, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole storage tiles, corrupt ones among them (OpenSlide's latch while other threads
+    read through the same handle), repeated rows, two slides: threads change nothing but who
+    reads, and every failure still goes through the retries and the policy."""
+    bad = corrupt_rows(index)
+    rows = np.random.default_rng(3).permutation(np.concatenate([np.arange(len(index)), bad]))
+    jobs, _, _ = assert_threads_change_nothing(
+        index, rows, monkeypatch, on_error=policy, backend=backend
+    )
+    bad_slide = index.columns["slide_id"][bad[0]]
+    if backend == "tiff":  # every good window was read on a thread
+        assert jobs >= len(rows) - 2 * len(bad)
+    else:  # after a failure the bad slide's handle is latched: its reads go serial
+        assert jobs >= np.count_nonzero(index.columns["slide_id"][rows] != bad_slide)
+
+
+@pytest.mark.parametrize(
+    "grid",
+    [
+        {"tile_size": 200, "level": 0},  # windows across storage tiles: stitched
+        {"tile_size": 128, "mpp": 1.0},  # 256 px windows at 0.5 um/px, DCT-scaled by 2
+        {"tile_size": 100, "mpp": 0.75},  # 150 px windows, decoded then resampled
+    ],
+)
+def test_threads_decode_the_segments_of_other_windows(
+    archive: Path, tmp_path: Path, grid: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = build_index([archive], tmp_path / "idx", min_tissue=0, **grid)
+    rows = np.random.default_rng(4).permutation(len(index))[:150]
+    jobs, serial, threaded = assert_threads_change_nothing(index, rows, monkeypatch, retries=0)
+    assert jobs > 0
+    # each segment decoded once, by a thread; a failed decode once more by the serial path
+    assert threaded <= serial + 2 * len(CORRUPT)
+
+
+def test_threads_plan_no_more_segments_than_the_cache_keeps(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planned decodes beyond the cache would evict each other before their windows are
+    stitched: the threads take what fits in half the cache, the serial path does the rest."""
+    index = build_index([archive], tmp_path / "idx", min_tissue=0, tile_size=200, level=0)
+    rows = np.arange(40)
+    jobs, _, _ = assert_threads_change_nothing(
+        index, rows, monkeypatch, pool=HandlePool(16, 8 * 256 * 256 * 3)
+    )
+    assert jobs == 4  # 256 px storage tiles, of which half the cache holds four
+
+
+def test_threads_on_real_slides(
+    testdata: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Aperio 240 px storage tiles under a 256 px grid (segments) and an NDPI (OpenSlide)."""
+    slides = [testdata / "CMU-1-Small-Region.svs", testdata / "test3-DAPI-2-(387).ndpi"]
+    index = build_index(slides, tmp_path / "idx", tile_size=256, mpp=0.5, min_tissue=0)
+    assert {s.status for s in index.slides} == {"ok"}
+    jobs, _, _ = assert_threads_change_nothing(index, np.arange(len(index)), monkeypatch)
+    assert jobs >= len(index)
+
+
+def test_decode_threads_keep_the_raise_policy(index: SlideIndex) -> None:
+    bad = int(corrupt_rows(index)[0])
+    rows = np.concatenate([np.arange(8), [bad]])
+    with pytest.raises(TileReadError) as info:
+        TileReader(index, on_error="raise", retries=0).read(rows, threads=2)
+    assert "marker" in (info.value.cause or "")
+    assert [r["row"] for r in index.quarantine.read()] == [bad]
+
+
 def test_option_checks(index: SlideIndex) -> None:
     with pytest.raises(ValueError, match="on_error must be one of"):
         TileReader(index, on_error="ignore")
@@ -122,3 +256,5 @@ def test_option_checks(index: SlideIndex) -> None:
         TileReader(index, retries=-1)
     with pytest.raises(IndexError):
         TileReader(index).read([len(index)])
+    with pytest.raises(ValueError, match="threads must be a positive int"):
+        TileReader(index).read([0], threads=0)

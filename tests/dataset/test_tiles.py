@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 from tests.conftest import corrupt_rows
 from wsi_loader.cli import main
 from wsi_loader.dataset import DistributedTileSampler, TileDataset
+from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.index import Quarantine, SlideIndex
 
 
@@ -151,8 +152,48 @@ def test_from_config_section(index: SlideIndex, tmp_path: Path) -> None:
     from wsi_loader.config import load_config
 
     config = tmp_path / "c.yaml"
-    config.write_text("dataset:\n  on_error: substitute\n  retries: 0\n  max_open_slides: 2\n")
+    config.write_text(
+        "dataset:\n  on_error: substitute\n  retries: 0\n  max_open_slides: 2\n"
+        "  decode_threads: 3\n"
+    )
     ds = TileDataset.from_config(index, load_config(config).dataset)
     assert (ds.reader.on_error, ds.reader.retries, ds.reader.pool.max_open) == ("substitute", 0, 2)
+    assert ds.threads_here() == 3
     bad = int(corrupt_rows(index)[0])
     assert ds[bad]["substituted"] is True
+
+
+class ThreadsPerWorker(torch.utils.data.Dataset[int]):
+    def __init__(self, tiles: TileDataset) -> None:
+        self.tiles = tiles
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return self.tiles.threads_here()
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_decode_threads_divide_the_cores_among_reading_processes(
+    index: SlideIndex, context: str
+) -> None:
+    cores = usable_cores()
+    assert TileDataset(index).threads_here() == cores  # num_workers=0: this process reads
+    assert TileDataset(index, decode_threads=5).threads_here() == 5
+    loader = DataLoader(
+        ThreadsPerWorker(TileDataset(index)),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context=context,
+    )
+    assert set(loader) == {max(1, cores // 2)}
+    with pytest.raises(ValueError, match="decode_threads"):
+        TileDataset(index, decode_threads=0)
+
+
+def test_batches_read_with_threads_match_one_thread(index: SlideIndex) -> None:
+    rows = list(range(0, len(index), 2))
+    one = TileDataset(index, decode_threads=1, record_failures=False).read_batch(rows)
+    many = TileDataset(index, decode_threads=4, record_failures=False).read_batch(rows)
+    assert torch.equal(one.images, many.images) and torch.equal(one.ok, many.ok)

@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import SlideFactory
 from wsi_loader.errors import SlideNotFoundError, SlideOpenError, TileReadError
 from wsi_loader.slides import open_slide
-from wsi_loader.slides.base import SlideReader, rgba_to_rgb
-from wsi_loader.slides.tiff_backend import to_rgb
+from wsi_loader.slides.base import SlideReader, resize, rgba_to_rgb
+from wsi_loader.slides.tiff_backend import TiffReader, to_rgb
 
 BACKENDS = ["openslide", "tiff"]
 
@@ -127,3 +127,52 @@ def test_to_rgb_conversions() -> None:
     assert to_rgb(deep).tolist() == [[[255, 255, 255]]]
     rgba = np.array([[[0, 0, 0, 0], [10, 20, 30, 255]]], np.uint8)
     assert rgba_to_rgb(rgba).tolist() == [[[255, 255, 255], [10, 20, 30]]]
+
+
+def test_tiff_read_job_covers_exactly_one_uncached_jpeg_tile(make_slide: SlideFactory) -> None:
+    path = make_slide("svs", corrupt=[(1, 1)], width=1024, height=1024, seed=4)
+    reader = open_slide(str(path), "tiff")
+    dest = np.zeros((256, 256, 3), dtype=np.uint8)
+    assert reader.read_job(dest, 128, 0, 0, 256, 256) is None  # spans two storage tiles
+    small = np.zeros((128, 128, 3), dtype=np.uint8)
+    assert reader.read_job(small, 256, 0, 0, 256, 256) is None  # needs resampling
+    job = reader.read_job(dest, 256, 0, 0, 256, 256)
+    assert job is not None and not dest.any()  # nothing decoded until the job runs
+    job()
+    np.testing.assert_array_equal(dest, reader.read_region(256, 0, 0, 256, 256))
+    corrupt = reader.read_job(dest, 256, 256, 0, 256, 256)
+    assert corrupt is not None
+    with pytest.raises(TileReadError) as info:
+        corrupt()
+    assert (info.value.l0_x, info.value.l0_y) == (256, 256)
+    reader.close()
+
+
+def test_tiff_segment_jobs_fill_the_cache_a_read_then_uses(make_slide: SlideFactory) -> None:
+    path = make_slide("svs", width=1024, height=1024, seed=4)
+    reader = open_slide(str(path), "tiff")
+    assert isinstance(reader, TiffReader)
+    jobs = reader.segment_jobs(128, 128, 0, 256, 256, 256, 256)  # across four storage tiles
+    assert [job.key[2] for job in jobs] == [0, 1, 4, 5]
+    for job in jobs:
+        reader.keep(job.key, job.decode())
+    assert reader.segment_jobs(128, 128, 0, 256, 256, 256, 256) == []  # all cached now
+    scaled = reader.segment_jobs(0, 0, 0, 512, 512, 256, 256)  # DCT scale 2
+    assert [(job.key[3], job.nbytes) for job in scaled] == [(2, 128 * 128 * 3)] * 4
+    reader.close()
+
+
+def test_openslide_read_job_resizes_and_is_refused_once_broken(make_slide: SlideFactory) -> None:
+    path = make_slide("svs", corrupt=[(1, 1)], width=1024, height=1024, seed=4)
+    reader = open_slide(str(path), "openslide")
+    dest = np.zeros((128, 128, 3), dtype=np.uint8)
+    job = reader.read_job(dest, 0, 0, 0, 256, 256)
+    assert job is not None
+    job()
+    np.testing.assert_array_equal(dest, resize(reader.read_region(0, 0, 0, 256, 256), 128, 128))
+    failing = reader.read_job(dest, 256, 256, 0, 256, 256)
+    assert failing is not None
+    with pytest.raises(TileReadError):
+        failing()
+    assert reader.broken and reader.read_job(dest, 0, 0, 0, 256, 256) is None
+    reader.close()

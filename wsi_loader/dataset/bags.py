@@ -26,7 +26,7 @@ class SlideBagDataset(Dataset[Bag]):
     (seed, epoch): call ``set_epoch`` to draw new ones. With ``k=None`` every tile is returned,
     in chunks of at most ``chunk_size`` (one item per chunk). Items: ``images`` uint8
     ``(k, 3, H, W)``, ``label``, ``ok`` ``(k,)``, ``substituted`` ``(k,)``, ``x``, ``y``, ``rows``
-    ``(k,)``, ``slide_id``.
+    ``(k,)``, ``slide_id``. ``decode_threads`` as in `TileDataset`.
     """
 
     def __init__(
@@ -44,6 +44,7 @@ class SlideBagDataset(Dataset[Bag]):
         exclude_quarantined: bool = False,
         root: str | None = None,
         record_failures: bool = True,
+        decode_threads: int | None = None,
     ) -> None:
         if k is not None and (not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be a positive int or None, got {k!r}")
@@ -60,6 +61,7 @@ class SlideBagDataset(Dataset[Bag]):
             exclude_quarantined=exclude_quarantined,
             root=root,
             record_failures=record_failures,
+            decode_threads=decode_threads,
         )
         index = self.tiles.index
         self.index, self.k, self.chunk_size, self.seed = index, k, chunk_size, seed
@@ -97,7 +99,7 @@ class SlideBagDataset(Dataset[Bag]):
         if not 0 <= i < len(self):
             raise IndexError(f"item {i} out of range for {len(self)} bags")
         slide, rows = self._rows(i)
-        result = self.reader.read(rows)
+        result = self.tiles.read_rows(rows)
         cols = self.index.columns
         return {
             "images": torch.from_numpy(result.pixels).permute(0, 3, 1, 2).contiguous(),

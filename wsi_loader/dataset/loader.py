@@ -16,6 +16,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing
+from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.dataset.samplers import DistributedTileSampler
 from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.index.table import SlideIndex
@@ -43,11 +44,7 @@ class BatchReads(Dataset[TileBatch]):
 
 def default_workers() -> int:
     """One worker per core the process may use, at most 8."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(0, min(cores, 8))
+    return max(0, min(usable_cores(), 8))
 
 
 def _passthrough(batch: Any) -> Any:

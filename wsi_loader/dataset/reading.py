@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,15 +22,23 @@ import numpy.typing as npt
 from wsi_loader.errors import SlideError, TileReadError
 from wsi_loader.index.quarantine import Quarantine
 from wsi_loader.index.table import SlideIndex
-from wsi_loader.slides.base import RGBArray
+from wsi_loader.slides.base import RGBArray, resize
 from wsi_loader.slides.pool import HandlePool
-from wsi_loader.slides.tiff_backend import resize
+from wsi_loader.slides.tiff_backend import SegmentJob, SegmentKey, TiffReader
 
 log = logging.getLogger(__name__)
 
 OnError = Literal["fill", "substitute", "raise"]
 ON_ERROR: tuple[str, ...] = ("fill", "substitute", "raise")
 SUBSTITUTE_ATTEMPTS = 3
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, e.g. a container's CPU set)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 @dataclass
@@ -166,13 +176,21 @@ class TileReader:
 
     # -- public ----------------------------------------------------------------------------
     def read(
-        self, rows: npt.ArrayLike, out: npt.NDArray[np.uint8] | None = None, encoded: bool = False
+        self,
+        rows: npt.ArrayLike,
+        out: npt.NDArray[np.uint8] | None = None,
+        encoded: bool = False,
+        threads: int = 1,
     ) -> ReadResult:
         """Read ``rows`` into one (N, H, W, 3) buffer, grouped by slide for handle locality.
 
         With ``encoded``, rows that are exactly one JPEG storage tile are not decoded: their
         compressed stream goes to ``result.encoded[i]`` (pixels left zero) for a GPU decoder.
+        With ``threads`` > 1, that many threads started for this call do the decoding (see
+        `_read_in_threads`); the result is the same as with one.
         """
+        if not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive int, got {threads!r}")
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         n, t = len(rows), self.tile_size
         if out is None:
@@ -192,15 +210,70 @@ class TileReader:
         if n and (rows.min() < 0 or rows.max() >= len(self.index)):
             raise IndexError(f"rows out of range 0..{len(self.index) - 1}")
         windows = self._windows(rows)
-        order = np.argsort(self.index.columns["slide_id"][rows], kind="stable")
-        for i in order.tolist():
-            if result.encoded is not None:
+        todo = np.argsort(self.index.columns["slide_id"][rows], kind="stable").tolist()
+        if result.encoded is not None:
+            for i in todo:
                 result.encoded[i] = self._encoded(windows[i])
                 if result.encoded[i] is not None:
                     result.pixels[i] = 0
-                    continue
+            todo = [i for i in todo if result.encoded[i] is None]
+        if threads > 1 and len(todo) > 1:
+            todo = self._read_in_threads(todo, windows, result.pixels, threads)
+        for i in todo:
             self._read_into(int(rows[i]), windows[i], i, result)
         return result
+
+    def _read_in_threads(
+        self,
+        todo: list[int],
+        windows: list[tuple[int, int, int, int, int]],
+        pixels: npt.NDArray[np.uint8],
+        threads: int,
+    ) -> list[int]:
+        """Do the expensive part of reading ``todo`` on ``threads`` threads; returns the
+        positions the serial path must still read.
+
+        This thread asks each window's reader for work that another thread may do: a read
+        straight into the window's row of ``pixels`` (a whole JPEG storage tile; any OpenSlide
+        read, whose handles are thread-safe), or the decodes of the storage segments the window
+        needs, which go into the reader's cache, so that the serial read of the window only
+        stitches (a segment shared by windows is decoded once). The pool, the caches and the
+        failure bookkeeping stay on this thread. Every failure is left to the serial path,
+        which reads the window again with its retries and failure policy: one place decides
+        what a failure means. The threads end with the call, so none is alive when a
+        DataLoader forks its workers.
+        """
+        reads: dict[int, Callable[[], None]] = {}
+        segments: dict[SegmentKey, tuple[TiffReader, SegmentJob]] = {}
+        budget = 0  # segment bytes planned: at most half the cache, so none is evicted unused
+        for i in todo:
+            slide_id, x, y, level, size = windows[i]
+            try:
+                reader = self.pool.get(self._paths[slide_id], self.backend)
+                read_job = getattr(reader, "read_job", None)
+                job = read_job(pixels[i], x, y, level, size, size) if read_job else None
+                if job is not None:
+                    reads[i] = job
+                elif isinstance(reader, TiffReader):
+                    room = reader.cache_bytes // 2
+                    t = self.tile_size
+                    for segment in reader.segment_jobs(x, y, level, size, size, t, t):
+                        if segment.key not in segments and budget + segment.nbytes <= room:
+                            segments[segment.key] = (reader, segment)
+                            budget += segment.nbytes
+            except SlideError:
+                continue  # read again, and reported, by the serial path
+        if len(reads) + len(segments) < 2:
+            return todo
+        with ThreadPoolExecutor(
+            min(threads, len(reads) + len(segments)), thread_name_prefix="wsi-decode"
+        ) as pool:
+            done = {i: pool.submit(job) for i, job in reads.items()}
+            decoded = {key: pool.submit(job.decode) for key, (_, job) in segments.items()}
+        for key, future in decoded.items():
+            if future.exception() is None:
+                segments[key][0].keep(key, future.result())
+        return [i for i in todo if i not in done or done[i].exception() is not None]
 
     def _encoded(self, window: tuple[int, int, int, int, int]) -> bytes | None:
         """Compressed stream of a window when its reader can hand one out; None otherwise (and

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, get_worker_info
 from wsi_loader.config import DatasetConfig
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing, fresh_buffer, lease, release
-from wsi_loader.dataset.reading import ReadResult, TileReader
+from wsi_loader.dataset.reading import ReadResult, TileReader, usable_cores
 from wsi_loader.dataset.worker_exit import let_queue_feeders_finish  # noqa: F401 (registers it)
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.pool import HandlePool
@@ -35,6 +35,10 @@ class TileDataset(Dataset[Sample]):
     unlabelled; names in ``label_names``), ``ok`` (False when the read failed), ``substituted``,
     ``row``, ``slide_id`` and ``x``, ``y`` (level-0 top-left). ``transform`` is applied to the
     uint8 image tensor.
+
+    ``decode_threads``: threads that decode the JPEG tiles of one batch read (`read_batch`,
+    ``__getitems__``). ``None`` divides the usable cores among the reading processes: all of
+    them with ``num_workers=0``, one per worker when there are as many workers as cores.
     """
 
     def __init__(
@@ -51,7 +55,15 @@ class TileDataset(Dataset[Sample]):
         root: str | None = None,
         backend: str | None = None,
         record_failures: bool = True,
+        decode_threads: int | None = None,
     ) -> None:
+        if decode_threads is not None and (
+            not isinstance(decode_threads, int) or decode_threads < 1
+        ):
+            raise ValueError(
+                f"decode_threads must be a positive int or None, got {decode_threads!r}"
+            )
+        self.decode_threads = decode_threads
         if not isinstance(index, SlideIndex):
             index = SlideIndex.open(index, root=root, exclude_quarantined=exclude_quarantined)
         self.index = index
@@ -80,6 +92,7 @@ class TileDataset(Dataset[Sample]):
             max_open_slides=config.max_open_slides,
             openslide_cache_mb=config.openslide_cache_mb,
             exclude_quarantined=config.exclude_quarantined,
+            decode_threads=config.decode_threads,
             **kwargs,
         )
 
@@ -94,6 +107,19 @@ class TileDataset(Dataset[Sample]):
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def threads_here(self) -> int:
+        """Decode threads for a batch read in this process (see ``decode_threads``)."""
+        if self.decode_threads is not None:
+            return self.decode_threads
+        worker = get_worker_info()
+        return max(1, usable_cores() // (worker.num_workers if worker is not None else 1))
+
+    def read_rows(
+        self, rows: np.ndarray, out: np.ndarray | None = None, encoded: bool = False
+    ) -> ReadResult:
+        """`TileReader.read` with this process's decode threads."""
+        return self.reader.read(rows, out=out, encoded=encoded, threads=self.threads_here())
 
     def _samples(self, rows: np.ndarray, result: ReadResult) -> list[Sample]:
         cols = self.index.columns
@@ -126,7 +152,7 @@ class TileDataset(Dataset[Sample]):
     def __getitems__(self, rows: Sequence[int]) -> list[Sample]:
         """Batched reads (used by DataLoader): rows are read grouped by slide."""
         array = np.asarray(rows, dtype=np.int64)
-        return self._samples(array, self.reader.read(array))
+        return self._samples(array, self.read_rows(array))
 
     def read_batch(
         self, rows: Sequence[int], encoded: bool = False, buffers: BufferRing | None = None
@@ -146,7 +172,7 @@ class TileDataset(Dataset[Sample]):
         else:
             images, recycled = fresh_buffer(shape, shared=in_worker), False
         try:
-            result = self.reader.read(array, out=images.numpy(), encoded=encoded)
+            result = self.read_rows(array, out=images.numpy(), encoded=encoded)
         except BaseException:
             if recycled:
                 release(images)  # on_error="raise": the batch is never handed out

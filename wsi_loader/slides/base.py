@@ -12,6 +12,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+from PIL import Image
 
 RGBArray = npt.NDArray[np.uint8]
 MppSource = Literal["vendor", "tiff-resolution", "manifest", "missing"]
@@ -76,3 +77,13 @@ def rgba_to_rgb(rgba: npt.NDArray[np.uint8]) -> RGBArray:
     a = alpha.astype(np.uint16)[..., None]
     rgb = (rgba[..., :3].astype(np.uint16) * a + 255 * (255 - a) + 127) // 255
     return rgb.astype(np.uint8)
+
+
+def resize(pixels: RGBArray, out_w: int, out_h: int) -> RGBArray:
+    """Bilinear (antialiased) resize with PIL."""
+    if pixels.shape[1] == out_w and pixels.shape[0] == out_h:
+        return pixels
+    image = Image.fromarray(np.ascontiguousarray(pixels)).resize(
+        (out_w, out_h), Image.Resampling.BILINEAR
+    )
+    return np.asarray(image)

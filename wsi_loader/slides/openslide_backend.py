@@ -2,18 +2,19 @@
 
 OpenSlide errors latch: after one failed call every call on that handle fails until it is
 closed. ``read_region`` therefore marks the reader ``broken`` so the handle pool reopens it.
+OpenSlide itself is thread-safe, so ``read_job`` lets other threads read through one handle.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import openslide
 
 from wsi_loader.errors import SlideOpenError, TileReadError
-from wsi_loader.slides.base import MppSource, RGBArray, SlideMeta, rgba_to_rgb
+from wsi_loader.slides.base import MppSource, RGBArray, SlideMeta, resize, rgba_to_rgb
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,21 @@ class OpenSlideReader:
             self.broken = True  # the handle's error state is sticky: it must be reopened
             raise TileReadError.for_region(self.path, l0_x, l0_y, level, l_w, l_h, exc) from exc
         return rgba_to_rgb(np.asarray(image))
+
+    def read_job(
+        self, dest: RGBArray, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int
+    ) -> Callable[[], None] | None:
+        """The call that reads a window into ``dest`` (resized to it) on another thread:
+        OpenSlide handles are thread-safe and release the GIL while they read. A failure marks
+        the reader broken like any other read; None when it already is."""
+        if self.broken or self.closed:
+            return None
+
+        def read() -> None:
+            pixels = self.read_region(l0_x, l0_y, level, l_w, l_h)
+            dest[...] = resize(pixels, dest.shape[1], dest.shape[0])
+
+        return read
 
     @property
     def closed(self) -> bool:

@@ -14,15 +14,17 @@ import math
 import os
 import re
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import NamedTuple
 
 import imagecodecs
 import numpy as np
 import numpy.typing as npt
 import tifffile
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from wsi_loader.errors import SlideOpenError, TileReadError
-from wsi_loader.slides.base import MppSource, RGBArray, SlideMeta
+from wsi_loader.slides.base import MppSource, RGBArray, SlideMeta, resize
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,18 @@ _RGB, _YCBCR = 2, 6
 # Compressions imagecodecs decodes: none, LZW, JPEG, deflate, JPEG 2000 (Aperio), ZSTD, WebP
 RAW_COMPRESSIONS = frozenset({1, 5, 7, 8, 32946, 33003, 33005, 34712, 50000, 50001})
 DCT_SCALES = (2, 4, 8)
+
+
+SegmentKey = tuple[str, int, int, int]  # (path, level, segment index, DCT scale)
+
+
+class SegmentJob(NamedTuple):
+    """A storage segment to decode: its bytes are already read, ``decode`` uses no reader state
+    (any thread may run it) and its result goes back through `TiffReader.keep`."""
+
+    key: SegmentKey
+    nbytes: int  # decoded size, for cache budgets
+    decode: Callable[[], RGBArray]
 
 
 class SegmentCache:
@@ -105,16 +119,6 @@ def to_rgb(pixels: npt.NDArray[np.generic]) -> RGBArray:
     if samples == 1:
         return np.repeat(pixels, 3, axis=-1)
     return np.ascontiguousarray(pixels[..., :3])
-
-
-def resize(pixels: RGBArray, out_w: int, out_h: int) -> RGBArray:
-    """Bilinear (antialiased) resize with PIL."""
-    if pixels.shape[1] == out_w and pixels.shape[0] == out_h:
-        return pixels
-    image = Image.fromarray(np.ascontiguousarray(pixels)).resize(
-        (out_w, out_h), Image.Resampling.BILINEAR
-    )
-    return np.asarray(image)
 
 
 class _Level:
@@ -245,51 +249,151 @@ class TiffReader:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        lv = self._levels[level]
-        data = self._raw(level, index)
-        if scale > 1:
-            # abbreviated stream + shared tables = one complete JPEG for PIL's draft mode
-            stream = (lv.tables[:-2] + data[2:]) if lv.tables else data
-            image = Image.open(io.BytesIO(stream))
-            image.draft("RGB", (lv.seg_w // scale, lv.seg_h // scale))
-            pixels: RGBArray = np.asarray(image.convert("RGB"))
-        elif lv.jpeg_colorspace is not None:
-            colorspace, out = lv.jpeg_colorspace
-            pixels = imagecodecs.jpeg8_decode(
-                data, tables=lv.tables, colorspace=colorspace, outcolorspace=out
-            )
-        else:
-            decoded, _, _ = lv.page.decode(data, index, jpegtables=lv.tables)
-            if decoded is None:
-                raise ValueError(f"segment {index} of level {level} is empty")
-            pixels = to_rgb(decoded[0])  # decoded is (depth, length, width, samples)
-        pixels.flags.writeable = False  # shared through the cache: callers copy, never mutate
+        pixels = self._decoder(level, index, scale)()
         self._cache.put(key, pixels)
         return pixels
+
+    def _decoder(self, level: int, index: int, scale: int) -> Callable[[], RGBArray]:
+        """Read segment ``index``'s bytes now; return the call that decodes them. It uses only
+        those bytes and immutable level geometry, so any thread may run it."""
+        lv = self._levels[level]
+        data = self._raw(level, index)
+        tables, colorspace = lv.tables, lv.jpeg_colorspace
+        page_decode = lv.page.decode if scale == 1 and colorspace is None else None
+
+        def decode() -> RGBArray:
+            if scale > 1:
+                # abbreviated stream + shared tables = one complete JPEG for PIL's draft mode
+                stream = (tables[:-2] + data[2:]) if tables else data
+                try:
+                    image = Image.open(io.BytesIO(stream), formats=["JPEG"])
+                except UnidentifiedImageError as exc:  # its message names a memory address
+                    raise ValueError(f"segment {index} of level {level} is not a JPEG") from exc
+                image.draft("RGB", (lv.seg_w // scale, lv.seg_h // scale))
+                pixels: RGBArray = np.asarray(image.convert("RGB"))
+            elif colorspace is not None:
+                pixels = imagecodecs.jpeg8_decode(
+                    data, tables=tables, colorspace=colorspace[0], outcolorspace=colorspace[1]
+                )
+            else:
+                assert page_decode is not None
+                decoded, _, _ = page_decode(data, index, jpegtables=tables)
+                if decoded is None:
+                    raise ValueError(f"segment {index} of level {level} is empty")
+                pixels = to_rgb(decoded[0])  # decoded is (depth, length, width, samples)
+            pixels.flags.writeable = False  # shared through the cache: callers copy, never mutate
+            return pixels
+
+        return decode
+
+    def _covering(self, level: int, l_x: int, l_y: int, l_w: int, l_h: int) -> list[int]:
+        """Indices of the segments a window of ``level`` overlaps (none when it is outside)."""
+        lv = self._levels[level]
+        x0, y0 = max(l_x, 0), max(l_y, 0)
+        x1, y1 = min(l_x + l_w, lv.width), min(l_y + l_h, lv.height)
+        if x0 >= x1 or y0 >= y1:
+            return []
+        return [
+            row * lv.across + col
+            for row in range(y0 // lv.seg_h, (y1 - 1) // lv.seg_h + 1)
+            for col in range(x0 // lv.seg_w, (x1 - 1) // lv.seg_w + 1)
+        ]
+
+    def _dct_scale(
+        self, l_x: int, l_y: int, level: int, l_w: int, l_h: int, out_w: int, out_h: int
+    ) -> int:
+        """The scale a read shrinking ``l_w`` x ``l_h`` to ``out_w`` x ``out_h`` decodes at: 2, 4
+        or 8 when libjpeg's DCT scaling does the shrinking exactly, else 1 (then resampled)."""
+        lv = self._levels[level]
+        scale = l_w // out_w if out_w else 0
+        if (
+            lv.dct_scalable
+            and scale in DCT_SCALES
+            and l_w == out_w * scale
+            and l_h == out_h * scale
+            and l_x % scale == 0
+            and l_y % scale == 0
+            and lv.seg_w % scale == 0
+            and lv.seg_h % scale == 0
+        ):
+            return scale
+        return 1
+
+    def read_job(
+        self, dest: RGBArray, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int
+    ) -> Callable[[], None] | None:
+        """For a window that is exactly one JPEG storage tile not in the cache: read its bytes
+        now and return the call that decodes them straight into ``dest``. The call uses no
+        state of this reader (no file, no cache), so another thread may run it while this one
+        goes on; libjpeg releases the GIL. None for any other window (see `segment_jobs`)."""
+        try:
+            lv = self._levels[level]
+            index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
+            if (
+                index is None
+                or lv.jpeg_colorspace is None
+                or dest.shape != (l_h, l_w, 3)
+                or not dest.flags.c_contiguous
+                or self._cache.get((self.path, level, index, 1)) is not None
+            ):
+                return None
+            data, tables = self._raw(level, index), lv.tables
+        except Exception as exc:
+            raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
+        colorspace, outcolorspace = lv.jpeg_colorspace
+
+        def decode() -> None:
+            try:
+                imagecodecs.jpeg8_decode(
+                    data,
+                    tables=tables,
+                    colorspace=colorspace,
+                    outcolorspace=outcolorspace,
+                    out=dest,
+                )
+            except Exception as exc:  # decoders raise codec-specific types
+                raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
+
+        return decode
+
+    def segment_jobs(
+        self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, out_w: int, out_h: int
+    ) -> list[SegmentJob]:
+        """The segment decodes a read of this window (shrunk to ``out_w`` x ``out_h``) would do
+        because the cache lacks them, with their bytes read now. Run them on any thread and
+        `keep` the results: the read itself then only stitches cached segments."""
+        try:
+            l_x, l_y = self._level_xy(level, l0_x, l0_y)
+            scale = self._dct_scale(l_x, l_y, level, l_w, l_h, out_w, out_h)
+            lv = self._levels[level]
+            nbytes = -(-lv.seg_w // scale) * -(-lv.seg_h // scale) * 3
+            return [
+                SegmentJob(key, nbytes, self._decoder(level, index, scale))
+                for index in self._covering(level, l_x, l_y, l_w, l_h)
+                if self._cache.get(key := (self.path, level, index, scale)) is None
+            ]
+        except Exception as exc:
+            raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
+
+    def keep(self, key: SegmentKey, pixels: RGBArray) -> None:
+        """Cache a segment decoded by a `segment_jobs` job."""
+        self._cache.put(key, pixels)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Capacity of the segment cache this reader shares with its process's other readers."""
+        return self._cache.max_bytes
 
     def read_region_into(
         self, dest: RGBArray, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int
     ) -> None:
         """`read_region` written into ``dest``; a window that is exactly one JPEG storage tile
         not in the cache is decoded straight into ``dest`` (no intermediate copy)."""
+        decode = self.read_job(dest, l0_x, l0_y, level, l_w, l_h)
+        if decode is not None:
+            decode()
+            return
         try:
-            lv = self._levels[level]
-            index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
-            if (
-                index is not None
-                and lv.jpeg_colorspace is not None
-                and dest.flags.c_contiguous
-                and self._cache.get((self.path, level, index, 1)) is None
-            ):
-                colorspace, outcolorspace = lv.jpeg_colorspace
-                imagecodecs.jpeg8_decode(
-                    self._raw(level, index),
-                    tables=lv.tables,
-                    colorspace=colorspace,
-                    outcolorspace=outcolorspace,
-                    out=dest,
-                )
-                return
             dest[...] = self._read_window(l0_x, l0_y, level, l_w, l_h)
         except Exception as exc:  # decoders raise codec-specific types
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
@@ -304,21 +408,9 @@ class TiffReader:
         otherwise the window is read at full size and resampled (bilinear).
         """
         try:
-            lv = self._levels[level]
-            scale = l_w // out_w if out_w else 0
             l_x, l_y = self._level_xy(level, l0_x, l0_y)
-            if (
-                lv.dct_scalable
-                and scale in DCT_SCALES
-                and l_w == out_w * scale
-                and l_h == out_h * scale
-                and l_x % scale == 0
-                and l_y % scale == 0
-                and lv.seg_w % scale == 0
-                and lv.seg_h % scale == 0
-            ):
-                return self._read_window(l0_x, l0_y, level, l_w, l_h, scale)
-            pixels = self._read_window(l0_x, l0_y, level, l_w, l_h)
+            scale = self._dct_scale(l_x, l_y, level, l_w, l_h, out_w, out_h)
+            pixels = self._read_window(l0_x, l0_y, level, l_w, l_h, scale)
         except Exception as exc:  # decoders raise codec-specific types
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
         return resize(pixels, out_w, out_h)
@@ -345,25 +437,21 @@ class TiffReader:
             return self._segment(level, whole)  # aligned: the cached tile itself, no copy
         x0, y0 = max(l_x, 0), max(l_y, 0)
         x1, y1 = min(l_x + l_w, lv.width), min(l_y + l_h, lv.height)
-        first_col, first_row = x0 // lv.seg_w, y0 // lv.seg_h
         out = np.full((l_h // scale, l_w // scale, 3), 255, dtype=np.uint8)
-        if x0 >= x1 or y0 >= y1:
-            return out
-        for row in range(first_row, (y1 - 1) // lv.seg_h + 1):
-            for col in range(first_col, (x1 - 1) // lv.seg_w + 1):
-                seg = self._segment(level, row * lv.across + col, scale)
-                sx, sy = col * lv.seg_w, row * lv.seg_h
-                ax, ay = max(x0, sx), max(y0, sy)
-                bx = min(x1, sx + lv.seg_w, sx + seg.shape[1] * scale)
-                by = min(y1, sy + lv.seg_h, sy + seg.shape[0] * scale)
-                if ax < bx and ay < by:
-                    out[
-                        (ay - l_y) // scale : -(-(by - l_y) // scale),
-                        (ax - l_x) // scale : -(-(bx - l_x) // scale),
-                    ] = seg[
-                        (ay - sy) // scale : -(-(by - sy) // scale),
-                        (ax - sx) // scale : -(-(bx - sx) // scale),
-                    ]
+        for index in self._covering(level, l_x, l_y, l_w, l_h):
+            seg = self._segment(level, index, scale)
+            sx, sy = (index % lv.across) * lv.seg_w, (index // lv.across) * lv.seg_h
+            ax, ay = max(x0, sx), max(y0, sy)
+            bx = min(x1, sx + lv.seg_w, sx + seg.shape[1] * scale)
+            by = min(y1, sy + lv.seg_h, sy + seg.shape[0] * scale)
+            if ax < bx and ay < by:
+                out[
+                    (ay - l_y) // scale : -(-(by - l_y) // scale),
+                    (ax - l_x) // scale : -(-(bx - l_x) // scale),
+                ] = seg[
+                    (ay - sy) // scale : -(-(by - sy) // scale),
+                    (ax - sx) // scale : -(-(bx - sx) // scale),
+                ]
         return out
 
     def read_encoded(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> bytes | None:
