@@ -54,7 +54,13 @@ class SlideMeta:
 
 @runtime_checkable
 class SlideReader(Protocol):
-    """An open slide. Not thread-safe; one per process (see ``slides.pool``)."""
+    """An open slide. Not thread-safe; one per process (see ``slides.pool``).
+
+    Backends may also offer, and the reading layer uses when present: ``read_region_into``
+    (into a caller's buffer), ``read_region_scaled`` (DCT-scaled), ``read_encoded`` (compressed
+    bytes for a GPU decoder) and ``read_job`` (a read another thread may run; see
+    `wsi_loader.dataset.reading.TileReader.read`).
+    """
 
     path: str
     meta: SlideMeta
