@@ -167,7 +167,9 @@ def main() -> None:
         )
 
     print("\n## Tiles/s through DataLoader (batch 64, 256 px aligned JPEG, shuffled)")
-    ds = TileDataset(base)
+    ds = TileDataset(
+        base, decode_threads=1
+    )  # per core, like the naive Dataset (bench_fast: threads)
     naive_ds = NaiveDataset(base)
     rows_out = []
     for workers in (0, 1, 2):
