@@ -36,6 +36,24 @@ def test_make_loader_yields_whole_batches(
         assert (int(first.x[i]), int(first.y[i])) == (sample["x"], sample["y"])
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_with_decode_threads_read_what_one_thread_reads(
+    index: SlideIndex, context: str
+) -> None:
+    """Threads inside a worker, after the parent itself read with threads (and forked)."""
+    rows = list(range(len(index)))
+    parent = TileDataset(index, decode_threads=3, record_failures=False)
+    parent.read_batch(rows[:32])
+    loader = make_loader(
+        parent, batch_size=32, sampler=rows, num_workers=1, multiprocessing_context=context
+    )
+    one = TileDataset(index, decode_threads=1, record_failures=False)
+    for batch in loader:
+        expected = one.read_batch(batch.rows.tolist())
+        assert torch.equal(batch.images, expected.images)
+        assert torch.equal(batch.ok, expected.ok)
+
+
 def test_encoded_reads_decode_to_the_same_pixels(index: SlideIndex) -> None:
     from wsi_loader.gpu import decode_encoded
 
