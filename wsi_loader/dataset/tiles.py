@@ -36,9 +36,9 @@ class TileDataset(Dataset[Sample]):
     ``row``, ``slide_id`` and ``x``, ``y`` (level-0 top-left). ``transform`` is applied to the
     uint8 image tensor.
 
-    ``decode_threads``: threads that decode the JPEG tiles of one batch read (`read_batch`,
-    ``__getitems__``). ``None`` divides the usable cores among the reading processes: all of
-    them with ``num_workers=0``, one per worker when there are as many workers as cores.
+    ``decode_threads``: threads that read and decode the tiles of one batch read (`read_batch`,
+    ``__getitems__``; see `TileReader.read`). ``None`` divides the usable cores among the
+    reading processes: all of them with ``num_workers=0``, one each with one worker per core.
     """
 
     def __init__(
