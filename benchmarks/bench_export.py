@@ -1,5 +1,6 @@
 """Export throughput per format against the plain loop (OpenSlide read_region + PIL save), shard
-sizes, and a 2-worker Dask LocalCluster against local processes, all in one run.
+sizes, and a 2-worker Dask LocalCluster against local processes, all in one run. Local exports
+read and encode on usable cores / workers threads (the ``threads`` column).
 
     .venv/bin/python benchmarks/bench_export.py [--tiles 1500] [--scratch DIR]
 """
@@ -15,6 +16,7 @@ import numpy as np
 import openslide
 from common import scratch_folder, synthetic_slide
 
+from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.export import export_index
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index.table import write_index
@@ -59,10 +61,10 @@ def main() -> None:
     index = write_index(scratch / "idx", [full.slides[0]], [tiles], full.params, full.root)
 
     print(f"## {len(index)} tiles of 256 px, 2 cores")
-    print(f"{'format':<26} {'workers':>7} {'tiles/s':>8} {'vs plain loop':>14}")
+    print(f"{'format':<26} {'workers':>7} {'threads':>7} {'tiles/s':>8} {'vs plain loop':>14}")
     for image_format in ("png", "jpeg"):
         base = plain_loop(index, scratch / "plain", image_format)
-        print(f"{'plain loop ' + image_format:<26} {1:>7} {base:>8.0f} {1.0:>13.2f}x")
+        print(f"{'plain loop ' + image_format:<26} {1:>7} {1:>7} {base:>8.0f} {1.0:>13.2f}x")
         for fmt in ("imagefolder", "webdataset"):
             for workers in (1, 2):
                 speed, shards = ours(
@@ -73,8 +75,9 @@ def main() -> None:
                     shard_size=500,
                     workers=workers,
                 )
+                threads = max(1, usable_cores() // workers)  # export_index's default
                 print(
-                    f"{fmt + ' ' + image_format:<26} {workers:>7} {speed:>8.0f} "
+                    f"{fmt + ' ' + image_format:<26} {workers:>7} {threads:>7} {speed:>8.0f} "
                     f"{speed / base:>13.2f}x"
                 )
         sizes = [s["bytes"] / 2**20 for s in shards]

@@ -6,7 +6,9 @@ import hashlib
 import io
 import json
 import tarfile
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -55,6 +57,42 @@ def test_imagefolder_layout_manifest_and_failures(index: SlideIndex, tmp_path: P
     assert reasons == {"quarantined before export", "read failed"}
     summary = json.loads((out / "export.json").read_text())
     assert summary["settings"]["index"] == str(index.path.resolve())
+
+
+@pytest.mark.parametrize("image_format", ["png", "webp"])
+def test_threads_write_the_same_export(
+    index: SlideIndex, tmp_path: Path, image_format: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local export reads and encodes on usable cores / workers threads; the files, the
+    manifest and the failures are those of a one-thread export."""
+    real_unit, real_encode = export_module.export_unit, export_module._encode
+    unit_threads: list[int] = []
+    encoders: list[str] = []
+
+    def unit_spy(unit: export_module.ExportUnit) -> dict[str, Any]:
+        unit_threads.append(unit.threads)
+        return real_unit(unit)
+
+    def encode_spy(pixels: np.ndarray, options: export_module.ExportOptions) -> bytes:
+        encoders.append(threading.current_thread().name)
+        return real_encode(pixels, options)
+
+    monkeypatch.setattr(export_module, "export_unit", unit_spy)
+    monkeypatch.setattr(export_module, "_encode", encode_spy)
+    outputs = {}
+    for cores in (1, 3):
+        monkeypatch.setattr(export_module, "usable_cores", lambda cores=cores: cores)
+        unit_threads.clear()
+        encoders.clear()
+        (index.path / "quarantine.jsonl").unlink(missing_ok=True)  # the same start for both
+        outputs[cores] = tmp_path / f"out-{cores}"
+        report = export_index(index, outputs[cores], image_format=image_format, shard_size=40)
+        assert set(unit_threads) == {cores}
+        in_threads = sum(name.startswith("wsi-encode") for name in encoders)
+        assert in_threads == (report.tiles if cores > 1 else 0)
+    assert manifest(outputs[1]) == manifest(outputs[3])
+    assert manifest(outputs[1], "failures.csv") == manifest(outputs[3], "failures.csv")
+    assert not any(t.name.startswith("wsi-encode") for t in threading.enumerate())
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")

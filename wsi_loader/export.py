@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ import numpy as np
 from PIL import Image
 
 from wsi_loader.config import ExportConfig, validate
-from wsi_loader.dataset.reading import TileReader
+from wsi_loader.dataset.reading import TileReader, usable_cores
 from wsi_loader.errors import ConfigError
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.parallel import progress_bar, run_all
@@ -101,6 +102,7 @@ class ExportUnit:
     out: str
     options: ExportOptions
     folders: tuple[tuple[str | None, str], ...]
+    threads: int = 1  # reading and encoding threads (PNG/WebP encoders release the GIL)
 
 
 @dataclass
@@ -192,7 +194,8 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     files = [file_of(r) if imagefolder else None for r in rows.tolist()]
     # image files already under their final name are complete (atomic renames): keep them
     done = np.array([f is not None and f.exists() for f in files], dtype=bool)
-    result = reader.read(rows[~done])
+    result = reader.read(rows[~done], threads=unit.threads)
+    encoded = _encode_all(result.pixels, result.ok, unit.options, unit.threads)
     pixels = iter(range(len(result.ok)))
     tiles, failures, members = [], [], []
     for i, row in enumerate(rows.tolist()):
@@ -206,7 +209,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
             if not result.ok[j]:
                 failures.append({**base, "reason": f"read failed: {result.errors[j]}"})
                 continue
-            data = _encode(result.pixels[j], unit.options)
+            data = encoded[j]
         entry = {
             **base,
             "read_size": int(cols["read_size"][row]),
@@ -252,6 +255,17 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     (out / PARTS).mkdir(exist_ok=True)
     _write_atomic(_part_path(unit), json.dumps(record).encode())  # last: marks it complete
     return record
+
+
+def _encode_all(
+    pixels: np.ndarray, ok: np.ndarray, options: ExportOptions, threads: int
+) -> dict[int, bytes]:
+    """Encoded bytes of every tile read without failure, by position."""
+    todo = np.flatnonzero(ok).tolist()
+    if threads < 2 or len(todo) < 2:
+        return {j: _encode(pixels[j], options) for j in todo}
+    with ThreadPoolExecutor(min(threads, len(todo)), thread_name_prefix="wsi-encode") as pool:
+        return dict(zip(todo, pool.map(lambda j: _encode(pixels[j], options), todo), strict=True))
 
 
 def _check_destination(out: Path, settings: dict[str, Any]) -> None:
@@ -335,6 +349,8 @@ def export_index(
         os.replace(tmp, plan)
     order = np.flatnonzero(~quarantined_rows)
     folders = tuple(label_folders([s.label for s in index.slides]).items())
+    # local processes share this machine's cores; an executor's workers are sized by their owner
+    threads = max(1, usable_cores() // workers) if executor is None else 1
     units = [
         ExportUnit(
             number=i,
@@ -344,6 +360,7 @@ def export_index(
             out=str(out_path),
             options=options,
             folders=folders,
+            threads=threads,
         )
         for i, start in enumerate(range(0, len(order), shard_size))
     ]
