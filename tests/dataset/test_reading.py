@@ -240,6 +240,16 @@ def test_threads_on_real_slides(
     assert jobs >= len(index)
 
 
+def test_reads_too_small_to_pay_for_threads_start_none(
+    index: SlideIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    few = np.arange(reading.MIN_THREADED_JOBS - 1)
+    jobs, _, _ = assert_threads_change_nothing(index, few, monkeypatch)
+    assert jobs == 0
+    jobs, _, _ = assert_threads_change_nothing(index, np.arange(len(few) + 1), monkeypatch)
+    assert jobs == len(few) + 1
+
+
 def test_decode_threads_keep_the_raise_policy(index: SlideIndex) -> None:
     bad = int(corrupt_rows(index)[0])
     rows = np.concatenate([np.arange(8), [bad]])
