@@ -240,6 +240,25 @@ def test_threads_on_real_slides(
     assert jobs >= len(index)
 
 
+def test_threads_on_real_slides_of_other_codecs(
+    testdata: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JPEG 2000 (TCGA SVS), ZSTD with 1024 px tiles, deflate with 64 px tiles, LZW strips."""
+    names = [
+        "tcga-cr-7395-01a-01-ts1.svs",
+        "yb10kx5k.zstd.tiff",
+        "boxes.tiff",
+        "small_vectra.qptiff",
+    ]
+    index = build_index(
+        [testdata / n for n in names], tmp_path / "idx", tile_size=256, level=0, min_tissue=0
+    )
+    assert [s.status for s in index.slides] == ["ok"] * 4
+    rows = np.random.default_rng(5).permutation(len(index))[:300]
+    jobs, serial, threaded = assert_threads_change_nothing(index, rows, monkeypatch)
+    assert jobs > 0 and threaded <= serial
+
+
 def test_reads_too_small_to_pay_for_threads_start_none(
     index: SlideIndex, monkeypatch: pytest.MonkeyPatch
 ) -> None:
