@@ -16,7 +16,7 @@ import numpy as np
 import openslide
 from common import scratch_folder, synthetic_slide
 
-from wsi_loader.dataset.reading import usable_cores
+from wsi_loader.dataset.reading import threads_per_process
 from wsi_loader.export import export_index
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index.table import write_index
@@ -75,7 +75,7 @@ def main() -> None:
                     shard_size=500,
                     workers=workers,
                 )
-                threads = max(1, usable_cores() // workers)  # export_index's default
+                threads = threads_per_process(workers)  # export_index's default
                 print(
                     f"{fmt + ' ' + image_format:<26} {workers:>7} {threads:>7} {speed:>8.0f} "
                     f"{speed / base:>13.2f}x"

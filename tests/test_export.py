@@ -17,7 +17,7 @@ from PIL import Image
 from tests.conftest import corrupt_rows
 from wsi_loader import export as export_module
 from wsi_loader.cli import main
-from wsi_loader.dataset import TileDataset
+from wsi_loader.dataset import TileDataset, reading
 from wsi_loader.errors import ConfigError
 from wsi_loader.export import export_index, label_folders, safe_component
 from wsi_loader.index import SlideIndex, build_index
@@ -81,7 +81,7 @@ def test_threads_write_the_same_export(
     monkeypatch.setattr(export_module, "_encode", encode_spy)
     outputs = {}
     for cores in (1, 3):
-        monkeypatch.setattr(export_module, "usable_cores", lambda cores=cores: cores)
+        monkeypatch.setattr(reading, "usable_cores", lambda cores=cores: cores)
         unit_threads.clear()
         encoders.clear()
         (index.path / "quarantine.jsonl").unlink(missing_ok=True)  # the same start for both

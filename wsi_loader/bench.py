@@ -22,7 +22,7 @@ import torch
 
 from wsi_loader.dataset.buffers import BufferRing
 from wsi_loader.dataset.loader import make_loader
-from wsi_loader.dataset.reading import usable_cores
+from wsi_loader.dataset.reading import threads_per_process
 from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index.table import SlideIndex
@@ -130,7 +130,7 @@ def loader_run(
         persistent_workers=False,
         decode=decode,
     )
-    threads = max(1, usable_cores() // max(1, workers))  # TileDataset's default
+    threads = threads_per_process(workers)  # TileDataset's default
     source: Any = DeviceLoader(loader, device) if device else loader
     step = _model_step(device, step_ms)
     iterator = iter(source)

@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image
 
 from wsi_loader.config import ExportConfig, validate
-from wsi_loader.dataset.reading import TileReader, usable_cores
+from wsi_loader.dataset.reading import TileReader, threads_per_process
 from wsi_loader.errors import ConfigError
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.parallel import progress_bar, run_all
@@ -350,7 +350,7 @@ def export_index(
     order = np.flatnonzero(~quarantined_rows)
     folders = tuple(label_folders([s.label for s in index.slides]).items())
     # local processes share this machine's cores; an executor's workers are sized by their owner
-    threads = max(1, usable_cores() // workers) if executor is None else 1
+    threads = threads_per_process(workers) if executor is None else 1
     units = [
         ExportUnit(
             number=i,

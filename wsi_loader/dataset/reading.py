@@ -44,6 +44,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def threads_per_process(processes: int) -> int:
+    """Threads for each of ``processes`` reading processes: the usable cores shared out."""
+    return max(1, usable_cores() // max(1, processes))
+
+
 @dataclass
 class ReadResult:
     """Pixels of a group of rows plus what happened to each (all arrays have one row per tile)."""
@@ -249,6 +254,7 @@ class TileReader:
         reads: dict[int, Callable[[], None]] = {}
         segments: dict[SegmentKey, tuple[TiffReader, SegmentJob]] = {}
         budget = 0  # segment bytes planned: at most half the cache, so none is evicted unused
+        t = self.tile_size
         for i in todo:
             slide_id, x, y, level, size = windows[i]
             try:
@@ -259,7 +265,6 @@ class TileReader:
                     reads[i] = job
                 elif isinstance(reader, TiffReader):
                     room = reader.cache_bytes // 2
-                    t = self.tile_size
                     for segment in reader.segment_jobs(x, y, level, size, size, t, t):
                         if segment.key not in segments and budget + segment.nbytes <= room:
                             segments[segment.key] = (reader, segment)

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, get_worker_info
 from wsi_loader.config import DatasetConfig
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing, fresh_buffer, lease, release
-from wsi_loader.dataset.reading import ReadResult, TileReader, usable_cores
+from wsi_loader.dataset.reading import ReadResult, TileReader, threads_per_process
 from wsi_loader.dataset.worker_exit import let_queue_feeders_finish  # noqa: F401 (registers it)
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.pool import HandlePool
@@ -113,7 +113,7 @@ class TileDataset(Dataset[Sample]):
         if self.decode_threads is not None:
             return self.decode_threads
         worker = get_worker_info()
-        return max(1, usable_cores() // (worker.num_workers if worker is not None else 1))
+        return threads_per_process(worker.num_workers if worker is not None else 1)
 
     def read_rows(
         self, rows: np.ndarray, out: np.ndarray | None = None, encoded: bool = False

@@ -155,6 +155,21 @@ class _Level:
         # libjpeg's DCT scaling guesses the colour space from markers: safe for YCbCr only
         self.dct_scalable = self.jpeg_colorspace == (None, _RGB)
 
+    def complete_jpeg(self, data: bytes) -> bytes:
+        """A segment's abbreviated JPEG stream with the shared tables spliced in: one complete
+        JPEG, for decoders that take no separate tables (PIL, nvJPEG)."""
+        return (self.tables[:-2] + data[2:]) if self.tables else data
+
+    def decode_jpeg(self, data: bytes, out: RGBArray | None = None) -> RGBArray:
+        """libjpeg-turbo decode of one of this level's JPEG segments (``jpeg_colorspace`` set),
+        into ``out`` when given. Reads only immutable fields: safe on any thread."""
+        assert self.jpeg_colorspace is not None
+        colorspace, outcolorspace = self.jpeg_colorspace
+        pixels: RGBArray = imagecodecs.jpeg8_decode(
+            data, tables=self.tables, colorspace=colorspace, outcolorspace=outcolorspace, out=out
+        )
+        return pixels
+
 
 class TiffReader:
     """A `SlideReader` over tifffile, decoding only the storage segments a window covers."""
@@ -258,26 +273,22 @@ class TiffReader:
         those bytes and immutable level geometry, so any thread may run it."""
         lv = self._levels[level]
         data = self._raw(level, index)
-        tables, colorspace = lv.tables, lv.jpeg_colorspace
-        page_decode = lv.page.decode if scale == 1 and colorspace is None else None
+        jpeg = lv.jpeg_colorspace is not None
+        page_decode = lv.page.decode if scale == 1 and not jpeg else None
 
         def decode() -> RGBArray:
             if scale > 1:
-                # abbreviated stream + shared tables = one complete JPEG for PIL's draft mode
-                stream = (tables[:-2] + data[2:]) if tables else data
-                try:
-                    image = Image.open(io.BytesIO(stream), formats=["JPEG"])
+                try:  # PIL's draft mode: libjpeg's DCT scaling
+                    image = Image.open(io.BytesIO(lv.complete_jpeg(data)), formats=["JPEG"])
                 except UnidentifiedImageError as exc:  # its message names a memory address
                     raise ValueError(f"segment {index} of level {level} is not a JPEG") from exc
                 image.draft("RGB", (lv.seg_w // scale, lv.seg_h // scale))
                 pixels: RGBArray = np.asarray(image.convert("RGB"))
-            elif colorspace is not None:
-                pixels = imagecodecs.jpeg8_decode(
-                    data, tables=tables, colorspace=colorspace[0], outcolorspace=colorspace[1]
-                )
+            elif jpeg:
+                pixels = lv.decode_jpeg(data)
             else:
                 assert page_decode is not None
-                decoded, _, _ = page_decode(data, index, jpegtables=tables)
+                decoded, _, _ = page_decode(data, index, jpegtables=lv.tables)
                 if decoded is None:
                     raise ValueError(f"segment {index} of level {level} is empty")
                 pixels = to_rgb(decoded[0])  # decoded is (depth, length, width, samples)
@@ -337,20 +348,13 @@ class TiffReader:
                 or self._cache.get((self.path, level, index, 1)) is not None
             ):
                 return None
-            data, tables = self._raw(level, index), lv.tables
+            data = self._raw(level, index)
         except Exception as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
-        colorspace, outcolorspace = lv.jpeg_colorspace
 
         def decode() -> None:
             try:
-                imagecodecs.jpeg8_decode(
-                    data,
-                    tables=tables,
-                    colorspace=colorspace,
-                    outcolorspace=outcolorspace,
-                    out=dest,
-                )
+                lv.decode_jpeg(data, out=dest)
             except Exception as exc:  # decoders raise codec-specific types
                 raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
@@ -465,7 +469,7 @@ class TiffReader:
             data = self._raw(level, index)
         except Exception as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
-        return (lv.tables[:-2] + data[2:]) if lv.tables else data
+        return lv.complete_jpeg(data)
 
     def qualifies(self) -> bool:
         """Whether every level is tiled with a codec the raw path decodes (auto backend)."""
