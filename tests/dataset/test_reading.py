@@ -259,6 +259,22 @@ def test_threads_on_real_slides_of_other_codecs(
     assert jobs > 0 and threaded <= serial
 
 
+def test_threads_read_batches_spanning_more_slides_than_the_pool_holds(
+    index: SlideIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one handle allowed, planning the second slide's reads evicts the first slide's
+    handle while reads planned on it are still to run: it must stay open until they have."""
+    good = np.setdiff1d(np.arange(len(index)), corrupt_rows(index))
+    rows = np.random.default_rng(6).permutation(good)[:40]
+    assert len(np.unique(index.columns["slide_id"][rows])) == 2
+    options: dict[str, Any] = {"backend": "openslide", "retries": 0}
+    pool = HandlePool(max_open=1)
+    jobs, _, _ = assert_threads_change_nothing(index, rows, monkeypatch, pool=pool, **options)
+    assert jobs == len(rows)  # every read ran on a thread, none fell back to the serial path
+    # each slide opened once by the serial read and once by the threaded one; evicted ones closed
+    assert pool.opened == 4 and len(pool) == 1
+
+
 def test_reads_too_small_to_pay_for_threads_start_none(
     index: SlideIndex, monkeypatch: pytest.MonkeyPatch
 ) -> None:

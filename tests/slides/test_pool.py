@@ -25,6 +25,21 @@ def test_lazy_lru_and_close_on_eviction(make_slide: SlideFactory) -> None:
     assert len(pool) == 0
 
 
+def test_readers_evicted_while_holding_close_when_it_ends(make_slide: SlideFactory) -> None:
+    paths = [str(make_slide(width=600, height=600, seed=s)) for s in range(3)]
+    pool = HandlePool(max_open=1)
+    with pool.holding():
+        first, second = pool.get(paths[0]), pool.get(paths[1])
+        pool.get(paths[2])
+        assert len(pool) == 1 and not first.closed and not second.closed
+        assert first.read_region(0, 0, 0, 8, 8).shape == (8, 8, 3)  # still usable
+        with pytest.raises(RuntimeError, match="nest"), pool.holding():
+            pass
+    assert first.closed and second.closed and len(pool) == 1
+    pool.get(paths[0])  # outside the block eviction closes at once again
+    assert len(pool) == 1 and pool.opened == 4
+
+
 def test_broken_reader_is_reopened(make_slide: SlideFactory) -> None:
     path = str(make_slide(corrupt=[(0, 0)], width=600, height=600, seed=9))
     pool = HandlePool()

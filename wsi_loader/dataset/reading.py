@@ -255,29 +255,31 @@ class TileReader:
         segments: dict[SegmentKey, tuple[TiffReader, SegmentJob]] = {}
         budget = 0  # segment bytes planned: at most half the cache, so none is evicted unused
         t = self.tile_size
-        for i in todo:
-            slide_id, x, y, level, size = windows[i]
-            try:
-                reader = self.pool.get(self._paths[slide_id], self.backend)
-                read_job = getattr(reader, "read_job", None)
-                job = read_job(pixels[i], x, y, level, size, size) if read_job else None
-                if job is not None:
-                    reads[i] = job
-                elif isinstance(reader, TiffReader):
-                    room = reader.cache_bytes // 2
-                    for segment in reader.segment_jobs(x, y, level, size, size, t, t):
-                        if segment.key not in segments and budget + segment.nbytes <= room:
-                            segments[segment.key] = (reader, segment)
-                            budget += segment.nbytes
-            except SlideError:
-                continue  # read again, and reported, by the serial path
-        if len(reads) + len(segments) < MIN_THREADED_JOBS:
-            return todo
-        with ThreadPoolExecutor(
-            min(threads, len(reads) + len(segments)), thread_name_prefix="wsi-decode"
-        ) as pool:
-            done = {i: pool.submit(job) for i, job in reads.items()}
-            decoded = {key: pool.submit(job.decode) for key, (_, job) in segments.items()}
+        # planned reads of a slide whose handle a later window evicts still need it
+        with self.pool.holding():
+            for i in todo:
+                slide_id, x, y, level, size = windows[i]
+                try:
+                    reader = self.pool.get(self._paths[slide_id], self.backend)
+                    read_job = getattr(reader, "read_job", None)
+                    job = read_job(pixels[i], x, y, level, size, size) if read_job else None
+                    if job is not None:
+                        reads[i] = job
+                    elif isinstance(reader, TiffReader):
+                        room = reader.cache_bytes // 2
+                        for segment in reader.segment_jobs(x, y, level, size, size, t, t):
+                            if segment.key not in segments and budget + segment.nbytes <= room:
+                                segments[segment.key] = (reader, segment)
+                                budget += segment.nbytes
+                except SlideError:
+                    continue  # read again, and reported, by the serial path
+            if len(reads) + len(segments) < MIN_THREADED_JOBS:
+                return todo
+            with ThreadPoolExecutor(
+                min(threads, len(reads) + len(segments)), thread_name_prefix="wsi-decode"
+            ) as pool:
+                done = {i: pool.submit(job) for i, job in reads.items()}
+                decoded = {key: pool.submit(job.decode) for key, (_, job) in segments.items()}
         for key, future in decoded.items():
             if future.exception() is None:
                 segments[key][0].keep(key, future.result())

@@ -14,6 +14,8 @@ import logging
 import os
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import openslide
 
@@ -45,6 +47,8 @@ class HandlePool:
         self._readers: OrderedDict[tuple[str, str], SlideReader] = OrderedDict()
         self._cache: openslide.OpenSlideCache | None = None
         self._segments: SegmentCache | None = None
+        self._holding = False
+        self._retired: list[SlideReader] = []  # evicted while holding: closed when it ends
         self.opened = 0  # handles opened by this process (for tests and stats)
         _live_pools.add(self)
 
@@ -62,6 +66,7 @@ class HandlePool:
             self._readers = OrderedDict()
             self._cache = None
             self._segments = None
+            self._retired = []
             self._pid = pid
             self.opened = 0
 
@@ -84,8 +89,28 @@ class HandlePool:
         self._readers[key] = reader
         while len(self._readers) > self.max_open:
             _, old = self._readers.popitem(last=False)
-            old.close()
+            if self._holding:
+                self._retired.append(old)
+            else:
+                old.close()
         return reader
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Readers evicted inside the block stay open until it ends: work planned on them in
+        the block (reads on other threads) may still use them. A batch that spans more slides
+        than ``max_open`` keeps at most one handle per slide of the batch open meanwhile."""
+        self._check_process()
+        if self._holding:
+            raise RuntimeError("HandlePool.holding() does not nest")
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+            retired, self._retired = self._retired, []
+            for reader in retired:
+                reader.close()
 
     def discard(self, path: str, backend: str = "auto") -> None:
         """Close and forget the reader for ``path`` (after an error: its state may be latched)."""
