@@ -60,6 +60,7 @@ class DatasetConfig(_Strict):
     fill_value: int = Field(255, ge=0, le=255)
     max_open_slides: int = Field(16, ge=1)
     openslide_cache_mb: int = Field(64, ge=0)
+    layout_cache_mb: int = Field(64, ge=0)
     exclude_quarantined: bool = False
     decode_threads: int | None = Field(None, ge=1)
 

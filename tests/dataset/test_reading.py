@@ -267,12 +267,13 @@ def test_threads_read_batches_spanning_more_slides_than_the_pool_holds(
     good = np.setdiff1d(np.arange(len(index)), corrupt_rows(index))
     rows = np.random.default_rng(6).permutation(good)[:40]
     assert len(np.unique(index.columns["slide_id"][rows])) == 2
-    options: dict[str, Any] = {"backend": "openslide", "retries": 0}
+    options: dict[str, Any] = {"backend": "openslide", "retries": 0}  # no kept layouts
     pool = HandlePool(max_open=1)
     jobs, _, _ = assert_threads_change_nothing(index, rows, monkeypatch, pool=pool, **options)
     assert jobs == len(rows)  # every read ran on a thread, none fell back to the serial path
-    # each slide opened once by the serial read and once by the threaded one; evicted ones closed
-    assert pool.opened == 4 and len(pool) == 1
+    # the serial read opened both slides; the threaded one opened the first again (OpenSlide
+    # handles are not kept when closed) and got the second back from the handles it held
+    assert (pool.opened, pool.reopened, len(pool)) == (3, 0, 1)
 
 
 def test_reads_too_small_to_pay_for_threads_start_none(

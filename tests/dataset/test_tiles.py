@@ -154,11 +154,11 @@ def test_from_config_section(index: SlideIndex, tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(
         "dataset:\n  on_error: substitute\n  retries: 0\n  max_open_slides: 2\n"
-        "  decode_threads: 3\n"
+        "  decode_threads: 3\n  layout_cache_mb: 5\n"
     )
     ds = TileDataset.from_config(index, load_config(config).dataset)
     assert (ds.reader.on_error, ds.reader.retries, ds.reader.pool.max_open) == ("substitute", 0, 2)
-    assert ds.threads_here() == 3
+    assert ds.threads_here() == 3 and ds.reader.pool.layout_cache_bytes == 5 * 2**20
     bad = int(corrupt_rows(index)[0])
     assert ds[bad]["substituted"] is True
 

@@ -36,6 +36,8 @@ class TileDataset(Dataset[Sample]):
     ``row``, ``slide_id`` and ``x``, ``y`` (level-0 top-left). ``transform`` is applied to the
     uint8 image tensor.
 
+    ``max_open_slides``: files open per process (LRU); ``layout_cache_mb``: parsed layouts
+    that raw-read slides keep when closed, so reopening them is cheap (see `HandlePool`).
     ``decode_threads``: threads that read and decode the tiles of one batch read (`read_batch`,
     ``__getitems__``; see `TileReader.read`). ``None`` divides the usable cores among the
     reading processes: all of them with ``num_workers=0``, one each with one worker per core.
@@ -51,6 +53,7 @@ class TileDataset(Dataset[Sample]):
         transform: Transform | None = None,
         max_open_slides: int = 16,
         openslide_cache_mb: int = 64,
+        layout_cache_mb: int = 64,
         exclude_quarantined: bool = False,
         root: str | None = None,
         backend: str | None = None,
@@ -73,7 +76,7 @@ class TileDataset(Dataset[Sample]):
             on_error=on_error,
             retries=retries,
             fill_value=fill_value,
-            pool=HandlePool(max_open_slides, openslide_cache_mb * 2**20),
+            pool=HandlePool(max_open_slides, openslide_cache_mb * 2**20, layout_cache_mb * 2**20),
             backend=backend,
             record_failures=record_failures,
         )
@@ -91,6 +94,7 @@ class TileDataset(Dataset[Sample]):
             fill_value=config.fill_value,
             max_open_slides=config.max_open_slides,
             openslide_cache_mb=config.openslide_cache_mb,
+            layout_cache_mb=config.layout_cache_mb,
             exclude_quarantined=config.exclude_quarantined,
             decode_threads=config.decode_threads,
             **kwargs,

@@ -3,8 +3,8 @@
 Handles are opened lazily in the process that reads. The pool remembers the pid that opened
 them: after a fork the child sees a different pid and starts empty (the parent's handles are
 dropped, never used or closed by the child). Least recently used handles are closed when the
-pool is full, broken handles (OpenSlide errors latch) are closed on release, and everything is
-closed at interpreter exit.
+pool is full (raw readers keep their parsed layout for a cheap reopen), broken handles
+(OpenSlide errors latch) are closed on release, and everything is closed at interpreter exit.
 """
 
 from __future__ import annotations
@@ -21,40 +21,71 @@ import openslide
 
 from wsi_loader.slides.base import SlideReader
 from wsi_loader.slides.open import open_slide
-from wsi_loader.slides.tiff_backend import SegmentCache
+from wsi_loader.slides.tiff_backend import SegmentCache, TiffReader
 
 log = logging.getLogger(__name__)
 
 _live_pools: weakref.WeakSet[HandlePool] = weakref.WeakSet()
 
 
+Key = tuple[str, str]  # (path, backend)
+
+
 class HandlePool:
     """LRU pool of readers keyed by (path, backend), valid only in the process that opened them.
 
-    ``openslide_cache_bytes`` sizes one `openslide.OpenSlideCache` shared by every OpenSlide
-    handle of this process, and one `SegmentCache` of decoded raw tiles shared by every raw
-    handle, so memory does not grow with the number of open handles.
+    ``max_open`` bounds the open files. ``openslide_cache_bytes`` sizes one
+    `openslide.OpenSlideCache` shared by every OpenSlide handle of this process, and one
+    `SegmentCache` of decoded raw tiles shared by every raw handle, so memory does not grow
+    with the number of open handles.
+
+    Raw (tifffile) readers evicted from the open set keep their parsed layout, up to
+    ``layout_cache_bytes`` in all (LRU; ~16 bytes per storage tile, so 64 MiB covers
+    hundreds of slides): reopening one is an ``open`` call instead of a parse of the TIFF.
+    That is what keeps a batch sampled at random from an archive of many more slides than
+    ``max_open`` fast (each batch touches most of its slides). OpenSlide handles cannot be kept
+    that way: for archives of OpenSlide-read slides, raise ``max_open`` or sample slide-grouped
+    (`DistributedTileSampler(slide_window=...)`).
     """
 
-    def __init__(self, max_open: int = 16, openslide_cache_bytes: int = 64 * 2**20) -> None:
+    def __init__(
+        self,
+        max_open: int = 16,
+        openslide_cache_bytes: int = 64 * 2**20,
+        layout_cache_bytes: int = 64 * 2**20,
+    ) -> None:
         if max_open < 1:
             raise ValueError(f"max_open must be >= 1, got {max_open}")
         if openslide_cache_bytes < 0:
             raise ValueError(f"openslide_cache_bytes must be >= 0, got {openslide_cache_bytes}")
+        if layout_cache_bytes < 0:
+            raise ValueError(f"layout_cache_bytes must be >= 0, got {layout_cache_bytes}")
         self.max_open = max_open
         self.openslide_cache_bytes = openslide_cache_bytes
+        self.layout_cache_bytes = layout_cache_bytes
         self._pid = -1
-        self._readers: OrderedDict[tuple[str, str], SlideReader] = OrderedDict()
+        self._reset()
+        _live_pools.add(self)
+
+    def _reset(self) -> None:
+        """Forget every reader (a new pool, or one inherited by a forked child)."""
+        self._readers: OrderedDict[Key, SlideReader] = OrderedDict()
         self._cache: openslide.OpenSlideCache | None = None
         self._segments: SegmentCache | None = None
         self._holding = False
-        self._retired: list[SlideReader] = []  # evicted while holding: closed when it ends
-        self.opened = 0  # handles opened by this process (for tests and stats)
-        _live_pools.add(self)
+        self._retired: OrderedDict[Key, SlideReader] = OrderedDict()  # closed when holding ends
+        self._parked: OrderedDict[Key, TiffReader] = OrderedDict()  # closed, layout kept
+        self._parked_bytes = 0
+        self.opened = 0  # slides opened (parsed) by this process (for tests and stats)
+        self.reopened = 0  # closed raw readers reopened with their kept layout
 
     def __getstate__(self) -> dict[str, int]:
         """Pickle the options only: handles never cross a process boundary."""
-        return {"max_open": self.max_open, "openslide_cache_bytes": self.openslide_cache_bytes}
+        return {
+            "max_open": self.max_open,
+            "openslide_cache_bytes": self.openslide_cache_bytes,
+            "layout_cache_bytes": self.layout_cache_bytes,
+        }
 
     def __setstate__(self, state: dict[str, int]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -63,12 +94,8 @@ class HandlePool:
         pid = os.getpid()
         if pid != self._pid:
             # Inherited from another process (fork): forget, never touch, the parent's handles.
-            self._readers = OrderedDict()
-            self._cache = None
-            self._segments = None
-            self._retired = []
+            self._reset()
             self._pid = pid
-            self.opened = 0
 
     def get(self, path: str, backend: str = "auto") -> SlideReader:
         """Return an open reader for ``path``, opening (and maybe evicting) as needed."""
@@ -80,19 +107,44 @@ class HandlePool:
             return reader
         if reader is not None:
             self.discard(path, backend)
-        if self._cache is None and self.openslide_cache_bytes > 0:
-            self._cache = openslide.OpenSlideCache(self.openslide_cache_bytes)
-        if self._segments is None:
-            self._segments = SegmentCache(self.openslide_cache_bytes)
-        reader = open_slide(path, backend, self._cache, self._segments)
-        self.opened += 1
+        reader = self._retired.pop(key, None)  # evicted in this holding block: still open
+        if reader is None:
+            reader = self._unpark(key)
+        if reader is None:
+            if self._cache is None and self.openslide_cache_bytes > 0:
+                self._cache = openslide.OpenSlideCache(self.openslide_cache_bytes)
+            if self._segments is None:
+                self._segments = SegmentCache(self.openslide_cache_bytes)
+            reader = open_slide(path, backend, self._cache, self._segments)
+            self.opened += 1
         self._readers[key] = reader
         while len(self._readers) > self.max_open:
-            _, old = self._readers.popitem(last=False)
+            old_key, old = self._readers.popitem(last=False)
             if self._holding:
-                self._retired.append(old)
+                self._retired[old_key] = old
             else:
-                old.close()
+                self._close(old_key, old)
+        return reader
+
+    def _close(self, key: Key, reader: SlideReader) -> None:
+        """Close an evicted reader; keep a raw reader's layout for a cheap reopen."""
+        reader.close()
+        if not isinstance(reader, TiffReader) or reader.layout_bytes > self.layout_cache_bytes:
+            return
+        self._parked[key] = reader
+        self._parked_bytes += reader.layout_bytes
+        while self._parked_bytes > self.layout_cache_bytes:
+            _, dropped = self._parked.popitem(last=False)
+            self._parked_bytes -= dropped.layout_bytes
+
+    def _unpark(self, key: Key) -> SlideReader | None:
+        reader = self._parked.pop(key, None)
+        if reader is None:
+            return None
+        self._parked_bytes -= reader.layout_bytes
+        if not reader.reopen():  # the file changed or went: parse it again
+            return None
+        self.reopened += 1
         return reader
 
     @contextmanager
@@ -108,14 +160,21 @@ class HandlePool:
             yield
         finally:
             self._holding = False
-            retired, self._retired = self._retired, []
-            for reader in retired:
-                reader.close()
+            retired, self._retired = self._retired, OrderedDict()
+            for key, reader in retired.items():
+                self._close(key, reader)
 
     def discard(self, path: str, backend: str = "auto") -> None:
-        """Close and forget the reader for ``path`` (after an error: its state may be latched)."""
+        """Close and forget the reader for ``path`` (after an error: its state may be latched,
+        or the file may have changed), its kept layout included."""
         self._check_process()
-        reader = self._readers.pop((path, backend), None)
+        key = (path, backend)
+        parked = self._parked.pop(key, None)
+        if parked is not None:
+            self._parked_bytes -= parked.layout_bytes
+        reader = self._readers.pop(key, None)
+        if reader is None:
+            reader = self._retired.pop(key, None)
         if reader is not None:
             try:
                 reader.close()
@@ -123,14 +182,17 @@ class HandlePool:
                 log.debug("closing %s failed: %s", path, exc)
 
     def __len__(self) -> int:
+        """Open readers."""
         self._check_process()
         return len(self._readers)
 
     def close(self) -> None:
-        """Close every handle this process opened."""
+        """Close every handle this process opened and drop the kept layouts."""
         if self._pid != os.getpid():
-            self._readers = OrderedDict()
+            self._reset()
             return
+        self._parked.clear()
+        self._parked_bytes = 0
         while self._readers:
             _, reader = self._readers.popitem()
             reader.close()

@@ -100,6 +100,11 @@ def _aperio_field(description: str, name: str) -> float | None:
         return None
 
 
+def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    """What says a file is still the one parsed: device, inode, size, modification time."""
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
 def to_rgb(pixels: npt.NDArray[np.generic]) -> RGBArray:
     """Convert decoded samples (grey, grey+alpha, RGB, RGBA; any integer depth) to RGB uint8."""
     if pixels.dtype != np.uint8:
@@ -122,19 +127,27 @@ def to_rgb(pixels: npt.NDArray[np.generic]) -> RGBArray:
 
 
 class _Level:
-    """Segment geometry of one pyramid level (tiles, or strips that span the full width)."""
+    """Segment geometry of one pyramid level (tiles, or strips that span the full width).
+
+    Compact and file-free, so a closed reader keeps it for a cheap reopen: segment offsets and
+    byte counts as int64 arrays (16 bytes a segment; tifffile's tuples of ints take ~80), and
+    tifffile's page only where its decoder is needed (codecs other than the fast JPEG path).
+    """
 
     def __init__(self, page: tifffile.TiffPage) -> None:
-        self.page = page
         self.height, self.width = int(page.imagelength), int(page.imagewidth)
+        self.is_tiled = bool(page.is_tiled)
+        self.compression = int(page.compression)
+        self.samples = int(page.samplesperpixel)
+        self.bits = int(page.bitspersample)
         if page.is_tiled:
             self.seg_w, self.seg_h = int(page.tilewidth), int(page.tilelength)
         else:
             self.seg_w, self.seg_h = self.width, int(min(page.rowsperstrip, self.height))
         self.across = math.ceil(self.width / self.seg_w)
         self.down = math.ceil(self.height / self.seg_h)
-        self.offsets = page.dataoffsets
-        self.counts = page.databytecounts
+        self.offsets = np.asarray(page.dataoffsets, dtype=np.int64)
+        self.counts = np.asarray(page.databytecounts, dtype=np.int64)
         if page.planarconfig != 1 and page.samplesperpixel > 1:
             raise ValueError("planar-separate multi-sample pages are not supported")
         # Fast JPEG path: decode with libjpeg-turbo directly (optionally DCT-scaled), only for
@@ -154,6 +167,14 @@ class _Level:
                 self.jpeg_colorspace = (_RGB, _RGB)  # Aperio's RGB JPEGs carry no JFIF marker
         # libjpeg's DCT scaling guesses the colour space from markers: safe for YCbCr only
         self.dct_scalable = self.jpeg_colorspace == (None, _RGB)
+        # tifffile's decoder for the other codecs (keeps the page, and with it the file's tags)
+        self.page: tifffile.TiffPage | None = page if self.jpeg_colorspace is None else None
+
+    @property
+    def nbytes(self) -> int:
+        """Approximate memory held, for the pool's budget of closed readers kept for reopening."""
+        segments = len(self.offsets)
+        return 16 * segments + (96 * segments if self.page is not None else 0) + 1024
 
     def complete_jpeg(self, data: bytes) -> bytes:
         """A segment's abbreviated JPEG stream with the shared tables spliced in: one complete
@@ -179,34 +200,39 @@ class TiffReader:
     def __init__(self, path: str, cache: SegmentCache | None = None) -> None:
         self.path = path
         self.broken = False  # tifffile errors do not latch; kept for the pool's protocol
+        self._fd = -1
         try:
-            self._tif = tifffile.TiffFile(path)
-            series = self._tif.series[0]
-            candidates: list[object] = (
-                list(self._tif.pages)  # SVS, as OpenSlide reads it: every tiled page is a level
-                if series.kind == "svs"
-                else [level.pages[0] for level in series.levels]
-            )
-            pages = [p for p in candidates if isinstance(p, tifffile.TiffPage)]
-            if series.kind == "svs":
-                pages = [p for p in pages if p.is_tiled]
-            self._levels = [_Level(page) for page in pages]
-            self._fd = self._tif.filehandle.fileno()
+            with tifffile.TiffFile(path) as tif:
+                series = tif.series[0]
+                candidates: list[object] = (
+                    list(tif.pages)  # SVS, as OpenSlide reads it: every tiled page is a level
+                    if series.kind == "svs"
+                    else [level.pages[0] for level in series.levels]
+                )
+                pages = [p for p in candidates if isinstance(p, tifffile.TiffPage)]
+                if series.kind == "svs":
+                    pages = [p for p in pages if p.is_tiled]
+                self._levels = [_Level(page) for page in pages]
+                self.meta = self._read_meta(series, pages[0])
+                # our own descriptor on the file tifffile parsed (pread needs no file position)
+                self._fd = os.dup(tif.filehandle.fileno())
         except Exception as exc:  # tifffile raises many types for malformed input
             self.close()
             raise SlideOpenError(f"tifffile: {type(exc).__name__}: {exc}", path=path) from exc
+        self._identity = _identity(os.fstat(self._fd))
         self._cache = cache if cache is not None else SegmentCache()
-        self.meta = self._read_meta(series)
 
-    def _read_meta(self, series: tifffile.TiffPageSeries) -> SlideMeta:
+    def _read_meta(
+        self, series: tifffile.TiffPageSeries, base_page: tifffile.TiffPage
+    ) -> SlideMeta:
         base = self._levels[0]
-        mpp = _resolution_mpp(base.page)
+        mpp = _resolution_mpp(base_page)
         source: MppSource = "tiff-resolution" if mpp is not None else "missing"
         objective = None
         vendor = {"generic": "generic-tiff"}.get(series.kind, f"tiff-{series.kind}")
         if series.kind == "svs":
             vendor = "aperio"
-            description = base.page.description or ""
+            description = base_page.description or ""
             mpp = _aperio_field(description, "MPP")
             source = "vendor" if mpp is not None else "missing"
             objective = _aperio_field(description, "AppMag")
@@ -214,7 +240,7 @@ class TiffReader:
         downsamples = tuple(
             (base.width / lv.width + base.height / lv.height) / 2.0 for lv in self._levels
         )
-        tiles = tuple((lv.seg_w, lv.seg_h) if lv.page.is_tiled else (0, 0) for lv in self._levels)
+        tiles = tuple((lv.seg_w, lv.seg_h) if lv.is_tiled else (0, 0) for lv in self._levels)
         return SlideMeta(
             backend=self.backend,
             vendor=vendor,
@@ -250,11 +276,12 @@ class TiffReader:
     def _raw(self, level: int, index: int) -> bytes:
         lv = self._levels[level]
         # pread: one system call, no shared file position (tifffile's seek + read cost 3x more)
-        data = os.pread(self._fd, lv.counts[index], lv.offsets[index])
-        if len(data) != lv.counts[index] or not data:
+        count = int(lv.counts[index])
+        data = os.pread(self._fd, count, int(lv.offsets[index]))
+        if len(data) != count or not data:
             raise ValueError(
                 f"segment {index} of level {level} is truncated: "
-                f"{len(data)} of {lv.counts[index]} bytes (file shorter than its index)"
+                f"{len(data)} of {count} bytes (file shorter than its index)"
             )
         return data
 
@@ -274,7 +301,7 @@ class TiffReader:
         lv = self._levels[level]
         data = self._raw(level, index)
         jpeg = lv.jpeg_colorspace is not None
-        page_decode = lv.page.decode if scale == 1 and not jpeg else None
+        page_decode = lv.page.decode if scale == 1 and lv.page is not None else None
 
         def decode() -> RGBArray:
             if scale > 1:
@@ -474,22 +501,43 @@ class TiffReader:
     def qualifies(self) -> bool:
         """Whether every level is tiled with a codec the raw path decodes (auto backend)."""
         return all(
-            lv.page.is_tiled
-            and lv.page.compression in RAW_COMPRESSIONS
-            and lv.page.samplesperpixel in (3, 4)
-            and lv.page.bitspersample == 8
+            lv.is_tiled
+            and lv.compression in RAW_COMPRESSIONS
+            and lv.samples in (3, 4)
+            and lv.bits == 8
             for lv in self._levels
         )
 
     def close(self) -> None:
-        tif = getattr(self, "_tif", None)
-        if tif is not None:
-            tif.close()
-            self._tif = None  # type: ignore[assignment]
+        """Close the file. The parsed layout stays, so `reopen` is cheap."""
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+    def reopen(self) -> bool:
+        """Open the file again, reusing the parsed layout: one ``open`` instead of tifffile's
+        parse (~2 ms, more on big slides). False when the file is no longer the one parsed
+        (replaced, rewritten: other inode, size or mtime) or cannot be opened."""
+        if not self.closed:
+            return True
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return False
+        if _identity(os.fstat(fd)) != self._identity:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    @property
+    def layout_bytes(self) -> int:
+        """Memory of the parsed layout a closed reader keeps (see `HandlePool`)."""
+        return sum(lv.nbytes for lv in self._levels)
 
     @property
     def closed(self) -> bool:
-        return getattr(self, "_tif", None) is None
+        return getattr(self, "_fd", -1) < 0
 
     def __del__(self) -> None:  # a reader dropped without close() must not leak its file
         self.close()
