@@ -1,4 +1,5 @@
-"""The reader protocol every slide backend implements, and the normalised slide metadata.
+"""The reader protocol every slide backend implements, the normalised slide metadata, and the
+small pieces the backends and the pool share (resizing, a byte-bounded LRU).
 
 Coordinate frames are named in variables: ``l0_*`` level-0 pixels, ``l_*`` pixels of the level
 being read. Pixels come back as ``(H, W, 3)`` uint8 RGB numpy arrays; transparent areas (outside
@@ -7,14 +8,17 @@ the scanned region) are composited onto white, the slide background.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
 RGBArray = npt.NDArray[np.uint8]
+Value = TypeVar("Value")
 MppSource = Literal["vendor", "tiff-resolution", "manifest", "missing"]
 
 # Resolutions coarser than this are not microscope scans: they come from a screen DPI
@@ -93,3 +97,41 @@ def resize(pixels: RGBArray, out_w: int, out_h: int) -> RGBArray:
         (out_w, out_h), Image.Resampling.BILINEAR
     )
     return np.asarray(image)
+
+
+class BytesLRU(Generic[Value]):
+    """An LRU mapping bounded by the bytes its values hold (``size`` of each value); a value
+    larger than the bound is not kept. Not thread-safe: one owner thread."""
+
+    def __init__(self, max_bytes: int, size: Callable[[Value], int]) -> None:
+        self.max_bytes = max_bytes
+        self._size = size
+        self._items: OrderedDict[Hashable, Value] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: Hashable) -> Value | None:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: Hashable, value: Value) -> None:
+        if self._size(value) > self.max_bytes:
+            return
+        self.pop(key)
+        self._items[key] = value
+        self._bytes += self._size(value)
+        while self._bytes > self.max_bytes:
+            _, evicted = self._items.popitem(last=False)
+            self._bytes -= self._size(evicted)
+
+    def pop(self, key: Hashable) -> Value | None:
+        """Take ``key``'s value out (None when absent)."""
+        value = self._items.pop(key, None)
+        if value is not None:
+            self._bytes -= self._size(value)
+        return value
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._bytes = 0

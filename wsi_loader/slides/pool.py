@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import openslide
 
-from wsi_loader.slides.base import SlideReader
+from wsi_loader.slides.base import BytesLRU, SlideReader
 from wsi_loader.slides.open import open_slide
 from wsi_loader.slides.tiff_backend import SegmentCache, TiffReader
 
@@ -73,9 +73,10 @@ class HandlePool:
         self._cache: openslide.OpenSlideCache | None = None
         self._segments: SegmentCache | None = None
         self._holding = False
-        self._retired: OrderedDict[Key, SlideReader] = OrderedDict()  # closed when holding ends
-        self._parked: OrderedDict[Key, TiffReader] = OrderedDict()  # closed, layout kept
-        self._parked_bytes = 0
+        self._retired: dict[Key, SlideReader] = {}  # evicted while holding: closed when it ends
+        self._parked: BytesLRU[TiffReader] = BytesLRU(  # closed, layout kept
+            self.layout_cache_bytes, size=lambda reader: reader.layout_bytes
+        )
         self.opened = 0  # slides opened (parsed) by this process (for tests and stats)
         self.reopened = 0  # closed raw readers reopened with their kept layout
 
@@ -129,19 +130,13 @@ class HandlePool:
     def _close(self, key: Key, reader: SlideReader) -> None:
         """Close an evicted reader; keep a raw reader's layout for a cheap reopen."""
         reader.close()
-        if not isinstance(reader, TiffReader) or reader.layout_bytes > self.layout_cache_bytes:
-            return
-        self._parked[key] = reader
-        self._parked_bytes += reader.layout_bytes
-        while self._parked_bytes > self.layout_cache_bytes:
-            _, dropped = self._parked.popitem(last=False)
-            self._parked_bytes -= dropped.layout_bytes
+        if isinstance(reader, TiffReader):
+            self._parked.put(key, reader)
 
     def _unpark(self, key: Key) -> SlideReader | None:
-        reader = self._parked.pop(key, None)
+        reader = self._parked.pop(key)
         if reader is None:
             return None
-        self._parked_bytes -= reader.layout_bytes
         if not reader.reopen():  # the file changed or went: parse it again
             return None
         self.reopened += 1
@@ -160,7 +155,7 @@ class HandlePool:
             yield
         finally:
             self._holding = False
-            retired, self._retired = self._retired, OrderedDict()
+            retired, self._retired = self._retired, {}
             for key, reader in retired.items():
                 self._close(key, reader)
 
@@ -169,9 +164,7 @@ class HandlePool:
         or the file may have changed), its kept layout included."""
         self._check_process()
         key = (path, backend)
-        parked = self._parked.pop(key, None)
-        if parked is not None:
-            self._parked_bytes -= parked.layout_bytes
+        self._parked.pop(key)
         reader = self._readers.pop(key, None)
         if reader is None:
             reader = self._retired.pop(key, None)
@@ -192,7 +185,6 @@ class HandlePool:
             self._reset()
             return
         self._parked.clear()
-        self._parked_bytes = 0
         while self._readers:
             _, reader = self._readers.popitem()
             reader.close()

@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import re
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -24,7 +23,7 @@ import tifffile
 from PIL import Image, UnidentifiedImageError
 
 from wsi_loader.errors import SlideOpenError, TileReadError
-from wsi_loader.slides.base import MppSource, RGBArray, SlideMeta, resize
+from wsi_loader.slides.base import BytesLRU, MppSource, RGBArray, SlideMeta, resize
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ class SegmentJob(NamedTuple):
     decode: Callable[[], RGBArray]
 
 
-class SegmentCache:
+class SegmentCache(BytesLRU[RGBArray]):
     """LRU cache of decoded storage segments, bounded in bytes, shared by a process's readers.
 
     Neighbouring windows that share storage tiles (256 px windows on 512 px tiles, overlapping
@@ -56,27 +55,7 @@ class SegmentCache:
     """
 
     def __init__(self, max_bytes: int = 32 * 2**20) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple[object, ...], npt.NDArray[np.uint8]] = OrderedDict()
-        self._bytes = 0
-
-    def get(self, key: tuple[object, ...]) -> npt.NDArray[np.uint8] | None:
-        value = self._items.get(key)
-        if value is not None:
-            self._items.move_to_end(key)
-        return value
-
-    def put(self, key: tuple[object, ...], value: npt.NDArray[np.uint8]) -> None:
-        if value.nbytes > self.max_bytes:
-            return
-        old = self._items.pop(key, None)
-        if old is not None:
-            self._bytes -= old.nbytes
-        self._items[key] = value
-        self._bytes += value.nbytes
-        while self._bytes > self.max_bytes:
-            _, evicted = self._items.popitem(last=False)
-            self._bytes -= evicted.nbytes
+        super().__init__(max_bytes, size=lambda pixels: pixels.nbytes)
 
 
 def _resolution_mpp(page: tifffile.TiffPage) -> float | None:
@@ -221,6 +200,8 @@ class TiffReader:
             raise SlideOpenError(f"tifffile: {type(exc).__name__}: {exc}", path=path) from exc
         self._identity = _identity(os.fstat(self._fd))
         self._cache = cache if cache is not None else SegmentCache()
+        # memory of the parsed layout a closed reader keeps (see `HandlePool`)
+        self.layout_bytes = sum(lv.nbytes for lv in self._levels)
 
     def _read_meta(
         self, series: tifffile.TiffPageSeries, base_page: tifffile.TiffPage
@@ -521,7 +502,7 @@ class TiffReader:
         if not self.closed:
             return True
         try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(self.path, os.O_RDONLY)  # not inherited by children (PEP 446)
         except OSError:
             return False
         if _identity(os.fstat(fd)) != self._identity:
@@ -529,11 +510,6 @@ class TiffReader:
             return False
         self._fd = fd
         return True
-
-    @property
-    def layout_bytes(self) -> int:
-        """Memory of the parsed layout a closed reader keeps (see `HandlePool`)."""
-        return sum(lv.nbytes for lv in self._levels)
 
     @property
     def closed(self) -> bool:
