@@ -7,6 +7,7 @@ key, the value and the file; `ConfigError` carries those as fields. YAML is read
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,7 +16,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from wsi_loader.errors import ConfigError
 
-__all__ = ["Config", "DatasetConfig", "ExportConfig", "IndexConfig", "load_config", "validate"]
+__all__ = [
+    "BagConfig",
+    "Config",
+    "DatasetConfig",
+    "ExportConfig",
+    "IndexConfig",
+    "LoaderConfig",
+    "load_config",
+    "validate",
+]
 
 
 class _Strict(BaseModel):
@@ -37,6 +47,9 @@ class IndexConfig(_Strict):
     workers: int = Field(1, ge=1, le=512)
     root: str | None = Field(None, description="store slide paths relative to this folder")
     labels: str | None = Field(None, description="CSV of labels joined by path or slide name")
+    strict_labels: bool = Field(
+        False, description="labels rows matching no slide, or unlabelled slides, are errors"
+    )
     exclude_quarantined: bool = Field(True, description="drop quarantined tiles when rebuilding")
 
     @model_validator(mode="after")
@@ -53,7 +66,8 @@ class IndexConfig(_Strict):
 
 
 class DatasetConfig(_Strict):
-    """Options of `TileDataset` (``TileDataset.from_config``) readable from the same YAML file."""
+    """Options of `TileDataset` (keyword arguments and ``TileDataset.from_config``), readable
+    from the same YAML file. Keyword arguments go through this same validation."""
 
     on_error: Literal["fill", "substitute", "raise"] = "fill"
     retries: int = Field(2, ge=0, le=10)
@@ -63,6 +77,40 @@ class DatasetConfig(_Strict):
     layout_cache_mb: int = Field(64, ge=0)
     exclude_quarantined: bool = False
     decode_threads: int | None = Field(None, ge=1)
+    split: str | None = Field(None, min_length=1, description="read only this split's slides")
+    missing_slides: Literal["raise", "exclude"] = Field(
+        "raise", description="slides that cannot be read at start: raise, or leave them out"
+    )
+    unlabelled: Literal["keep", "drop", "raise"] = Field(
+        "keep", description="tiles of slides without a label: keep (label -1), drop, or raise"
+    )
+    root: str | None = Field(None, description="remap the folder relative slide paths live in")
+    backend: Literal["auto", "openslide", "tiff"] | None = None
+    record_failures: bool = Field(True, description="append failures to the quarantine")
+
+
+class LoaderConfig(_Strict):
+    """Options of `make_loader` (besides the dataset's)."""
+
+    batch_size: int = Field(64, ge=1)
+    shuffle: bool | None = None
+    seed: int | None = None
+    drop_last: bool = False
+    num_workers: int | None = Field(None, ge=0)
+    pin_memory: bool | None = None
+    prefetch_factor: int = Field(4, ge=1)
+    persistent_workers: bool = True
+    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None
+    decode: Literal["cpu", "device"] = "cpu"
+    reuse_buffers: bool = True
+
+
+class BagConfig(_Strict):
+    """Options of `SlideBagDataset` (besides the dataset's)."""
+
+    k: int | None = Field(16, ge=1)
+    chunk_size: int = Field(256, ge=1)
+    seed: int = 0
 
 
 class ExportConfig(_Strict):
@@ -83,14 +131,21 @@ class Config(_Strict):
     export: ExportConfig = ExportConfig()
 
 
+# what error messages render of a value: bounded, so a YAML alias bomb (a few hundred bytes
+# that expand to gigabytes when printed) cannot exhaust memory through a message
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 80, 80
+_SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 6
+
+
 def _describe(error: ValidationError, source: str | None) -> ConfigError:
-    first = error.errors()[0]
+    first = error.errors(include_input=True, include_url=False)[0]
     key = ".".join(str(part) for part in first["loc"]) or None
     value = first.get("input")
     if first["type"] == "extra_forbidden":
         message = f"unknown key {key!r}"
     elif key:
-        message = f"invalid value {value!r} for {key!r}: {first['msg']}"
+        message = f"invalid value {_SHORT.repr(value)} for {key!r}: {first['msg']}"
     else:
         message = first["msg"]
     more = len(error.errors()) - 1

@@ -50,7 +50,7 @@ def test_short_slides_are_sampled_with_replacement(index: SlideIndex) -> None:
 
 
 def test_option_checks(index: SlideIndex) -> None:
-    with pytest.raises(ValueError, match="k must be"):
+    with pytest.raises(ValueError, match="'k'"):
         SlideBagDataset(index, k=0)
     with pytest.raises(ValueError, match="chunk_size"):
         SlideBagDataset(index, k=None, chunk_size=0)

@@ -131,6 +131,7 @@ def test_killed_build_leaves_previous_index(
     survivor = SlideIndex.open(out)
     assert survivor.params["tile_size"] == 128
     np.testing.assert_array_equal(survivor.columns["l0_x"], expected)
+    del before, survivor  # no process uses generation 1 any more
     rebuilt = build_index([archive], out, tile_size=64)  # leftovers of the killed build are removed
     assert sorted(p.name for p in out.iterdir()) == ["CURRENT", rebuilt.meta["generation"]]
 

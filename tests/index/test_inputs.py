@@ -61,7 +61,7 @@ def test_discover_folders_globs_and_dicom_series(tmp_path: Path) -> None:
 def test_labels_join_by_path_then_name(tmp_path: Path) -> None:
     entries = discover([write(tmp_path / "a.svs", "x"), write(tmp_path / "b.svs", "x")])
     labels = write(tmp_path / "l.csv", "path,slide,label,split\na.svs,,one,train\n,b,two,\n")
-    joined = join_labels(entries, str(labels))
+    joined, _ = join_labels(entries, str(labels))
     assert [(e.label, e.split) for e in joined] == [("one", "train"), ("two", None)]
     with pytest.raises(InputError, match="needs a 'label' column"):
         join_labels(entries, str(write(tmp_path / "bad.csv", "slide,lbl\na,x\n")))

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from wsi_loader.config import BagConfig, validate
 from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.index.table import SlideIndex
 
@@ -26,7 +27,11 @@ class SlideBagDataset(Dataset[Bag]):
     (seed, epoch): call ``set_epoch`` to draw new ones. With ``k=None`` every tile is returned,
     in chunks of at most ``chunk_size`` (one item per chunk). Items: ``images`` uint8
     ``(k, 3, H, W)``, ``label``, ``ok`` ``(k,)``, ``substituted`` ``(k,)``, ``x``, ``y``, ``rows``
-    ``(k,)``, ``slide_id``. ``decode_threads`` as in `TileDataset`.
+    ``(k,)``, ``slide_id``. Other keyword options are `TileDataset`'s (``on_error``, ``split``,
+    ``missing_slides``, ``decode_threads``...), validated the same way.
+
+    The epoch lives in shared memory, so ``set_epoch`` in the main process reaches
+    DataLoader workers that are already running (``persistent_workers=True``).
     """
 
     def __init__(
@@ -36,38 +41,18 @@ class SlideBagDataset(Dataset[Bag]):
         *,
         chunk_size: int = 256,
         seed: int = 0,
-        on_error: str = "fill",
-        retries: int = 2,
-        fill_value: int = 255,
-        max_open_slides: int = 16,
-        openslide_cache_mb: int = 64,
-        layout_cache_mb: int = 64,
-        exclude_quarantined: bool = False,
-        root: str | None = None,
-        record_failures: bool = True,
-        decode_threads: int | None = None,
+        **options: Any,
     ) -> None:
-        if k is not None and (not isinstance(k, int) or k < 1):
-            raise ValueError(f"k must be a positive int or None, got {k!r}")
-        if not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        checked: BagConfig = validate(BagConfig, {"k": k, "chunk_size": chunk_size, "seed": seed})
+        if "transform" in options or "batch_transform" in options:
+            raise TypeError("SlideBagDataset takes no transform: apply it to the bag's images")
         # the same reader, pool, failure policy and labels as the tile dataset
-        self.tiles = TileDataset(
-            index,
-            on_error=on_error,
-            retries=retries,
-            fill_value=fill_value,
-            max_open_slides=max_open_slides,
-            openslide_cache_mb=openslide_cache_mb,
-            layout_cache_mb=layout_cache_mb,
-            exclude_quarantined=exclude_quarantined,
-            root=root,
-            record_failures=record_failures,
-            decode_threads=decode_threads,
-        )
+        self.tiles = TileDataset(index, **options)
         index = self.tiles.index
-        self.index, self.k, self.chunk_size, self.seed = index, k, chunk_size, seed
-        self.epoch = 0
+        self.index, self.k, self.chunk_size = index, checked.k, checked.chunk_size
+        self.seed = checked.seed
+        k, chunk_size = self.k, self.chunk_size
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.reader = self.tiles.reader
         self.starts = index.slide_starts()
         counts = np.diff(self.starts)
@@ -80,8 +65,13 @@ class SlideBagDataset(Dataset[Bag]):
             firsts = np.repeat(np.cumsum(chunks) - chunks, chunks)
             self.item_chunk = np.arange(int(chunks.sum()), dtype=np.int64) - firsts
 
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch[0])
+
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        """Draw new bags: takes effect in running DataLoader workers too (shared memory)."""
+        self._epoch[0] = int(epoch)
 
     def __len__(self) -> int:
         return len(self.slide_ids) if self.k is not None else len(self.item_slide)
@@ -104,7 +94,8 @@ class SlideBagDataset(Dataset[Bag]):
         result = self.tiles.read_rows(rows)
         cols = self.index.columns
         return {
-            "images": torch.from_numpy(result.pixels).permute(0, 3, 1, 2).contiguous(),
+            # NCHW made by numpy: no call into torch's intra-op thread pool
+            "images": torch.from_numpy(np.ascontiguousarray(result.pixels.transpose(0, 3, 1, 2))),
             "label": int(self.slide_labels[slide]),
             # small copies that torch owns (a numpy-backed tensor would be copied into shared
             # memory on its way through the worker queue anyway)

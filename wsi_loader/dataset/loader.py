@@ -14,14 +14,14 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
+from wsi_loader.config import LoaderConfig, validate
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing
 from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.dataset.samplers import DistributedTileSampler
 from wsi_loader.dataset.tiles import TileDataset
+from wsi_loader.errors import ConfigError
 from wsi_loader.index.table import SlideIndex
-
-DECODE_MODES = ("cpu", "device")
 
 
 class BatchReads(Dataset[TileBatch]):
@@ -68,8 +68,8 @@ def make_loader(
     data: TileDataset | SlideIndex | str | os.PathLike[str],
     batch_size: int = 64,
     *,
-    shuffle: bool = True,
-    seed: int = 0,
+    shuffle: bool | None = None,
+    seed: int | None = None,
     sampler: Sampler[int] | Iterable[int] | None = None,
     drop_last: bool = False,
     num_workers: int | None = None,
@@ -84,27 +84,57 @@ def make_loader(
     """A DataLoader yielding `TileBatch` objects, with sane defaults.
 
     ``sampler`` defaults to a `DistributedTileSampler` (sharded across ranks when
-    torch.distributed is initialised); call ``loader.set_epoch(e)`` every epoch.
+    torch.distributed is initialised; ``shuffle``, default True, and ``seed``, default 0, are
+    its options, so giving them with your own ``sampler`` is an error); call
+    ``loader.set_epoch(e)`` every epoch. Every option is validated (`LoaderConfig`, and
+    `DatasetConfig` for the dataset's) and a bad one is a `ConfigError` naming it.
     ``num_workers`` defaults to the usable cores (at most 8); ``pin_memory`` to whether CUDA is
     available. ``decode="device"`` ships single-JPEG-tile reads compressed, for
     `wsi_loader.gpu.DeviceLoader` to decode (on the GPU when there is one).
     ``reuse_buffers``: each reading process recycles a batch buffer once no tensor over it is
     left in the process that received the batch (saves the page faults of fresh shared memory,
     ~20% of a worker's time); batches sent on to other processes are copied by torch, so
-    holding or forwarding batches is always safe. Other keyword arguments go to `TileDataset`.
+    holding or forwarding batches is always safe. Other keyword arguments go to `TileDataset`
+    (``transform``, ``batch_transform``, ``split``, ``on_error``...).
     """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if decode not in DECODE_MODES:
-        raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
-    if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0):
-        raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
+    opts: LoaderConfig = validate(
+        LoaderConfig,
+        {
+            "batch_size": batch_size,
+            "shuffle": shuffle,
+            "seed": seed,
+            "drop_last": drop_last,
+            "num_workers": num_workers,
+            "pin_memory": pin_memory,
+            "prefetch_factor": prefetch_factor,
+            "persistent_workers": persistent_workers,
+            "multiprocessing_context": multiprocessing_context,
+            "decode": decode,
+            "reuse_buffers": reuse_buffers,
+        },
+    )
+    if sampler is not None and (opts.shuffle is not None or opts.seed is not None):
+        raise ConfigError(
+            "shuffle and seed are options of the default sampler; with your own sampler, set "
+            "them on it",
+            key="shuffle" if opts.shuffle is not None else "seed",
+        )
     if dataset_options and isinstance(data, TileDataset):
-        raise ValueError("dataset options apply only when make_loader builds the TileDataset")
+        raise ConfigError(
+            f"dataset options ({', '.join(sorted(dataset_options))}) apply only when "
+            "make_loader builds the TileDataset; give them to your TileDataset",
+            key=sorted(dataset_options)[0],
+        )
     tiles = data if isinstance(data, TileDataset) else TileDataset(data, **dataset_options)
     if sampler is None:
-        sampler = DistributedTileSampler(tiles, shuffle=shuffle, seed=seed)
-    workers = default_workers() if num_workers is None else num_workers
+        sampler = DistributedTileSampler(
+            tiles,
+            shuffle=True if opts.shuffle is None else opts.shuffle,
+            seed=opts.seed or 0,
+        )
+    batch_size, drop_last, decode = opts.batch_size, opts.drop_last, opts.decode
+    prefetch_factor, pin_memory = opts.prefetch_factor, opts.pin_memory
+    workers = default_workers() if opts.num_workers is None else opts.num_workers
     loader = TileLoader(
         BatchReads(
             tiles,

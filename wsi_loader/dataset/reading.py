@@ -4,7 +4,12 @@ A failed read discards the handle (OpenSlide errors latch), reopens it and retri
 number of times; then the policy applies: ``fill`` (constant colour, not ok), ``substitute``
 (a deterministic other tile of the same slide, not ok, marked substituted) or ``raise``
 (`TileReadError`). Every failure is appended to the index's quarantine and kept in
-``TileReader.failures``. Nothing here imports torch: batches are numpy NHWC uint8 buffers.
+``TileReader.failures`` (a bounded sample; ``failure_count`` counts them all).
+
+A slide that cannot be opened at all (gone, unreadable) is a *slide* fault: its tiles come back
+not ok without retries, one WARNING per slide per process and one slide-level quarantine record
+say so, and no tile of it is quarantined (it is read again once it is back). Nothing here
+imports torch: batches are numpy NHWC uint8 buffers.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ log = logging.getLogger(__name__)
 OnError = Literal["fill", "substitute", "raise"]
 ON_ERROR: tuple[str, ...] = ("fill", "substitute", "raise")
 SUBSTITUTE_ATTEMPTS = 3
+FAILURES_KEPT = 1000  # failures kept in TileReader.failures (all are counted)
 # Starting threads costs ~0.2 ms per read: measured, 2 threads lose on 2-tile reads (0.89x)
 # and win from 4 tiles on (1.23x at 4, 1.35x at 8, 1.5-1.7x at 64)
 MIN_THREADED_JOBS = 4
@@ -94,6 +100,8 @@ class TileReader:
         self.record_failures = record_failures
         self.tile_size = int(index.params["tile_size"])
         self.failures: list[dict[str, Any]] = []
+        self.failure_count = 0
+        self.slide_faults: dict[int, str] = {}  # slide id -> reason, found by this process
         self._quarantined: set[tuple[int, int, int]] = set()
         self._paths = [index.slide_path(i) for i in range(len(index.slides))]
         self._slide_start = index.slide_starts()
@@ -121,6 +129,9 @@ class TileReader:
         for attempt in range(self.retries + 1):
             try:
                 reader = self.pool.get(path, backend)
+            except SlideError:
+                raise  # the slide as a whole (a slide fault): retrying each tile cannot help
+            try:
                 if size == t and hasattr(reader, "read_region_into"):
                     reader.read_region_into(dest, x, y, level, size, size)
                 elif size != t and hasattr(reader, "read_region_scaled"):  # DCT downscaling
@@ -138,13 +149,46 @@ class TileReader:
         raise TileReadError.for_region(path, x, y, level, size, size, last) from last
 
     # -- failures --------------------------------------------------------------------------
+    def _keep(self, entry: dict[str, Any]) -> None:
+        self.failure_count += 1
+        if len(self.failures) < FAILURES_KEPT:
+            self.failures.append(entry)
+
+    def _slide_fault(self, slide_id: int, error: SlideError) -> None:
+        """Report a slide that cannot be opened: once per slide per process."""
+        reason = str(error)
+        if self.slide_faults.get(slide_id) == reason:
+            return
+        self.slide_faults[slide_id] = reason
+        record = self.index.slides[slide_id]
+        log.warning(
+            "slide %s cannot be read, its tiles are not ok: %s", self._paths[slide_id], error
+        )
+        entry = {
+            "kind": "slide",
+            "slide_id": slide_id,
+            "path": record.path,
+            "fingerprint": record.fingerprint,
+            "error": reason,
+            "policy": self.on_error,
+        }
+        self._keep(entry)
+        if not self.record_failures:
+            return
+        try:
+            Quarantine(os.path.join(self.index.path, "quarantine.jsonl")).append_slide(entry)
+        except OSError as exc:
+            log.warning("cannot write the quarantine of %s: %s", self.index.path, exc)
+
     def _record(self, row: int, error: TileReadError) -> None:
         cols = self.index.columns
         slide_id = int(cols["slide_id"][row])
         x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
         entry = {
+            "kind": "tile",
             "slide_id": slide_id,
             "path": self.index.slides[slide_id].path,
+            "fingerprint": self.index.slides[slide_id].fingerprint,
             "x": x,
             "y": y,
             "level": int(cols["level"][row]),
@@ -152,7 +196,7 @@ class TileReader:
             "error": error.cause or str(error),
             "policy": self.on_error,
         }
-        self.failures.append(entry)
+        self._keep(entry)
         key = (slide_id, x, y)
         if not self.record_failures or key in self._quarantined:
             return
@@ -180,6 +224,8 @@ class TileReader:
                 return other
             except TileReadError as exc:
                 self._record(other, exc)
+            except SlideError:
+                return None
         return None
 
     # -- public ----------------------------------------------------------------------------
@@ -227,8 +273,9 @@ class TileReader:
             todo = [i for i in todo if result.encoded[i] is None]
         if threads > 1 and len(todo) > 1:
             todo = self._read_in_threads(todo, windows, result.pixels, threads)
+        faulted: dict[int, SlideError] = {}  # slides of this call that could not be opened
         for i in todo:
-            self._read_into(int(rows[i]), windows[i], i, result)
+            self._read_into(int(rows[i]), windows[i], i, result, faulted)
         return result
 
     def _read_in_threads(
@@ -302,10 +349,19 @@ class TileReader:
             return None
 
     def _read_into(
-        self, row: int, window: tuple[int, int, int, int, int], i: int, result: ReadResult
+        self,
+        row: int,
+        window: tuple[int, int, int, int, int],
+        i: int,
+        result: ReadResult,
+        faulted: dict[int, SlideError],
     ) -> None:
+        slide_id = window[0]
         try:
+            if slide_id in faulted:
+                raise faulted[slide_id]
             self._read_window(window, result.pixels[i])
+            self.slide_faults.pop(slide_id, None)
             return
         except TileReadError as exc:
             self._record(row, exc)
@@ -313,6 +369,15 @@ class TileReader:
             result.errors[i] = exc.cause or str(exc)
             if self.on_error == "raise":
                 raise
+        except SlideError as exc:  # the whole slide: no substitute from it either
+            faulted[slide_id] = exc
+            self._slide_fault(slide_id, exc)
+            result.ok[i] = False
+            result.errors[i] = f"slide fault: {exc}"
+            if self.on_error == "raise":
+                raise
+            result.pixels[i] = self.fill_value
+            return
         if self.on_error == "substitute":
             found = self._substitute(row, result.pixels[i])
             if found is not None:

@@ -16,16 +16,67 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from wsi_loader.config import DatasetConfig
+from wsi_loader.config import DatasetConfig, validate
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing, fresh_buffer, lease, release
 from wsi_loader.dataset.reading import ReadResult, TileReader, threads_per_process
 from wsi_loader.dataset.worker_exit import let_queue_feeders_finish  # noqa: F401 (registers it)
+from wsi_loader.errors import ConfigError
+from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.pool import HandlePool
 
 Sample = dict[str, Any]
 Transform = Callable[[torch.Tensor], torch.Tensor]
+BatchTransform = Callable[[TileBatch], TileBatch]
+
+
+def _check_callable(name: str, value: object) -> None:
+    if value is not None and not callable(value):
+        raise ConfigError(
+            f"invalid value {value!r} for {name!r}: must be callable or None", key=name, value=value
+        )
+
+
+def open_for_reading(
+    index: SlideIndex | str | os.PathLike[str], options: DatasetConfig
+) -> SlideIndex:
+    """The index view a dataset reads: ``root``, ``split`` and ``exclude_quarantined`` applied
+    (to an opened `SlideIndex` too), missing slides checked (``missing_slides``), and slides
+    without a label kept, dropped or refused (``unlabelled``)."""
+    if isinstance(index, SlideIndex):
+        index = index.view(
+            root=options.root, exclude_quarantined=options.exclude_quarantined, split=options.split
+        )
+    else:
+        index = SlideIndex.open(
+            index,
+            root=options.root,
+            exclude_quarantined=options.exclude_quarantined,
+            split=options.split,
+        )
+    index = require_slides(index, options.missing_slides)
+    if options.unlabelled != "keep":
+        labels = index.slide_labels()
+        rows_per_slide = np.diff(index.slide_starts())
+        unlabelled = np.flatnonzero((labels < 0) & (rows_per_slide > 0)).tolist()
+        if unlabelled and options.unlabelled == "raise":
+            names = ", ".join(index.slides[i].path for i in unlabelled[:5])
+            raise ConfigError(
+                f"{len(unlabelled)} slides with {int(rows_per_slide[unlabelled].sum())} tiles "
+                f"have no label ({names}); give labels when indexing (--labels), or pass "
+                "unlabelled='drop' to leave their tiles out",
+                key="unlabelled",
+                value="raise",
+            )
+        index = index.view(drop_slides=unlabelled)
+    return index
+
+
+def chw(pixels: np.ndarray) -> torch.Tensor:
+    """A contiguous uint8 (3, H, W) tensor of an (H, W, 3) tile: the copy is made by numpy, so
+    it never waits on torch's intra-op thread pool (slow on a busy machine)."""
+    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
 
 
 class TileDataset(Dataset[Sample]):
@@ -33,8 +84,19 @@ class TileDataset(Dataset[Sample]):
 
     ``ds[row]`` is a dict: ``image`` (uint8 ``(3, H, W)`` RGB), ``label`` (label id, -1 when
     unlabelled; names in ``label_names``), ``ok`` (False when the read failed), ``substituted``,
-    ``row``, ``slide_id`` and ``x``, ``y`` (level-0 top-left). ``transform`` is applied to the
-    uint8 image tensor.
+    ``row``, ``slide_id`` and ``x``, ``y`` (level-0 top-left).
+
+    ``transform`` runs per tile in the process that reads (a DataLoader worker): it gets the
+    uint8 ``(3, H, W)`` image tensor. For ``ds[row]`` it may return anything (the sample's
+    ``image``); in batches (`read_batch`, `make_loader`) it must return a uint8 ``(3, H, W)``
+    tensor of the same shape (flips, rotations, colour jitter), written back into the batch.
+    ``batch_transform`` runs on each `TileBatch` in the process that reads and returns a
+    `TileBatch` (any image shape or dtype; batch buffers are then not reused).
+
+    Options (validated like the YAML ``dataset`` section, `DatasetConfig`; a wrong type or
+    range is a `ConfigError` naming the option): ``split`` reads one split; ``missing_slides``
+    ("raise" or "exclude") decides what a slide that cannot be read at start does;
+    ``unlabelled`` ("keep", "drop", "raise") what tiles of unlabelled slides do.
 
     ``max_open_slides``: files open per process (LRU); ``layout_cache_mb``: parsed layouts
     that raw-read slides keep when closed, so reopening them is cheap (see `HandlePool`).
@@ -51,34 +113,58 @@ class TileDataset(Dataset[Sample]):
         retries: int = 2,
         fill_value: int = 255,
         transform: Transform | None = None,
+        batch_transform: BatchTransform | None = None,
         max_open_slides: int = 16,
         openslide_cache_mb: int = 64,
         layout_cache_mb: int = 64,
         exclude_quarantined: bool = False,
+        split: str | None = None,
+        missing_slides: str = "raise",
+        unlabelled: str = "keep",
         root: str | None = None,
         backend: str | None = None,
         record_failures: bool = True,
         decode_threads: int | None = None,
     ) -> None:
-        if decode_threads is not None and (
-            not isinstance(decode_threads, int) or decode_threads < 1
-        ):
-            raise ValueError(
-                f"decode_threads must be a positive int or None, got {decode_threads!r}"
-            )
-        self.decode_threads = decode_threads
-        if not isinstance(index, SlideIndex):
-            index = SlideIndex.open(index, root=root, exclude_quarantined=exclude_quarantined)
+        _check_callable("transform", transform)
+        _check_callable("batch_transform", batch_transform)
+        options: DatasetConfig = validate(
+            DatasetConfig,
+            {
+                "on_error": on_error,
+                "retries": retries,
+                "fill_value": fill_value,
+                "max_open_slides": max_open_slides,
+                "openslide_cache_mb": openslide_cache_mb,
+                "layout_cache_mb": layout_cache_mb,
+                "exclude_quarantined": exclude_quarantined,
+                "split": split,
+                "missing_slides": missing_slides,
+                "unlabelled": unlabelled,
+                "root": root,
+                "backend": backend,
+                "record_failures": record_failures,
+                "decode_threads": decode_threads,
+            },
+        )
+        self.options = options
+        self.decode_threads = options.decode_threads
+        index = open_for_reading(index, options)
         self.index = index
         self.transform = transform
+        self.batch_transform = batch_transform
         self.reader = TileReader(
             index,
-            on_error=on_error,
-            retries=retries,
-            fill_value=fill_value,
-            pool=HandlePool(max_open_slides, openslide_cache_mb * 2**20, layout_cache_mb * 2**20),
-            backend=backend,
-            record_failures=record_failures,
+            on_error=options.on_error,
+            retries=options.retries,
+            fill_value=options.fill_value,
+            pool=HandlePool(
+                options.max_open_slides,
+                options.openslide_cache_mb * 2**20,
+                options.layout_cache_mb * 2**20,
+            ),
+            backend=options.backend,
+            record_failures=options.record_failures,
         )
         self.slide_labels = index.slide_labels()
         self.label_names = index.label_names
@@ -87,18 +173,8 @@ class TileDataset(Dataset[Sample]):
     def from_config(
         cls, index: SlideIndex | str | os.PathLike[str], config: DatasetConfig, **kwargs: Any
     ) -> TileDataset:
-        return cls(
-            index,
-            on_error=config.on_error,
-            retries=config.retries,
-            fill_value=config.fill_value,
-            max_open_slides=config.max_open_slides,
-            openslide_cache_mb=config.openslide_cache_mb,
-            layout_cache_mb=config.layout_cache_mb,
-            exclude_quarantined=config.exclude_quarantined,
-            decode_threads=config.decode_threads,
-            **kwargs,
-        )
+        """A dataset with the options of ``config``; ``kwargs`` override them."""
+        return cls(index, **{**config.model_dump(), **kwargs})
 
     @property
     def tile_size(self) -> int:
@@ -130,7 +206,7 @@ class TileDataset(Dataset[Sample]):
         samples = []
         for i, row in enumerate(rows.tolist()):
             slide_id = int(cols["slide_id"][row])
-            image = torch.from_numpy(result.pixels[i]).permute(2, 0, 1).contiguous()
+            image: Any = chw(result.pixels[i])
             if self.transform is not None:
                 image = self.transform(image)
             samples.append(
@@ -158,6 +234,30 @@ class TileDataset(Dataset[Sample]):
         array = np.asarray(rows, dtype=np.int64)
         return self._samples(array, self.read_rows(array))
 
+    def _transform_in_place(self, pixels: np.ndarray) -> None:
+        """Apply ``transform`` to every tile of an NHWC batch, writing the results back."""
+        assert self.transform is not None
+        for i in range(len(pixels)):
+            out = self.transform(chw(pixels[i]))
+            expected = (3, pixels.shape[1], pixels.shape[2])
+            if (
+                not isinstance(out, torch.Tensor)
+                or out.dtype != torch.uint8
+                or tuple(out.shape) != expected
+            ):
+                got = (
+                    f"{out.dtype} {tuple(out.shape)}"
+                    if isinstance(out, torch.Tensor)
+                    else type(out).__name__
+                )
+                raise ConfigError(
+                    f"in batches, transform must return a uint8 tensor of shape {expected} "
+                    f"(got {got}); convert and resize on the device (DeviceLoader), or use "
+                    "batch_transform",
+                    key="transform",
+                )
+            pixels[i] = out.numpy().transpose(1, 2, 0)
+
     def read_batch(
         self, rows: Sequence[int], encoded: bool = False, buffers: BufferRing | None = None
     ) -> TileBatch:
@@ -171,12 +271,15 @@ class TileDataset(Dataset[Sample]):
         shape = (len(array), t, t, 3)
         # decoded straight into this buffer (shared memory inside a DataLoader worker)
         in_worker = get_worker_info() is not None
-        if buffers is not None:
+        if buffers is not None and self.batch_transform is None:
             images, recycled = buffers.take(shape, shared=in_worker)
         else:
             images, recycled = fresh_buffer(shape, shared=in_worker), False
         try:
-            result = self.read_rows(array, out=images.numpy(), encoded=encoded)
+            pixels = images.numpy()
+            result = self.read_rows(array, out=pixels, encoded=encoded)
+            if self.transform is not None:
+                self._transform_in_place(pixels)
         except BaseException:
             if recycled:
                 release(images)  # on_error="raise": the batch is never handed out
@@ -194,6 +297,12 @@ class TileDataset(Dataset[Sample]):
             label=torch.tensor(self.slide_labels[slide_id]),
             recycled=recycled,
         )
+        if self.batch_transform is not None:
+            batch = self.batch_transform(batch)
+            if not isinstance(batch, TileBatch):
+                raise TypeError(
+                    f"batch_transform must return a TileBatch, got {type(batch).__name__}"
+                )
         if recycled and in_worker:
             batch.lease_on_arrival()  # the receiving process leases it when it unpickles it
         elif recycled:

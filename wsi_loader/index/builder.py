@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from wsi_loader.config import IndexConfig, with_overrides
-from wsi_loader.errors import SlideError
+from wsi_loader.errors import InputError, SlideError
 from wsi_loader.index.geometry import grid, plan_read
-from wsi_loader.index.inputs import SlideEntry, discover, fingerprint, join_labels
+from wsi_loader.index.inputs import LabelReport, SlideEntry, discover, fingerprint, join_labels
 from wsi_loader.index.quarantine import Quarantine, coords_in
 from wsi_loader.index.table import (
     CURRENT,
@@ -177,6 +177,36 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     return index
 
 
+def _check_labels(report: LabelReport, labels: str, strict: bool) -> None:
+    """Log (or with ``strict``, raise) labels rows that matched no slide and unlabelled slides."""
+    problems = []
+    if report.unmatched_rows:
+        first = ", ".join(report.unmatched_rows[:5])
+        problems.append(f"{len(report.unmatched_rows)} labels rows match no slide ({first})")
+    if report.unlabelled_slides:
+        first = ", ".join(os.path.basename(p) for p in report.unlabelled_slides[:5])
+        problems.append(f"{len(report.unlabelled_slides)} slides have no label ({first})")
+    if not problems:
+        return
+    if strict:
+        raise InputError("; ".join(problems) + " (strict_labels is set)", path=labels)
+    log.warning("%s: %s", labels, "; ".join(problems))
+
+
+def _check_splits(records: list[SlideRecord]) -> None:
+    """Splits are by slide: the same slide file (by fingerprint) in two splits is an error."""
+    seen: dict[str, SlideRecord] = {}
+    for record in records:
+        if record.fingerprint is None or record.split is None:
+            continue
+        other = seen.setdefault(record.fingerprint, record)
+        if other.split != record.split:
+            raise InputError(
+                f"the same slide is in two splits: {other.path} ({other.split!r}) and "
+                f"{record.path} ({record.split!r}) have identical contents"
+            )
+
+
 def _run(
     tasks: list[SlideTask], workers: int, executor: Any, progress: bool
 ) -> list[tuple[SlideRecord, TileArrays]]:
@@ -205,9 +235,19 @@ def build_index(
     cfg = with_overrides(config or IndexConfig(), **overrides)
     out = os.fspath(out)
     root = os.path.abspath(cfg.root) if cfg.root else None
+    inputs = [os.fspath(i) for i in inputs]
     entries = discover(inputs)
+    if not entries:
+        raise InputError(f"no slide files found in {', '.join(inputs) or 'no inputs'}")
+    if not any(os.path.exists(e.path) for e in entries):
+        raise InputError(
+            f"none of the inputs exists ({', '.join(inputs[:3])}...); is the share mounted? "
+            "Nothing was written"
+        )
+    label_report = None
     if cfg.labels:
-        entries = join_labels(entries, cfg.labels)
+        entries, label_report = join_labels(entries, cfg.labels)
+        _check_labels(label_report, cfg.labels, cfg.strict_labels)
     previous = _previous(out, cfg)
     old = records_by_path(previous) if previous else {}
 
@@ -229,12 +269,24 @@ def build_index(
         slots.append(SlideTask(entry=entry, stored_path=stored, config=cfg))
     tasks = [s for s in slots if isinstance(s, SlideTask)]
     log.info("%d slides: %d unchanged, %d to index", len(entries), reused, len(tasks))
+    had_ok = previous is not None and any(r.status == "ok" for r in previous.slides)
+    del previous  # releases its generation, which write_index may then delete
     done = iter(_run(tasks, cfg.workers, executor, progress))
     results = [next(done) if isinstance(s, SlideTask) else s for s in slots]
     results.sort(key=lambda r: r[0].path)
+    for record, _ in results:
+        if record.status == "failed":
+            log.warning("cannot index %s: %s", record.path, record.error)
+    if had_ok and not any(record.status == "ok" for record, _ in results):
+        raise InputError(
+            f"no slide could be indexed, so the index in {out} was left as it is "
+            "(see the warnings above for each slide's reason)"
+        )
+    _check_splits([record for record, _ in results])
 
+    fingerprints = {r.path: r.fingerprint for r, _ in results if r.fingerprint}
     quarantined = (
-        Quarantine(os.path.join(out, "quarantine.jsonl")).coords_by_path()
+        Quarantine(os.path.join(out, "quarantine.jsonl")).coords_by_path(fingerprints)
         if cfg.exclude_quarantined
         else {}
     )
@@ -250,7 +302,8 @@ def build_index(
         records.append(record)
         tiles.append(arrays)
     params = cfg.model_dump()
-    index = write_index(out, records, tiles, params, root)
+    extra = {"labels_report": label_report.as_json()} if label_report is not None else {}
+    index = write_index(out, records, tiles, params, root, extra)
     failed = sum(r.status == "failed" for r in records)
     log.info("indexed %d slides (%d failed), %d tiles -> %s", len(records), failed, len(index), out)
     return index

@@ -1,7 +1,8 @@
 """Turn command-line inputs (files, folders, globs, CSV manifests) into slide entries.
 
-A folder is searched recursively for slide files. A DICOM slide is a folder of ``.dcm``
-instances: it becomes one entry (the first instance; OpenSlide finds the rest of the series).
+A folder is searched recursively for slide files. A DICOM slide is a folder of DICOM
+instances (found by their ``DICM`` preamble, whatever their extension: ``.dcm``, ``.dicom`` or
+none): it becomes one entry (the first instance; OpenSlide finds the rest of the series).
 A CSV manifest has a header with ``path`` and optionally ``label``, ``split`` and ``mpp``;
 relative paths are relative to the manifest's folder. A labels CSV (``path`` or ``slide``,
 plus ``label``) is joined by absolute path first, then by slide name.
@@ -14,7 +15,7 @@ import glob
 import hashlib
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from wsi_loader.errors import InputError
@@ -36,6 +37,22 @@ SLIDE_SUFFIXES = frozenset(
     }
 )
 _GLOB_CHARS = set("*?[")
+DICOM_SUFFIXES = frozenset({".dcm", ".dicom"})
+# a DICOM file: a 128-byte preamble, then these four bytes (PS3.10 section 7.1)
+DICOM_MAGIC_OFFSET, DICOM_MAGIC = 128, b"DICM"
+
+
+def is_dicom(path: str) -> bool:
+    """True when ``path`` is a DICOM file (by its preamble; unreadable files are not, and
+    neither is anything but a regular file: opening a FIFO would block)."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(DICOM_MAGIC_OFFSET)
+            return fh.read(4) == DICOM_MAGIC
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -48,26 +65,70 @@ class SlideEntry:
     mpp: float | None = None
 
 
+@dataclass
+class LabelReport:
+    """How a labels CSV matched the slides: rows that matched no slide, slides left unlabelled
+    (names; the counts are the lengths)."""
+
+    unmatched_rows: list[str] = field(default_factory=list)
+    unlabelled_slides: list[str] = field(default_factory=list)
+
+    def as_json(self, examples: int = 10) -> dict[str, object]:
+        return {
+            "unmatched_rows": len(self.unmatched_rows),
+            "unmatched_examples": self.unmatched_rows[:examples],
+            "unlabelled_slides": len(self.unlabelled_slides),
+            "unlabelled_examples": self.unlabelled_slides[:examples],
+        }
+
+
+def _is_dicom_name(path: str) -> bool:
+    return Path(path).suffix.lower() in DICOM_SUFFIXES
+
+
 def slide_name(path: str) -> str:
     """The name labels are joined by: the file stem, or the folder name for DICOM."""
     p = Path(path)
-    return p.parent.name if p.suffix.lower() == ".dcm" else p.stem
+    return p.parent.name if _is_dicom_name(path) or is_dicom(path) else p.stem
 
 
 def _scan_folder(folder: Path) -> list[str]:
+    """Slide files under ``folder``; symlinked sub-folders are followed, each real folder once
+    (a link back up the tree is not a loop)."""
     found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(folder):
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        st = os.stat(dirpath)
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         names = sorted(f for f in filenames if not f.startswith("."))
-        dicoms = [f for f in names if f.lower().endswith(".dcm")]
+        slides, dicoms = [], []
+        for f in names:
+            full = os.path.join(dirpath, f)
+            suffix = Path(f).suffix.lower()
+            if suffix in DICOM_SUFFIXES or (suffix not in SLIDE_SUFFIXES and is_dicom(full)):
+                dicoms.append(full)
+            elif suffix in SLIDE_SUFFIXES:
+                slides.append(full)
         if dicoms:
-            found.append(os.path.join(dirpath, dicoms[0]))
-        found.extend(
-            os.path.join(dirpath, f)
-            for f in names
-            if Path(f).suffix.lower() in SLIDE_SUFFIXES and not f.lower().endswith(".dcm")
-        )
+            found.append(dicoms[0])
+        found.extend(slides)
     return found
+
+
+def dicom_series_files(path: str) -> list[str]:
+    """The DICOM instances in the folder of ``path`` (a slide's whole series)."""
+    folder = os.path.dirname(path)
+    return sorted(
+        os.path.join(folder, f)
+        for f in os.listdir(folder)
+        if not f.startswith(".")
+        and os.path.isfile(os.path.join(folder, f))
+        and (_is_dicom_name(f) or is_dicom(os.path.join(folder, f)))
+    )
 
 
 def _parse_float(value: str, path: str, line: int, column: str) -> float | None:
@@ -133,8 +194,8 @@ def read_manifest(path: str) -> list[SlideEntry]:
             )
         seen[full] = line
         if os.path.isdir(full):
-            dicoms = sorted(f for f in os.listdir(full) if f.lower().endswith(".dcm"))
-            full = os.path.join(full, dicoms[0]) if dicoms else full
+            dicoms = dicom_series_files(os.path.join(full, "_"))
+            full = dicoms[0] if dicoms else full
         entries.append(
             SlideEntry(
                 path=full,
@@ -173,33 +234,60 @@ def discover(inputs: Iterable[str | os.PathLike[str]]) -> list[SlideEntry]:
     return list(entries.values())
 
 
-def join_labels(entries: list[SlideEntry], labels_csv: str) -> list[SlideEntry]:
-    """Fill each entry's label (and split) from a labels CSV; manifest labels are overridden."""
+def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideEntry], LabelReport]:
+    """Fill each entry's label (and split) from a labels CSV; manifest labels are overridden.
+
+    Returns the entries and a `LabelReport` (rows that matched no slide, slides without a
+    label). A row with an empty label, or a slide given two different labels or splits, is an
+    `InputError`.
+    """
     folder = os.path.dirname(os.path.abspath(labels_csv))
     by_path: dict[str, tuple[str, str | None]] = {}
     by_name: dict[str, tuple[str, str | None]] = {}
+    row_name: dict[tuple[str, str], str] = {}
     for line, row in _read_csv(labels_csv, ["path", "slide"]):
         if "label" not in row:
             raise InputError("the labels file needs a 'label' column", path=labels_csv)
+        if not row["label"]:
+            raise InputError(
+                "empty label (leave the slide out of the labels file instead)",
+                path=labels_csv,
+                line=line,
+            )
         value = (row["label"], row.get("split") or None)
         if row.get("path"):
-            by_path[os.path.normpath(os.path.join(folder, row["path"]))] = value
+            table, key = by_path, os.path.normpath(os.path.join(folder, row["path"]))
+            shown = row["path"]
         elif row.get("slide"):
-            name = row["slide"]
-            if name in by_name and by_name[name] != value:
-                raise InputError(
-                    f"slide {name!r} has two different labels", path=labels_csv, line=line
-                )
-            by_name[name] = value
+            table, key, shown = by_name, row["slide"], row["slide"]
         else:
             raise InputError("a row needs 'path' or 'slide'", path=labels_csv, line=line)
-    out = []
+        if key in table and table[key] != value:
+            raise InputError(
+                f"slide {shown!r} is given two different labels or splits "
+                f"({table[key]} and {value})",
+                path=labels_csv,
+                line=line,
+            )
+        table[key] = value
+        row_name[("path" if table is by_path else "slide", key)] = shown
+    out, used, report = [], set(), LabelReport()
     for entry in entries:
-        hit = by_path.get(entry.path) or by_name.get(slide_name(entry.path))
-        if hit is None and entry.path.lower().endswith(".dcm"):
-            hit = by_path.get(os.path.dirname(entry.path))
+        candidates = [("path", entry.path), ("slide", slide_name(entry.path))]
+        if _is_dicom_name(entry.path) or is_dicom(entry.path):
+            candidates.insert(1, ("path", os.path.dirname(entry.path)))
+        hit = None
+        for kind, key in candidates:
+            table = by_path if kind == "path" else by_name
+            if key in table:
+                hit = table[key]
+                used.add((kind, key))
+                break
+        if hit is None:
+            report.unlabelled_slides.append(entry.path)
         out.append(replace(entry, label=hit[0], split=hit[1] or entry.split) if hit else entry)
-    return out
+    report.unmatched_rows = [name for key, name in row_name.items() if key not in used]
+    return out, report
 
 
 def fingerprint(path: str) -> tuple[int, int, str]:
@@ -207,11 +295,8 @@ def fingerprint(path: str) -> tuple[int, int, str]:
     64 KiB, so a rewrite that keeps size and mtime is still noticed. DICOM covers the series
     folder. Raises OSError when the file is gone."""
     files = [path]
-    if path.lower().endswith(".dcm"):
-        folder = os.path.dirname(path)
-        files = sorted(
-            os.path.join(folder, f) for f in os.listdir(folder) if f.lower().endswith(".dcm")
-        )
+    if _is_dicom_name(path) or is_dicom(path):
+        files = dicom_series_files(path) or [path]
     digest = hashlib.blake2b(digest_size=16)
     size = mtime = 0
     for file in files:

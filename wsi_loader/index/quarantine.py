@@ -1,9 +1,21 @@
-"""The quarantine: failed tile reads, appended as JSON lines by whichever process hit them.
+"""The quarantine: failed reads, appended as JSON lines by whichever process hit them.
 
-Each record is written with one ``write`` on a file opened ``O_APPEND`` under an exclusive
-``flock``, so records from several workers never interleave. A writer killed mid-record can
-leave a partial last line: the next writer starts on a fresh line, and readers skip (and log)
-lines that do not parse, so one torn record never hides the others.
+Two kinds of record:
+
+* ``"kind": "tile"`` (the default of records written before kinds existed): one tile of a
+  readable slide failed to read (``path``, ``x``, ``y``, ``level``, ``error``, ``fingerprint``);
+* ``"kind": "slide"``: the whole slide was missing or unreadable (``path``, ``error``,
+  ``fingerprint``), recorded once, not once per tile. Slide records never exclude tiles.
+
+Tile records carry the fingerprint of the slide they were read from: a record of an older
+version of a slide (rewritten since) no longer excludes its tiles.
+
+Writers take an exclusive ``flock`` on ``quarantine.jsonl.lock`` and append each record with
+one ``write`` (``O_APPEND``, never through a symlink), so records from several workers never
+interleave, and `Quarantine.rewrite` (``--clear``, ``--retry``) can replace the file without
+losing a concurrent append. A writer killed mid-record can leave a partial last line: the next
+writer starts on a fresh line, and readers skip (and log) lines that do not parse or do not
+hold valid values, so one bad record never hides the others.
 """
 
 from __future__ import annotations
@@ -13,6 +25,8 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,29 +35,75 @@ import numpy.typing as npt
 
 log = logging.getLogger(__name__)
 
+INT32 = 2**31
+
+
+def _valid(entry: Any) -> bool:
+    """A record whose fields have the types and ranges readers rely on."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        return False
+    if entry.get("kind", "tile") == "slide":
+        return True
+    if entry.get("kind", "tile") != "tile":
+        return False
+    for key in ("x", "y"):
+        value = entry.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not -INT32 <= value < INT32:
+            return False
+    fp = entry.get("fingerprint")
+    return fp is None or isinstance(fp, str)
+
 
 class Quarantine:
     """Append-only failure log of one index directory."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
 
-    def append(self, record: dict[str, Any]) -> None:
-        """Append one record (at least ``slide_id``, ``path``, ``x``, ``y``, ``error``)."""
-        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **record}
-        line = (json.dumps(entry, sort_keys=True) + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _append_locked(self, entry: dict[str, Any]) -> None:
+        line = (json.dumps(entry, sort_keys=True) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 line = b"\n" + line  # a torn record from a killed writer: start afresh
             os.write(fd, line)
         finally:
-            os.close(fd)  # closing releases the lock
+            os.close(fd)
+
+    @staticmethod
+    def _stamped(record: dict[str, Any]) -> dict[str, Any]:
+        return {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **record}
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Append one tile record (at least ``slide_id``, ``path``, ``x``, ``y``, ``error``)."""
+        with self._locked():
+            self._append_locked(self._stamped({"kind": "tile", **record}))
+
+    def append_slide(self, record: dict[str, Any]) -> bool:
+        """Append a slide record (``path``, ``fingerprint``, ``error``) unless one for the same
+        path and fingerprint is already there (from another worker); True when written."""
+        with self._locked():
+            for old in self.slide_records():
+                if old["path"] == record["path"] and old.get("fingerprint") == record.get(
+                    "fingerprint"
+                ):
+                    return False
+            self._append_locked(self._stamped({**record, "kind": "slide"}))
+            return True
 
     def read(self) -> list[dict[str, Any]]:
-        """Every well-formed record, oldest first."""
+        """Every valid record, oldest first (torn or invalid lines are skipped with a warning)."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -53,30 +113,66 @@ class Quarantine:
             if not line.strip():
                 continue
             try:
-                entry = json.loads(line)
-            except ValueError:
-                log.warning("%s:%d: skipping a torn quarantine record", self.path, number)
+                entry = json.loads(line, parse_constant=_reject_constant)
+            except (ValueError, RecursionError):
+                log.warning(
+                    "%s:%d: skipping a torn quarantine record (not valid JSON)", self.path, number
+                )
                 continue
-            if isinstance(entry, dict):
-                records.append(entry)
+            if not _valid(entry):
+                log.warning("%s:%d: skipping an invalid quarantine record", self.path, number)
+                continue
+            records.append(entry)
         return records
 
-    def keys(self) -> set[tuple[str, int, int]]:
-        """(stored slide path, l0_x, l0_y) of every quarantined tile."""
+    def tile_records(self) -> list[dict[str, Any]]:
+        return [r for r in self.read() if r.get("kind", "tile") == "tile"]
+
+    def slide_records(self) -> list[dict[str, Any]]:
+        return [r for r in self.read() if r.get("kind") == "slide"]
+
+    def rewrite(self, keep: Callable[[dict[str, Any]], bool]) -> tuple[int, int]:
+        """Keep only the records ``keep`` accepts (atomically, under the writers' lock);
+        returns (kept, removed). Invalid lines are dropped."""
+        with self._locked():
+            records = self.read()
+            kept = [r for r in records if keep(r)]
+            if len(kept) == len(records) and self.path.exists():
+                return len(kept), 0
+            tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+            with open(tmp, "w", encoding="utf-8") as fh:
+                for record in kept:
+                    fh.write(json.dumps(record, sort_keys=True) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+            return len(kept), len(records) - len(kept)
+
+    def keys(self, fingerprints: dict[str, str] | None = None) -> set[tuple[str, int, int]]:
+        """(stored slide path, l0_x, l0_y) of every quarantined tile. With ``fingerprints``
+        (stored path -> the slide's current fingerprint), records taken from another version
+        of a slide are left out."""
         out = set()
-        for entry in self.read():
-            try:
-                out.add((str(entry["path"]), int(entry["x"]), int(entry["y"])))
-            except (KeyError, TypeError, ValueError):
+        for entry in self.tile_records():
+            path, recorded = entry["path"], entry.get("fingerprint")
+            current = fingerprints.get(path) if fingerprints else None
+            if recorded is not None and current is not None and recorded != current:
                 continue
+            out.add((path, int(entry["x"]), int(entry["y"])))
         return out
 
-    def coords_by_path(self) -> dict[str, set[tuple[int, int]]]:
-        """Quarantined (l0_x, l0_y) per stored slide path."""
+    def coords_by_path(
+        self, fingerprints: dict[str, str] | None = None
+    ) -> dict[str, set[tuple[int, int]]]:
+        """Quarantined (l0_x, l0_y) per stored slide path (see `keys`)."""
         out: dict[str, set[tuple[int, int]]] = {}
-        for path, x, y in self.keys():
+        for path, x, y in self.keys(fingerprints):
             out.setdefault(path, set()).add((x, y))
         return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid number")
 
 
 def coords_in(
@@ -84,11 +180,12 @@ def coords_in(
     l0_y: npt.NDArray[np.integer[Any]],
     coords: set[tuple[int, int]],
 ) -> npt.NDArray[np.bool_]:
-    """Boolean per tile: is (l0_x, l0_y) one of ``coords``."""
+    """Boolean per tile: is (l0_x, l0_y) one of ``coords`` (int32 coordinates)."""
     if not coords or not len(l0_x):
         return np.zeros(len(l0_x), dtype=bool)
-    wanted = np.array(sorted(coords), dtype=np.int64).reshape(-1, 2)
-    wanted = wanted[(np.abs(wanted) < 2**31).all(axis=1)]  # tile columns are int32
+    wanted = np.array(
+        [xy for xy in sorted(coords) if all(-INT32 <= v < INT32 for v in xy)], dtype=np.int64
+    ).reshape(-1, 2)
     # one int64 key per (x, y): a sorted lookup, not a tiles x coords comparison matrix
     return np.isin(_xy_key(l0_x, l0_y), _xy_key(wanted[:, 0], wanted[:, 1]))
 

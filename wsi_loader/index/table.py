@@ -6,22 +6,30 @@ Layout of an index directory::
     DIR/gen-000003/meta.json schema_version, build parameters, counts, label names, root
     DIR/gen-000003/slides.json one record per slide (slide id = position)
     DIR/gen-000003/<column>.npy one array per tile column (see TILE_COLUMNS)
-    DIR/quarantine.jsonl     failed tile reads appended by datasets (outlives generations)
+    DIR/gen-000003/readers.lock every process using the generation holds a shared flock on it
+    DIR/quarantine.jsonl     failed reads appended by datasets (outlives generations)
 
 A build writes a new generation under a temporary name, renames it, then swaps ``CURRENT``:
-a build killed at any point leaves the previous index readable. Tiles of one slide are
-contiguous (``SlideRecord.first_row``), in row-major grid order.
+a build killed at any point leaves the previous index readable. Older generations are deleted
+only when no process holds their ``readers.lock``, so a dataset pickled to a worker (which
+reopens its generation by name) keeps working across an in-place rebuild. Tiles of one slide
+are contiguous (``SlideRecord.first_row``), in row-major grid order.
+
+A `SlideIndex` may be a *view*: rows of one split, without quarantined tiles or without some
+slides (`SlideIndex.view`). Slide ids stay those of the generation; ``source_rows`` maps each
+row of the view back to its row in the generation.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +43,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 CURRENT = "CURRENT"
+READERS_LOCK = "readers.lock"
 
 # name -> dtype of every tile column; all have one row per tile.
 TILE_COLUMNS: dict[str, np.dtype[Any]] = {
@@ -87,6 +96,44 @@ class SlideRecord:
 TileArrays = dict[str, npt.NDArray[Any]]
 
 
+class GenerationLock:
+    """A shared ``flock`` on a generation's ``readers.lock``, held while this object lives.
+
+    Builds delete an old generation only when they can take the lock exclusively. Views and
+    forked children share the descriptor (flock belongs to the open file description), and a
+    process that unpickles an index takes its own. Generations written before the lock file
+    existed have none: nothing is held and rebuilds delete them as before.
+    """
+
+    def __init__(self, gen: Path) -> None:
+        self.fd: int | None = None
+        try:
+            self.fd = os.open(gen / READERS_LOCK, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
+
+    def __del__(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _unused(gen: Path) -> bool:
+    """True when no process holds ``gen``'s readers lock (or it has none)."""
+    try:
+        fd = os.open(gen / READERS_LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
 @dataclass
 class SlideIndex:
     """A read-only view of an index directory. Tile columns are memory-mapped numpy arrays.
@@ -102,6 +149,10 @@ class SlideIndex:
     root: str | None = None
     excluded: int = 0  # quarantined tiles left out when opened with exclude_quarantined
     label_names: tuple[str, ...] = field(default_factory=tuple)
+    split: str | None = None  # the split this view holds (None: every slide)
+    dropped_slides: tuple[int, ...] = ()  # slides left out of this view (missing, unlabelled)
+    source_rows: npt.NDArray[np.int64] | None = None  # generation row of each row (None: same)
+    lock: GenerationLock | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def open(
@@ -110,21 +161,36 @@ class SlideIndex:
         *,
         root: str | None = None,
         exclude_quarantined: bool = False,
+        split: str | None = None,
+        generation: str | None = None,
     ) -> SlideIndex:
         """Open an index directory.
 
         ``root`` remaps where relative slide paths live (an index moved with its archive).
-        ``exclude_quarantined`` leaves out tiles recorded in the quarantine.
+        ``exclude_quarantined`` leaves out tiles recorded in the quarantine. ``split`` keeps
+        the slides of one split (the manifest's or labels file's ``split`` column).
+        ``generation`` opens that generation instead of the current one (while it exists).
         """
         base = Path(path)
-        return cls._open_generation(base, _current_generation(base), root, exclude_quarantined)
+        if generation is None:
+            gen = _current_generation(base)
+        elif not generation.startswith("gen-") or "/" in generation:
+            raise IndexFormatError(f"not a generation name: {generation!r}", path=str(base))
+        else:
+            gen = base / generation
+        index = cls._open_generation(base, gen, root)
+        return index.view(exclude_quarantined=exclude_quarantined, split=split)
 
     @classmethod
-    def _open_generation(
-        cls, base: Path, gen: Path, root: str | None, exclude_quarantined: bool
-    ) -> SlideIndex:
+    def _open_generation(cls, base: Path, gen: Path, root: str | None) -> SlideIndex:
         if not gen.is_dir():
-            raise IndexFormatError("the index generation no longer exists", path=str(gen))
+            raise IndexFormatError(
+                f"generation {gen.name} no longer exists: the index was rebuilt and the old "
+                "generation removed; open the index again (SlideIndex.open) and recreate the "
+                "dataset",
+                path=str(base),
+            )
+        lock = GenerationLock(gen)
         try:
             meta = json.loads((gen / "meta.json").read_text(encoding="utf-8"))
             slides_json = json.loads((gen / "slides.json").read_text(encoding="utf-8"))
@@ -154,22 +220,88 @@ class SlideIndex:
                 )
             columns[name] = array
         slides = tuple(SlideRecord.from_json(s) for s in slides_json)
-        index = cls(
+        return cls(
             path=base,
             meta=meta,
             slides=slides,
             columns=columns,
             root=root if root is not None else meta.get("root"),
             label_names=tuple(meta.get("label_names", ())),
+            lock=lock,
         )
+
+    # -- views -----------------------------------------------------------------------------
+    @property
+    def is_view(self) -> bool:
+        """True when rows were left out (the columns are in-memory copies then)."""
+        return self.source_rows is not None
+
+    def splits(self) -> list[str]:
+        """The split names of the indexed slides, sorted."""
+        return sorted({s.split for s in self.slides if s.split is not None})
+
+    def _keep_rows(self, keep: npt.NDArray[np.bool_], **changes: Any) -> SlideIndex:
+        """A view of the rows where ``keep`` is True (``changes`` update the bookkeeping)."""
+        if bool(keep.all()):
+            return replace(self, **changes)
+        rows = np.flatnonzero(keep).astype(np.int64)
+        source = rows if self.source_rows is None else self.source_rows[rows]
+        columns = {name: np.ascontiguousarray(col[rows]) for name, col in self.columns.items()}
+        return replace(self, columns=columns, source_rows=source, **changes)
+
+    def view(
+        self,
+        *,
+        root: str | None = None,
+        exclude_quarantined: bool = False,
+        split: str | None = None,
+        drop_slides: Iterable[int] = (),
+    ) -> SlideIndex:
+        """This index narrowed further: a remapped ``root``, quarantined tiles left out, only
+        the slides of ``split``, or without the slides ``drop_slides``. Views compose."""
+        index = self if root is None else replace(self, root=root)
+        if split is not None:
+            if not isinstance(split, str):
+                raise ValueError(f"split must be a string or None, got {split!r}")
+            if index.split is not None and index.split != split:
+                raise ValueError(
+                    f"this index is already the {index.split!r} split; it has no {split!r} rows"
+                )
+            names = index.splits()
+            if split not in names:
+                raise IndexFormatError(
+                    f"no slide is in split {split!r}; the splits are {names or 'none'} (set "
+                    "them with a 'split' column in the manifest or the labels CSV)",
+                    path=str(index.path),
+                )
+            in_split = np.array([s.split == split for s in index.slides] + [False])
+            index = index._keep_rows(in_split[index.columns["slide_id"]], split=split)
+        drop = sorted(set(drop_slides) - set(index.dropped_slides))
+        if drop:
+            flags = np.zeros(len(index.slides), dtype=bool)
+            flags[drop] = True
+            index = index._keep_rows(
+                ~flags[index.columns["slide_id"]],
+                dropped_slides=tuple(sorted({*index.dropped_slides, *drop})),
+            )
         if exclude_quarantined:
-            drop = index.quarantined_mask()
-            index.excluded = int(drop.sum())
-            if index.excluded:
-                index.columns = {
-                    name: np.ascontiguousarray(col[~drop]) for name, col in index.columns.items()
-                }
+            bad = index.quarantined_mask()
+            index = index._keep_rows(~bad, excluded=index.excluded + int(bad.sum()))
         return index
+
+    def __repr__(self) -> str:
+        what = [
+            f"{len(self)} tiles",
+            f"{len(self.slides)} slides",
+            str(self.meta.get("generation")),
+        ]
+        if self.split is not None:
+            what.append(f"split={self.split!r}")
+        if self.excluded:
+            what.append(f"{self.excluded} quarantined tiles excluded")
+        if self.dropped_slides:
+            what.append(f"{len(self.dropped_slides)} slides dropped")
+        return f"SlideIndex({str(self.path)!r}: {', '.join(what)})"
 
     def slide_starts(self) -> npt.NDArray[np.int64]:
         """First row of every slide plus the end (tiles of a slide are contiguous), so slide
@@ -178,8 +310,12 @@ class SlideIndex:
         return starts.astype(np.int64)
 
     def quarantined_mask(self) -> npt.NDArray[np.bool_]:
-        """Boolean per row: is this tile in the quarantine (matched by slide path, x, y)."""
-        by_path = self.quarantine.coords_by_path()
+        """Boolean per row: is this tile in the quarantine (a tile record matched by slide path,
+        x, y, and recorded for this version of the slide: records of a slide whose fingerprint
+        has changed since, and slide-level records, leave its tiles in)."""
+        by_path = self.quarantine.coords_by_path(
+            {s.path: s.fingerprint for s in self.slides if s.fingerprint}
+        )
         mask = np.zeros(len(self), dtype=bool)
         if not by_path:
             return mask
@@ -196,20 +332,23 @@ class SlideIndex:
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without tile data: the receiver memory-maps the same generation again.
 
-        Columns filtered by ``exclude_quarantined`` are in memory and travel as they are, so a
-        worker never sees a different tile set than its parent.
+        A view's columns are in memory and travel as they are, so a worker never sees a
+        different tile set than its parent. The receiver holds the generation's readers lock.
         """
         state = dict(self.__dict__)
-        if not self.excluded:
+        state["lock"] = None
+        if not self.is_view:
             state["columns"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        gen = self.path / str(self.meta["generation"])
         if self.columns is None:
-            gen = self.path / str(self.meta["generation"])
-            fresh = SlideIndex._open_generation(self.path, gen, self.root, False)
-            self.columns = fresh.columns
+            fresh = SlideIndex._open_generation(self.path, gen, self.root)
+            self.columns, self.lock = fresh.columns, fresh.lock
+        else:
+            self.lock = GenerationLock(gen) if gen.is_dir() else None
 
     def __len__(self) -> int:
         return len(self.columns["slide_id"])
@@ -307,6 +446,7 @@ def write_index(
     tiles: Sequence[TileArrays],
     params: Mapping[str, Any],
     root: str | None,
+    extra_meta: Mapping[str, Any] | None = None,
 ) -> SlideIndex:
     """Write a new generation atomically. ``tiles[i]`` holds slide i's columns (any length)."""
     base = Path(out)
@@ -319,6 +459,7 @@ def write_index(
     tmp = base / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    (tmp / READERS_LOCK).touch()
 
     records, first = [], 0
     for record, arrays in zip(slides, tiles, strict=True):
@@ -343,6 +484,7 @@ def write_index(
         "tiles_total": first,
         "label_names": labels,
         "columns": {k: str(v) for k, v in TILE_COLUMNS.items()},
+        **(extra_meta or {}),
     }
     for file, payload in (("slides.json", records), ("meta.json", meta)):
         with open(tmp / file, "w", encoding="utf-8") as fh:
@@ -360,11 +502,16 @@ def write_index(
 
 
 def _remove_stale(base: Path, keep: str) -> None:
-    """Delete older generations and leftovers of killed builds (open mmaps stay valid)."""
+    """Delete older generations no process uses any more, and leftovers of killed builds."""
     for entry in base.iterdir():
         if entry.name == keep or not entry.is_dir():
             continue
-        if entry.name.startswith("gen-") or entry.name.startswith(".gen-"):
+        if entry.name.startswith("gen-"):
+            if _unused(entry):
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                log.info("keeping %s: a process still reads it", entry)
+        elif entry.name.startswith(".gen-"):
             shutil.rmtree(entry, ignore_errors=True)
 
 

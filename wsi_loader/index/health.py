@@ -1,0 +1,93 @@
+"""Slide faults found before reading: is every slide of an index still there?
+
+A missing or unreadable slide is one *slide* fault, never thousands of tile faults: datasets,
+loaders and exports call `require_slides` when they start (one ``stat`` per slide), and either
+fail naming the missing slides and the root to fix, or leave those slides out with a warning.
+Remote paths (URLs) are not checked here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from typing import Literal
+
+from wsi_loader.errors import SlideNotFoundError
+from wsi_loader.index.table import SlideIndex
+
+log = logging.getLogger(__name__)
+
+OnMissing = Literal["raise", "exclude"]
+ON_MISSING: tuple[str, ...] = ("raise", "exclude")
+SHOWN = 5  # missing slides named in messages
+
+
+def slide_problem(index: SlideIndex, slide_id: int) -> str | None:
+    """Why slide ``slide_id`` cannot be read as indexed, or None when it looks fine."""
+    path = index.slide_path(slide_id)
+    if "://" in path:
+        return None
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read (permission denied)"
+    record = index.slides[slide_id]
+    series = path.lower().endswith((".dcm", ".dicom"))  # the recorded size is the series'
+    if record.size is not None and not series and st.st_size != record.size:
+        return f"changed since indexing ({st.st_size} bytes, indexed {record.size}); rebuild"
+    return None
+
+
+def slides_in_use(index: SlideIndex) -> list[int]:
+    """Ids of the slides that have rows in ``index`` (a view may hold fewer)."""
+    starts = index.slide_starts()
+    return [sid for sid in range(len(index.slides)) if starts[sid + 1] > starts[sid]]
+
+
+def require_slides(index: SlideIndex, on_missing: str = "raise") -> SlideIndex:
+    """Check that every slide with rows in ``index`` can be read; raise `SlideNotFoundError`
+    (``on_missing="raise"``) or return a view without those slides, with a WARNING listing them
+    (``"exclude"``)."""
+    if on_missing not in ON_MISSING:
+        raise ValueError(f"missing_slides must be one of {ON_MISSING}, got {on_missing!r}")
+    problems = {}
+    for sid in slides_in_use(index):
+        problem = slide_problem(index, sid)
+        if problem is not None:
+            problems[sid] = problem
+    if not problems:
+        return index
+    shown = "; ".join(
+        f"{index.slide_path(sid)} {why}" for sid, why in list(problems.items())[:SHOWN]
+    )
+    more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
+    where = (
+        f"slide paths are relative to the root {index.root!r}"
+        if index.root
+        else "slide paths are absolute"
+    )
+    if on_missing == "exclude":
+        log.warning(
+            "leaving out %d of %d slides of %s that cannot be read: %s%s",
+            len(problems),
+            len(index.slides),
+            index.path,
+            shown,
+            more,
+        )
+        return index.view(drop_slides=problems)
+    first = index.slide_path(next(iter(problems)))
+    raise SlideNotFoundError(
+        f"{len(problems)} of {len(index.slides)} slides of the index {index.path} cannot be "
+        f"read: {shown}{more}. {where}; if the archive moved, give its folder as the root "
+        "(SlideIndex.open(dir, root=...) or --root), or leave these slides out with "
+        "missing_slides='exclude' (--missing-slides exclude)",
+        path=first,
+    )
