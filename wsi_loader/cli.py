@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -55,6 +56,12 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--min-tissue", type=float, metavar="F", help="minimum tissue fraction 0..1")
     p.add_argument("--stride", type=int, metavar="PX", help="grid step in output pixels")
     p.add_argument("--labels", metavar="CSV", help="labels CSV joined by path or slide name")
+    p.add_argument(
+        "--strict-labels",
+        action="store_const",
+        const=True,
+        help="labels rows matching no slide, or slides without a label, are errors",
+    )
     p.add_argument("--root", metavar="DIR", help="store slide paths relative to this folder")
     p.add_argument("--workers", type=int, metavar="N", help="parallel slide workers")
     p.add_argument("--backend", choices=["auto", "openslide", "tiff"])
@@ -73,16 +80,56 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
 
 
+# options of every command that reads an index
+_READS = argparse.ArgumentParser(add_help=False)
+_READS.add_argument("--root", metavar="DIR", help="remap the slide root")
+_READS.add_argument("--split", metavar="NAME", help="only the slides of this split")
+
+# ... of those that read tiles
+_TILES = argparse.ArgumentParser(add_help=False)
+_TILES.add_argument(
+    "--missing-slides",
+    choices=["raise", "exclude"],
+    default="raise",
+    help="slides that cannot be read: stop (default) or leave them out with a warning",
+)
+
+
+def _open_index(args: argparse.Namespace) -> SlideIndex:
+    return SlideIndex.open(args.index, root=args.root, split=args.split)
+
+
 def _add_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("info", help="summarise an index", parents=[_COMMON])
+    p = sub.add_parser("info", help="summarise an index", parents=[_COMMON, _READS])
     p.add_argument("index", metavar="DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_quarantine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "quarantine",
+        help="list, clear or retry the failed reads recorded for an index",
+        parents=[_COMMON],
+        description="Without options: list the records (tile and slide faults).",
+    )
+    p.add_argument("index", metavar="DIR")
+    p.add_argument("--json", action="store_true", help="print the records as one JSON array")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--clear", action="store_true", help="remove records (all, or --slide)")
+    action.add_argument(
+        "--retry",
+        action="store_true",
+        help="read quarantined tiles and slides again; keep only the records that still fail",
+    )
+    p.add_argument("--slide", metavar="PATH_OR_ID", help="only this slide (id, path or name)")
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
 
 
 def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "export", help="write tiles to image folders or WebDataset tar shards", parents=[_COMMON]
+        "export",
+        help="write tiles to image folders or WebDataset tar shards",
+        parents=[_COMMON, _TILES],
     )
     p.add_argument("index", metavar="INDEX")
     p.add_argument("--out", required=True, metavar="DIR")
@@ -93,6 +140,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--workers", type=int, metavar="N")
     p.add_argument("--config", metavar="FILE", help="YAML config: its export section, index root")
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
+    p.add_argument("--split", metavar="NAME", help="export only the slides of this split")
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on a Dask cluster")
     p.add_argument("--no-progress", action="store_true")
 
@@ -115,7 +163,9 @@ def _dask_client(address: str | None) -> Iterator[Any]:
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "bench", help="measure tile throughput on your slides and storage", parents=[_COMMON]
+        "bench",
+        help="measure tile throughput on your slides and storage",
+        parents=[_COMMON, _READS, _TILES],
     )
     p.add_argument("index", metavar="INDEX")
     p.add_argument("--workers", type=int, metavar="N", help="largest DataLoader worker count")
@@ -123,7 +173,6 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--tiles", type=int, default=2000, metavar="N", help="tiles per measurement")
     p.add_argument("--device", metavar="D", help="also feed this device (cpu, cuda)")
     p.add_argument("--step-ms", type=float, default=50.0, help="simulated model step per batch")
-    p.add_argument("--root", metavar="DIR", help="remap the slide root")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -137,15 +186,16 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _add_view(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "inspect", help="draw a slide's tile grid over its thumbnail", parents=[_COMMON]
+        "inspect", help="draw a slide's tile grid over its thumbnail", parents=[_COMMON, _READS]
     )
     p.add_argument("index", metavar="INDEX")
     p.add_argument("--out", required=True, metavar="FILE.png")
     p.add_argument("--slide", metavar="PATH_OR_ID", help="slide id, path or name (first ok slide)")
     p.add_argument("--color-by", choices=["tissue", "label", "status"], default="tissue")
     p.add_argument("--max-size", type=int, default=1024, help="longest side of the thumbnail")
-    p.add_argument("--root", metavar="DIR", help="remap the slide root")
-    p = sub.add_parser("mosaic", help="a grid of sampled tiles with captions", parents=[_COMMON])
+    p = sub.add_parser(
+        "mosaic", help="a grid of sampled tiles with captions", parents=[_COMMON, _READS]
+    )
     p.add_argument("index", metavar="INDEX")
     p.add_argument("--out", required=True, metavar="FILE.png")
     p.add_argument("--n", type=int, default=16)
@@ -153,7 +203,6 @@ def _add_view(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--label")
     p.add_argument("--status", choices=["ok", "quarantined"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--root", metavar="DIR", help="remap the slide root")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_index(sub)
     _add_info(sub)
+    _add_quarantine(sub)
     _add_view(sub)
     _add_export(sub)
     _add_bench(sub)
@@ -180,6 +230,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             "min_tissue",
             "stride",
             "labels",
+            "strict_labels",
             "root",
             "workers",
             "backend",
@@ -201,21 +252,51 @@ def cmd_index(args: argparse.Namespace) -> int:
     for s in index.slides:
         if s.status == "failed":
             print(f"  failed: {s.path}: {s.error}", file=sys.stderr)
+    report = index.meta.get("labels_report")
+    if report:
+        print(_labels_line(report), file=sys.stderr)
     if not ok:
         print("error: no slide could be indexed", file=sys.stderr)
         return 1
     return 0
 
 
+def _labels_line(report: dict[str, Any]) -> str:
+    """One line on how the labels CSV matched (counts and first names)."""
+    parts = []
+    for key, what in (
+        ("unmatched", "labels rows match no slide"),
+        ("unlabelled", "slides have no label"),
+    ):
+        count = report[f"{key}_rows" if key == "unmatched" else f"{key}_slides"]
+        if count:
+            first = ", ".join(os.path.basename(str(n)) for n in report[f"{key}_examples"][:3])
+            parts.append(f"{count} {what} ({first}{', ...' if count > 3 else ''})")
+    return "labels: " + ("; ".join(parts) if parts else "every slide matched a labels row")
+
+
 def _human_summary(summary: dict[str, Any]) -> str:
     slides = summary["slides"]
     ok = sum(s["status"] == "ok" for s in slides)
+    q = summary["quarantine"]
+    split = f", split {summary['split']!r}" if summary["split"] else ""
     lines = [
-        f"index {summary['path']} (schema {summary['schema_version']}, {summary['generation']})",
-        f"{len(slides)} slides ({ok} ok, {len(slides) - ok} failed), {summary['tiles']} tiles, "
-        f"{len(summary['quarantined'])} quarantined",
-        f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'level':>5} {'label':12} path",
+        f"index {summary['path']} (schema {summary['schema_version']}, "
+        f"{summary['generation']}{split})",
+        f"{len(slides)} slides ({ok} ok, {len(slides) - ok} failed), {summary['tiles']} tiles; "
+        f"quarantine: {q['tiles']} tile and {q['slides']} slide records",
     ]
+    if summary["splits"]:
+        lines.append(
+            "splits: "
+            + ", ".join(
+                f"{name} {c['slides']} slides / {c['tiles']} tiles"
+                for name, c in sorted(summary["splits"].items())
+            )
+        )
+    if summary["labels_report"]:
+        lines.append(_labels_line(summary["labels_report"]))
+    lines.append(f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'level':>5} {'label':12} path")
     for s in slides:
         mpp = f"{s['mpp']:.3f}" if s["mpp"] else "-"
         level = "-" if s["read_level"] is None else str(s["read_level"])
@@ -225,13 +306,38 @@ def _human_summary(summary: dict[str, Any]) -> str:
         )
         if s["error"]:
             lines.append(f"{'':>4} error: {s['error']}")
+        if s["warning"]:
+            lines.append(f"{'':>4} warning: {s['warning']}")
     return "\n".join(lines)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    index = SlideIndex.open(args.index, root=args.root)
-    summary = index.summary()
+    summary = _open_index(args).summary()
     print(json.dumps(summary, indent=1) if args.json else _human_summary(summary))
+    return 0
+
+
+def cmd_quarantine(args: argparse.Namespace) -> int:
+    from wsi_loader.dataset.quarantine import clear, retry, select
+
+    index = SlideIndex.open(args.index, root=args.root)
+    if args.clear:
+        kept, removed = clear(index, args.slide)
+        print(f"removed {removed} records, {kept} left", file=sys.stderr)
+        return 0
+    if args.retry:
+        kept, removed = retry(index, args.slide)
+        print(f"{removed} records cleared (they read fine now), {kept} still fail", file=sys.stderr)
+        return 0
+    records = select(index, args.slide)
+    if args.json:
+        print(json.dumps(records, indent=1))
+        return 0
+    for r in records:
+        where = "whole slide" if r.get("kind") == "slide" else f"x={r['x']} y={r['y']}"
+        print(f"{r.get('kind', 'tile'):5} {r['path']} {where}: {r.get('error')}")
+    tiles = sum(r.get("kind", "tile") == "tile" for r in records)
+    print(f"{tiles} tile and {len(records) - tiles} slide records", file=sys.stderr)
     return 0
 
 
@@ -253,6 +359,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             index,
             args.out,
             **options.model_dump(),
+            split=args.split,
+            missing_slides=args.missing_slides,
             executor=client,
             progress=not args.no_progress,
         )
@@ -274,7 +382,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--workers must be >= 0, --batch-size and --tiles >= 1", path="command line"
         )
-    index = SlideIndex.open(args.index, root=args.root)
+    from wsi_loader.index.health import require_slides
+
+    index = require_slides(_open_index(args), args.missing_slides)
     result = run_bench(
         index,
         tiles=args.tiles,
@@ -297,7 +407,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from wsi_loader.view import SlideOverview
 
-    index = SlideIndex.open(args.index, root=args.root)
+    index = _open_index(args)
     overview = SlideOverview(index, args.slide, color_by=args.color_by, max_size=args.max_size)
     overview.save(args.out)
     print(
@@ -310,7 +420,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_mosaic(args: argparse.Namespace) -> int:
     from wsi_loader.view import Mosaic
 
-    index = SlideIndex.open(args.index, root=args.root)
+    index = _open_index(args)
     mosaic = Mosaic(
         index, args.n, slide=args.slide, label=args.label, status=args.status, seed=args.seed
     )
@@ -325,6 +435,7 @@ def cmd_mosaic(args: argparse.Namespace) -> int:
 COMMANDS = {
     "index": cmd_index,
     "info": cmd_info,
+    "quarantine": cmd_quarantine,
     "inspect": cmd_inspect,
     "mosaic": cmd_mosaic,
     "export": cmd_export,
@@ -342,6 +453,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return COMMANDS[args.command](args)
+    except BrokenPipeError:
+        # the reader went away (`wsi-loader info idx | head -1`): end quietly, as cat does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except (WsiLoaderError, ValueError) as exc:  # ValueError: an option the library rejected
         print(f"error: {exc}", file=sys.stderr)
         return 2

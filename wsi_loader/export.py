@@ -34,6 +34,7 @@ from PIL import Image
 from wsi_loader.config import ExportConfig, validate
 from wsi_loader.dataset.reading import TileReader, threads_per_process
 from wsi_loader.errors import ConfigError
+from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.parallel import progress_bar, run_all
 
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("imagefolder", "webdataset")
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # 2: the plan holds generation rows (splits, dropped slides)
 PARTS = ".parts"
 MANIFEST_COLUMNS = (
     "file",
@@ -93,11 +94,13 @@ class ExportOptions:
 
 @dataclass(frozen=True)
 class ExportUnit:
-    """Rows ``start:stop`` of the export order, read from the index at ``index_path``."""
+    """Rows of the export order (rows of ``generation``, which the unit reads even when the
+    index was rebuilt meanwhile), read from the index at ``index_path``."""
 
     number: int
     rows: tuple[int, ...]
     index_path: str
+    generation: str
     root: str | None
     out: str
     options: ExportOptions
@@ -175,7 +178,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     if previous is not None:
         return previous
     out = Path(unit.out)
-    index = SlideIndex.open(unit.index_path, root=unit.root)
+    index = SlideIndex.open(unit.index_path, root=unit.root, generation=unit.generation)
     reader = TileReader(index, on_error=unit.options.on_error, retries=unit.options.retries)
     rows = np.asarray(unit.rows, dtype=np.int64)
     cols, folders = index.columns, dict(unit.folders)
@@ -301,11 +304,18 @@ def export_index(
     executor: Any = None,
     progress: bool = False,
     root: str | None = None,
+    split: str | None = None,
+    missing_slides: str = "raise",
 ) -> ExportReport:
-    """Export every tile of an index (quarantined tiles are left out and listed).
+    """Export every tile of an index, or of one ``split`` (quarantined tiles are left out
+    and listed with their reason).
 
-    ``executor``: None (local processes when ``workers > 1``), any concurrent.futures
-    Executor, or a ``dask.distributed.Client`` (workers must see ``out`` and the slides).
+    Slides that cannot be read are found first: ``missing_slides="raise"`` (default) stops
+    with `SlideNotFoundError` before anything is written, ``"exclude"`` leaves them out (their
+    tiles are listed in failures.csv). The export reads the index generation it started with
+    to the end. ``executor``: None (local processes when ``workers > 1``), any
+    concurrent.futures Executor, or a ``dask.distributed.Client`` (workers must see ``out`` and
+    the slides).
     """
     checked: ExportConfig = validate(
         ExportConfig,
@@ -325,11 +335,16 @@ def export_index(
     )
     if not isinstance(index, SlideIndex):
         index = SlideIndex.open(index, root=root)
+    elif root is not None:
+        index = index.view(root=root)
+    index = index.view(split=split)
+    readable = require_slides(index, missing_slides)
     out_path = Path(out)
     settings = {
         **asdict(options),
         "index": str(Path(index.path).resolve()),
         "generation": index.meta["generation"],
+        "split": index.split,
         "version": EXPORT_VERSION,
     }
     _check_destination(out_path, settings)
@@ -337,17 +352,21 @@ def export_index(
     (out_path / PARTS).mkdir(parents=True, exist_ok=True)
     (out_path / PARTS / "settings.json").write_text(json.dumps(settings, sort_keys=True))
 
-    # The plan (which rows, in which order) is fixed by the first run, so units keep their
-    # contents when a resumed run sees a quarantine that grew in the meantime.
-    plan = out_path / PARTS / "plan.npy"
+    # The plan (which generation rows, in which order; which were left out) is fixed by the
+    # first run, so units keep their contents when a resumed run sees a quarantine that grew.
+    plan = out_path / PARTS / "plan.npz"
     if plan.exists():
-        quarantined_rows = np.load(plan)
+        with np.load(plan) as saved:
+            order, left_out = saved["order"], saved["left_out"]
     else:
-        quarantined_rows = index.quarantined_mask()
-        tmp = plan.with_name(f".plan.tmp-{os.getpid()}.npy")
-        np.save(tmp, quarantined_rows)
+        rows = _generation_rows(index)
+        bad = index.quarantined_mask()
+        unreadable = ~np.isin(rows, _generation_rows(readable))
+        order = rows[~bad & ~unreadable]
+        left_out = np.stack([rows[bad | unreadable], unreadable[bad | unreadable]], axis=1)
+        tmp = plan.with_name(f".plan.tmp-{os.getpid()}.npz")
+        np.savez(tmp, order=order, left_out=left_out)
         os.replace(tmp, plan)
-    order = np.flatnonzero(~quarantined_rows)
     folders = tuple(label_folders([s.label for s in index.slides]).items())
     # local processes share this machine's cores; an executor's workers are sized by their owner
     threads = threads_per_process(workers) if executor is None else 1
@@ -356,6 +375,7 @@ def export_index(
             number=i,
             rows=tuple(order[start : start + shard_size].tolist()),
             index_path=str(index.path),
+            generation=str(index.meta["generation"]),
             root=index.root,
             out=str(out_path),
             options=options,
@@ -367,17 +387,26 @@ def export_index(
     records = _run(units, workers, executor, progress)
     tiles = [t for r in records for t in r["tiles"]]
     failures = [f for r in records for f in r["failures"]]
-    for row in np.flatnonzero(quarantined_rows).tolist():
-        failures.append({**_tile_fields(index, row), "reason": "quarantined before export"})
+    full = SlideIndex.open(index.path, root=index.root, generation=str(index.meta["generation"]))
+    reasons = _quarantine_reasons(full)
+    for row, unreadable in left_out.tolist():
+        fields = _tile_fields(full, row)
+        if unreadable:
+            reason = "slide cannot be read (missing_slides='exclude')"
+        else:
+            why = reasons.get((fields["slide_path"], fields["x"], fields["y"]))
+            reason = f"quarantined before export: {why}" if why else "quarantined before export"
+        failures.append({**fields, "reason": reason})
     failures.sort(key=lambda f: f["row"])
+    quarantined = sum(not unreadable for _, unreadable in left_out.tolist())
     _write_csv(out_path / "manifest.csv", MANIFEST_COLUMNS, tiles)
     _write_csv(out_path / "failures.csv", FAILURE_COLUMNS, failures)
     shards = [r["shard"] for r in records if r.get("shard")]
     report = ExportReport(
         out=out_path,
         tiles=len(tiles),
-        failed=len(failures) - int(quarantined_rows.sum()),
-        quarantined=int(quarantined_rows.sum()),
+        failed=len(failures) - quarantined,
+        quarantined=quarantined,
         units=len(units),
         units_skipped=sum(bool(r.get("skipped")) for r in records),
         shards=shards,
@@ -392,6 +421,21 @@ def export_index(
     }
     _write_atomic(out_path / "export.json", json.dumps(summary, indent=1, sort_keys=True).encode())
     return report
+
+
+def _generation_rows(index: SlideIndex) -> np.ndarray:
+    """The generation row of every row of ``index`` (a view maps them; else the identity)."""
+    if index.source_rows is not None:
+        return index.source_rows
+    return np.arange(len(index), dtype=np.int64)
+
+
+def _quarantine_reasons(index: SlideIndex) -> dict[tuple[str, int, int], str]:
+    """The recorded error of every quarantined tile, by (stored path, x, y)."""
+    return {
+        (str(r["path"]), int(r["x"]), int(r["y"])): str(r.get("error") or "")
+        for r in index.quarantine.tile_records()
+    }
 
 
 def _remove_partial_files(out: Path) -> None:

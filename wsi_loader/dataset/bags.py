@@ -52,7 +52,8 @@ class SlideBagDataset(Dataset[Bag]):
         self.index, self.k, self.chunk_size = index, checked.k, checked.chunk_size
         self.seed = checked.seed
         k, chunk_size = self.k, self.chunk_size
-        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._epoch = torch.zeros(1, dtype=torch.int64)
+        self._epoch.share_memory_()  # type: ignore[no-untyped-call]
         self.reader = self.tiles.reader
         self.starts = index.slide_starts()
         counts = np.diff(self.starts)

@@ -148,6 +148,13 @@ class TileReader:
             raise last
         raise TileReadError.for_region(path, x, y, level, size, size, last) from last
 
+    def read_window(
+        self, slide_id: int, l0_x: int, l0_y: int, level: int, size: int, dest: RGBArray
+    ) -> None:
+        """Read one window (not necessarily a row of the index) into ``dest``, with the
+        retries but without the failure policy: raises `TileReadError` or `SlideError`."""
+        self._read_window((slide_id, l0_x, l0_y, level, size), dest)
+
     # -- failures --------------------------------------------------------------------------
     def _keep(self, entry: dict[str, Any]) -> None:
         self.failure_count += 1

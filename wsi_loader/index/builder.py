@@ -235,13 +235,15 @@ def build_index(
     cfg = with_overrides(config or IndexConfig(), **overrides)
     out = os.fspath(out)
     root = os.path.abspath(cfg.root) if cfg.root else None
-    inputs = [os.fspath(i) for i in inputs]
-    entries = discover(inputs)
+    names = [os.fspath(i) for i in inputs]
+    entries = discover(names)
     if not entries:
-        raise InputError(f"no slide files found in {', '.join(inputs) or 'no inputs'}")
+        raise InputError(
+            f"no slide files found in {', '.join(names) or 'no inputs'}; nothing was written"
+        )
     if not any(os.path.exists(e.path) for e in entries):
         raise InputError(
-            f"none of the inputs exists ({', '.join(inputs[:3])}...); is the share mounted? "
+            f"none of the inputs exists ({', '.join(names[:3])}); is the share mounted? "
             "Nothing was written"
         )
     label_report = None

@@ -382,7 +382,16 @@ class SlideIndex:
         )
 
     def summary(self) -> dict[str, Any]:
-        """The JSON object `wsi-loader info --json` prints."""
+        """The JSON object `wsi-loader info --json` prints (for this view: ``tiles`` counts
+        its rows, ``split`` names its split)."""
+        records = self.quarantine.read()
+        split_counts: dict[str, dict[str, int]] = {}
+        starts = self.slide_starts()
+        for sid, s in enumerate(self.slides):
+            if s.split is not None:
+                entry = split_counts.setdefault(s.split, {"slides": 0, "tiles": 0})
+                entry["slides"] += 1
+                entry["tiles"] += int(starts[sid + 1] - starts[sid])
         return {
             "path": str(self.path),
             "schema_version": self.schema_version,
@@ -390,8 +399,11 @@ class SlideIndex:
             "created": self.meta.get("created"),
             "params": self.params,
             "root": self.root,
-            "tiles": int(sum(s.tiles for s in self.slides if s.status == "ok")),
+            "split": self.split,
+            "tiles": len(self),
             "label_names": list(self.label_names),
+            "labels_report": self.meta.get("labels_report"),
+            "splits": split_counts,
             "slides": [
                 {
                     "slide_id": i,
@@ -399,7 +411,7 @@ class SlideIndex:
                     "status": s.status,
                     "error": s.error,
                     "warning": s.warning,
-                    "tiles": s.tiles,
+                    "tiles": int(starts[i + 1] - starts[i]),
                     "mpp": s.mpp,
                     "mpp_source": s.mpp_source,
                     "tile_mpp": s.tile_mpp,
@@ -413,8 +425,13 @@ class SlideIndex:
                     "height": s.height,
                 }
                 for i, s in enumerate(self.slides)
+                if self.split is None or s.split == self.split
             ],
-            "quarantined": self.quarantine.read(),
+            "quarantine": {
+                "tiles": sum(r.get("kind", "tile") == "tile" for r in records),
+                "slides": sum(r.get("kind") == "slide" for r in records),
+            },
+            "quarantined": records,
         }
 
 
