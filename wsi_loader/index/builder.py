@@ -20,7 +20,14 @@ import numpy as np
 from wsi_loader.config import IndexConfig, with_overrides
 from wsi_loader.errors import InputError, SlideError
 from wsi_loader.index.geometry import grid, plan_read
-from wsi_loader.index.inputs import LabelReport, SlideEntry, discover, fingerprint, join_labels
+from wsi_loader.index.inputs import (
+    LabelReport,
+    SlideEntry,
+    content_key,
+    discover,
+    fingerprint,
+    join_labels,
+)
 from wsi_loader.index.quarantine import Quarantine, coords_in
 from wsi_loader.index.table import (
     CURRENT,
@@ -193,13 +200,21 @@ def _check_labels(report: LabelReport, labels: str, strict: bool) -> None:
     log.warning("%s: %s", labels, "; ".join(problems))
 
 
-def _check_splits(records: list[SlideRecord]) -> None:
-    """Splits are by slide: the same slide file (by fingerprint) in two splits is an error."""
+def _check_splits(records: list[SlideRecord], root: str | None) -> None:
+    """Splits are by slide: the same slide (a copy of one file under another name) in two
+    splits is an error."""
+    if len({r.split for r in records if r.split is not None}) < 2:
+        return
     seen: dict[str, SlideRecord] = {}
     for record in records:
-        if record.fingerprint is None or record.split is None:
+        if record.split is None:
             continue
-        other = seen.setdefault(record.fingerprint, record)
+        path = record.path if root is None else os.path.join(root, record.path)
+        try:
+            key = content_key(path)
+        except OSError:
+            continue
+        other = seen.setdefault(key, record)
         if other.split != record.split:
             raise InputError(
                 f"the same slide is in two splits: {other.path} ({other.split!r}) and "
@@ -258,7 +273,9 @@ def build_index(
     for entry in entries:
         stored = _stored_path(entry.path, root)
         hit = old.get(stored)
-        if hit and hit[1].status == "ok" and previous is not None:
+        # a slide with quarantined tiles left out is indexed again, so tiles whose records
+        # were cleared since come back (indexing one slide costs a low-resolution read)
+        if hit and hit[1].status == "ok" and not hit[1].excluded and previous is not None:
             try:
                 digest: str | None = fingerprint(entry.path)[2]
             except OSError:
@@ -284,7 +301,7 @@ def build_index(
             f"no slide could be indexed, so the index in {out} was left as it is "
             "(see the warnings above for each slide's reason)"
         )
-    _check_splits([record for record, _ in results])
+    _check_splits([record for record, _ in results], root)
 
     fingerprints = {r.path: r.fingerprint for r, _ in results if r.fingerprint}
     quarantined = (
@@ -299,7 +316,12 @@ def build_index(
         if drop.any():
             arrays = {k: v[~drop] for k, v in arrays.items()}
             note = f"{int(drop.sum())} quarantined tiles excluded"
-            record = replace(record, tiles=len(arrays["l0_x"]), warning=_join(record.warning, note))
+            record = replace(
+                record,
+                tiles=len(arrays["l0_x"]),
+                excluded=int(drop.sum()),
+                warning=_join(record.warning, note),
+            )
         arrays["slide_id"] = np.full(len(arrays["l0_x"]), slide_id, dtype=np.int32)
         records.append(record)
         tiles.append(arrays)

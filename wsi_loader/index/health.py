@@ -68,10 +68,11 @@ def require_slides(index: SlideIndex, on_missing: str = "raise") -> SlideIndex:
         f"{index.slide_path(sid)} {why}" for sid, why in list(problems.items())[:SHOWN]
     )
     more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
+    stored = index.slides[next(iter(problems))].path
     where = (
-        f"slide paths are relative to the root {index.root!r}"
-        if index.root
-        else "slide paths are absolute"
+        "the index stores absolute slide paths (build it with --root to make it movable)"
+        if os.path.isabs(stored)
+        else f"slide paths are relative to the root {index.root!r}"
     )
     if on_missing == "exclude":
         log.warning(

@@ -290,6 +290,20 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
     return out, report
 
 
+def content_key(path: str) -> str:
+    """A digest of a file's size and first and last 64 KiB, without its name or mtime: equal
+    for copies of one slide (used to keep a slide out of two splits). Raises OSError."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        digest.update(str(size).encode())
+        digest.update(fh.read(65536))
+        if size > 65536:
+            fh.seek(max(65536, size - 65536))
+            digest.update(fh.read(65536))
+    return digest.hexdigest()
+
+
 def fingerprint(path: str) -> tuple[int, int, str]:
     """(size, mtime_ns, digest) of a slide; the digest covers size, mtime and the first and last
     64 KiB, so a rewrite that keeps size and mtime is still noticed. DICOM covers the series

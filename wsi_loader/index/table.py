@@ -86,6 +86,7 @@ class SlideRecord:
     mask_level: int | None = None
     tiles: int = 0
     first_row: int = 0
+    excluded: int = 0  # quarantined tiles left out when this slide was indexed
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SlideRecord:

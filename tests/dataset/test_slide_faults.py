@@ -1,0 +1,189 @@
+"""Missing and unreadable slides are slide faults: found early, reported once, never quarantined
+tile by tile, and never the reason a rebuild loses tiles."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import corrupt_rows
+from wsi_loader import SlideIndex, SlideNotFoundError, TileDataset, build_index, make_loader
+from wsi_loader.cli import main
+from wsi_loader.export import export_index
+from wsi_loader.index.quarantine import Quarantine
+
+
+def _build(archive: Path, out: Path) -> SlideIndex:
+    return build_index([archive], out, tile_size=256, level=0, min_tissue=0.0, root=str(archive))
+
+
+def test_moved_archive_fails_early_naming_the_slides_and_the_root(
+    archive: Path, tmp_path: Path
+) -> None:
+    index = _build(archive, tmp_path / "idx")
+    tiles = len(index)
+    moved = tmp_path / "elsewhere"
+    archive.rename(moved)
+    for start in (
+        lambda: TileDataset(tmp_path / "idx"),
+        lambda: make_loader(tmp_path / "idx", batch_size=8, num_workers=0),
+        lambda: export_index(tmp_path / "idx", tmp_path / "export"),
+    ):
+        with pytest.raises(SlideNotFoundError) as caught:
+            start()
+        message = str(caught.value)
+        assert "2 of 2 slides" in message and "bad.svs" in message and "good.svs" in message
+        assert "root" in message and str(archive) in message
+    assert not (tmp_path / "export").exists()  # nothing written
+    assert Quarantine(tmp_path / "idx" / "quarantine.jsonl").read() == []
+    # the advice works: the new root reads everything
+    assert len(TileDataset(tmp_path / "idx", root=str(moved))) == tiles
+    # and after the folder is back, a rebuild keeps every tile
+    moved.rename(archive)
+    assert len(_build(archive, tmp_path / "idx")) == tiles
+
+
+def test_missing_slides_can_be_left_out_with_a_warning(
+    archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    index = _build(archive, tmp_path / "idx")
+    (archive / "bad.svs").unlink()
+    with caplog.at_level(logging.WARNING):
+        ds = TileDataset(tmp_path / "idx", missing_slides="exclude")
+    assert "bad.svs" in caplog.text and "leaving out 1 of 2 slides" in caplog.text
+    good = next(i for i, s in enumerate(index.slides) if s.path == "good.svs")
+    assert len(ds) == index.slides[good].tiles
+    assert set(ds.index.columns["slide_id"].tolist()) == {good}
+    batch = next(iter(make_loader(ds, batch_size=16, num_workers=0)))
+    assert bool(batch.ok.all())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_slide_vanishing_mid_run_is_one_slide_fault(
+    archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, workers: int
+) -> None:
+    index = _build(archive, tmp_path / "idx")
+    ds = TileDataset(index)
+    (archive / "good.svs").unlink()  # after the start check: gone mid-run
+    good = next(i for i, s in enumerate(index.slides) if s.path == "good.svs")
+    with caplog.at_level(logging.WARNING):
+        batches = list(make_loader(ds, batch_size=32, num_workers=workers, shuffle=False))
+    slide_id = np.concatenate([b.slide_id.numpy() for b in batches])
+    ok = np.concatenate([b.ok.numpy() for b in batches])
+    assert not ok[slide_id == good].any()
+    bad_rows = set(corrupt_rows(index).tolist())
+    rows = np.concatenate([b.rows.numpy() for b in batches])
+    others = (slide_id != good) & ~np.isin(rows, list(bad_rows))
+    assert ok[others].all()
+    records = Quarantine(tmp_path / "idx" / "quarantine.jsonl").read()
+    slide_records = [r for r in records if r["kind"] == "slide"]
+    assert len(slide_records) == 1 and slide_records[0]["path"] == "good.svs"
+    assert slide_records[0]["fingerprint"] == index.slides[good].fingerprint
+    assert not [r for r in records if r["kind"] == "tile" and r["path"] == "good.svs"]
+    if workers == 0:  # worker logs go to their own processes
+        assert caplog.text.count("good.svs cannot be read") == 1
+
+
+def test_rebuild_ignores_slide_records_and_records_of_older_slide_versions(
+    archive: Path, tmp_path: Path, make_slide
+) -> None:  # type: ignore[no-untyped-def]
+    index = _build(archive, tmp_path / "idx")
+    good = next(i for i, s in enumerate(index.slides) if s.path == "good.svs")
+    record = index.slides[good]
+    rows = np.flatnonzero(index.columns["slide_id"] == good)[:2]
+    q = index.quarantine
+    q.append_slide(
+        {"slide_id": good, "path": "good.svs", "fingerprint": record.fingerprint, "error": "gone"}
+    )
+    x0, y0 = (int(index.columns[c][rows[0]]) for c in ("l0_x", "l0_y"))
+    x1, y1 = (int(index.columns[c][rows[1]]) for c in ("l0_x", "l0_y"))
+    q.append(
+        {
+            "slide_id": good,
+            "path": "good.svs",
+            "fingerprint": record.fingerprint,
+            "x": x0,
+            "y": y0,
+            "error": "bad",
+        }
+    )
+    q.append(
+        {
+            "slide_id": good,
+            "path": "good.svs",
+            "fingerprint": "an older version",
+            "x": x1,
+            "y": y1,
+            "error": "bad",
+        }
+    )
+    rebuilt = _build(archive, tmp_path / "idx")
+    # only the tile recorded on this version of the slide is left out
+    assert rebuilt.slides[good].tiles == record.tiles - 1
+    # a rewritten slide: its old records exclude nothing
+    shutil.copy(make_slide(width=2560, height=2048, seed=77), archive / "good.svs")
+    again = _build(archive, tmp_path / "idx")
+    assert again.slides[good].tiles == record.tiles
+
+
+def test_quarantine_command_lists_clears_and_retries(
+    archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    index = _build(archive, tmp_path / "idx")
+    out = str(tmp_path / "idx")
+    ds = TileDataset(index)
+    ds.reader.read(corrupt_rows(index))  # four corrupt tiles of bad.svs get quarantined
+    good = next(i for i, s in enumerate(index.slides) if s.path == "good.svs")
+    ds.reader.slide_faults.clear()
+    index.quarantine.append_slide(
+        {
+            "slide_id": good,
+            "path": "good.svs",
+            "fingerprint": index.slides[good].fingerprint,
+            "error": "was missing for a while",
+        }
+    )
+    assert main(["quarantine", out, "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert sorted(r["kind"] for r in records) == ["slide"] + ["tile"] * 4
+    assert main(["info", out]) == 0
+    assert "quarantine: 4 tile and 1 slide records" in capsys.readouterr().out
+    # retry: the slide opens now (record cleared), the corrupt tiles still fail (kept)
+    assert main(["quarantine", out, "--retry"]) == 0
+    assert "1 records cleared" in capsys.readouterr().err
+    assert [r["kind"] for r in index.quarantine.read()] == ["tile"] * 4
+    assert main(["quarantine", out]) == 0
+    listed = capsys.readouterr()
+    assert listed.out.count("bad.svs") == 4 and "4 tile and 0 slide records" in listed.err
+    assert main(["quarantine", out, "--clear", "--slide", "good"]) == 0
+    assert len(index.quarantine.read()) == 4  # other slides' records stay
+    assert main(["quarantine", out, "--clear", "--slide", "bad.svs"]) == 0
+    assert index.quarantine.read() == []
+
+
+def test_retry_reads_tiles_a_rebuild_left_out(archive: Path, tmp_path: Path) -> None:
+    index = _build(archive, tmp_path / "idx")
+    bad = next(i for i, s in enumerate(index.slides) if s.path == "bad.svs")
+    row = int(np.flatnonzero(index.columns["slide_id"] == bad)[0])  # a good tile of bad.svs
+    x, y = (int(index.columns[c][row]) for c in ("l0_x", "l0_y"))
+    index.quarantine.append(
+        {
+            "slide_id": bad,
+            "path": "bad.svs",
+            "x": x,
+            "y": y,
+            "level": 0,
+            "fingerprint": index.slides[bad].fingerprint,
+            "error": "flaky",
+        }
+    )
+    rebuilt = _build(archive, tmp_path / "idx")
+    assert rebuilt.slides[bad].tiles == index.slides[bad].tiles - 1
+    assert main(["quarantine", str(tmp_path / "idx"), "--retry"]) == 0
+    assert index.quarantine.read() == []
+    assert _build(archive, tmp_path / "idx").slides[bad].tiles == index.slides[bad].tiles

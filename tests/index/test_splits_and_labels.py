@@ -1,0 +1,187 @@
+"""Splits are first-class selections by slide; label mismatches are reported, never silent."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import SlideFactory
+from wsi_loader import (
+    ConfigError,
+    DistributedTileSampler,
+    IndexFormatError,
+    InputError,
+    SlideBagDataset,
+    SlideIndex,
+    TileDataset,
+    build_index,
+    make_loader,
+)
+from wsi_loader.bench import run_bench
+from wsi_loader.cli import main
+from wsi_loader.export import export_index
+
+
+@pytest.fixture
+def split_archive(tmp_path: Path, make_slide: SlideFactory) -> Path:
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    for i, seed in enumerate((41, 42, 43)):
+        shutil.copy(make_slide(width=1024 + 256 * i, height=1024, seed=seed), folder / f"p{i}.svs")
+    (folder / "labels.csv").write_text(
+        "slide,label,split\np0,tumour,train\np1,normal,train\np2,tumour,val\n"
+    )
+    return folder
+
+
+@pytest.fixture
+def split_index(split_archive: Path, tmp_path: Path) -> SlideIndex:
+    return build_index(
+        [split_archive],
+        tmp_path / "idx",
+        tile_size=256,
+        level=0,
+        min_tissue=0.0,
+        labels=str(split_archive / "labels.csv"),
+    )
+
+
+def test_a_split_is_a_view_every_reader_honours(split_index: SlideIndex, tmp_path: Path) -> None:
+    path = split_index.path
+    train = SlideIndex.open(path, split="train")
+    val = SlideIndex.open(path, split="val")
+    assert len(train) + len(val) == len(split_index)
+    assert {split_index.slides[i].split for i in train.columns["slide_id"].tolist()} == {"train"}
+    np.testing.assert_array_equal(
+        split_index.columns["l0_x"][train.source_rows], train.columns["l0_x"]
+    )
+    assert "split='train'" in repr(train) and len(repr(train)) < 200
+    ds = TileDataset(path, split="val")
+    assert len(ds) == len(val)
+    assert {int(ds[i]["slide_id"]) for i in range(len(ds))} == {2}
+    rows = np.concatenate(
+        [b.slide_id.numpy() for b in make_loader(path, split="train", batch_size=16, num_workers=0)]
+    )
+    assert len(rows) == len(train) and set(rows.tolist()) == {0, 1}
+    shards = [set(DistributedTileSampler(ds, num_replicas=2, rank=r)) for r in range(2)]
+    assert shards[0] | shards[1] == set(range(len(val)))
+    bags = SlideBagDataset(path, k=2, split="train")
+    assert len(bags) == 2 and {bags[i]["slide_id"] for i in range(2)} == {0, 1}
+    report = export_index(path, tmp_path / "export", split="val", shard_size=50)
+    assert report.tiles == len(val)
+    manifest = (tmp_path / "export" / "manifest.csv").read_text().splitlines()[1:]
+    assert {line.split(",")[3] for line in manifest} == {"2"}
+    bench = run_bench(val, tiles=8, batch_size=4, workers=[0])
+    assert bench["tiles"] == 8
+
+
+def test_unknown_split_names_the_splits(split_index: SlideIndex) -> None:
+    with pytest.raises(IndexFormatError, match=r"no slide is in split 'test'.*\['train', 'val'\]"):
+        SlideIndex.open(split_index.path, split="test")
+    with pytest.raises(IndexFormatError):
+        TileDataset(split_index, split="test")
+
+
+def test_split_on_the_command_line(
+    split_index: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["info", str(split_index.path), "--split", "val", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["split"] == "val" and [s["path"] for s in info["slides"]] == [
+        split_index.slides[2].path
+    ]
+    assert info["tiles"] == len(SlideIndex.open(split_index.path, split="val"))
+    assert info["splits"]["train"]["slides"] == 2
+    out = tmp_path / "e"
+    assert (
+        main(
+            [
+                "export",
+                str(split_index.path),
+                "--out",
+                str(out),
+                "--split",
+                "train",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert json.loads((out / "export.json").read_text())["settings"]["split"] == "train"
+    assert main(["info", str(split_index.path), "--split", "nope"]) == 2
+
+
+def test_one_slide_in_two_splits_is_refused(split_archive: Path, tmp_path: Path) -> None:
+    shutil.copy(split_archive / "p0.svs", split_archive / "copy_of_p0.svs")
+    labels = split_archive / "labels.csv"
+    labels.write_text(labels.read_text() + "copy_of_p0,tumour,val\n")
+    with pytest.raises(InputError, match="the same slide is in two splits"):
+        build_index([split_archive], tmp_path / "idx", level=0, labels=str(labels))
+    assert not (tmp_path / "idx").exists()
+
+
+def test_label_mismatches_are_reported_and_strict_is_an_error(
+    split_archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label\np0,tumour\np1,normal\nnot_a_slide,tumour\ntypo_p2,x\n")
+    out = str(tmp_path / "idx")
+    args = [
+        "index",
+        str(split_archive),
+        "--out",
+        out,
+        "--level",
+        "0",
+        "--min-tissue",
+        "0",
+        "--labels",
+        str(labels),
+        "--no-progress",
+    ]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "2 labels rows match no slide (not_a_slide, typo_p2)" in err
+    assert "1 slides have no label (p2.svs)" in err
+    assert main(["info", out]) == 0
+    assert "2 labels rows match no slide" in capsys.readouterr().out
+    assert main(["info", out, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["labels_report"]
+    assert report["unmatched_rows"] == 2 and report["unlabelled_slides"] == 1
+    assert main([*args, "--strict-labels"]) == 2
+    assert "strict_labels" in capsys.readouterr().err
+
+
+def test_unlabelled_tiles_fail_early_or_are_dropped_on_request(
+    split_archive: Path, tmp_path: Path
+) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label\np0,tumour\np1,normal\n")
+    index = build_index(
+        [split_archive], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(labels)
+    )
+    assert (TileDataset(index).slide_labels == -1).sum() == 1  # default: kept, label -1
+    with pytest.raises(ConfigError, match=r"1 slides with \d+ tiles have no label.*p2.svs"):
+        make_loader(index, unlabelled="raise")
+    kept = TileDataset(index, unlabelled="drop")
+    assert len(kept) == index.slides[0].tiles + index.slides[1].tiles
+    labels_seen = {int(kept[i]["label"]) for i in range(0, len(kept), 7)}
+    assert -1 not in labels_seen
+
+
+def test_label_file_errors(split_archive: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "labels.csv"
+    for text, message in (
+        ("slide,label\np0,\n", "empty label"),
+        (
+            f"path,label\n{split_archive}/p0.svs,a\n{split_archive}/p0.svs,b\n",
+            "two different labels",
+        ),
+    ):
+        bad.write_text(text)
+        with pytest.raises(InputError, match=message):
+            build_index([split_archive], tmp_path / "idx", level=0, labels=str(bad))
