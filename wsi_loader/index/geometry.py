@@ -128,8 +128,7 @@ def _aligned(meta: SlideMeta, level: int, l_stride: int) -> bool:
     if level >= len(meta.tile_sizes):
         return False
     tw, th = meta.tile_sizes[level]
-    ds = meta.level_downsamples[level]
-    if tw <= 0 or th <= 0 or abs(ds - round(ds)) > 1e-6:
+    if tw <= 0 or th <= 0:  # any downsample: readers map l0 back with `l0_to_level` exactly
         return False
     return l_stride % tw == 0 and l_stride % th == 0
 
@@ -145,6 +144,8 @@ def grid(meta: SlideMeta, plan: ReadPlan, align: bool = True) -> tuple[IntArray,
     ys = _axis(l_h, plan.read_size, plan.l_stride, align)
     gy, gx = np.meshgrid(ys, xs, indexing="ij")
     ds = plan.level_downsample
+    # `level_to_l0` vectorised (numpy rounds halves to even, as Python's round does); readers
+    # map back with `l0_to_level`, which recovers the level pixel exactly
     l0_x = np.round(gx.ravel() * ds).astype(np.int64)
     l0_y = np.round(gy.ravel() * ds).astype(np.int64)
     return l0_x, l0_y

@@ -79,6 +79,19 @@ class SlideReader(Protocol):
     def close(self) -> None: ...
 
 
+def l0_to_level(l0: int, downsample: float) -> int:
+    """A level-0 coordinate in pixels of a level with ``downsample``: the one rounding rule of
+    the whole library (the grid stores ``level_to_l0`` of level pixels, and every reader maps
+    back with this, so ``l0_to_level(level_to_l0(l, ds), ds) == l`` for any ``ds >= 1``:
+    windows laid on storage-tile corners stay on them at non-integer downsamples)."""
+    return round(l0 / downsample)
+
+
+def level_to_l0(l: int, downsample: float) -> int:  # noqa: E741
+    """The level-0 coordinate of pixel ``l`` of a level (rounded; see `l0_to_level`)."""
+    return round(l * downsample)
+
+
 def rgba_to_rgb(rgba: npt.NDArray[np.uint8]) -> RGBArray:
     """Composite an RGBA array onto white (OpenSlide returns alpha 0 outside scanned areas)."""
     alpha = rgba[..., 3]

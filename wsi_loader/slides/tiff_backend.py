@@ -23,7 +23,14 @@ import tifffile
 from PIL import Image, UnidentifiedImageError
 
 from wsi_loader.errors import SlideOpenError, TileReadError
-from wsi_loader.slides.base import BytesLRU, MppSource, RGBArray, SlideMeta, resize
+from wsi_loader.slides.base import (
+    BytesLRU,
+    MppSource,
+    RGBArray,
+    SlideMeta,
+    l0_to_level,
+    resize,
+)
 
 log = logging.getLogger(__name__)
 
@@ -234,9 +241,9 @@ class TiffReader:
         )
 
     def _level_xy(self, level: int, l0_x: int, l0_y: int) -> tuple[int, int]:
-        """Level-0 coordinates to this level's pixels (floored)."""
+        """Level-0 coordinates to this level's pixels (`l0_to_level`, the grid's rule)."""
         ds = self.meta.level_downsamples[level]
-        return int(l0_x / ds), int(l0_y / ds)
+        return l0_to_level(l0_x, ds), l0_to_level(l0_y, ds)
 
     def _whole_tile(self, level: int, l_x: int, l_y: int, l_w: int, l_h: int) -> int | None:
         """The segment index when the window is exactly one full storage tile, else None."""
