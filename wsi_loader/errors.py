@@ -121,11 +121,25 @@ class TileReadError(SlideError):
         cls, path: str, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, exc: BaseException
     ) -> TileReadError:
         """The error a backend raises when reading one region failed with ``exc``."""
+        text = describe(exc)
         return cls(
-            f"read failed at level-0 ({l0_x}, {l0_y}), level {level}, {l_w}x{l_h}: {exc}",
+            f"read failed at level-0 ({l0_x}, {l0_y}), level {level}, {l_w}x{l_h}: {text}",
             path=path,
             l0_x=l0_x,
             l0_y=l0_y,
             level=level,
-            cause=f"{type(exc).__name__}: {exc}",
+            cause=f"{type(exc).__name__}: {text}",
         )
+
+
+def describe(exc: BaseException) -> str:
+    """An exception's message, never empty: a bare ``AssertionError`` from a library says
+    where it was raised."""
+    text = str(exc)
+    if text:
+        return text
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""
+    return f"{type(exc).__name__} (no message){where}"

@@ -13,8 +13,9 @@ import logging
 import math
 import os
 import re
+import zlib
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import imagecodecs
 import numpy as np
@@ -37,6 +38,11 @@ log = logging.getLogger(__name__)
 _UNIT_TO_UM = {2: 25400.0, 3: 10000.0}  # ResolutionUnit inch / centimetre -> micrometres
 _JPEG = 7
 _RGB, _YCBCR = 2, 6
+# What a corrupt or truncated segment raises (imagecodecs' codec errors are RuntimeErrors,
+# tifffile's and PIL's ValueErrors and OSErrors): a failed tile. Anything else (IndexError,
+# TypeError...) is a bug and propagates, never filled and quarantined as bad data.
+DATA_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, RuntimeError, EOFError, zlib.error)
+_UNASSALPHA = 2  # ExtraSamples: unassociated alpha (1 associated, 0 unspecified)
 # Compressions imagecodecs decodes: none, LZW, JPEG, deflate, JPEG 2000 (Aperio), ZSTD, WebP
 RAW_COMPRESSIONS = frozenset({1, 5, 7, 8, 32946, 33003, 33005, 34712, 50000, 50001})
 DCT_SCALES = (2, 4, 8)
@@ -91,11 +97,21 @@ def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
-def to_rgb(pixels: npt.NDArray[np.generic]) -> RGBArray:
-    """Convert decoded samples (grey, grey+alpha, RGB, RGBA; any integer depth) to RGB uint8."""
+def to_rgb(
+    pixels: npt.NDArray[np.generic], bits: int | None = None, associated: bool = False
+) -> RGBArray:
+    """Convert decoded samples (grey, grey+alpha, RGB, RGBA; any integer depth) to RGB uint8.
+
+    ``bits`` is the stored depth (BitsPerSample): 12-bit samples arrive as uint16 and are
+    scaled by 4095, not by 65535. An alpha sample is composited onto white exactly as
+    OpenSlide's pixels are (`composite_like_openslide`); ``associated``: the colour is already
+    premultiplied by alpha (ExtraSamples 1, or 0 = unspecified, which libtiff treats alike)."""
     if pixels.dtype != np.uint8:
         if np.issubdtype(pixels.dtype, np.integer):
-            scale = 255.0 / float(np.iinfo(pixels.dtype.type).max)  # type: ignore[type-var]
+            top = float(np.iinfo(pixels.dtype.type).max)  # type: ignore[type-var]
+            if bits is not None and 8 < bits < 8 * pixels.dtype.itemsize:
+                top = float(2**bits - 1)
+            scale = 255.0 / top
         else:
             scale = 255.0 / max(float(pixels.max()), 1e-9)
         pixels = np.clip(pixels.astype(np.float32) * scale + 0.5, 0, 255).astype(np.uint8)
@@ -103,13 +119,26 @@ def to_rgb(pixels: npt.NDArray[np.generic]) -> RGBArray:
         pixels = pixels[..., None]
     samples = pixels.shape[-1]
     if samples in (2, 4):  # composite the alpha sample onto white
-        alpha = pixels[..., -1:].astype(np.uint16)
-        colour = pixels[..., :-1].astype(np.uint16)
-        pixels = ((colour * alpha + 255 * (255 - alpha) + 127) // 255).astype(np.uint8)
+        pixels = composite_like_openslide(pixels[..., :-1], pixels[..., -1:], associated)
         samples -= 1
     if samples == 1:
         return np.repeat(pixels, 3, axis=-1)
     return np.ascontiguousarray(pixels[..., :3])
+
+
+def composite_like_openslide(
+    colour: npt.NDArray[Any], alpha: npt.NDArray[Any], associated: bool
+) -> npt.NDArray[np.uint8]:
+    """Colour with alpha onto white, bit for bit what OpenSlide then `rgba_to_rgb` give:
+    libtiff premultiplies unassociated alpha (``(c * a + 127) // 255``), OpenSlide hands out
+    premultiplied ARGB, openslide-python un-premultiplies it with a truncating ``255 * c // a``,
+    and the result is composited onto white like any OpenSlide read."""
+    a = alpha.astype(np.int32)
+    c = colour.astype(np.int32)
+    premultiplied = c if associated else (c * a + 127) // 255
+    straight = np.where(a == 255, premultiplied, 255 * premultiplied // np.maximum(a, 1))
+    straight = np.where(a == 0, 0, np.minimum(straight, 255))
+    return ((straight * a + 255 * (255 - a) + 127) // 255).astype(np.uint8)
 
 
 class _Level:
@@ -126,6 +155,8 @@ class _Level:
         self.compression = int(page.compression)
         self.samples = int(page.samplesperpixel)
         self.bits = int(page.bitspersample)
+        extras = tuple(page.extrasamples or ())
+        self.associated_alpha = bool(extras) and int(extras[0]) != _UNASSALPHA
         if page.is_tiled:
             self.seg_w, self.seg_h = int(page.tilewidth), int(page.tilelength)
         else:
@@ -153,8 +184,17 @@ class _Level:
                 self.jpeg_colorspace = (_RGB, _RGB)  # Aperio's RGB JPEGs carry no JFIF marker
         # libjpeg's DCT scaling guesses the colour space from markers: safe for YCbCr only
         self.dct_scalable = self.jpeg_colorspace == (None, _RGB)
-        # tifffile's decoder for the other codecs (keeps the page, and with it the file's tags)
+        # tifffile's decoder for the other codecs (keeps the page, and with it the file's tags).
+        # tifffile builds it lazily and may read the file to do so (JPEG in strips checks for a
+        # JFIF marker): build it now, while the file is open, and keep the reason it could not.
         self.page: tifffile.TiffPage | None = page if self.jpeg_colorspace is None else None
+        self.page_decode: Callable[..., Any] | None = None
+        self.page_decode_error: str | None = None
+        if self.page is not None:
+            try:
+                self.page_decode = page.decode
+            except Exception as exc:  # an unsupported codec: every read says why
+                self.page_decode_error = f"{type(exc).__name__}: {exc}" if str(exc) else repr(exc)
 
     @property
     def nbytes(self) -> int:
@@ -189,6 +229,8 @@ class TiffReader:
         self._fd = -1
         try:
             with tifffile.TiffFile(path) as tif:
+                if not tif.series:
+                    raise ValueError("no image in the file (truncated, or a TIFF without images)")
                 series = tif.series[0]
                 candidates: list[object] = (
                     list(tif.pages)  # SVS, as OpenSlide reads it: every tiled page is a level
@@ -289,7 +331,9 @@ class TiffReader:
         lv = self._levels[level]
         data = self._raw(level, index)
         jpeg = lv.jpeg_colorspace is not None
-        page_decode = lv.page.decode if scale == 1 and lv.page is not None else None
+        page_decode = lv.page_decode if scale == 1 else None
+        if scale == 1 and not jpeg and page_decode is None:
+            raise ValueError(f"cannot decode level {level}: {lv.page_decode_error}")
 
         def decode() -> RGBArray:
             if scale > 1:
@@ -306,7 +350,8 @@ class TiffReader:
                 decoded, _, _ = page_decode(data, index, jpegtables=lv.tables)
                 if decoded is None:
                     raise ValueError(f"segment {index} of level {level} is empty")
-                pixels = to_rgb(decoded[0])  # decoded is (depth, length, width, samples)
+                # decoded is (depth, length, width, samples)
+                pixels = to_rgb(decoded[0], lv.bits, lv.associated_alpha)
             pixels.flags.writeable = False  # shared through the cache: callers copy, never mutate
             return pixels
 
@@ -364,13 +409,13 @@ class TiffReader:
             ):
                 return None
             data = self._raw(level, index)
-        except Exception as exc:
+        except DATA_ERRORS as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
         def decode() -> None:
             try:
                 lv.decode_jpeg(data, out=dest)
-            except Exception as exc:  # decoders raise codec-specific types
+            except DATA_ERRORS as exc:  # decoders raise codec-specific types
                 raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
         return decode
@@ -391,7 +436,7 @@ class TiffReader:
                 for index in self._covering(level, l_x, l_y, l_w, l_h)
                 if self._cache.get(key := (self.path, level, index, scale)) is None
             ]
-        except Exception as exc:
+        except DATA_ERRORS as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
     def keep(self, key: SegmentKey, pixels: RGBArray) -> None:
@@ -414,7 +459,7 @@ class TiffReader:
             return
         try:
             dest[...] = self._read_window(l0_x, l0_y, level, l_w, l_h)
-        except Exception as exc:  # decoders raise codec-specific types
+        except DATA_ERRORS as exc:  # decoders raise codec-specific types
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
     def read_region_scaled(
@@ -430,7 +475,7 @@ class TiffReader:
             l_x, l_y = self._level_xy(level, l0_x, l0_y)
             scale = self._dct_scale(l_x, l_y, level, l_w, l_h, out_w, out_h)
             pixels = self._read_window(l0_x, l0_y, level, l_w, l_h, scale)
-        except Exception as exc:  # decoders raise codec-specific types
+        except DATA_ERRORS as exc:  # decoders raise codec-specific types
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
         return resize(pixels, out_w, out_h)
 
@@ -442,7 +487,7 @@ class TiffReader:
     def read_region(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> RGBArray:
         try:
             return self._read_window(l0_x, l0_y, level, l_w, l_h)
-        except Exception as exc:  # decoders raise codec-specific types
+        except DATA_ERRORS as exc:  # decoders raise codec-specific types
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
     def _read_window(
@@ -482,7 +527,7 @@ class TiffReader:
             return None
         try:
             data = self._raw(level, index)
-        except Exception as exc:
+        except DATA_ERRORS as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
         return lv.complete_jpeg(data)
 
