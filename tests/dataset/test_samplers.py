@@ -73,7 +73,14 @@ def test_resume_mid_epoch() -> None:
     it = iter(sampler)
     head = [next(it) for _ in range(40)]
     state = sampler.state_dict()
-    assert state == {"epoch": 3, "seed": 4, "position": 40}
+    assert state == {
+        "epoch": 3,
+        "seed": 4,
+        "position": 40,
+        "num_replicas": 2,
+        "rank": 1,
+        "length": 150,
+    }
     fresh = DistributedTileSampler(Sized(300), 2, 1, seed=4)
     fresh.load_state_dict(state)
     assert head + list(fresh) == full
@@ -184,3 +191,83 @@ def test_torchrun_two_ranks_gloo(tmp_path: Path) -> None:
 def _epoch(sampler: DistributedTileSampler, epoch: int) -> list[int]:
     sampler.set_epoch(epoch)
     return list(sampler)
+
+
+def test_negative_seeds_do_not_collide_and_positive_seeds_keep_their_order() -> None:
+    orders = {
+        seed: list(DistributedTileSampler(Sized(500), num_replicas=1, rank=0, seed=seed))
+        for seed in (-1, 1, 0)
+    }
+    assert orders[-1] != orders[1]
+    # non-negative seeds give the permutation they always gave (entropy [seed, epoch])
+    legacy = RandomPermutation.__new__(RandomPermutation)
+    legacy.__init__(500, 1, 0)  # type: ignore[misc]
+    state = np.random.SeedSequence([1, 0]).generate_state(4, np.uint64)
+    assert [int(k) for k in legacy.keys] == [int(k) for k in state]
+    assert orders[1] == legacy(np.arange(500, dtype=np.int64)).tolist()
+    balanced = [
+        list(BalancedTileSampler(_TwoLabelDataset(), num_samples=50, seed=s)) for s in (-1, 1)
+    ]
+    assert balanced[0] != balanced[1]
+
+
+def test_state_dict_refuses_another_world_rank_or_length() -> None:
+    saved = DistributedTileSampler(Sized(100), num_replicas=2, rank=0, seed=3)
+    state = saved.state_dict(consumed=10)
+    assert {k: state[k] for k in ("num_replicas", "rank", "length")} == {
+        "num_replicas": 2,
+        "rank": 0,
+        "length": 50,
+    }
+    for other, message in (
+        (DistributedTileSampler(Sized(100), num_replicas=4, rank=0, seed=3), "num_replicas"),
+        (DistributedTileSampler(Sized(100), num_replicas=2, rank=1, seed=3), "rank"),
+        (DistributedTileSampler(Sized(120), num_replicas=2, rank=0, seed=3), "length"),
+        (DistributedTileSampler(Sized(100), num_replicas=2, rank=0, seed=4), "seed"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            other.load_state_dict(state)
+    same = DistributedTileSampler(Sized(100), num_replicas=2, rank=0, seed=3)
+    same.load_state_dict(state)
+    assert list(same) == list(saved)[10:]
+
+
+class _TwoLabelDataset:
+    """Three slides of 10, 10 and 40 tiles; the first two labelled 0, the third 1."""
+
+    def __init__(self) -> None:
+        from wsi_loader.index.table import SlideIndex, SlideRecord
+
+        counts = [10, 10, 40]
+        slide_id = np.repeat(np.arange(3), counts).astype(np.int32)
+        zeros = np.zeros(len(slide_id))
+        columns = {
+            "slide_id": slide_id,
+            "l0_x": zeros.astype(np.int32),
+            "l0_y": zeros.astype(np.int32),
+            "level": zeros.astype(np.int16),
+            "read_size": zeros.astype(np.int32),
+            "tissue": zeros.astype(np.float32),
+        }
+        slides = tuple(
+            SlideRecord(path=f"s{i}.svs", label=label, tiles=n)
+            for i, (label, n) in enumerate(zip(["a", "a", "b"], counts, strict=True))
+        )
+        meta = {"schema_version": 1, "generation": "gen-000001", "params": {"tile_size": 8}}
+        self.index = SlideIndex(
+            path=Path("."), meta=meta, slides=slides, columns=columns, label_names=("a", "b")
+        )
+
+    def __len__(self) -> int:
+        return 60
+
+
+def test_balanced_by_label_draws_labels_not_slides_equally() -> None:
+    ds = _TwoLabelDataset()
+    rows = np.array(list(BalancedTileSampler(ds, by="label", num_samples=6000, seed=2)))
+    labels = ds.index.slide_labels()[ds.index.columns["slide_id"][rows]]
+    share_b = float((labels == 1).mean())
+    assert 0.46 < share_b < 0.54  # by slide it would be 1/3
+    by_slide = np.array(list(BalancedTileSampler(ds, by="slide", num_samples=6000, seed=2)))
+    slide_share = np.bincount(ds.index.columns["slide_id"][by_slide], minlength=3) / 6000
+    assert np.all(np.abs(slide_share - 1 / 3) < 0.04)

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from wsi_loader.config import BagConfig, validate
+from wsi_loader.dataset.samplers import key_rng
 from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.index.table import SlideIndex
 
@@ -84,7 +85,7 @@ class SlideBagDataset(Dataset[Bag]):
             return slide, np.arange(lo, min(lo + self.chunk_size, int(self.starts[slide + 1])))
         slide = int(self.slide_ids[i])
         lo, hi = int(self.starts[slide]), int(self.starts[slide + 1])
-        rng = np.random.default_rng([self.seed, self.epoch, slide])
+        rng = key_rng(self.seed, self.epoch, slide)
         picks = rng.choice(hi - lo, size=self.k, replace=hi - lo < self.k)
         return slide, lo + np.sort(picks).astype(np.int64)
 

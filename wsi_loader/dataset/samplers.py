@@ -37,6 +37,18 @@ def _mix(values: npt.NDArray[np.uint64], key: np.uint64) -> npt.NDArray[np.uint6
     return z ^ (z >> np.uint64(31))
 
 
+def seed_sequence(*key: int) -> np.random.SeedSequence:
+    """A SeedSequence of a key of ints of any sign, without collisions: non-negative keys give
+    the entropy they always gave, and the signs of negative parts go into the spawn key (so
+    seeds -1 and 1 differ)."""
+    signs = sum(1 << i for i, k in enumerate(key) if k < 0)
+    return np.random.SeedSequence([abs(int(k)) for k in key], spawn_key=(signs,) if signs else ())
+
+
+def key_rng(*key: int) -> np.random.Generator:
+    return np.random.default_rng(seed_sequence(*key))
+
+
 class RandomPermutation:
     """A keyed bijection of ``[0, n)`` evaluated pointwise in O(1) memory."""
 
@@ -45,7 +57,7 @@ class RandomPermutation:
         bits = max(2, math.ceil(math.log2(max(n, 2))))
         self.half = (bits + 1) // 2
         self.mask = np.uint64((1 << self.half) - 1)
-        state = np.random.SeedSequence([abs(k) for k in key]).generate_state(_ROUNDS, np.uint64)
+        state = seed_sequence(*key).generate_state(_ROUNDS, np.uint64)
         self.keys = [np.uint64(k) for k in state]
 
     def _feistel(self, v: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -81,6 +93,9 @@ class _Resumable:
     """Epoch and mid-epoch position bookkeeping shared by the samplers."""
 
     seed: int
+    num_replicas: int
+    rank: int
+    num_samples: int
     epoch: int = 0
     _start: int = 0
     _yielded: int = 0
@@ -96,14 +111,28 @@ class _Resumable:
             "epoch": self.epoch,
             "seed": self.seed,
             "position": self._yielded if consumed is None else int(consumed),
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "length": self.num_samples,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The next ``__iter__`` continues epoch ``state['epoch']`` at ``state['position']``."""
-        if int(state["seed"]) != self.seed:
-            raise ValueError(
-                f"state was saved with seed {state['seed']}, this sampler has {self.seed}"
-            )
+        """The next ``__iter__`` continues epoch ``state['epoch']`` at ``state['position']``.
+
+        A state saved by a sampler with another seed, world size, rank or length (a different
+        index or split) is refused: resuming it would repeat or skip samples."""
+        mine = {
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "length": self.num_samples,
+        }
+        for key, value in mine.items():
+            if key in state and int(state[key]) != value:
+                raise ValueError(
+                    f"state was saved with {key} {state[key]}, this sampler has {value}; "
+                    "resume with the same seed, world size, rank and index"
+                )
         self.epoch = int(state["epoch"])
         self._start = int(state["position"])
 
@@ -166,7 +195,7 @@ class DistributedTileSampler(_Resumable, Sampler[int]):
         counts = np.diff(self._starts)
         slides = len(counts)
         order = (
-            np.random.default_rng([self.seed, self.epoch]).permutation(slides)
+            key_rng(self.seed, self.epoch).permutation(slides)
             if self.shuffle
             else np.arange(slides)
         )
@@ -230,7 +259,7 @@ class BalancedTileSampler(_Resumable, Sampler[int]):
 
     def _chunk(self, number: int, size: int) -> IntArray:
         """Rows of one chunk of draws: its own random stream, so any chunk can be regenerated."""
-        rng = np.random.default_rng([self.seed, self.epoch, self.rank, number])
+        rng = key_rng(self.seed, self.epoch, self.rank, number)
         group = rng.integers(len(self.groups), size=size)
         u = rng.random(size)
         rows = np.empty(size, dtype=np.int64)
