@@ -38,7 +38,7 @@ def test_readme_python_blocks_run(
     namespace: dict[str, object] = {"model": model}
     for block in python_blocks():
         code = block.replace('"/data/slides"', repr(str(slides)))
-        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102
+        exec(compile(code, "README.md", "exec"), namespace)
     # the training block ran to the end with a finite, masked loss
     loss = namespace["loss"]
     assert isinstance(loss, torch.Tensor) and torch.isfinite(loss)
