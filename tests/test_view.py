@@ -52,7 +52,7 @@ def test_status_colouring_shows_quarantined_tiles(index: SlideIndex, tmp_path: P
     cy = int((cell.box[1] + cell.box[3]) / 2) + view.origin[1]
     r, g, b = image[cy, cx]
     assert r > g + 60 and r > b + 60, (r, g, b)
-    assert tuple(STATUS_COLOURS["quarantined"])  # legend colour defined
+    assert (STATUS_COLOURS["quarantined"], f"quarantined ({len(bad)})") in view._legend_entries()
 
 
 def test_label_colouring_and_bad_options(index: SlideIndex) -> None:
@@ -85,6 +85,45 @@ def test_summary_table(index: SlideIndex) -> None:
     html = summary._repr_html_()
     assert "<table>" in html and "tumour" in html
     assert "per label" in str(summary)
+    TileDataset(index).__getitems__(corrupt_rows(index).tolist())
+    again = IndexSummary(index)
+    assert again.quarantined == {"tiles": 4, "slides": 0}
+    assert "quarantine: 4 tile and 0 slide records" in str(again)
+
+
+def test_summary_shows_slide_warnings(testdata: Path, tmp_path: Path) -> None:
+    from wsi_loader import build_index
+
+    index = build_index(
+        [testdata / "small_la.tiff", testdata / "small.svs"],
+        tmp_path / "idx",
+        level=0,
+        tile_size=64,
+        min_tissue=0.0,
+    )
+    warned = [r for r in IndexSummary(index).rows if r["warning"]]
+    assert warned and "smaller than one tile" in warned[0]["warning"]
+    assert "smaller than one tile" in str(IndexSummary(index))
+    assert "smaller than one tile" in IndexSummary(index)._repr_html_()
+
+
+def test_overview_of_a_slide_with_an_unreadable_thumbnail_marks_it(
+    testdata: Path, tmp_path: Path
+) -> None:
+    from wsi_loader import build_index
+    from wsi_loader.view import UNREADABLE
+
+    index = build_index(
+        [testdata / "unreadable.svs"], tmp_path / "idx", level=0, tile_size=8, min_tissue=0.0
+    )
+    view = SlideOverview(index, 0, color_by="status", max_size=64)
+    assert view.unreadable == [(0, 0, 16, 16)]
+    assert (UNREADABLE, "unreadable thumbnail") in view._legend_entries()
+    pixels = np.asarray(view.image.convert("RGB")).astype(int)
+    purple = (np.abs(pixels - np.array(UNREADABLE)).sum(axis=-1) < 60).sum()
+    assert purple > 10
+    out = tmp_path / "u.png"
+    assert main(["inspect", str(index.path), "--out", str(out), "--slide", "0"]) == 0
 
 
 def test_cli_inspect_and_mosaic(index: SlideIndex, tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ LABEL_PALETTE = [
     (23, 190, 207),
 ]
 UNLABELLED = (120, 120, 120)
+UNREADABLE = (160, 0, 160)  # thumbnail areas whose pixels could not be read
 # viridis at 0, 0.25, 0.5, 0.75, 1: tissue fraction colour ramp
 _RAMP = np.array(
     [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)], dtype=np.float32
@@ -141,7 +142,8 @@ class SlideOverview(_Renders):
             # unless the slide itself is that small
             dims = reader.meta.level_dimensions
             level = max((i for i, d in enumerate(dims) if max(d) >= max_size), default=0)
-            thumb = self._thumbnail(reader, max_size, level)
+            self.unreadable: list[tuple[int, int, int, int]] = []
+            thumb = self._thumbnail(reader, max_size, level, self.unreadable)
             self.l0_size = reader.meta.dimensions
         finally:
             reader.close()
@@ -154,16 +156,17 @@ class SlideOverview(_Renders):
         self.image = self._draw(Image.fromarray(thumb))
 
     @staticmethod
-    def _thumbnail(reader: SlideReader, max_size: int, level: int) -> RGBArray:
-        """The thumbnail from ``level``, or from a coarser one if that level has bad tiles."""
-        last = reader.meta.level_count - 1
-        for candidate in range(level, last + 1):
+    def _thumbnail(
+        reader: SlideReader, max_size: int, level: int, unreadable: list[tuple[int, int, int, int]]
+    ) -> RGBArray:
+        """The thumbnail from ``level``, or from a coarser one if that level has bad tiles; when
+        every level has some, ``level`` with what it can read (``unreadable`` gets the rest)."""
+        for candidate in range(level, reader.meta.level_count):
             try:
                 return read_mask_image(reader, max_size, candidate)[0]
             except TileReadError:
-                if candidate == last:
-                    raise
-        raise AssertionError("unreachable")
+                continue
+        return read_mask_image(reader, max_size, level, unreadable)[0]
 
     def _cells(self) -> list[Cell]:
         index, record = self.index, self.index.slides[self.slide_id]
@@ -206,6 +209,13 @@ class SlideOverview(_Renders):
         base = thumb.convert("RGBA")
         overlay = Image.new("RGBA", base.size, (0, 0, 0, 0))
         draw = ImageDraw.Draw(overlay)
+        for box in self.unreadable:  # hatched: nothing there could be read
+            left, top, right, bottom = box
+            draw.rectangle(box, fill=(*UNREADABLE, 90), outline=(*UNREADABLE, 255), width=2)
+            for step in range(6, (right - left) + (bottom - top), 6):  # diagonals, clipped
+                start = (min(left + step, right), top + max(0, left + step - right))
+                end = (left + max(0, top + step - bottom), min(top + step, bottom))
+                draw.line((*start, *end), fill=(*UNREADABLE, 200), width=1)
         for cell in self.cells:
             colour = self._colour(cell)
             fill_alpha = 150 if cell.status != "ok" else 70
@@ -219,6 +229,10 @@ class SlideOverview(_Renders):
         return self._frame(composed)
 
     def _legend_entries(self) -> list[tuple[tuple[int, int, int], str]]:
+        extra = [(UNREADABLE, "unreadable thumbnail")] if self.unreadable else []
+        return self._colour_entries() + extra
+
+    def _colour_entries(self) -> list[tuple[tuple[int, int, int], str]]:
         if self.color_by == "status":
             counts = Counter(c.status for c in self.cells)
             return [(STATUS_COLOURS[s], f"{s} ({counts.get(s, 0)})") for s in STATUS_COLOURS]
@@ -360,7 +374,18 @@ class Mosaic(_Renders):
 class IndexSummary:
     """Per-slide table (tiles, MPP, read level, label, status, error) and counts per label."""
 
-    COLUMNS = ("slide_id", "path", "status", "tiles", "mpp", "read_level", "label", "error")
+    COLUMNS = (
+        "slide_id",
+        "path",
+        "status",
+        "tiles",
+        "mpp",
+        "read_level",
+        "label",
+        "split",
+        "error",
+        "warning",
+    )
 
     def __init__(self, index: SlideIndex) -> None:
         self.index = index
@@ -375,7 +400,7 @@ class IndexSummary:
             )
             entry["slides"] += 1
             entry["tiles"] += s["tiles"] if s["status"] == "ok" else 0
-        self.quarantined = len(summary["quarantined"])
+        self.quarantined: dict[str, int] = summary["quarantine"]
 
     def __str__(self) -> str:
         lines = [" ".join(f"{c:<10}" for c in self.COLUMNS)]
@@ -388,7 +413,8 @@ class IndexSummary:
                 for k, v in self.label_counts.items()
             )
         )
-        lines.append(f"quarantined tile reads: {self.quarantined}")
+        q = self.quarantined
+        lines.append(f"quarantine: {q['tiles']} tile and {q['slides']} slide records")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -410,5 +436,6 @@ class IndexSummary:
         return (
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
             f"<p><b>Per label</b></p><table><tr><th>label</th><th>slides</th><th>tiles</th>"
-            f"</tr>{labels}</table><p>Quarantined tile reads: {self.quarantined}</p>"
+            f"</tr>{labels}</table><p>Quarantine: {self.quarantined['tiles']} tile and "
+            f"{self.quarantined['slides']} slide records</p>"
         )

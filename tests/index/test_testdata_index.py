@@ -17,7 +17,7 @@ AT_MPP = {
     "unreadable.svs": ("ok", "smaller than one tile", False),
     "dicom-boxes/boxes_0.dcm": ("ok", "smaller than one tile", False),
     "test3-DAPI-2-(387).ndpi": ("ok", "8.7% from the target", True),
-    "small_vectra.qptiff": ("ok", None, False),
+    "small_vectra.qptiff": ("ok", "3 channels (CYX); only channel 0 is read, as grey", False),
     "tcga-cr-7395-01a-01-ts1.svs": ("failed", "no MPP", False),
     "kidney-48-5.tif": ("failed", "no MPP", False),
     "boxes.tiff": ("failed", "not a microscope resolution", False),
@@ -54,6 +54,37 @@ def test_indexed_or_rejected_with_reason(index_at_mpp, name: str) -> None:  # ty
     if text:
         assert text in (record.error or record.warning or ""), record
     assert (record.tiles > 0) == has_tiles
+
+
+def test_info_text_shows_each_slides_warning(
+    index_at_mpp, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    from wsi_loader.cli import main
+
+    assert main(["info", str(index_at_mpp.path)]) == 0
+    text = capsys.readouterr().out
+    for needle in (
+        "warning: the slide is smaller than one tile",
+        "8.7% from the target",
+        "only channel 0 is read",
+        "error: OpenSlide: Unsupported TIFF compression: 52479",
+    ):
+        assert needle in text
+
+
+def test_info_piped_into_head_ends_quietly(index_at_mpp) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        f"{sys.executable} -m wsi_loader.cli info {index_at_mpp.path} --json | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "{"
+    assert done.stderr == "", done.stderr
 
 
 def test_level_mode_indexes_slides_without_usable_mpp(testdata: Path, tmp_path: Path) -> None:

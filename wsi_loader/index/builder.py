@@ -97,6 +97,7 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
             mpp=mpp,
             mpp_source="manifest" if entry.mpp is not None else meta.mpp_source,
             objective_power=meta.objective_power,
+            warning=meta.note,
         )
         plan = plan_read(
             meta,
@@ -115,7 +116,7 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
             stride=plan.l_stride,
             tile_mpp=plan.tile_mpp,
             aligned=plan.aligned,
-            warning=plan.warning,
+            warning=_join(record.warning, plan.warning) if plan.warning else record.warning,
         )
         l0_x, l0_y = grid(meta, plan, align=cfg.align_to_storage)
         if cfg.min_tissue > 0 and len(l0_x):
@@ -296,6 +297,8 @@ def build_index(
     for record, _ in results:
         if record.status == "failed":
             log.warning("cannot index %s: %s", record.path, record.error)
+        elif record.warning:
+            log.warning("%s: %s", record.path, record.warning)
     if had_ok and not any(record.status == "ok" for record, _ in results):
         raise InputError(
             f"no slide could be indexed, so the index in {out} was left as it is "

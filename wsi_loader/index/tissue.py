@@ -13,7 +13,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import ndimage
 
-from wsi_loader.slides.base import RGBArray, SlideReader
+from wsi_loader.errors import TileReadError
+from wsi_loader.slides.base import RGBArray, SlideReader, level_to_l0
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -57,14 +58,23 @@ def tissue_mask(rgb: RGBArray) -> BoolArray:
     return np.asarray(ndimage.binary_fill_holes(mask), dtype=bool)
 
 
+Box = tuple[int, int, int, int]  # x0, y0, x1, y1 in output pixels
+
+
 def read_mask_image(
-    reader: SlideReader, max_size: int, level: int | None = None
+    reader: SlideReader,
+    max_size: int,
+    level: int | None = None,
+    unreadable: list[Box] | None = None,
 ) -> tuple[RGBArray, int]:
     """Read a level (the lowest-resolution one by default), shrunk so its longest side is at
     most ``max_size``.
 
     Returns the image and the level it came from. The level is read in chunks and box-filtered,
-    so a large single-level slide never needs its full raster in memory.
+    so a large single-level slide never needs its full raster in memory. A chunk that fails
+    raises `TileReadError`, unless ``unreadable`` is given: then the chunk is read again in
+    storage-tile pieces, pieces that still fail are left white and their boxes appended to
+    ``unreadable`` (so a view can draw what it can and mark the rest).
     """
     meta = reader.meta
     level = meta.level_count - 1 if level is None else level
@@ -74,16 +84,36 @@ def read_mask_image(
     out_w, out_h = math.ceil(l_w / factor), math.ceil(l_h / factor)
     out = np.empty((out_h, out_w, 3), dtype=np.uint8)
     ds = meta.level_downsamples[level]
+
+    def paint(l_x: int, l_y: int, w: int, h: int) -> None:
+        pixels = reader.read_region(level_to_l0(l_x, ds), level_to_l0(l_y, ds), level, w, h)
+        if factor > 1:
+            pixels = _box_reduce(pixels, factor)
+        out[
+            l_y // factor : l_y // factor + pixels.shape[0],
+            l_x // factor : l_x // factor + pixels.shape[1],
+        ] = pixels
+
+    tile_w = meta.tile_sizes[level][0] if level < len(meta.tile_sizes) else 0
+    piece = factor * max(1, math.ceil(max(tile_w, 256) / factor))  # whole output pixels
     for l_y in range(0, l_h, chunk):
         for l_x in range(0, l_w, chunk):
             w, h = min(chunk, l_w - l_x), min(chunk, l_h - l_y)
-            pixels = reader.read_region(round(l_x * ds), round(l_y * ds), level, w, h)
-            if factor > 1:
-                pixels = _box_reduce(pixels, factor)
-            out[
-                l_y // factor : l_y // factor + pixels.shape[0],
-                l_x // factor : l_x // factor + pixels.shape[1],
-            ] = pixels
+            try:
+                paint(l_x, l_y, w, h)
+            except TileReadError:
+                if unreadable is None:
+                    raise
+                for p_y in range(l_y, l_y + h, piece):
+                    for p_x in range(l_x, l_x + w, piece):
+                        p_w, p_h = min(piece, l_x + w - p_x), min(piece, l_y + h - p_y)
+                        try:
+                            paint(p_x, p_y, p_w, p_h)
+                        except TileReadError:
+                            x0, y0 = p_x // factor, p_y // factor
+                            x1, y1 = -(-(p_x + p_w) // factor), -(-(p_y + p_h) // factor)
+                            out[y0:y1, x0:x1] = 255
+                            unreadable.append((x0, y0, x1, y1))
     return out, level
 
 

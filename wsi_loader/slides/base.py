@@ -39,6 +39,8 @@ class SlideMeta:
     objective_power: float | None = None
     # storage tile (width, height) per level; (0, 0) when unknown or stored as strips
     tile_sizes: tuple[tuple[int, int], ...] = field(default_factory=tuple)
+    # what a user should know about how the slide is read (e.g. one channel of several)
+    note: str | None = None
 
     @property
     def dimensions(self) -> tuple[int, int]:

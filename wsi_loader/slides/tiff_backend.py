@@ -141,6 +141,16 @@ def composite_like_openslide(
     return ((straight * a + 255 * (255 - a) + 127) // 255).astype(np.uint8)
 
 
+def _channels_note(series: tifffile.TiffPageSeries, page: tifffile.TiffPage) -> str | None:
+    """Say so when the series holds more channels than the page read (multiplex fluorescence
+    stores one grey page per channel: only the first is read, as grey)."""
+    per_page = math.prod(page.shape)
+    channels = math.prod(series.shape) // per_page if per_page else 1
+    if channels <= 1:
+        return None
+    return f"{channels} channels ({series.axes}); only channel 0 is read, as grey"
+
+
 class _Level:
     """Segment geometry of one pyramid level (tiles, or strips that span the full width).
 
@@ -280,6 +290,7 @@ class TiffReader:
             mpp_source=source,
             objective_power=objective,
             tile_sizes=tiles,
+            note=_channels_note(series, base_page),
         )
 
     def _level_xy(self, level: int, l0_x: int, l0_y: int) -> tuple[int, int]:
