@@ -246,3 +246,73 @@ def test_cli_export_reads_the_config_section(index: SlideIndex, tmp_path: Path) 
     assert (
         main(["export", str(index.path), "--out", str(tmp_path / "x"), "--config", str(bad)]) == 2
     )
+
+
+def test_a_unit_is_complete_only_after_its_shard_is_written(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = build_index([archive / "good.svs"], tmp_path / "idx", level=0, min_tissue=0)
+    out = tmp_path / "out"
+    real = export_module._write_atomic
+
+    def dies_writing_a_shard(path: Path, data: bytes) -> None:
+        if path.name.endswith(".tar"):
+            raise KeyboardInterrupt("killed while writing the shard")
+        real(path, data)
+
+    monkeypatch.setattr(export_module, "_write_atomic", dies_writing_a_shard)
+    with pytest.raises(KeyboardInterrupt):
+        export_index(index, out, format="webdataset", shard_size=30)
+    assert not list((out / export_module.PARTS).glob("unit-*.json"))  # nothing marked done
+    monkeypatch.undo()
+    report = export_index(index, out, format="webdataset", shard_size=30)
+    assert report.units_skipped == 0 and report.tiles == len(index)
+    assert all((out / s["file"]).exists() for s in report.shards)
+
+
+def test_a_resumed_export_keeps_its_first_plan(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = build_index([archive / "good.svs"], tmp_path / "idx", level=0, min_tissue=0)
+    out = tmp_path / "out"
+    real = export_module.export_unit
+    calls: list[int] = []
+
+    def dies_on_second(unit: export_module.ExportUnit) -> dict:  # type: ignore[type-arg]
+        calls.append(unit.number)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return real(unit)
+
+    monkeypatch.setattr(export_module, "export_unit", dies_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        export_index(index, out, format="imagefolder", shard_size=20)
+    monkeypatch.undo()
+    # a tile of the finished first unit is quarantined in the meantime
+    row = 3
+    index.quarantine.append(
+        {
+            "slide_id": 0,
+            "path": index.slides[0].path,
+            "x": int(index.columns["l0_x"][row]),
+            "y": int(index.columns["l0_y"][row]),
+            "error": "found later",
+        }
+    )
+    report = export_index(index, out, format="imagefolder", shard_size=20)
+    with open(out / "manifest.csv", newline="") as fh:
+        rows = [int(r["row"]) for r in csv.DictReader(fh)]
+    # the plan of the first run: every row once, units unchanged, nothing shifted or lost
+    assert sorted(rows) == list(range(len(index))) and report.quarantined == 0
+
+
+def test_failures_csv_carries_the_quarantine_reason(index: SlideIndex, tmp_path: Path) -> None:
+    TileDataset(index).__getitems__(corrupt_rows(index).tolist())
+    export_index(index, tmp_path / "out", shard_size=50)
+    with open(tmp_path / "out" / "failures.csv", newline="") as fh:
+        reasons = [r["reason"] for r in csv.DictReader(fh)]
+    assert len(reasons) == 4
+    assert all(r.startswith("quarantined before export: ") and len(r) > 30 for r in reasons)
+    assert all(
+        "Jpeg" in r or "JPEG" in r or "marker" in r or "corrupt" in r.lower() for r in reasons
+    ), reasons

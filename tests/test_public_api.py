@@ -1,4 +1,6 @@
-"""The curated public API (names other code and our checks rely on)."""
+"""The curated public API (names other code and our checks rely on), guarded like httpx's
+``tests/test_exported_members.py``: the exact ``__all__``, every name importable, every public
+attribute exported, and lazy (torch-based) names visible to ``dir()``."""
 
 from __future__ import annotations
 
@@ -8,10 +10,61 @@ import sys
 import wsi_loader
 from wsi_loader import errors
 
+EXPORTED = [
+    "BalancedTileSampler",
+    "Config",
+    "ConfigError",
+    "DatasetConfig",
+    "DeviceLoader",
+    "DistributedTileSampler",
+    "HandlePool",
+    "IndexConfig",
+    "IndexFormatError",
+    "InputError",
+    "Quarantine",
+    "ResolutionError",
+    "SlideBagDataset",
+    "SlideError",
+    "SlideIndex",
+    "SlideMeta",
+    "SlideNotFoundError",
+    "SlideOpenError",
+    "SlideRecord",
+    "TileBatch",
+    "TileDataset",
+    "TileReadError",
+    "WsiLoaderError",
+    "build_index",
+    "load_config",
+    "make_loader",
+    "open_slide",
+]
 
-def test_exported_members_exist() -> None:
+
+def test_all_is_exactly_the_curated_list() -> None:
+    assert wsi_loader.__all__ == EXPORTED  # sorted, no accidental additions or removals
+
+
+def test_exported_members_exist_and_come_from_the_package() -> None:
     for name in wsi_loader.__all__:
-        assert getattr(wsi_loader, name) is not None, name
+        member = getattr(wsi_loader, name)
+        assert member.__module__.startswith("wsi_loader."), name
+
+
+def test_every_public_attribute_is_exported() -> None:
+    public = {
+        name
+        for name, value in vars(wsi_loader).items()
+        if not name.startswith("_") and not isinstance(value, type(sys))  # not submodules
+    }
+    assert public <= set(wsi_loader.__all__), public - set(wsi_loader.__all__)
+
+
+def test_dir_lists_lazy_names() -> None:
+    listed = dir(wsi_loader)
+    for name in ("TileDataset", "make_loader", "DeviceLoader", "SlideBagDataset"):
+        assert name in listed
+    assert set(wsi_loader.__all__) <= set(listed)
 
 
 def test_error_tree() -> None:
@@ -26,6 +79,7 @@ def test_error_tree() -> None:
 def test_slides_and_index_layers_do_not_import_torch() -> None:
     code = (
         "import sys, wsi_loader, wsi_loader.index, wsi_loader.slides, wsi_loader.synthetic;"
+        "import wsi_loader.index.health, wsi_loader.dataset.reading, wsi_loader.dataset.quarantine;"
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

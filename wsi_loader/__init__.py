@@ -5,9 +5,7 @@ Datasets, samplers, batches). The slides and index layers never import torch, an
 this package does not either until a torch-based name is used.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from wsi_loader.config import Config, DatasetConfig, IndexConfig, load_config
 from wsi_loader.errors import (
@@ -67,7 +65,7 @@ _LAZY: dict[str, str] = {
     "DeviceLoader": "wsi_loader.gpu",
 }
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from wsi_loader.dataset import (
         BalancedTileSampler,
         DistributedTileSampler,
@@ -79,7 +77,12 @@ if TYPE_CHECKING:
     from wsi_loader.gpu import DeviceLoader
 
 
-def __getattr__(name: str) -> Any:
+def __dir__() -> list[str]:
+    """Module attributes plus the lazy names, so ``dir()`` and completion show them."""
+    return sorted({*globals(), *__all__})
+
+
+def __getattr__(name: str) -> _typing.Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'wsi_loader' has no attribute {name!r}")

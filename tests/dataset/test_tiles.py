@@ -4,6 +4,7 @@ import json
 import multiprocessing
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -197,3 +198,64 @@ def test_batches_read_with_threads_match_one_thread(index: SlideIndex) -> None:
     one = TileDataset(index, decode_threads=1, record_failures=False).read_batch(rows)
     many = TileDataset(index, decode_threads=4, record_failures=False).read_batch(rows)
     assert torch.equal(one.images, many.images) and torch.equal(one.ok, many.ok)
+
+
+def _append_one(path: str, done: Any) -> None:
+    Quarantine(path).append({"slide_id": 0, "path": "s.svs", "x": 1, "y": 2, "error": "late"})
+    done.set()
+
+
+def test_quarantine_writers_wait_for_the_lock(tmp_path: Path) -> None:
+    """An append must take the writers' lock (the torn-line check and `rewrite` rely on it)."""
+    import fcntl
+    import os
+
+    q = Quarantine(tmp_path / "quarantine.jsonl")
+    # spawn: a forked child would inherit the held lock's descriptor and wait on itself
+    ctx = multiprocessing.get_context("spawn")
+    done = ctx.Event()
+    fd = os.open(q.lock_path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        writer = ctx.Process(target=_append_one, args=(str(q.path), done))
+        writer.start()
+        assert not done.wait(1.0)  # blocked while another process holds the lock
+        assert q.read() == []
+    finally:
+        os.close(fd)
+    assert done.wait(10)
+    writer.join()
+    assert [r["error"] for r in q.read()] == ["late"]
+
+
+def test_rewrite_keeps_appends_made_while_it_waited(tmp_path: Path) -> None:
+    q = Quarantine(tmp_path / "quarantine.jsonl")
+    for x in range(3):
+        q.append({"slide_id": 0, "path": "s.svs", "x": x, "y": 0, "error": "e"})
+    kept, removed = q.rewrite(lambda r: r["x"] != 1)
+    assert (kept, removed) == (2, 1)
+    q.append({"slide_id": 0, "path": "s.svs", "x": 9, "y": 0, "error": "e"})
+    assert [r["x"] for r in q.read()] == [0, 2, 9]
+
+
+def test_invalid_quarantine_records_are_skipped_not_fatal(
+    index: SlideIndex, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = index.path / "quarantine.jsonl"
+    good = {"kind": "tile", "slide_id": 0, "path": index.slides[0].path, "x": 0, "y": 0}
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps({**good, "x": 1e20}),
+                '{"path": "a.svs", "x": Infinity, "y": 0}',
+                "[" * 100000 + "]" * 100000,
+                json.dumps({**good, "x": True}),
+                json.dumps(good),
+            ]
+        )
+        + "\n"
+    )
+    assert [r["x"] for r in Quarantine(path).read()] == [0]
+    assert caplog.text.count("skipping") == 4  # one warning per bad line, naming it
+    assert "quarantine.jsonl:3: skipping" in caplog.text
+    assert len(SlideIndex.open(index.path, exclude_quarantined=True)) == len(index) - 1
