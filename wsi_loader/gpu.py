@@ -8,7 +8,7 @@ that layout costs nothing). On CPU the same code runs without streams, which is 
 
 Compressed tiles (``make_loader(decode="device")``) are decoded here: with nvJPEG through
 ``torchvision.io.decode_jpeg(device="cuda")`` when torchvision and a GPU are present (an optional
-extra), otherwise with libjpeg-turbo on the CPU (imagecodecs).
+extra), otherwise with libjpeg-turbo on the CPU (simplejpeg, strict about corrupt data).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import imagecodecs
 import numpy as np
+import simplejpeg
 import torch
 
 from wsi_loader.dataset.batch import TileBatch
@@ -62,8 +62,9 @@ def decode_encoded(batch: TileBatch, device: torch.device) -> TileBatch:
         if i in decoded:
             continue
         try:
-            pixels = imagecodecs.jpeg8_decode(batch.encoded[i] or b"")
-            decoded[i] = torch.from_numpy(np.ascontiguousarray(pixels[..., :3]))
+            # strict: libjpeg's corrupt-data warnings fail the tile, as on the worker's path
+            pixels = simplejpeg.decode_jpeg(batch.encoded[i] or b"", colorspace="RGB", strict=True)
+            decoded[i] = torch.from_numpy(np.ascontiguousarray(pixels))
         except Exception as exc:  # corrupt compressed tile
             _mark_failed(batch, i, f"{type(exc).__name__}: {exc}")
     if decoded:

@@ -1,14 +1,14 @@
 """tifffile backend: reads TIFF-family slides segment by segment, without OpenSlide.
 
 It opens TIFFs that OpenSlide rejects (plain strip TIFFs, QPTIFF) and reads tiled TIFFs by
-fetching the compressed storage tiles a window covers and decoding only those (imagecodecs:
-JPEG with shared tables, JPEG 2000, deflate, LZW, ZSTD...). Its errors do not latch: a corrupt
-tile raises `TileReadError` and the next read works.
+fetching the compressed storage tiles a window covers and decoding only those (JPEG with
+shared tables by libjpeg-turbo through simplejpeg, strict about corrupt data as OpenSlide is;
+JPEG 2000, deflate, LZW, ZSTD... by imagecodecs through tifffile). Its errors do not latch: a
+corrupt tile raises `TileReadError` and the next read works.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import os
@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 import imagecodecs
 import numpy as np
 import numpy.typing as npt
+import simplejpeg
 import tifffile
-from PIL import Image, UnidentifiedImageError
 
 from wsi_loader.errors import SlideOpenError, TileReadError
 from wsi_loader.slides.base import (
@@ -43,6 +43,8 @@ _RGB, _YCBCR = 2, 6
 # TypeError...) is a bug and propagates, never filled and quarantined as bad data.
 DATA_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, RuntimeError, EOFError, zlib.error)
 _UNASSALPHA = 2  # ExtraSamples: unassociated alpha (1 associated, 0 unspecified)
+# APP14 "Adobe" marker, version 100, transform 0: the three components are RGB, not YCbCr
+_ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
 # Compressions imagecodecs decodes: none, LZW, JPEG, deflate, JPEG 2000 (Aperio), ZSTD, WebP
 RAW_COMPRESSIONS = frozenset({1, 5, 7, 8, 32946, 33003, 33005, 34712, 50000, 50001})
 DCT_SCALES = (2, 4, 8)
@@ -212,19 +214,56 @@ class _Level:
         segments = len(self.offsets)
         return 16 * segments + (96 * segments if self.page is not None else 0) + 1024
 
-    def complete_jpeg(self, data: bytes) -> bytes:
-        """A segment's abbreviated JPEG stream with the shared tables spliced in: one complete
-        JPEG, for decoders that take no separate tables (PIL, nvJPEG)."""
-        return (self.tables[:-2] + data[2:]) if self.tables else data
-
-    def decode_jpeg(self, data: bytes, out: RGBArray | None = None) -> RGBArray:
-        """libjpeg-turbo decode of one of this level's JPEG segments (``jpeg_colorspace`` set),
-        into ``out`` when given. Reads only immutable fields: safe on any thread."""
+    def _libjpeg_reason(self, data: bytes, exc: ValueError) -> str:
+        """libjpeg's own words for a failed decode (TurboJPEG's header errors are vaguer, e.g.
+        "Could not determine subsampling level" for OpenSlide's "Bogus marker length")."""
         assert self.jpeg_colorspace is not None
         colorspace, outcolorspace = self.jpeg_colorspace
-        pixels: RGBArray = imagecodecs.jpeg8_decode(
-            data, tables=self.tables, colorspace=colorspace, outcolorspace=outcolorspace, out=out
-        )
+        try:
+            imagecodecs.jpeg8_decode(
+                data, tables=self.tables, colorspace=colorspace, outcolorspace=outcolorspace
+            )
+        except Exception as libjpeg_error:  # any codec error: its message is the reason
+            return str(libjpeg_error) or str(exc)
+        return str(exc)  # a corrupt-data warning, which only strict mode reports
+
+    def complete_jpeg(self, data: bytes) -> bytes:
+        """A segment's abbreviated JPEG stream with the shared tables spliced in: one complete
+        JPEG, for decoders that take no separate tables (nvJPEG, libjpeg-turbo's TurboJPEG)."""
+        return (self.tables[:-2] + data[2:]) if self.tables else data
+
+    def decode_jpeg(self, data: bytes, out: RGBArray | None = None, scale: int = 1) -> RGBArray:
+        """libjpeg-turbo decode of one of this level's JPEG segments (``jpeg_colorspace`` set),
+        DCT-scaled down by ``scale``, into ``out`` when given. Reads only immutable fields:
+        safe on any thread.
+
+        libjpeg's corrupt-data warnings ("Corrupt JPEG data: ...", "Premature end of JPEG
+        file") fail the decode with ValueError, as they fail OpenSlide's reads: simplejpeg's
+        strict mode (imagecodecs decodes such data without a word). An RGB stream without
+        markers (Aperio's) gets an Adobe APP14 marker saying so (transform 0), which makes
+        libjpeg decode it as RGB, exactly as OpenSlide does.
+        """
+        assert self.jpeg_colorspace is not None
+        stream = self.complete_jpeg(data)
+        if self.jpeg_colorspace[0] == _RGB and stream[:2] == b"\xff\xd8":
+            stream = stream[:2] + _ADOBE_RGB + stream[2:]
+        height, width = -(-self.seg_h // scale), -(-self.seg_w // scale)
+        try:
+            pixels: RGBArray = simplejpeg.decode_jpeg(
+                stream,
+                colorspace="RGB",
+                min_height=height,
+                min_width=width,
+                buffer=out,
+                strict=True,
+            )
+        except ValueError as exc:
+            raise ValueError(self._libjpeg_reason(data, exc)) from exc
+        if pixels.shape[:2] != (height, width):
+            raise ValueError(
+                f"a JPEG segment of {pixels.shape[1]}x{pixels.shape[0]} px where the level's "
+                f"tiles are {self.seg_w}x{self.seg_h} (scaled 1/{scale})"
+            )
         return pixels
 
 
@@ -347,15 +386,8 @@ class TiffReader:
             raise ValueError(f"cannot decode level {level}: {lv.page_decode_error}")
 
         def decode() -> RGBArray:
-            if scale > 1:
-                try:  # PIL's draft mode: libjpeg's DCT scaling
-                    image = Image.open(io.BytesIO(lv.complete_jpeg(data)), formats=["JPEG"])
-                except UnidentifiedImageError as exc:  # its message names a memory address
-                    raise ValueError(f"segment {index} of level {level} is not a JPEG") from exc
-                image.draft("RGB", (lv.seg_w // scale, lv.seg_h // scale))
-                pixels: RGBArray = np.asarray(image.convert("RGB"))
-            elif jpeg:
-                pixels = lv.decode_jpeg(data)
+            if jpeg:  # DCT-scaled by libjpeg when scale > 1
+                pixels: RGBArray = lv.decode_jpeg(data, scale=scale)
             else:
                 assert page_decode is not None
                 decoded, _, _ = page_decode(data, index, jpegtables=lv.tables)
