@@ -24,6 +24,7 @@ EXPORTED = [
     "Quarantine",
     "ResolutionError",
     "SlideBagDataset",
+    "SlideChangedError",
     "SlideError",
     "SlideIndex",
     "SlideMeta",

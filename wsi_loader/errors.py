@@ -12,6 +12,7 @@ so ``except FileNotFoundError`` or ``except ValueError`` keep working.
      +-- IndexFormatError                    missing, corrupt or incompatible index directory: path
      +-- SlideError                          anything about one slide: path
           +-- SlideNotFoundError (FileNotFoundError)
+          +-- SlideChangedError                 another file than the one indexed is there
           +-- SlideOpenError                 no backend could open it
           +-- ResolutionError                no usable MPP, missing level, target not reachable
           +-- TileReadError                  one region failed: l0_x, l0_y, level, cause
@@ -26,6 +27,7 @@ __all__ = [
     "IndexFormatError",
     "InputError",
     "ResolutionError",
+    "SlideChangedError",
     "SlideError",
     "SlideNotFoundError",
     "SlideOpenError",
@@ -83,6 +85,10 @@ class SlideError(WsiLoaderError):
 
 class SlideNotFoundError(SlideError, FileNotFoundError):
     """The slide file does not exist (or vanished after indexing)."""
+
+
+class SlideChangedError(SlideError):
+    """The file at the slide's path is not the slide that was indexed (rewritten, replaced)."""
 
 
 class SlideOpenError(SlideError):

@@ -187,3 +187,33 @@ def test_retry_reads_tiles_a_rebuild_left_out(archive: Path, tmp_path: Path) -> 
     assert main(["quarantine", str(tmp_path / "idx"), "--retry"]) == 0
     assert index.quarantine.read() == []
     assert _build(archive, tmp_path / "idx").slides[bad].tiles == index.slides[bad].tiles
+
+
+@pytest.mark.parametrize("same_size", [False, True])
+def test_a_slide_replaced_under_its_name_is_a_slide_fault(
+    archive: Path, tmp_path: Path, make_slide, same_size: bool
+) -> None:  # type: ignore[no-untyped-def]
+    index = _build(archive, tmp_path / "idx")
+    good = next(i for i, s in enumerate(index.slides) if s.path == "good.svs")
+    ds = TileDataset(index)  # the start check passes: the slide is still the indexed one
+    other = make_slide(width=2560, height=2048, seed=99).read_bytes()
+    if same_size:  # defeats a size check: only the contents tell
+        size = (archive / "good.svs").stat().st_size
+        other = other[:size].ljust(size, b"\0")
+    (archive / "good.svs").write_bytes(other)
+    rows = np.flatnonzero(index.columns["slide_id"] == good)[:8]
+    batch = ds.read_batch(rows.tolist())
+    assert not batch.ok.any()
+    records = [r for r in index.quarantine.read() if r["path"] == "good.svs"]
+    assert [r["kind"] for r in records] == ["slide"]
+    assert "not the slide that was indexed" in records[0]["error"]
+
+
+def test_touching_a_slide_is_not_a_change(archive: Path, tmp_path: Path) -> None:
+    import os
+
+    index = _build(archive, tmp_path / "idx")
+    os.utime(archive / "good.svs", ns=(1, 1))
+    good = next(i for i, s in enumerate(index.slides) if s.path == "good.svs")
+    rows = np.flatnonzero(index.columns["slide_id"] == good)[:8]
+    assert bool(TileDataset(index).read_batch(rows.tolist()).ok.all())

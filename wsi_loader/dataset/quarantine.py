@@ -65,7 +65,7 @@ def retry(index: SlideIndex, slide: str | None = None, retries: int = 2) -> tupl
                 continue
             try:
                 if record.get("kind") == "slide":
-                    reader.pool.get(index.slide_path(sid), reader.backend)
+                    reader.get_reader(sid)
                 else:
                     level = int(record.get("level", current.read_level or 0))
                     size = int(current.read_size or reader.tile_size)

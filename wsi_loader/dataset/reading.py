@@ -24,10 +24,11 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from wsi_loader.errors import SlideError, TileReadError
+from wsi_loader.errors import SlideChangedError, SlideError, TileReadError
+from wsi_loader.index.inputs import content_key
 from wsi_loader.index.quarantine import Quarantine
 from wsi_loader.index.table import SlideIndex
-from wsi_loader.slides.base import RGBArray, resize
+from wsi_loader.slides.base import RGBArray, SlideReader, resize
 from wsi_loader.slides.pool import HandlePool
 from wsi_loader.slides.tiff_backend import SegmentJob, SegmentKey, TiffReader
 
@@ -104,7 +105,30 @@ class TileReader:
         self.slide_faults: dict[int, str] = {}  # slide id -> reason, found by this process
         self._quarantined: set[tuple[int, int, int]] = set()
         self._paths = [index.slide_path(i) for i in range(len(index.slides))]
+        self._contents = {p: s.content for p, s in zip(self._paths, index.slides, strict=True)}
         self._slide_start = index.slide_starts()
+
+    def _verify(self, path: str) -> None:
+        """Refuse a file that is not the slide indexed at ``path`` (size and head/tail digest;
+        a ``touch`` passes). Run on every fresh open; kept layouts reopened on an unchanged
+        file skip it."""
+        expected = self._contents.get(path)
+        if expected is None or "://" in path:
+            return  # an index from before content digests, or a remote slide
+        try:
+            found = content_key(path)
+        except OSError:
+            return  # the open that follows reports it
+        if found != expected:
+            raise SlideChangedError(
+                "the file is not the slide that was indexed (its size or contents changed); "
+                "rebuild the index",
+                path=path,
+            )
+
+    def get_reader(self, slide_id: int) -> SlideReader:
+        """This process's open reader of a slide (opened and verified as needed)."""
+        return self.pool.get(self._paths[slide_id], self.backend, self._verify)
 
     # -- one window ------------------------------------------------------------------------
     def _windows(self, rows: npt.NDArray[np.int64]) -> list[tuple[int, int, int, int, int]]:
@@ -128,7 +152,7 @@ class TileReader:
         last: SlideError | None = None
         for attempt in range(self.retries + 1):
             try:
-                reader = self.pool.get(path, backend)
+                reader = self.get_reader(slide_id)
             except SlideError:
                 raise  # the slide as a whole (a slide fault): retrying each tile cannot help
             try:
@@ -314,7 +338,7 @@ class TileReader:
             for i in todo:
                 slide_id, x, y, level, size = windows[i]
                 try:
-                    reader = self.pool.get(self._paths[slide_id], self.backend)
+                    reader = self.get_reader(slide_id)
                     read_job = getattr(reader, "read_job", None)
                     job = read_job(pixels[i], x, y, level, size, size) if read_job else None
                     if job is not None:
@@ -346,7 +370,7 @@ class TileReader:
         if size != self.tile_size:
             return None
         try:
-            reader = self.pool.get(self._paths[slide_id], self.backend)
+            reader = self.get_reader(slide_id)
             read_encoded = getattr(reader, "read_encoded", None)
             if read_encoded is None:
                 return None

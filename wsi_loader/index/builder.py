@@ -76,7 +76,13 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
     record = SlideRecord(path=task.stored_path, label=entry.label, split=entry.split)
     try:
         size, mtime_ns, digest = fingerprint(entry.path)
-        record = replace(record, size=size, mtime_ns=mtime_ns, fingerprint=digest)
+        record = replace(
+            record,
+            size=size,
+            mtime_ns=mtime_ns,
+            fingerprint=digest,
+            content=content_key(entry.path),
+        )
         reader = open_slide(entry.path, cfg.backend)
     except SlideError as exc:
         return replace(record, status="failed", error=_reason(exc)), _empty_tiles()

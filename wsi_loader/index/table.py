@@ -69,6 +69,7 @@ class SlideRecord:
     size: int | None = None
     mtime_ns: int | None = None
     fingerprint: str | None = None
+    content: str | None = None  # size and head/tail digest, without name or mtime (content_key)
     backend: str | None = None
     vendor: str | None = None
     width: int | None = None

@@ -14,7 +14,7 @@ import logging
 import os
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import openslide
@@ -98,8 +98,17 @@ class HandlePool:
             self._reset()
             self._pid = pid
 
-    def get(self, path: str, backend: str = "auto") -> SlideReader:
-        """Return an open reader for ``path``, opening (and maybe evicting) as needed."""
+    def get(
+        self,
+        path: str,
+        backend: str = "auto",
+        verify: Callable[[str], None] | None = None,
+    ) -> SlideReader:
+        """Return an open reader for ``path``, opening (and maybe evicting) as needed.
+
+        ``verify(path)`` runs after each fresh open (not for open readers, nor for a kept
+        layout reopened on an unchanged file: same device, inode, size and mtime) and may raise
+        to refuse the file (a slide replaced since it was indexed)."""
         self._check_process()
         key = (path, backend)
         reader = self._readers.get(key)
@@ -118,6 +127,12 @@ class HandlePool:
                 self._segments = SegmentCache(self.openslide_cache_bytes)
             reader = open_slide(path, backend, self._cache, self._segments)
             self.opened += 1
+            if verify is not None:
+                try:
+                    verify(path)
+                except BaseException:
+                    reader.close()
+                    raise
         self._readers[key] = reader
         while len(self._readers) > self.max_open:
             old_key, old = self._readers.popitem(last=False)
