@@ -13,6 +13,7 @@ so ``except FileNotFoundError`` or ``except ValueError`` keep working.
      +-- SlideError                          anything about one slide: path
           +-- SlideNotFoundError (FileNotFoundError)
           +-- SlideChangedError                 another file than the one indexed is there
+          +-- TransientReadError                 EMFILE, ENOMEM, EIO, timeouts: never quarantined
           +-- SlideOpenError                 no backend could open it
           +-- ResolutionError                no usable MPP, missing level, target not reachable
           +-- TileReadError                  one region failed: l0_x, l0_y, level, cause
@@ -20,6 +21,8 @@ so ``except FileNotFoundError`` or ``except ValueError`` keep working.
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import Any
 
 __all__ = [
@@ -32,7 +35,9 @@ __all__ = [
     "SlideNotFoundError",
     "SlideOpenError",
     "TileReadError",
+    "TransientReadError",
     "WsiLoaderError",
+    "is_transient",
 ]
 
 
@@ -87,6 +92,12 @@ class SlideNotFoundError(SlideError, FileNotFoundError):
     """The slide file does not exist (or vanished after indexing)."""
 
 
+class TransientReadError(SlideError):
+    """A read failed for want of a resource, not because of the data: too many open files,
+    no memory, an I/O error or a timeout. Retried with backoff, then reported; never
+    quarantined (the slide and its tiles are fine)."""
+
+
 class SlideChangedError(SlideError):
     """The file at the slide's path is not the slide that was indexed (rewritten, replaced)."""
 
@@ -136,6 +147,42 @@ class TileReadError(SlideError):
             level=level,
             cause=f"{type(exc).__name__}: {text}",
         )
+
+
+# resource errors: the data is not at fault, a later attempt may work
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.ENOMEM,
+        errno.EIO,
+        errno.ETIMEDOUT,
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.ENOBUFS,
+        errno.ECONNRESET,
+        errno.ESTALE,
+    }
+)
+_TRANSIENT_TEXTS = tuple(os.strerror(e) for e in TRANSIENT_ERRNOS)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) is a resource error, not a data error: an OSError
+    with one of `TRANSIENT_ERRNOS`, a timeout, or a library message quoting one (OpenSlide
+    reports ``strerror`` text only)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, TransientReadError | MemoryError | TimeoutError):
+            return True
+        if isinstance(current, OSError) and current.errno in TRANSIENT_ERRNOS:
+            return True
+        if any(text in str(current) for text in _TRANSIENT_TEXTS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def describe(exc: BaseException) -> str:

@@ -33,7 +33,7 @@ from PIL import Image
 
 from wsi_loader.config import ExportConfig, validate
 from wsi_loader.dataset.reading import TileReader, threads_per_process
-from wsi_loader.errors import ConfigError
+from wsi_loader.errors import ConfigError, TransientReadError
 from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.parallel import progress_bar, run_all
@@ -243,6 +243,13 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
             tiles.append(
                 {**entry, "file": f"shard-{unit.number:06d}.tar", "member": f"{key}.{ext}"}
             )
+    transient = [e for e in result.errors if e is not None and e.startswith("resource error")]
+    if transient:  # not the data's fault: leave the unit incomplete, so a rerun retries it
+        reader.close()
+        raise TransientReadError(
+            f"{len(transient)} tiles of export unit {unit.number} could not be read for want "
+            f"of resources ({transient[0]}); run the same export again to finish it"
+        )
     shard = None
     if unit.options.format == "webdataset":
         buf = io.BytesIO()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,7 +25,13 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from wsi_loader.errors import SlideChangedError, SlideError, TileReadError
+from wsi_loader.errors import (
+    SlideChangedError,
+    SlideError,
+    TileReadError,
+    TransientReadError,
+    is_transient,
+)
 from wsi_loader.index.inputs import content_key
 from wsi_loader.index.quarantine import Quarantine
 from wsi_loader.index.table import SlideIndex
@@ -37,6 +44,7 @@ log = logging.getLogger(__name__)
 OnError = Literal["fill", "substitute", "raise"]
 ON_ERROR: tuple[str, ...] = ("fill", "substitute", "raise")
 SUBSTITUTE_ATTEMPTS = 3
+BACKOFF_S = 0.05  # first wait before retrying a resource error (doubles, at most 1 s)
 FAILURES_KEPT = 1000  # failures kept in TileReader.failures (all are counted)
 # Starting threads costs ~0.2 ms per read: measured, 2 threads lose on 2-tile reads (0.89x)
 # and win from 4 tiles on (1.23x at 4, 1.35x at 8, 1.5-1.7x at 64)
@@ -103,6 +111,7 @@ class TileReader:
         self.failures: list[dict[str, Any]] = []
         self.failure_count = 0
         self.slide_faults: dict[int, str] = {}  # slide id -> reason, found by this process
+        self._transient_logged: set[int] = set()
         self._quarantined: set[tuple[int, int, int]] = set()
         self._paths = [index.slide_path(i) for i in range(len(index.slides))]
         self._contents = {p: s.content for p, s in zip(self._paths, index.slides, strict=True)}
@@ -146,15 +155,21 @@ class TileReader:
 
     def _read_window(self, window: tuple[int, int, int, int, int], dest: RGBArray) -> None:
         """Read one window into ``dest`` (tile_size x tile_size x 3), reopening and retrying a
-        bounded number of times; raises the last error as `TileReadError`."""
+        bounded number of times; raises the last error as `TileReadError`, or as
+        `TransientReadError` when it was a resource error (those are retried with backoff)."""
         slide_id, x, y, level, size = window
         path, backend, t = self._paths[slide_id], self.backend, self.tile_size
         last: SlideError | None = None
         for attempt in range(self.retries + 1):
+            if last is not None and is_transient(last):
+                time.sleep(min(BACKOFF_S * 2**attempt, 1.0))
             try:
                 reader = self.get_reader(slide_id)
-            except SlideError:
-                raise  # the slide as a whole (a slide fault): retrying each tile cannot help
+            except SlideError as exc:
+                if not is_transient(exc):
+                    raise  # the slide as a whole (a slide fault): retrying each tile can't help
+                last = exc
+                continue
             try:
                 if size == t and hasattr(reader, "read_region_into"):
                     reader.read_region_into(dest, x, y, level, size, size)
@@ -168,6 +183,12 @@ class TileReader:
                 last = exc
                 log.debug("read of %s (%d, %d) failed, attempt %d: %s", path, x, y, attempt, exc)
         assert last is not None
+        if is_transient(last):
+            raise TransientReadError(
+                f"read at level-0 ({x}, {y}), level {level} failed for want of a resource "
+                f"after {self.retries + 1} attempts: {last}",
+                path=path,
+            ) from last
         if isinstance(last, TileReadError):
             raise last
         raise TileReadError.for_region(path, x, y, level, size, size, last) from last
@@ -184,6 +205,13 @@ class TileReader:
         self.failure_count += 1
         if len(self.failures) < FAILURES_KEPT:
             self.failures.append(entry)
+
+    def _transient(self, slide_id: int, error: TransientReadError) -> None:
+        """Report a resource error (once per slide per process in the log; always counted)."""
+        self._keep({"kind": "transient", "slide_id": slide_id, "error": str(error)})
+        if slide_id not in self._transient_logged:
+            self._transient_logged.add(slide_id)
+            log.warning("%s (not quarantined: the slide is fine)", error)
 
     def _slide_fault(self, slide_id: int, error: SlideError) -> None:
         """Report a slide that cannot be opened: once per slide per process."""
@@ -304,7 +332,7 @@ class TileReader:
             todo = [i for i in todo if result.encoded[i] is None]
         if threads > 1 and len(todo) > 1:
             todo = self._read_in_threads(todo, windows, result.pixels, threads)
-        faulted: dict[int, SlideError] = {}  # slides of this call that could not be opened
+        faulted: dict[int, SlideError] = {}  # slides of this call that could not be read
         for i in todo:
             self._read_into(int(rows[i]), windows[i], i, result, faulted)
         return result
@@ -398,6 +426,13 @@ class TileReader:
             self._record(row, exc)
             result.ok[i] = False
             result.errors[i] = exc.cause or str(exc)
+            if self.on_error == "raise":
+                raise
+        except TransientReadError as exc:  # not the data's fault: reported, never quarantined
+            faulted[slide_id] = exc  # the rest of this call's tiles of the slide fail fast
+            self._transient(slide_id, exc)
+            result.ok[i] = False
+            result.errors[i] = f"resource error: {exc}"
             if self.on_error == "raise":
                 raise
         except SlideError as exc:  # the whole slide: no substitute from it either

@@ -11,9 +11,11 @@ plus ``label``) is joined by absolute path first, then by slide name.
 from __future__ import annotations
 
 import csv
+import errno
 import glob
 import hashlib
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -290,10 +292,19 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
     return out, report
 
 
+def _require_regular(path: str) -> os.stat_result:
+    """``os.stat(path)``, refusing anything but a regular file (opening a FIFO blocks)."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or folder)", path)
+    return st
+
+
 def content_key(path: str) -> str:
     """A digest of a file's size and first and last 64 KiB, without its name or mtime: equal
     for copies of one slide (used to keep a slide out of two splits). Raises OSError."""
     digest = hashlib.blake2b(digest_size=16)
+    _require_regular(path)
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         digest.update(str(size).encode())
@@ -314,7 +325,7 @@ def fingerprint(path: str) -> tuple[int, int, str]:
     digest = hashlib.blake2b(digest_size=16)
     size = mtime = 0
     for file in files:
-        st = os.stat(file)
+        st = _require_regular(file)
         size += st.st_size
         mtime = max(mtime, st.st_mtime_ns)
         digest.update(f"{os.path.basename(file)}:{st.st_size}:{st.st_mtime_ns};".encode())

@@ -14,6 +14,7 @@ OpenSlide's reason. ``openslide`` and ``tiff`` force one backend.
 from __future__ import annotations
 
 import os
+import stat
 from typing import Literal
 
 import openslide
@@ -41,8 +42,14 @@ def open_slide(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if not os.path.exists(path):
-        raise SlideNotFoundError("slide file does not exist", path=path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise SlideNotFoundError("slide file does not exist", path=path) from None
+    except OSError as exc:
+        raise SlideOpenError(f"cannot stat the slide: {exc.strerror}", path=path) from exc
+    if not stat.S_ISREG(mode):  # opening a FIFO would block forever
+        raise SlideOpenError("not a regular file (a FIFO, device or folder)", path=path)
     if backend == "openslide":
         return OpenSlideReader(path, cache)
     if backend == "tiff":

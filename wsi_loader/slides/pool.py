@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import resource
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -97,6 +98,13 @@ class HandlePool:
             # Inherited from another process (fork): forget, never touch, the parent's handles.
             self._reset()
             self._pid = pid
+            self._open_limit = fitting_open_limit(self.max_open)
+
+    @property
+    def open_limit(self) -> int:
+        """Readers kept open in this process: ``max_open``, lowered to fit the file limit."""
+        self._check_process()
+        return self._open_limit
 
     def get(
         self,
@@ -134,7 +142,7 @@ class HandlePool:
                     reader.close()
                     raise
         self._readers[key] = reader
-        while len(self._readers) > self.max_open:
+        while len(self._readers) > self._open_limit:
             old_key, old = self._readers.popitem(last=False)
             if self._holding:
                 self._retired[old_key] = old
@@ -203,6 +211,33 @@ class HandlePool:
         while self._readers:
             _, reader = self._readers.popitem()
             reader.close()
+
+
+FDS_PER_READER = 4  # an OpenSlide handle may hold several descriptors (the raw reader: one)
+FDS_SPARE = 64  # for everything else the process opens (sockets, pipes, libraries)
+
+
+def fitting_open_limit(max_open: int) -> int:
+    """``max_open``, lowered (with a WARNING) when this process's file limit (``ulimit -n``)
+    cannot hold that many readers: open failures for want of descriptors are not slide
+    faults, and a DataLoader worker that runs out of them can stall its queue."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return max_open
+    if soft == resource.RLIM_INFINITY:
+        return max_open
+    fitting = max(1, (soft - FDS_SPARE) // FDS_PER_READER)
+    if fitting < max_open:
+        log.warning(
+            "max_open_slides=%d does not fit the file limit of this process (ulimit -n %d): "
+            "keeping at most %d slides open",
+            max_open,
+            soft,
+            fitting,
+        )
+        return fitting
+    return max_open
 
 
 @atexit.register

@@ -1,0 +1,117 @@
+"""Resource errors are not data errors: retried with backoff, reported, never quarantined;
+files that are not regular files never hang a build or a loader; the open-file limit bounds
+the handle pool."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from wsi_loader import SlideIndex, TileDataset, build_index
+from wsi_loader.slides import tiff_backend
+
+
+def _failing_raw(monkeypatch: pytest.MonkeyPatch, code: int, times: int | None) -> list[int]:
+    real = tiff_backend.TiffReader._raw
+    calls: list[int] = []
+
+    def raw(self: tiff_backend.TiffReader, level: int, index: int) -> bytes:
+        calls.append(index)
+        if times is None or len(calls) <= times:
+            raise OSError(code, os.strerror(code))
+        return real(self, level, index)
+
+    monkeypatch.setattr(tiff_backend.TiffReader, "_raw", raw)
+    return calls
+
+
+def test_a_passing_resource_error_is_retried_and_the_tile_is_good(
+    index: SlideIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = TileDataset(index, decode_threads=1)
+    expected = ds.reader.read([0]).pixels.copy()
+    _failing_raw(monkeypatch, errno.EMFILE, times=2)
+    result = ds.reader.read([0])
+    assert bool(result.ok[0]) and np.array_equal(result.pixels, expected)
+    assert index.quarantine.read() == []
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.ENOMEM, errno.EMFILE])
+def test_a_lasting_resource_error_is_reported_never_quarantined(
+    index: SlideIndex, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, code: int
+) -> None:
+    ds = TileDataset(index, decode_threads=1, retries=1)
+    _failing_raw(monkeypatch, code, times=None)
+    with caplog.at_level(logging.WARNING):
+        result = ds.reader.read([0, 1, 2])
+    assert not result.ok.any()
+    assert all(e is not None and e.startswith("resource error") for e in result.errors)
+    assert index.quarantine.read() == []  # a rebuild keeps every tile
+    assert {f["kind"] for f in ds.failures} == {"transient"}
+    assert caplog.text.count("not quarantined") == 1  # once per slide per process
+    assert os.strerror(code) in caplog.text
+
+
+def test_the_handle_pool_fits_the_file_limit(tmp_path: Path) -> None:
+    code = (
+        "import logging, resource, sys\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard))\n"
+        "from wsi_loader.slides.pool import HandlePool\n"
+        "print(HandlePool(max_open=64).open_limit, HandlePool(max_open=4).open_limit)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["9", "4"]
+    assert "does not fit the file limit" in done.stderr and "ulimit -n 100" in done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_named_like_a_slide_does_not_hang_the_index(archive: Path, tmp_path: Path) -> None:
+    os.mkfifo(archive / "pipe.svs")
+    index = build_index([archive], tmp_path / "idx", level=0, min_tissue=0.0)
+    pipe = next(s for s in index.slides if s.path.endswith("pipe.svs"))
+    assert pipe.status == "failed" and "not a regular file" in (pipe.error or "")
+    assert sum(s.status == "ok" for s in index.slides) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_replacing_a_slide_mid_run_does_not_hang_the_loader(
+    archive: Path, tmp_path: Path
+) -> None:
+    index = build_index([archive], tmp_path / "idx", level=0, min_tissue=0.0)
+    ds = TileDataset(index)
+    good = next(i for i, s in enumerate(index.slides) if s.path.endswith("good.svs"))
+    (archive / "good.svs").unlink()
+    os.mkfifo(archive / "good.svs")
+    rows = np.flatnonzero(index.columns["slide_id"] == good)[:4]
+    assert not ds.read_batch(rows.tolist()).ok.any()
+    records = index.quarantine.read()
+    assert [r["kind"] for r in records] == ["slide"] and "not a regular file" in records[0]["error"]
+
+
+def test_an_export_unit_with_resource_errors_stays_incomplete(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wsi_loader.errors import TransientReadError
+    from wsi_loader.export import export_index
+
+    index = build_index([archive / "good.svs"], tmp_path / "idx", level=0, min_tissue=0.0)
+    _failing_raw(monkeypatch, errno.EIO, times=None)
+    with pytest.raises(TransientReadError, match="run the same export again"):
+        export_index(index, tmp_path / "out", format="webdataset", shard_size=100)
+    assert not list((tmp_path / "out").glob("shard-*.tar"))
+    monkeypatch.undo()
+    report = export_index(index, tmp_path / "out", format="webdataset", shard_size=100)
+    assert report.tiles == len(index) and report.failed == 0
+    assert index.quarantine.read() == []
