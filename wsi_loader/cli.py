@@ -63,6 +63,12 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="labels rows matching no slide, or slides without a label, are errors",
     )
     p.add_argument("--root", metavar="DIR", help="store slide paths relative to this folder")
+    p.add_argument(
+        "--allow-shrink",
+        action="store_const",
+        const=True,
+        help="let a rebuild drop more than half of the indexed slides",
+    )
     p.add_argument("--workers", type=int, metavar="N", help="parallel slide workers")
     p.add_argument("--backend", choices=["auto", "openslide", "tiff"])
     p.add_argument(
@@ -231,6 +237,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             "stride",
             "labels",
             "strict_labels",
+            "allow_shrink",
             "root",
             "workers",
             "backend",

@@ -51,6 +51,9 @@ class IndexConfig(_Strict):
         False, description="labels rows matching no slide, or unlabelled slides, are errors"
     )
     exclude_quarantined: bool = Field(True, description="drop quarantined tiles when rebuilding")
+    allow_shrink: bool = Field(
+        False, description="let a rebuild drop more than half of the indexed slides"
+    )
 
     @model_validator(mode="after")
     def _mpp_or_level(self) -> IndexConfig:

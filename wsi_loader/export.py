@@ -286,10 +286,18 @@ def _check_destination(out: Path, settings: dict[str, Any]) -> None:
         raise ConfigError(
             f"{out} is not empty and holds no export; choose an empty folder", path=str(out)
         )
-    if marker.exists():
-        previous = json.loads(marker.read_text(encoding="utf-8")).get("settings")
-    else:
-        previous = json.loads((out / PARTS / "settings.json").read_text(encoding="utf-8"))
+    source = marker if marker.exists() else out / PARTS / "settings.json"
+    try:
+        loaded = json.loads(source.read_text(encoding="utf-8"))
+        previous = loaded.get("settings") if source is marker else loaded
+        if not isinstance(previous, dict):
+            raise ValueError("no settings object")
+    except (OSError, ValueError) as exc:  # includes UnicodeDecodeError
+        raise ConfigError(
+            f"{source} is unreadable ({exc}); it was not written by a finished export step: "
+            "delete the folder, or choose another one",
+            path=str(source),
+        ) from exc
     if previous != settings:
         changed = sorted(k for k in settings if previous.get(k) != settings.get(k))
         raise ConfigError(
@@ -357,7 +365,7 @@ def export_index(
     _check_destination(out_path, settings)
     _remove_partial_files(out_path)
     (out_path / PARTS).mkdir(parents=True, exist_ok=True)
-    (out_path / PARTS / "settings.json").write_text(json.dumps(settings, sort_keys=True))
+    _write_atomic(out_path / PARTS / "settings.json", json.dumps(settings, sort_keys=True).encode())
 
     # The plan (which generation rows, in which order; which were left out) is fixed by the
     # first run, so units keep their contents when a resumed run sees a quarantine that grew.

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from wsi_loader.config import IndexConfig, with_overrides
-from wsi_loader.errors import InputError, SlideError
+from wsi_loader.errors import IndexFormatError, InputError, SlideError
 from wsi_loader.index.geometry import grid, plan_read
 from wsi_loader.index.inputs import (
     LabelReport,
@@ -35,6 +35,7 @@ from wsi_loader.index.table import (
     SlideIndex,
     SlideRecord,
     TileArrays,
+    exclusive_build,
     records_by_path,
     split_tiles,
     write_index,
@@ -191,6 +192,29 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     return index
 
 
+SHRINK_LIMIT = 0.5  # a rebuild may lose at most this share of the indexed slides unasked
+
+
+def _check_shrink(out: str, records: list[SlideRecord], allowed: bool) -> None:
+    """Refuse a rebuild that would lose most of the slides the index has (an archive half
+    unmounted, a wrong glob), unless ``allow_shrink``."""
+    if allowed or not os.path.exists(os.path.join(out, CURRENT)):
+        return
+    try:
+        before = {s.path for s in SlideIndex.open(out).slides if s.status == "ok"}
+    except IndexFormatError:
+        return  # an unreadable index is rebuilt
+    after = {r.path for r in records if r.status == "ok"}
+    lost = before - after
+    if before and len(lost) > SHRINK_LIMIT * len(before):
+        first = ", ".join(sorted(lost)[:3])
+        raise InputError(
+            f"this rebuild would drop {len(lost)} of the {len(before)} indexed slides ({first}"
+            f"{', ...' if len(lost) > 3 else ''}), so {out} was left as it is; check that the "
+            "inputs are all there, or pass --allow-shrink (allow_shrink=True) to accept it"
+        )
+
+
 def _check_labels(report: LabelReport, labels: str, strict: bool) -> None:
     """Log (or with ``strict``, raise) labels rows that matched no slide and unlabelled slides."""
     problems = []
@@ -256,6 +280,17 @@ def build_index(
     """
     cfg = with_overrides(config or IndexConfig(), **overrides)
     out = os.fspath(out)
+    with exclusive_build(out):
+        return _build(inputs, out, cfg, executor, progress)
+
+
+def _build(
+    inputs: Iterable[str | os.PathLike[str]],
+    out: str,
+    cfg: IndexConfig,
+    executor: Any,
+    progress: bool,
+) -> SlideIndex:
     root = os.path.abspath(cfg.root) if cfg.root else None
     names = [os.fspath(i) for i in inputs]
     entries = discover(names)
@@ -310,6 +345,7 @@ def build_index(
             f"no slide could be indexed, so the index in {out} was left as it is "
             "(see the warnings above for each slide's reason)"
         )
+    _check_shrink(out, [record for record, _ in results], cfg.allow_shrink)
     _check_splits([record for record, _ in results], root)
 
     fingerprints = {r.path: r.fingerprint for r, _ in results if r.fingerprint}

@@ -28,7 +28,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -449,6 +450,46 @@ def _current_generation(base: Path) -> Path:
     if not name.startswith("gen-") or "/" in name or not gen.is_dir():
         raise IndexFormatError(f"CURRENT names a missing generation {name!r}", path=str(base))
     return gen
+
+
+BUILD_LOCK = "build.lock"
+
+
+@contextmanager
+def exclusive_build(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold ``DIR/build.lock`` for one build: a second build into the same folder fails at
+    once with "another build is running" instead of racing the first (its temporary
+    generation removed under it)."""
+    base = Path(out)
+    if base.exists() and not base.is_dir():
+        raise IndexFormatError("the index output exists and is not a folder", path=str(base))
+    created = not base.exists()
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        fd = os.open(base / BUILD_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise IndexFormatError(
+            f"cannot write the index folder: {exc.strerror}", path=str(base)
+        ) from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            raise IndexFormatError(
+                f"another build is running into this index (pid {holder}); wait for it to finish",
+                path=str(base),
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        except BaseException:
+            if created and not (base / CURRENT).exists():  # a failed first build leaves nothing
+                shutil.rmtree(base, ignore_errors=True)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:
