@@ -29,6 +29,9 @@ from wsi_loader.index import SlideIndex, build_index
 log = logging.getLogger(__name__)
 
 
+SCHEDULER_TIMEOUT_S = 10
+MIN_THUMBNAIL = 16  # inspect --max-size below this draws nothing useful
+
 _COMMON = argparse.ArgumentParser(add_help=False)
 _COMMON.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
 
@@ -163,7 +166,16 @@ def _dask_client(address: str | None) -> Iterator[Any]:
         raise ConfigError(
             "--scheduler needs dask: pip install 'wsi_loader[dask]'", path="command line"
         ) from exc
-    with Client(address) as client:  # type: ignore[no-untyped-call]
+    try:
+        client = Client(address, timeout=SCHEDULER_TIMEOUT_S)  # type: ignore[no-untyped-call]
+    except (OSError, TimeoutError) as exc:
+        raise ConfigError(
+            f"cannot reach the Dask scheduler {address} within {SCHEDULER_TIMEOUT_S} s: {exc}",
+            path="command line",
+            key="scheduler",
+            value=address,
+        ) from exc
+    with client:
         yield client
 
 
@@ -414,6 +426,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from wsi_loader.view import SlideOverview
 
+    if args.max_size < MIN_THUMBNAIL:
+        raise ConfigError(
+            f"--max-size must be at least {MIN_THUMBNAIL} pixels, got {args.max_size}",
+            path="command line",
+            key="max_size",
+            value=args.max_size,
+        )
     index = _open_index(args)
     overview = SlideOverview(index, args.slide, color_by=args.color_by, max_size=args.max_size)
     overview.save(args.out)

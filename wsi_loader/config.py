@@ -29,14 +29,15 @@ __all__ = [
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # allow_inf_nan: `--mpp inf` or `.nan` in YAML is an error, not Infinity in meta.json
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class IndexConfig(_Strict):
     """How `build_index` lays the tile grid; ``configs/index.yaml`` documents the defaults."""
 
     tile_size: int = Field(256, gt=0, le=16384, description="tile edge in output pixels")
-    mpp: float | None = Field(0.5, gt=0, description="target microns per pixel")
+    mpp: float | None = Field(0.5, gt=0, le=1000, description="target microns per pixel")
     level: int | None = Field(None, ge=0, description="read this pyramid level instead of an MPP")
     mpp_tolerance: float = Field(0.1, ge=0, lt=1, description="relative MPP mismatch accepted")
     stride: int | None = Field(None, gt=0, description="grid step in output pixels (tile_size)")
@@ -175,6 +176,8 @@ def load_config(path: str | Path) -> Config:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file: {exc.strerror}", path=source) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not a YAML text file (not UTF-8: {exc.reason})", path=source) from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -328,7 +328,8 @@ def fingerprint(path: str) -> tuple[int, int, str]:
         st = _require_regular(file)
         size += st.st_size
         mtime = max(mtime, st.st_mtime_ns)
-        digest.update(f"{os.path.basename(file)}:{st.st_size}:{st.st_mtime_ns};".encode())
+        name = os.fsencode(os.path.basename(file))  # file names need not be UTF-8
+        digest.update(name + f":{st.st_size}:{st.st_mtime_ns};".encode())
         with open(file, "rb") as fh:
             digest.update(fh.read(65536))
             if st.st_size > 65536:

@@ -185,7 +185,9 @@ class SlideIndex:
         return index.view(exclude_quarantined=exclude_quarantined, split=split)
 
     @classmethod
-    def _open_generation(cls, base: Path, gen: Path, root: str | None) -> SlideIndex:
+    def _open_generation(
+        cls, base: Path, gen: Path, root: str | None, check: bool = True
+    ) -> SlideIndex:
         if not gen.is_dir():
             raise IndexFormatError(
                 f"generation {gen.name} no longer exists: the index was rebuilt and the old "
@@ -197,8 +199,20 @@ class SlideIndex:
         try:
             meta = json.loads((gen / "meta.json").read_text(encoding="utf-8"))
             slides_json = json.loads((gen / "slides.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise IndexFormatError(f"unreadable index metadata: {exc}", path=str(gen)) from exc
+        if not isinstance(meta, dict) or not isinstance(meta.get("tiles_total"), int):
+            raise IndexFormatError(
+                "meta.json is not an index's metadata (an object with tiles_total)",
+                path=str(gen / "meta.json"),
+            )
+        if not isinstance(slides_json, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("path"), str) for s in slides_json
+        ):
+            raise IndexFormatError(
+                "slides.json is not a list of slide records (objects with a path)",
+                path=str(gen / "slides.json"),
+            )
         version = meta.get("schema_version")
         if version != SCHEMA_VERSION:
             raise IndexFormatError(
@@ -211,7 +225,7 @@ class SlideIndex:
             file = gen / f"{name}.npy"
             try:
                 array = np.load(file, mmap_mode="r")
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, EOFError) as exc:  # EOFError: a zero-byte file
                 raise IndexFormatError(
                     f"unreadable column {name!r}: {exc}", path=str(file)
                 ) from exc
@@ -222,7 +236,12 @@ class SlideIndex:
                     path=str(file),
                 )
             columns[name] = array
-        slides = tuple(SlideRecord.from_json(s) for s in slides_json)
+        try:
+            slides = tuple(SlideRecord.from_json(s) for s in slides_json)
+        except TypeError as exc:
+            raise IndexFormatError(f"malformed slide record: {exc}", path=str(gen)) from exc
+        if check:  # the process that opened it checked; workers reopening it skip the pass
+            _check_columns(columns, len(slides), gen)
         return cls(
             path=base,
             meta=meta,
@@ -348,7 +367,7 @@ class SlideIndex:
         self.__dict__.update(state)
         gen = self.path / str(self.meta["generation"])
         if self.columns is None:
-            fresh = SlideIndex._open_generation(self.path, gen, self.root)
+            fresh = SlideIndex._open_generation(self.path, gen, self.root, check=False)
             self.columns, self.lock = fresh.columns, fresh.lock
         else:
             self.lock = GenerationLock(gen) if gen.is_dir() else None
@@ -438,6 +457,27 @@ class SlideIndex:
         }
 
 
+def _check_columns(columns: TileArrays, slides: int, gen: Path) -> None:
+    """Values every reader relies on: a slide id of the slide table, a positive window, a
+    level >= 0 (a bad value would read black tiles marked ok, or fail far from its cause)."""
+    if not len(columns["slide_id"]):
+        return
+    checks = (
+        ("slide_id", 0, slides - 1, f"ids of the {slides} slides"),
+        ("read_size", 1, None, "positive window sizes"),
+        ("level", 0, None, "levels >= 0"),
+    )
+    for name, low, high, what in checks:
+        column = columns[name]
+        lo, hi = int(column.min()), int(column.max())
+        if lo < low or (high is not None and hi > high):
+            raise IndexFormatError(
+                f"column {name!r} holds values {lo}..{hi}, not {what}; the index is corrupt, "
+                "rebuild it",
+                path=str(gen / f"{name}.npy"),
+            )
+
+
 def _current_generation(base: Path) -> Path:
     pointer = base / CURRENT
     try:
@@ -446,6 +486,10 @@ def _current_generation(base: Path) -> Path:
         raise IndexFormatError("not an index directory (no CURRENT file)", path=str(base)) from None
     except OSError as exc:
         raise IndexFormatError(f"cannot read {CURRENT}: {exc.strerror}", path=str(base)) from exc
+    except UnicodeDecodeError:
+        raise IndexFormatError(
+            f"{CURRENT} is not a generation name (binary data)", path=str(base)
+        ) from None
     gen = base / name
     if not name.startswith("gen-") or "/" in name or not gen.is_dir():
         raise IndexFormatError(f"CURRENT names a missing generation {name!r}", path=str(base))
@@ -501,6 +545,30 @@ def _fsync_dir(path: Path) -> None:
 
 
 def write_index(
+    out: str | os.PathLike[str],
+    slides: Sequence[SlideRecord],
+    tiles: Sequence[TileArrays],
+    params: Mapping[str, Any],
+    root: str | None,
+    extra_meta: Mapping[str, Any] | None = None,
+) -> SlideIndex:
+    """Write a new generation atomically. ``tiles[i]`` holds slide i's columns (any length).
+
+    A write that fails (a full disk) leaves the previous generation current and no partial
+    one behind, and raises `IndexFormatError` with the reason."""
+    try:
+        return _write_generation(out, slides, tiles, params, root, extra_meta)
+    except OSError as exc:
+        for partial in Path(out).glob(f".gen-*.tmp-{os.getpid()}"):
+            shutil.rmtree(partial, ignore_errors=True)
+        raise IndexFormatError(
+            f"cannot write the index: {exc.strerror or exc}; the previous index (if any) is "
+            "unchanged",
+            path=os.fspath(out),
+        ) from exc
+
+
+def _write_generation(
     out: str | os.PathLike[str],
     slides: Sequence[SlideRecord],
     tiles: Sequence[TileArrays],
