@@ -107,6 +107,7 @@ class LoaderConfig(_Strict):
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None
     decode: Literal["cpu", "device"] = "cpu"
     reuse_buffers: bool = True
+    timeout: float = Field(0, ge=0, description="seconds without a batch before TimeoutError")
 
 
 class BagConfig(_Strict):

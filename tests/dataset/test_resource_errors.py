@@ -115,3 +115,27 @@ def test_an_export_unit_with_resource_errors_stays_incomplete(
     report = export_index(index, tmp_path / "out", format="webdataset", shard_size=100)
     assert report.tiles == len(index) and report.failed == 0
     assert index.quarantine.read() == []
+
+
+@pytest.mark.timeout(120)
+def test_a_stuck_worker_is_a_timeout_naming_its_slide(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wsi_loader import make_loader
+
+    index = build_index([archive], tmp_path / "idx", level=0, min_tissue=0.0)
+    real = tiff_backend.TiffReader._raw
+
+    def hangs_on_bad(self: tiff_backend.TiffReader, level: int, i: int) -> bytes:
+        if self.path.endswith("bad.svs"):
+            import time
+
+            time.sleep(60)  # a share that stopped answering
+        return real(self, level, i)
+
+    monkeypatch.setattr(tiff_backend.TiffReader, "_raw", hangs_on_bad)
+    loader = make_loader(
+        index, batch_size=len(index), num_workers=1, timeout=3, multiprocessing_context="fork"
+    )
+    with pytest.raises(TimeoutError, match=r"timeout=3.*bad\.svs"):
+        next(iter(loader))

@@ -8,11 +8,11 @@ batch through the worker queue, no per-item collate.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_worker_info
 
 from wsi_loader.config import LoaderConfig, validate
 from wsi_loader.dataset.batch import TileBatch
@@ -29,17 +29,35 @@ class BatchReads(Dataset[TileBatch]):
     reused buffer of ``buffers`` when given (see `wsi_loader.dataset.buffers`)."""
 
     def __init__(
-        self, tiles: TileDataset, encoded: bool = False, buffers: BufferRing | None = None
+        self,
+        tiles: TileDataset,
+        encoded: bool = False,
+        buffers: BufferRing | None = None,
+        reading: torch.Tensor | None = None,
     ) -> None:
         self.tiles = tiles
         self.encoded = encoded
         self.buffers = buffers
+        # shared memory: the slide each worker is reading (-1: none), so a timeout can say
+        self.reading = reading
 
     def __len__(self) -> int:
         return len(self.tiles)
 
     def __getitem__(self, rows: Sequence[int]) -> TileBatch:
-        return self.tiles.read_batch(rows, encoded=self.encoded, buffers=self.buffers)
+        worker = get_worker_info()
+        if self.reading is not None and worker is not None:
+            slot, reading = worker.id, self.reading
+
+            def note(slide_id: int) -> None:
+                reading[slot] = slide_id
+
+            self.tiles.reader.on_slide = note
+        try:
+            return self.tiles.read_batch(rows, encoded=self.encoded, buffers=self.buffers)
+        finally:
+            if self.reading is not None and worker is not None:
+                self.reading[worker.id] = -1
 
 
 def default_workers() -> int:
@@ -57,6 +75,26 @@ class TileLoader(DataLoader[TileBatch]):
     batch sampler; ``set_epoch`` forwards to it (when it has one)."""
 
     tile_sampler: Sampler[int] | Iterable[int]
+    reading: torch.Tensor | None = None  # see BatchReads.reading
+    tiles: TileDataset | None = None
+
+    def __iter__(self) -> Iterator[TileBatch]:  # type: ignore[override]
+        iterator = super().__iter__()
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except RuntimeError as exc:
+                if "timed out" not in str(exc) or self.reading is None or self.tiles is None:
+                    raise
+                stuck = [int(s) for s in self.reading.tolist() if s >= 0]
+                paths = [self.tiles.index.slide_path(s) for s in sorted(set(stuck))]
+                raise TimeoutError(
+                    f"no batch within timeout={self.timeout} s; the workers were reading "
+                    f"{', '.join(paths) if paths else 'no slide (stuck elsewhere)'}"
+                ) from exc
+            yield batch
 
     def set_epoch(self, epoch: int) -> None:
         set_epoch = getattr(self.tile_sampler, "set_epoch", None)
@@ -79,6 +117,7 @@ def make_loader(
     multiprocessing_context: str | None = None,
     decode: str = "cpu",
     reuse_buffers: bool = True,
+    timeout: float = 0,
     **dataset_options: Any,
 ) -> TileLoader:
     """A DataLoader yielding `TileBatch` objects, with sane defaults.
@@ -94,7 +133,10 @@ def make_loader(
     ``reuse_buffers``: each reading process recycles a batch buffer once no tensor over it is
     left in the process that received the batch (saves the page faults of fresh shared memory,
     ~20% of a worker's time); batches sent on to other processes are copied by torch, so
-    holding or forwarding batches is always safe. Other keyword arguments go to `TileDataset`
+    holding or forwarding batches is always safe. ``timeout`` (seconds, with workers): no
+    batch for that long raises `TimeoutError` naming the slides the workers were reading
+    (a hung network share, a file that blocks) instead of waiting forever. Other keyword
+    arguments go to `TileDataset`
     (``transform``, ``batch_transform``, ``split``, ``on_error``...).
     """
     opts: LoaderConfig = validate(
@@ -111,6 +153,7 @@ def make_loader(
             "multiprocessing_context": multiprocessing_context,
             "decode": decode,
             "reuse_buffers": reuse_buffers,
+            "timeout": timeout,
         },
     )
     if sampler is not None and (opts.shuffle is not None or opts.seed is not None):
@@ -135,12 +178,17 @@ def make_loader(
     batch_size, drop_last, decode = opts.batch_size, opts.drop_last, opts.decode
     prefetch_factor, pin_memory = opts.prefetch_factor, opts.pin_memory
     workers = default_workers() if opts.num_workers is None else opts.num_workers
+    reading = None
+    if workers and opts.timeout:
+        reading = torch.full((workers,), -1, dtype=torch.int64)
+        reading.share_memory_()  # type: ignore[no-untyped-call]
     loader = TileLoader(
         BatchReads(
             tiles,
             encoded=decode == "device",
             # enough for the batches queued per worker, the one in use and one being released
             buffers=BufferRing(prefetch_factor + 4) if reuse_buffers else None,
+            reading=reading,
         ),
         batch_size=None,
         sampler=BatchSampler(sampler, batch_size, drop_last),
@@ -150,6 +198,8 @@ def make_loader(
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=persistent_workers and workers > 0,
         multiprocessing_context=multiprocessing_context if workers else None,
+        timeout=opts.timeout if workers else 0,
     )
     loader.tile_sampler = sampler
+    loader.reading, loader.tiles = reading, tiles
     return loader

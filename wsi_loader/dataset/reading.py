@@ -112,6 +112,7 @@ class TileReader:
         self.failure_count = 0
         self.slide_faults: dict[int, str] = {}  # slide id -> reason, found by this process
         self._transient_logged: set[int] = set()
+        self.on_slide: Callable[[int], None] | None = None  # told which slide is read next
         self._quarantined: set[tuple[int, int, int]] = set()
         self._paths = [index.slide_path(i) for i in range(len(index.slides))]
         self._contents = {p: s.content for p, s in zip(self._paths, index.slides, strict=True)}
@@ -137,6 +138,8 @@ class TileReader:
 
     def get_reader(self, slide_id: int) -> SlideReader:
         """This process's open reader of a slide (opened and verified as needed)."""
+        if self.on_slide is not None:
+            self.on_slide(slide_id)
         return self.pool.get(self._paths[slide_id], self.backend, self._verify)
 
     # -- one window ------------------------------------------------------------------------
