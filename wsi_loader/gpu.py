@@ -23,6 +23,7 @@ import simplejpeg
 import torch
 
 from wsi_loader.dataset.batch import TileBatch
+from wsi_loader.errors import TileReadError
 from wsi_loader.index.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,9 @@ def _gpu_decoder() -> Any:
 def decode_encoded(batch: TileBatch, device: torch.device) -> TileBatch:
     """Decode the compressed tiles of ``batch`` into ``batch.images`` (on ``device``).
 
-    A tile that fails to decode is filled white, marked not ok and appended to the quarantine.
+    A tile that fails to decode is marked not ok and appended to the quarantine, then the
+    dataset's policy applies: ``fill`` (white) or ``raise`` (`TileReadError`); ``substitute``
+    is refused by `make_loader` for device decoding (no reader here to read another tile).
     """
     if not batch.encoded:
         return batch
@@ -79,17 +82,27 @@ def _mark_failed(batch: TileBatch, i: int, error: str) -> None:
     batch.ok[i] = False
     batch.images[i] = 255
     log.warning("tile row %d failed to decode: %s", int(batch.rows[i]), error)
-    if batch.quarantine and batch.slide_paths:
+    path = batch.slide_paths[i] if batch.slide_paths else None
+    if batch.quarantine and path is not None:
         Quarantine(batch.quarantine).append(
             {
                 "slide_id": int(batch.slide_id[i]),
-                "path": batch.slide_paths[i],
+                "path": path,
+                "fingerprint": batch.fingerprints[i] if batch.fingerprints else None,
                 "x": int(batch.x[i]),
                 "y": int(batch.y[i]),
                 "row": int(batch.rows[i]),
                 "error": error,
-                "policy": "fill",
+                "policy": batch.on_error,
             }
+        )
+    if batch.on_error == "raise":
+        raise TileReadError(
+            f"decoding failed at level-0 ({int(batch.x[i])}, {int(batch.y[i])}): {error}",
+            path=path,
+            l0_x=int(batch.x[i]),
+            l0_y=int(batch.y[i]),
+            cause=error,
         )
 
 

@@ -127,3 +127,24 @@ def test_corrupt_tiles_are_not_ok_and_quarantined(
     ds = TileDataset(index, on_error="raise")
     with pytest.raises(TileReadError, match=r"Corrupt JPEG data|JPEG"):
         ds.read_batch(sorted(expected)[:1])
+
+
+def test_device_decoding_applies_the_chosen_policy(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    from wsi_loader import ConfigError
+    from wsi_loader.gpu import DeviceLoader
+
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    shutil.copy(make_slide(width=2048, height=2048, seed=61), folder / "flipped.svs")
+    flip_entropy_bytes(folder / "flipped.svs", list(range(5, 64, 4)), 0)
+    index = build_index([folder], tmp_path / "idx", level=0, min_tissue=0.0, tile_size=256)
+    with pytest.raises(ConfigError, match="decode='device'"):
+        make_loader(index, decode="device", on_error="substitute")
+    loader = make_loader(
+        index, batch_size=64, num_workers=0, shuffle=False, decode="device", on_error="raise"
+    )
+    with pytest.raises(TileReadError, match="Corrupt JPEG data"):
+        list(DeviceLoader(loader, "cpu"))
+    assert {r["policy"] for r in index.quarantine.read()} == {"raise"}

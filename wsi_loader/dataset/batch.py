@@ -36,6 +36,8 @@ class TileBatch:
     encoded: list[bytes | None] | None = None  # compressed tiles still to decode
     slide_paths: list[str] | None = None  # stored slide paths (for failures found later)
     quarantine: str | None = None  # where failures found after the worker are appended
+    on_error: str = "fill"  # the dataset's policy, for tiles that fail after the worker
+    fingerprints: list[str | None] | None = None  # of the slides, for quarantine records
     recycled: bool = False  # images live in a reused buffer (freed when no tensor is left)
 
     def __len__(self) -> int:

@@ -169,6 +169,13 @@ def make_loader(
             key=sorted(dataset_options)[0],
         )
     tiles = data if isinstance(data, TileDataset) else TileDataset(data, **dataset_options)
+    if opts.decode == "device" and tiles.reader.on_error == "substitute":
+        raise ConfigError(
+            "decode='device' decodes in the main process, where no other tile can be read in "
+            "place of a corrupt one: use on_error='fill' or 'raise', or decode='cpu'",
+            key="on_error",
+            value="substitute",
+        )
     if sampler is None:
         sampler = DistributedTileSampler(
             tiles,

@@ -311,4 +311,6 @@ class TileDataset(Dataset[Sample]):
             batch.encoded = result.encoded
             batch.slide_paths = [self.index.slides[int(i)].path for i in slide_id]
             batch.quarantine = str(self.index.path / "quarantine.jsonl")
+            batch.on_error = self.reader.on_error
+            batch.fingerprints = [self.index.slides[int(i)].fingerprint for i in slide_id]
         return batch
