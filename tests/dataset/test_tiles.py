@@ -259,3 +259,26 @@ def test_invalid_quarantine_records_are_skipped_not_fatal(
     assert caplog.text.count("skipping") == 4  # one warning per bad line, naming it
     assert "quarantine.jsonl:3: skipping" in caplog.text
     assert len(SlideIndex.open(index.path, exclude_quarantined=True)) == len(index) - 1
+
+
+def test_failures_kept_in_memory_are_bounded(
+    index: SlideIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wsi_loader.dataset import reading
+
+    monkeypatch.setattr(reading, "FAILURES_KEPT", 10)
+    ds = TileDataset(index, record_failures=False)
+    bad = corrupt_rows(index)
+    for _ in range(6):  # 24 failures, epoch after epoch
+        ds.reader.read(bad)
+    assert len(ds.failures) == 10 and ds.reader.failure_count == 24
+
+
+def test_the_quarantine_never_writes_through_a_symlink(index: SlideIndex, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("precious\n")
+    (index.path / "quarantine.jsonl").symlink_to(target)
+    ds = TileDataset(index)
+    result = ds.reader.read(corrupt_rows(index))  # failures cannot be recorded: reads go on
+    assert not result.ok.any()
+    assert target.read_text() == "precious\n"
