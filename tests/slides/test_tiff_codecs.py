@@ -114,3 +114,21 @@ def test_a_programming_error_propagates_instead_of_becoming_a_bad_tile(
     assert reader.failures == [] and index.quarantine.read() == []
     with pytest.raises(IndexError):  # a level the slide does not have
         TiffReader(str(index.slide_path(0))).read_region(0, 0, 7, 16, 16)
+
+
+def test_old_style_jpeg_compression_tag_reads_or_says_why(tmp_path: Path) -> None:
+    path = tmp_path / "ojpeg.tif"
+    image = np.zeros((128, 128, 3), np.uint8)
+    image[:, 64:] = 200
+    tifffile.imwrite(path, image, compression="jpeg", tile=(64, 64), photometric="rgb")
+    with tifffile.TiffFile(path) as tif:
+        offset = tif.pages[0].tags["Compression"].valueoffset
+    data = bytearray(path.read_bytes())
+    data[offset] = 6  # Compression 6: old-style JPEG
+    path.write_bytes(bytes(data))
+    with pytest.raises(SlideOpenError, match="Unsupported TIFF compression: 6"):
+        open_slide(str(path))  # OpenSlide detects it and says why
+    reader = TiffReader(str(path))  # the raw reader decodes it
+    got = reader.read_region(0, 0, 0, 128, 128)
+    assert abs(int(got[0, 0, 0]) - 0) <= 2 and abs(int(got[0, 100, 0]) - 200) <= 2
+    reader.close()
