@@ -150,6 +150,17 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--config", metavar="FILE", help="YAML config: its export section, index root")
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
     p.add_argument("--split", metavar="NAME", help="export only the slides of this split")
+    p.add_argument(
+        "--verify",
+        action="store_const",
+        const=True,
+        help="on resume, check finished units' files by SHA-256 (not only their sizes)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an export in --out made from other tiles or with other arguments",
+    )
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on a Dask cluster")
     p.add_argument("--no-progress", action="store_true")
 
@@ -366,7 +377,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else Config()
     flags = {
         key: getattr(args, key)
-        for key in ("format", "image_format", "quality", "shard_size", "workers")
+        for key in ("format", "image_format", "quality", "shard_size", "workers", "verify")
         if getattr(args, key) is not None
     }
     options: ExportConfig = validate(
@@ -380,6 +391,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             **options.model_dump(),
             split=args.split,
             missing_slides=args.missing_slides,
+            overwrite=args.overwrite,
             executor=client,
             progress=not args.no_progress,
         )

@@ -126,6 +126,7 @@ class ExportConfig(_Strict):
     quality: int = Field(90, ge=1, le=100)
     shard_size: int = Field(1000, ge=1)
     workers: int = Field(1, ge=1, le=512)
+    verify: bool = Field(False, description="resume only units whose files hash as recorded")
 
 
 class Config(_Strict):

@@ -6,16 +6,20 @@ through the dataset's `TileReader` (same backends, retries and quarantine), writ
 under temporary names, renames them into place, and writes a small part record last; it returns
 only that record (never pixels), so units run inline, in a process pool or on a Dask cluster.
 
-Resuming: a unit whose part record exists is complete and is skipped, so a second run with the
-same arguments writes only what is missing. Different arguments into a folder holding an export
-are refused. ``manifest.csv`` (one row per exported tile, with the SHA-256 of the stored bytes),
-``failures.csv`` (tiles not exported and why: quarantined before, or failed now) and
+Resuming: a unit whose record exists and whose files are intact (recorded sizes; SHA-256 with
+``verify``) is complete and is skipped, so a second run with the same arguments writes only
+what is missing. Records, settings and the plan are hidden plain files in the output root
+(``.export-*``), never folders, so image-folder readers see only class folders. Different
+arguments, or an index rebuilt with other tiles, into a folder holding an export are refused
+(``overwrite`` replaces it). ``manifest.csv`` (one row per exported tile, with its split and the
+SHA-256 of the stored bytes), ``failures.csv`` (tiles not exported and why: quarantined before, or failed now) and
 ``export.json`` (arguments, source index and counts) are written at the end.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import hashlib
 import io
 import json
@@ -43,7 +47,11 @@ log = logging.getLogger(__name__)
 FORMATS = ("imagefolder", "webdataset")
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 EXPORT_VERSION = 2  # 2: the plan holds generation rows (splits, dropped slides)
-PARTS = ".parts"
+# bookkeeping: plain hidden files in the output root, never folders (torchvision's ImageFolder
+# and Hugging Face's imagefolder take every folder of the root for a class)
+PARTS_FILE = ".export-parts.jsonl"  # one record per finished unit, appended under a lock
+SETTINGS_FILE = ".export-settings.json"
+PLAN_FILE = ".export-plan.npz"
 MANIFEST_COLUMNS = (
     "file",
     "member",
@@ -56,6 +64,7 @@ MANIFEST_COLUMNS = (
     "read_size",
     "tile_mpp",
     "label",
+    "split",
     "sha256",
 )
 FAILURE_COLUMNS = ("row", "slide_id", "slide_path", "x", "y", "level", "reason")
@@ -64,6 +73,14 @@ FAILURE_COLUMNS = ("row", "slide_id", "slide_path", "x", "y", "level", "reason")
 def safe_component(name: str, max_length: int = 100) -> str:
     """A path component that cannot escape its folder: only ``[A-Za-z0-9._-]``, no leading dot."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip(".")[:max_length]
+    return cleaned or "_"
+
+
+def key_component(name: str, max_length: int = 60) -> str:
+    """A dot-free, readable name for WebDataset keys and file stems: WebDataset splits a
+    member name at its first dot, so a slide named ``TCGA-...-DX1.0F7CE5A0-4D1C`` would merge
+    all its tiles into one sample."""
+    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "_", name)[:max_length].strip("_")
     return cleaned or "_"
 
 
@@ -105,6 +122,8 @@ class ExportUnit:
     out: str
     options: ExportOptions
     folders: tuple[tuple[str | None, str], ...]
+    content: str = ""  # digest of what the unit holds (rows' slide, x, y, level, size, label)
+    verify: bool = False  # a finished unit counts only when its files hash as recorded
     threads: int = 1  # reading and encoding threads (PNG/WebP encoders release the GIL)
 
 
@@ -144,17 +163,63 @@ def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def _part_path(unit: ExportUnit) -> Path:
-    """The unit's part record: written last, so its presence means the unit is complete."""
-    return Path(unit.out) / PARTS / f"unit-{unit.number:06d}.json"
+def _append_part(out: Path, record: dict[str, Any]) -> None:
+    """Append a finished unit's record (after its files are in place) under an exclusive
+    lock, starting on a fresh line if a killed writer left a torn one."""
+    line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+    fd = os.open(out / PARTS_FILE, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        os.write(fd, line)
+    finally:
+        os.close(fd)
 
 
-def _completed(unit: ExportUnit) -> dict[str, Any] | None:
-    """The part record of a unit a previous run completed (marked skipped), else None."""
-    part = _part_path(unit)
-    if not part.exists():
+def _part_records(out: Path) -> dict[int, dict[str, Any]]:
+    """The last record of every unit in the parts file (torn lines skipped)."""
+    try:
+        raw = (out / PARTS_FILE).read_bytes()
+    except FileNotFoundError:
+        return {}
+    records: dict[int, dict[str, Any]] = {}
+    for line in raw.splitlines():
+        try:
+            record = json.loads(line)
+            records[int(record["unit"])] = record
+        except (ValueError, KeyError, TypeError):
+            continue
+    return records
+
+
+def _outputs_intact(out: Path, record: dict[str, Any], verify: bool) -> bool:
+    """Whether every file a unit wrote is there with its recorded size (and hash)."""
+    for name, size, digest in record.get("outputs", []):
+        path = out / name
+        try:
+            if path.stat().st_size != size:
+                return False
+        except OSError:
+            return False
+        if verify and hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            return False
+    return True
+
+
+def _completed(
+    unit: ExportUnit, records: dict[int, dict[str, Any]] | None = None
+) -> dict[str, Any] | None:
+    """The record of a unit a previous run completed whose outputs are still intact (marked
+    skipped), else None: a deleted or truncated shard or image makes the unit run again."""
+    out = Path(unit.out)
+    record = (records if records is not None else _part_records(out)).get(unit.number)
+    if record is None or record.get("content") != unit.content:
         return None
-    record: dict[str, Any] = json.loads(part.read_text(encoding="utf-8"))
+    if not _outputs_intact(out, record, unit.verify):
+        log.warning("export unit %d: outputs missing or changed, writing it again", unit.number)
+        return None
     return {**record, "skipped": True}
 
 
@@ -174,9 +239,13 @@ def _tile_fields(index: SlideIndex, row: int) -> dict[str, Any]:
 
 def export_unit(unit: ExportUnit) -> dict[str, Any]:
     """Export one unit; returns its part record (manifest and failure rows). Idempotent."""
-    previous = _completed(unit)
+    records = _part_records(Path(unit.out))
+    previous = _completed(unit, records)
     if previous is not None:
         return previous
+    # a unit whose record exists but whose files were deleted or truncated is written anew;
+    # without a record, image files under their final names are complete (atomic renames)
+    reuse_files = unit.number not in records
     out = Path(unit.out)
     index = SlideIndex.open(unit.index_path, root=unit.root, generation=unit.generation)
     reader = TileReader(index, on_error=unit.options.on_error, retries=unit.options.retries)
@@ -186,7 +255,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
 
     def key_of(row: int) -> str:
         sid = int(cols["slide_id"][row])
-        stem = safe_component(Path(index.slides[sid].path).stem, 60)
+        stem = key_component(Path(index.slides[sid].path).stem)
         return f"s{sid:05d}_{stem}_x{int(cols['l0_x'][row])}_y{int(cols['l0_y'][row])}"
 
     def file_of(row: int) -> Path:
@@ -196,11 +265,12 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     imagefolder = unit.options.format == "imagefolder"
     files = [file_of(r) if imagefolder else None for r in rows.tolist()]
     # image files already under their final name are complete (atomic renames): keep them
-    done = np.array([f is not None and f.exists() for f in files], dtype=bool)
+    done = np.array([reuse_files and f is not None and f.exists() for f in files], dtype=bool)
     result = reader.read(rows[~done], threads=unit.threads)
     encoded = _encode_all(result.pixels, result.ok, unit.options, unit.threads)
     pixels = iter(range(len(result.ok)))
     tiles, failures, members = [], [], []
+    outputs: list[tuple[str, int, str]] = []  # (name under out, size, sha256) of every file
     for i, row in enumerate(rows.tolist()):
         base = _tile_fields(index, row)
         slide = index.slides[base["slide_id"]]
@@ -218,13 +288,16 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
             "read_size": int(cols["read_size"][row]),
             "tile_mpp": slide.tile_mpp,
             "label": slide.label,
+            "split": slide.split,
             "sha256": hashlib.sha256(data).hexdigest(),
         }
         if path is not None:
             if not done[i]:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 _write_atomic(path, data)
-            tiles.append({**entry, "file": f"{path.parent.name}/{path.name}", "member": ""})
+            name = path.relative_to(out).as_posix()
+            outputs.append((name, len(data), entry["sha256"]))
+            tiles.append({**entry, "file": name, "member": ""})
         else:
             key = key_of(row)
             meta = {
@@ -237,6 +310,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
                 "mpp": slide.tile_mpp,
                 "label": slide.label,
                 "label_id": index.label_names.index(slide.label) if slide.label else -1,
+                "split": slide.split,
                 "row": row,
             }
             members.append((key, ext, data, json.dumps(meta, sort_keys=True).encode()))
@@ -258,12 +332,25 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
                 _tar_member(tar, f"{key}.{image_ext}", data)
                 _tar_member(tar, f"{key}.json", meta_bytes)
         name = f"shard-{unit.number:06d}.tar"
-        shard = {"file": name, "tiles": len(members), "bytes": len(buf.getvalue())}
-        _write_atomic(out / name, buf.getvalue())
+        data = buf.getvalue()
+        shard = {
+            "file": name,
+            "tiles": len(members),
+            "bytes": len(data),
+            "slides": len({t["slide_id"] for t in tiles}),
+        }
+        _write_atomic(out / name, data)
+        outputs.append((name, len(data), hashlib.sha256(data).hexdigest()))
     reader.close()
-    record = {"unit": unit.number, "tiles": tiles, "failures": failures, "shard": shard}
-    (out / PARTS).mkdir(exist_ok=True)
-    _write_atomic(_part_path(unit), json.dumps(record).encode())  # last: marks it complete
+    record = {
+        "unit": unit.number,
+        "content": unit.content,
+        "tiles": tiles,
+        "failures": failures,
+        "shard": shard,
+        "outputs": outputs,
+    }
+    _append_part(out, record)  # last: marks it complete
     return record
 
 
@@ -278,18 +365,17 @@ def _encode_all(
         return dict(zip(todo, pool.map(lambda j: _encode(pixels[j], options), todo), strict=True))
 
 
-def _check_destination(out: Path, settings: dict[str, Any]) -> None:
-    marker = out / "export.json"
+def _read_settings(out: Path) -> dict[str, Any] | None:
+    """The settings of the export in ``out`` (None for an empty or missing folder)."""
     if not out.exists() or not any(out.iterdir()):
-        return
-    if not marker.exists() and not (out / PARTS).exists():
+        return None
+    source = out / SETTINGS_FILE
+    if not source.exists():
         raise ConfigError(
             f"{out} is not empty and holds no export; choose an empty folder", path=str(out)
         )
-    source = marker if marker.exists() else out / PARTS / "settings.json"
     try:
-        loaded = json.loads(source.read_text(encoding="utf-8"))
-        previous = loaded.get("settings") if source is marker else loaded
+        previous = json.loads(source.read_text(encoding="utf-8"))
         if not isinstance(previous, dict):
             raise ValueError("no settings object")
     except (OSError, ValueError) as exc:  # includes UnicodeDecodeError
@@ -298,13 +384,73 @@ def _check_destination(out: Path, settings: dict[str, Any]) -> None:
             "delete the folder, or choose another one",
             path=str(source),
         ) from exc
-    if previous != settings:
-        changed = sorted(k for k in settings if previous.get(k) != settings.get(k))
+    return previous
+
+
+def _check_destination(out: Path, settings: dict[str, Any]) -> bool:
+    """Refuse a folder holding another export; True when it holds this one (a resume)."""
+    previous = _read_settings(out)
+    if previous is None:
+        return False
+    mine = {k: v for k, v in settings.items() if k != "content"}
+    theirs = {k: v for k, v in previous.items() if k != "content"}
+    if theirs != mine:
+        changed = sorted(k for k in mine if theirs.get(k) != mine.get(k))
         raise ConfigError(
             f"{out} holds an export made with different arguments ({', '.join(changed)}); "
-            "use the same arguments to resume, or an empty folder",
+            "use the same arguments to resume, --overwrite to replace it, or an empty folder",
             path=str(out),
         )
+    return True
+
+
+def _clear_export(out: Path) -> None:
+    """Remove an export's files from ``out`` (the outputs its records list, its manifests and
+    bookkeeping), for --overwrite; nothing else in the folder is touched."""
+    for record in _part_records(out).values():
+        for name, _, _ in record.get("outputs", []):
+            (out / name).unlink(missing_ok=True)
+    for name in (PARTS_FILE, SETTINGS_FILE, PLAN_FILE, "manifest.csv", "failures.csv"):
+        (out / name).unlink(missing_ok=True)
+    (out / "export.json").unlink(missing_ok=True)
+    for folder in sorted(out.rglob("*"), reverse=True):  # class folders left empty
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+def _slide_keys(index: SlideIndex) -> np.ndarray:
+    """A 64-bit identity per slide: stored path, label and split."""
+    keys = [
+        int.from_bytes(
+            hashlib.blake2b(f"{s.path}\0{s.label}\0{s.split}".encode(), digest_size=8).digest(),
+            "little",
+        )
+        for s in index.slides
+    ]
+    return np.array(keys, dtype=np.uint64)
+
+
+def _unit_contents(full: SlideIndex, order: np.ndarray, shard_size: int) -> list[str] | None:
+    """A digest of what each unit holds (each row's slide, x, y, level, window size, label),
+    from the generation ``full``; None when the plan's rows no longer exist in it."""
+    if len(order) and int(order.max()) >= len(full):
+        return None
+    cols = full.columns
+    keys = _slide_keys(full)
+    table = np.stack(
+        [
+            keys[cols["slide_id"][order]].view(np.int64),
+            np.asarray(cols["l0_x"][order], np.int64),
+            np.asarray(cols["l0_y"][order], np.int64),
+            np.asarray(cols["level"][order], np.int64),
+            np.asarray(cols["read_size"][order], np.int64),
+        ],
+        axis=1,
+    )
+    return [
+        hashlib.blake2b(table[start : start + shard_size].tobytes(), digest_size=16).hexdigest()
+        for start in range(0, len(order), shard_size)
+    ]
 
 
 def export_index(
@@ -321,6 +467,8 @@ def export_index(
     root: str | None = None,
     split: str | None = None,
     missing_slides: str = "raise",
+    verify: bool = False,
+    overwrite: bool = False,
 ) -> ExportReport:
     """Export every tile of an index, or of one ``split`` (quarantined tiles are left out
     and listed with their reason).
@@ -331,6 +479,12 @@ def export_index(
     to the end. ``executor``: None (local processes when ``workers > 1``), any
     concurrent.futures Executor, or a ``dask.distributed.Client`` (workers must see ``out`` and
     the slides).
+
+    Resuming: a unit counts as done when its files exist with their recorded sizes (and, with
+    ``verify``, SHA-256); deleted or truncated ones are written again. The export is known by
+    what it holds (each tile's slide, x, y, level, size, label, and the settings), not by the
+    index generation: a rebuild with the same tiles resumes; one whose tiles changed is
+    refused unless ``overwrite``, which replaces the export's files.
     """
     checked: ExportConfig = validate(
         ExportConfig,
@@ -355,22 +509,24 @@ def export_index(
     index = index.view(split=split)
     readable = require_slides(index, missing_slides)
     out_path = Path(out)
-    settings = {
+    settings: dict[str, Any] = {
         **asdict(options),
         "index": str(Path(index.path).resolve()),
-        "generation": index.meta["generation"],
         "split": index.split,
         "version": EXPORT_VERSION,
     }
-    _check_destination(out_path, settings)
+    if overwrite and _read_settings(out_path) is not None:
+        _clear_export(out_path)
+    resuming = _check_destination(out_path, settings)
     _remove_partial_files(out_path)
-    (out_path / PARTS).mkdir(parents=True, exist_ok=True)
-    _write_atomic(out_path / PARTS / "settings.json", json.dumps(settings, sort_keys=True).encode())
+    out_path.mkdir(parents=True, exist_ok=True)
+    generation = str(index.meta["generation"])
+    full = SlideIndex.open(index.path, root=index.root, generation=generation)
 
     # The plan (which generation rows, in which order; which were left out) is fixed by the
     # first run, so units keep their contents when a resumed run sees a quarantine that grew.
-    plan = out_path / PARTS / "plan.npz"
-    if plan.exists():
+    plan = out_path / PLAN_FILE
+    if resuming and plan.exists():
         with np.load(plan) as saved:
             order, left_out = saved["order"], saved["left_out"]
     else:
@@ -382,6 +538,20 @@ def export_index(
         tmp = plan.with_name(f".plan.tmp-{os.getpid()}.npz")
         np.savez(tmp, order=order, left_out=left_out)
         os.replace(tmp, plan)
+    contents = _unit_contents(full, order, shard_size)
+    content = hashlib.sha256("".join(contents or ["gone"]).encode()).hexdigest()
+    if resuming and _read_settings(out_path) != {**settings, "content": content}:
+        raise ConfigError(
+            f"{out_path} holds an export of other tiles: the index was rebuilt with different "
+            "tiles since this export began; pass --overwrite (overwrite=True) to replace it, or "
+            "choose an empty folder",
+            path=str(out_path),
+        )
+    assert contents is not None  # a fresh plan always fits its own generation
+    _write_atomic(
+        out_path / SETTINGS_FILE,
+        json.dumps({**settings, "content": content}, sort_keys=True).encode(),
+    )
     folders = tuple(label_folders([s.label for s in index.slides]).items())
     # local processes share this machine's cores; an executor's workers are sized by their owner
     threads = threads_per_process(workers) if executor is None else 1
@@ -390,11 +560,13 @@ def export_index(
             number=i,
             rows=tuple(order[start : start + shard_size].tolist()),
             index_path=str(index.path),
-            generation=str(index.meta["generation"]),
+            generation=generation,
             root=index.root,
             out=str(out_path),
             options=options,
             folders=folders,
+            content=contents[i],
+            verify=verify,
             threads=threads,
         )
         for i, start in enumerate(range(0, len(order), shard_size))
@@ -402,7 +574,6 @@ def export_index(
     records = _run(units, workers, executor, progress)
     tiles = [t for r in records for t in r["tiles"]]
     failures = [f for r in records for f in r["failures"]]
-    full = SlideIndex.open(index.path, root=index.root, generation=str(index.meta["generation"]))
     reasons = _quarantine_reasons(full)
     for row, unreadable in left_out.tolist():
         fields = _tile_fields(full, row)
@@ -426,8 +597,15 @@ def export_index(
         units_skipped=sum(bool(r.get("skipped")) for r in records),
         shards=shards,
     )
+    per_shard = [sh["slides"] for sh in shards]
     summary = {
-        "settings": settings,
+        "settings": {**settings, "content": content},
+        "generation": generation,
+        "slides_per_shard": {
+            "mean": float(np.mean(per_shard)) if per_shard else 0.0,
+            "min": min(per_shard, default=0),
+            "max": max(per_shard, default=0),
+        },
         "tiles": report.tiles,
         "failed": report.failed,
         "quarantined": report.quarantined,
@@ -480,8 +658,9 @@ def _run(
     total = sum(len(u.rows) for u in units)
     with progress_bar(total, "tile", "exporting", progress and bool(units)) as bar:
         results: dict[int, dict[str, Any]] = {}
+        parts = _part_records(Path(units[0].out)) if units else {}
         for unit in units:  # completed units are read back here, without starting any worker
-            previous = _completed(unit)
+            previous = _completed(unit, parts)
             if previous is not None:
                 results[unit.number] = previous
                 bar.update(len(unit.rows))

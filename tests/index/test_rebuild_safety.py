@@ -87,13 +87,12 @@ def test_an_export_reads_its_generation_while_the_index_is_rebuilt(
     assert sorted(int(r["row"]) for r in rows) == list(range(len(index)))  # none twice, none lost
     assert {int(r["read_size"]) for r in rows} == {256}
     summary = json.loads((tmp_path / "export" / "export.json").read_text())
-    assert summary["settings"]["generation"] == index.meta["generation"]
+    assert summary["generation"] == index.meta["generation"]
 
 
 def test_a_corrupt_settings_file_is_a_clear_error(index: SlideIndex, tmp_path: Path) -> None:
     out = tmp_path / "export"
     export_index(index, out, shard_size=50)
-    (out / "export.json").unlink()
-    (out / ".parts" / "settings.json").write_bytes(b"")  # a disk-full run left it empty
+    (out / ".export-settings.json").write_bytes(b"")  # a disk-full run left it empty
     with pytest.raises(ConfigError, match=r"settings\.json is unreadable"):
         export_index(index, out, shard_size=50)

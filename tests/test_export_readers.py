@@ -1,0 +1,135 @@
+"""Exports read by the tools people train with: WebDataset with dotted slide names, image-folder
+class discovery, resume that trusts files not records, and re-export after a rebuild."""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SlideFactory
+from wsi_loader import ConfigError, build_index
+from wsi_loader.cli import main
+from wsi_loader.export import export_index
+
+TCGA = "TCGA-A7-A0CE-01Z-00-DX1.0F7CE5A0-4D1C.svs"
+
+
+@pytest.fixture
+def dotted(tmp_path: Path, make_slide: SlideFactory) -> Path:
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    shutil.copy(make_slide(width=1536, height=1024, seed=81), folder / TCGA)
+    shutil.copy(make_slide(width=1024, height=1024, seed=82), folder / "case.v2.final.svs")
+    (folder / "labels.csv").write_text(f"path,label\n{TCGA},tumour\ncase.v2.final.svs,normal\n")
+    return folder
+
+
+# the webdataset library leaves its shard files for the garbage collector to close
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_webdataset_reads_every_sample_of_slides_with_dots(dotted: Path, tmp_path: Path) -> None:
+    import webdataset as wds
+
+    index = build_index(
+        [dotted], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(dotted / "labels.csv")
+    )
+    out = tmp_path / "wds"
+    report = export_index(index, out, format="webdataset", image_format="jpeg", shard_size=7)
+    shards = sorted(str(p) for p in out.glob("shard-*.tar"))
+    dataset = wds.WebDataset(shards, shardshuffle=False).decode().to_tuple("jpg", "json", "__key__")
+    samples = list(dataset)
+    assert len(samples) == report.tiles == len(index)
+    keys = [key for _, _, key in samples]
+    assert len(set(keys)) == len(keys) and not any("." in k for k in keys)
+    assert any("TCGA-A7-A0CE-01Z-00-DX1_0F7CE5A0-4D1C" in k for k in keys)  # still readable
+    assert all(meta["slide"].endswith(".svs") for _, meta, _ in samples)
+    del samples, dataset
+    gc.collect()
+
+
+def test_the_image_folder_root_holds_only_class_folders(dotted: Path, tmp_path: Path) -> None:
+    index = build_index(
+        [dotted], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(dotted / "labels.csv")
+    )
+    out = tmp_path / "folders"
+    export_index(index, out, shard_size=5)
+    # torchvision's ImageFolder.find_classes: every directory entry of the root is a class
+    classes = sorted(entry.name for entry in os.scandir(out) if entry.is_dir())
+    assert classes == ["normal", "tumour"]
+    files = sorted(entry.name for entry in os.scandir(out) if entry.is_file())
+    assert {"manifest.csv", "failures.csv", "export.json"} <= set(files)
+    per_class = {c: len(list((out / c).iterdir())) for c in classes}
+    assert sum(per_class.values()) == len(index)
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.name.startswith(".export-") and p.name != "export.json"
+    }
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "imagefolder"])
+def test_resume_rewrites_deleted_and_truncated_outputs(
+    dotted: Path, tmp_path: Path, fmt: str
+) -> None:
+    index = build_index([dotted], tmp_path / "idx", level=0, min_tissue=0.0)
+    clean, out = tmp_path / "clean", tmp_path / "out"
+    export_index(index, clean, format=fmt, shard_size=6)
+    export_index(index, out, format=fmt, shard_size=6)
+    outputs = sorted(p for p in out.rglob("*") if p.suffix in (".tar", ".png"))
+    outputs[0].unlink()
+    outputs[1].write_bytes(outputs[1].read_bytes()[:100])  # truncated
+    report = export_index(index, out, format=fmt, shard_size=6)
+    assert report.units - 2 <= report.units_skipped < report.units
+    assert _snapshot(out) == _snapshot(clean)
+    # same size, other bytes: only --verify notices
+    victim = outputs[2]
+    data = bytearray(victim.read_bytes())
+    data[-5] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    assert export_index(index, out, format=fmt, shard_size=6).units_skipped == report.units
+    assert (
+        main(
+            [
+                "export",
+                str(index.path),
+                "--out",
+                str(out),
+                "--format",
+                fmt,
+                "--shard-size",
+                "6",
+                "--verify",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert _snapshot(out) == _snapshot(clean)
+
+
+def test_a_rebuild_with_the_same_tiles_resumes_and_other_tiles_need_overwrite(
+    dotted: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "wds"
+    index = build_index([dotted], tmp_path / "idx", level=0, min_tissue=0.0)
+    first = export_index(index, out, format="webdataset", shard_size=6)
+    os.utime(dotted / TCGA)  # a touch: the rebuild re-indexes it into a new generation
+    again = build_index([dotted], tmp_path / "idx", level=0, min_tissue=0.0)
+    assert again.meta["generation"] != index.meta["generation"]
+    resumed = export_index(again, out, format="webdataset", shard_size=6)
+    assert resumed.units_skipped == resumed.units and resumed.tiles == first.tiles
+    changed = build_index(
+        [dotted], tmp_path / "idx", level=0, min_tissue=0.0, tile_size=128, allow_shrink=True
+    )
+    with pytest.raises(ConfigError, match="--overwrite"):
+        export_index(changed, out, format="webdataset", shard_size=6)
+    replaced = export_index(changed, out, format="webdataset", shard_size=6, overwrite=True)
+    assert replaced.tiles == len(changed) and replaced.units_skipped == 0
+    assert len(list(out.glob("shard-*.tar"))) == replaced.units  # the old shards are gone
