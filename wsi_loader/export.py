@@ -12,8 +12,9 @@ what is missing. Records, settings and the plan are hidden plain files in the ou
 (``.export-*``), never folders, so image-folder readers see only class folders. Different
 arguments, or an index rebuilt with other tiles, into a folder holding an export are refused
 (``overwrite`` replaces it). ``manifest.csv`` (one row per exported tile, with its split and the
-SHA-256 of the stored bytes), ``failures.csv`` (tiles not exported and why: quarantined before, or failed now) and
-``export.json`` (arguments, source index and counts) are written at the end.
+SHA-256 of the stored bytes), ``failures.csv`` (tiles not exported and why: quarantined
+before, or failed now) and ``export.json`` (arguments, source index and counts) are written
+at the end.
 """
 
 from __future__ import annotations
