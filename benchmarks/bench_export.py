@@ -2,13 +2,20 @@
 sizes, and a 2-worker Dask LocalCluster against local processes, all in one run. Local exports
 read and encode on usable cores / workers threads (the ``threads`` column).
 
-    .venv/bin/python benchmarks/bench_export.py [--tiles 1500] [--scratch DIR]
+The shuffle section exports 6 slides (768 tiles each) to WebDataset shards with and without ``--shuffle`` and
+reads them back as a trainer does: shards in order through a 1,000-sample shuffle buffer
+(webdataset's ``shuffle(1000)``), counting distinct slides per shard and per 64-sample batch.
+
+    .venv/bin/python benchmarks/bench_export.py [--tiles 1500] [--scratch DIR] [--only-shuffle]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import tarfile
 import time
 from pathlib import Path
 
@@ -48,12 +55,74 @@ def ours(index: SlideIndex, out: Path, **options: object) -> tuple[float, list[d
     return report.tiles / (time.perf_counter() - start), report.shards
 
 
+def buffered(items: list[int], size: int, seed: int) -> list[int]:
+    """Items through a shuffle buffer of ``size``, as webdataset's ``shuffle(size)`` does:
+    fill the buffer, then emit a random buffered item for every new one."""
+    rng = np.random.default_rng(seed)
+    buffer: list[int] = []
+    out: list[int] = []
+    for item in items:
+        buffer.append(item)
+        if len(buffer) >= size:
+            out.append(buffer.pop(int(rng.integers(len(buffer)))))
+    while buffer:
+        out.append(buffer.pop(int(rng.integers(len(buffer)))))
+    return out
+
+
+def shard_slide_ids(out: Path) -> list[int]:
+    """The slide id of every sample, reading the shards in order."""
+    ids = []
+    for shard in sorted(out.glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".json"):
+                    handle = tar.extractfile(member)
+                    assert handle is not None
+                    ids.append(int(json.loads(handle.read())["slide_id"]))
+    return ids
+
+
+def shuffle_section(scratch: Path, slides: int = 6) -> None:
+    folder = scratch / "archive"
+    folder.mkdir(exist_ok=True)
+    source = synthetic_slide(scratch / "medium.svs", width=8192, seed=5)
+    for i in range(slides):
+        target = folder / f"slide{i:02d}.svs"
+        if not target.exists():
+            os.link(source, target)
+    index = build_index([folder], scratch / "archive-idx", tile_size=256, level=0, min_tissue=0)
+    print(f"\n## shuffle: {slides} slides, {len(index)} tiles, shards of 250, buffer 1000")
+    print(f"{'export':<16} {'slides/shard':>13} {'slides/64-batch':>16} {'tiles/s':>8}")
+    for shuffle in (False, True):
+        out = scratch / f"wds-shuffle-{shuffle}"
+        speed, shards = ours(
+            index,
+            out,
+            format="webdataset",
+            image_format="jpeg",
+            shard_size=250,
+            workers=2,
+            shuffle=shuffle,
+            seed=0,
+        )
+        per_shard = np.mean([s["slides"] for s in shards])
+        stream = buffered(shard_slide_ids(out), 1000, seed=0)
+        per_batch = np.mean([len(set(stream[i : i + 64])) for i in range(0, len(stream) - 63, 64)])
+        name = "--shuffle" if shuffle else "index order"
+        print(f"{name:<16} {per_shard:>13.1f} {per_batch:>16.1f} {speed:>8.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tiles", type=int, default=1500)
     parser.add_argument("--scratch")
+    parser.add_argument("--only-shuffle", action="store_true", help="run the shuffle section")
     args = parser.parse_args()
     scratch = scratch_folder(args.scratch, "wsi-bench-export-")
+    if args.only_shuffle:
+        shuffle_section(scratch)
+        return
     slide = synthetic_slide(scratch / "slide.svs", seed=9)
     full = build_index([slide], scratch / "full", tile_size=256, level=0, min_tissue=0.5)
     keep = np.sort(np.random.default_rng(0).permutation(len(full))[: args.tiles])
@@ -104,6 +173,7 @@ def main() -> None:
         f"\nwebdataset jpeg, 2 local processes: {local:.0f} tiles/s; 2-worker Dask "
         f"LocalCluster: {remote:.0f} tiles/s ({remote / local:.2f}x)"
     )
+    shuffle_section(scratch)
 
 
 if __name__ == "__main__":

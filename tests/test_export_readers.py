@@ -133,3 +133,45 @@ def test_a_rebuild_with_the_same_tiles_resumes_and_other_tiles_need_overwrite(
     replaced = export_index(changed, out, format="webdataset", shard_size=6, overwrite=True)
     assert replaced.tiles == len(changed) and replaced.units_skipped == 0
     assert len(list(out.glob("shard-*.tar"))) == replaced.units  # the old shards are gone
+
+
+def test_shuffled_shards_mix_slides_deterministically(
+    tmp_path: Path, make_slide: SlideFactory
+) -> None:
+    folder = tmp_path / "four"
+    folder.mkdir()
+    for i in range(4):
+        shutil.copy(make_slide(width=1280, height=1024, seed=90 + i), folder / f"s{i}.svs")
+    index = build_index([folder], tmp_path / "idx", level=0, min_tissue=0.0)
+    plain = export_index(index, tmp_path / "plain", format="webdataset", shard_size=8)
+    mixed = export_index(
+        index, tmp_path / "mixed", format="webdataset", shard_size=8, shuffle=True, seed=3
+    )
+    again = export_index(
+        index, tmp_path / "again", format="webdataset", shard_size=8, shuffle=True, seed=3
+    )
+    other = export_index(
+        index, tmp_path / "other", format="webdataset", shard_size=8, shuffle=True, seed=4
+    )
+    assert mixed.tiles == plain.tiles == len(index)
+    plain_slides = [s["slides"] for s in plain.shards]
+    mixed_slides = [s["slides"] for s in mixed.shards]
+    assert max(plain_slides) <= 2 and sum(mixed_slides) / len(mixed_slides) >= 3
+    import json
+
+    report = json.loads((tmp_path / "mixed" / "export.json").read_text())
+    assert report["slides_per_shard"]["mean"] >= 3
+    for shard in mixed.shards:  # the same seed gives the same bytes
+        assert (tmp_path / "mixed" / shard["file"]).read_bytes() == (
+            tmp_path / "again" / shard["file"]
+        ).read_bytes()
+    assert (tmp_path / "mixed" / "manifest.csv").read_text() != (
+        tmp_path / "other" / "manifest.csv"
+    ).read_text()
+    rows = [
+        line.split(",")[2]
+        for line in (tmp_path / "mixed" / "manifest.csv").read_text().splitlines()[1:]
+    ]
+    assert sorted(map(int, rows)) == list(range(len(index)))  # every tile once
+    with pytest.raises(ConfigError, match="shuffle"):  # another order is another export
+        export_index(index, tmp_path / "mixed", format="webdataset", shard_size=8)

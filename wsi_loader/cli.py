@@ -157,6 +157,13 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="on resume, check finished units' files by SHA-256 (not only their sizes)",
     )
     p.add_argument(
+        "--shuffle",
+        action="store_const",
+        const=True,
+        help="mix tiles of many slides in every shard (a seeded permutation)",
+    )
+    p.add_argument("--seed", type=int, metavar="N", help="seed of --shuffle (default 0)")
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an export in --out made from other tiles or with other arguments",
@@ -377,7 +384,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else Config()
     flags = {
         key: getattr(args, key)
-        for key in ("format", "image_format", "quality", "shard_size", "workers", "verify")
+        for key in (
+            "format",
+            "image_format",
+            "quality",
+            "shard_size",
+            "workers",
+            "verify",
+            "shuffle",
+            "seed",
+        )
         if getattr(args, key) is not None
     }
     options: ExportConfig = validate(

@@ -127,6 +127,8 @@ class ExportConfig(_Strict):
     shard_size: int = Field(1000, ge=1)
     workers: int = Field(1, ge=1, le=512)
     verify: bool = Field(False, description="resume only units whose files hash as recorded")
+    shuffle: bool = Field(False, description="mix tiles of many slides in every shard")
+    seed: int = Field(0, description="seed of the --shuffle permutation")
 
 
 class Config(_Strict):

@@ -42,6 +42,7 @@ from wsi_loader.errors import ConfigError, TransientReadError
 from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.parallel import progress_bar, run_all
+from wsi_loader.permutation import RandomPermutation
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ class ExportOptions:
     image_format: str = "png"
     quality: int = 90
     shard_size: int = 1000  # tiles per tar shard, and per unit of work for image folders
+    shuffle: bool = False  # the export order is a seeded permutation (shards mix slides)
+    seed: int = 0
     # not options of export_index: a substituted tile would be exported under the wrong
     # coordinates, and reads that still fail are listed in failures.csv, never exported
     on_error: str = "fill"
@@ -470,6 +473,8 @@ def export_index(
     missing_slides: str = "raise",
     verify: bool = False,
     overwrite: bool = False,
+    shuffle: bool = False,
+    seed: int = 0,
 ) -> ExportReport:
     """Export every tile of an index, or of one ``split`` (quarantined tiles are left out
     and listed with their reason).
@@ -480,6 +485,10 @@ def export_index(
     to the end. ``executor``: None (local processes when ``workers > 1``), any
     concurrent.futures Executor, or a ``dask.distributed.Client`` (workers must see ``out`` and
     the slides).
+
+    ``shuffle`` (with ``seed``): the export order is a seeded permutation, so every shard
+    mixes tiles from many slides (a WebDataset shuffle buffer alone leaves batches from one or
+    two slides when shards follow the index order); ``export.json`` reports slides per shard.
 
     Resuming: a unit counts as done when its files exist with their recorded sizes (and, with
     ``verify``, SHA-256); deleted or truncated ones are written again. The export is known by
@@ -495,6 +504,8 @@ def export_index(
             "quality": quality,
             "shard_size": shard_size,
             "workers": workers,
+            "shuffle": shuffle,
+            "seed": seed,
         },
     )
     options = ExportOptions(
@@ -502,6 +513,8 @@ def export_index(
         image_format=checked.image_format,
         quality=checked.quality,
         shard_size=checked.shard_size,
+        shuffle=checked.shuffle,
+        seed=checked.seed,
     )
     if not isinstance(index, SlideIndex):
         index = SlideIndex.open(index, root=root)
@@ -535,6 +548,8 @@ def export_index(
         bad = index.quarantined_mask()
         unreadable = ~np.isin(rows, _generation_rows(readable))
         order = rows[~bad & ~unreadable]
+        if options.shuffle:  # a keyed permutation, as DistributedTileSampler's
+            order = order[RandomPermutation(len(order), options.seed)(np.arange(len(order)))]
         left_out = np.stack([rows[bad | unreadable], unreadable[bad | unreadable]], axis=1)
         tmp = plan.with_name(f".plan.tmp-{os.getpid()}.npz")
         np.savez(tmp, order=order, left_out=left_out)

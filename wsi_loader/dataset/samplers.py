@@ -1,4 +1,5 @@
-"""Samplers over tile rows with memory independent of the number of tiles.
+"""Samplers over tile rows with memory independent of the number of tiles (permutations from
+`wsi_loader.permutation`).
 
 * `DistributedTileSampler`: torch's DistributedSampler contract (disjoint shards, full coverage,
   padding smaller than the world size, ``set_epoch``), but the shuffle is a keyed pseudo-random
@@ -23,57 +24,18 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from wsi_loader.index.table import SlideIndex
+from wsi_loader.permutation import RandomPermutation, key_rng, seed_sequence
+
+__all__ = [
+    "BalancedTileSampler",
+    "DistributedTileSampler",
+    "RandomPermutation",
+    "key_rng",
+    "seed_sequence",
+]
 
 IntArray = npt.NDArray[np.int64]
 _CHUNK = 65536
-_ROUNDS = 4
-
-
-def _mix(values: npt.NDArray[np.uint64], key: np.uint64) -> npt.NDArray[np.uint64]:
-    """splitmix64 finaliser of ``values + key`` (wrapping uint64 arithmetic)."""
-    z = values + key
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def seed_sequence(*key: int) -> np.random.SeedSequence:
-    """A SeedSequence of a key of ints of any sign, without collisions: non-negative keys give
-    the entropy they always gave, and the signs of negative parts go into the spawn key (so
-    seeds -1 and 1 differ)."""
-    signs = sum(1 << i for i, k in enumerate(key) if k < 0)
-    return np.random.SeedSequence([abs(int(k)) for k in key], spawn_key=(signs,) if signs else ())
-
-
-def key_rng(*key: int) -> np.random.Generator:
-    return np.random.default_rng(seed_sequence(*key))
-
-
-class RandomPermutation:
-    """A keyed bijection of ``[0, n)`` evaluated pointwise in O(1) memory."""
-
-    def __init__(self, n: int, *key: int) -> None:
-        self.n = n
-        bits = max(2, math.ceil(math.log2(max(n, 2))))
-        self.half = (bits + 1) // 2
-        self.mask = np.uint64((1 << self.half) - 1)
-        state = seed_sequence(*key).generate_state(_ROUNDS, np.uint64)
-        self.keys = [np.uint64(k) for k in state]
-
-    def _feistel(self, v: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-        half = np.uint64(self.half)
-        left, right = v >> half, v & self.mask
-        for key in self.keys:
-            left, right = right, left ^ (_mix(right, key) & self.mask)
-        return (left << half) | right
-
-    def __call__(self, positions: IntArray) -> IntArray:
-        values = positions.astype(np.uint64)
-        todo = np.ones(len(values), dtype=bool)
-        while todo.any():  # cycle-walk until inside [0, n): expected < 4 rounds
-            values[todo] = self._feistel(values[todo])
-            todo = values >= np.uint64(self.n)
-        return values.astype(np.int64)
 
 
 def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
