@@ -2,9 +2,10 @@
 sizes, and a 2-worker Dask LocalCluster against local processes, all in one run. Local exports
 read and encode on usable cores / workers threads (the ``threads`` column).
 
-The shuffle section exports 6 slides (768 tiles each) to WebDataset shards with and without ``--shuffle`` and
-reads them back as a trainer does: shards in order through a 1,000-sample shuffle buffer
-(webdataset's ``shuffle(1000)``), counting distinct slides per shard and per 64-sample batch.
+The shuffle section exports 6 slides (768 tiles each) to WebDataset shards with and without
+``--shuffle`` and reads them back as a trainer does: shards in order through a 1,000-sample
+shuffle buffer (webdataset's ``shuffle(1000)``), counting distinct slides per shard and per
+64-sample batch.
 
     .venv/bin/python benchmarks/bench_export.py [--tiles 1500] [--scratch DIR] [--only-shuffle]
 """
