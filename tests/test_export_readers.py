@@ -171,3 +171,39 @@ def test_shuffled_shards_mix_slides_deterministically(
     assert sorted(map(int, rows)) == list(range(len(index)))  # every tile once
     with pytest.raises(ConfigError, match="shuffle"):  # another order is another export
         export_index(index, tmp_path / "mixed", format="webdataset", shard_size=8)
+
+
+def test_coords_h5_is_read_like_clam_reads_it(dotted: Path, tmp_path: Path) -> None:
+    import h5py
+    import numpy as np
+    import openslide
+
+    from wsi_loader import TileDataset
+
+    index = build_index([dotted], tmp_path / "idx", level=0, min_tissue=0.0, tile_size=256)
+    out = tmp_path / "coords"
+    assert (
+        main(
+            ["export", str(index.path), "--out", str(out), "--format", "coords-h5", "--no-progress"]
+        )
+        == 0
+    )
+    files = sorted(p.name for p in out.glob("*.h5"))
+    assert files == ["TCGA-A7-A0CE-01Z-00-DX1.0F7CE5A0-4D1C.h5", "case.v2.final.h5"]
+    ds = TileDataset(index)
+    for sid, record in enumerate(index.slides):
+        slide_id = Path(record.path).stem  # CLAM: the slide file name without its extension
+        with h5py.File(out / f"{slide_id}.h5", "r") as f:
+            coords = f["coords"][:]
+            patch_level = int(f["coords"].attrs["patch_level"])
+            patch_size = int(f["coords"].attrs["patch_size"])
+        rows = np.flatnonzero(index.columns["slide_id"] == sid)
+        expected = np.stack([index.columns["l0_x"][rows], index.columns["l0_y"][rows]], axis=1)
+        np.testing.assert_array_equal(coords, expected)
+        assert (patch_level, patch_size) == (0, 256)
+        with openslide.OpenSlide(str(dotted / record.path)) as slide:  # CLAM's read
+            x, y = (int(v) for v in coords[3])
+            clam = np.asarray(slide.read_region((x, y), patch_level, (patch_size, patch_size)))
+        np.testing.assert_array_equal(clam[..., :3], ds.reader.read([rows[3]]).pixels[0])
+    manifest = (out / "manifest.csv").read_text().splitlines()
+    assert len(manifest) == len(index) + 1 and "coords[0]" in manifest[1]

@@ -142,7 +142,11 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("index", metavar="INDEX")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--format", choices=["imagefolder", "webdataset"])
+    p.add_argument(
+        "--format",
+        choices=["imagefolder", "webdataset", "coords-h5"],
+        help="coords-h5: one HDF5 of level-0 coordinates per slide (CLAM/TRIDENT layout)",
+    )
     p.add_argument("--image-format", choices=["png", "jpeg", "webp"])
     p.add_argument("--quality", type=int, metavar="Q", help="JPEG/WebP quality")
     p.add_argument("--shard-size", type=int, metavar="N", help="tiles per shard")

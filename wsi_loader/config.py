@@ -121,7 +121,7 @@ class BagConfig(_Strict):
 class ExportConfig(_Strict):
     """Options of `wsi-loader export` readable from the same YAML file."""
 
-    format: Literal["imagefolder", "webdataset"] = "imagefolder"
+    format: Literal["imagefolder", "webdataset", "coords-h5"] = "imagefolder"
     image_format: Literal["png", "jpeg", "webp"] = "png"
     quality: int = Field(90, ge=1, le=100)
     shard_size: int = Field(1000, ge=1)

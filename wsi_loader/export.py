@@ -46,7 +46,7 @@ from wsi_loader.permutation import RandomPermutation
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("imagefolder", "webdataset")
+FORMATS = ("imagefolder", "webdataset", "coords-h5")
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 EXPORT_VERSION = 2  # 2: the plan holds generation rows (splits, dropped slides)
 # bookkeeping: plain hidden files in the output root, never folders (torchvision's ImageFolder
@@ -587,7 +587,11 @@ def export_index(
         )
         for i, start in enumerate(range(0, len(order), shard_size))
     ]
-    records = _run(units, workers, executor, progress)
+    if options.format == "coords-h5":  # coordinates only: no pixels are read
+        units = []
+        records = [_export_coords(full, order, out_path)]
+    else:
+        records = _run(units, workers, executor, progress)
     tiles = [t for r in records for t in r["tiles"]]
     failures = [f for r in records for f in r["failures"]]
     reasons = _quarantine_reasons(full)
@@ -630,6 +634,80 @@ def export_index(
     }
     _write_atomic(out_path / "export.json", json.dumps(summary, indent=1, sort_keys=True).encode())
     return report
+
+
+def _coords_file_names(index: SlideIndex, slide_ids: list[int]) -> dict[int, str]:
+    """``<slide name>.h5`` per slide, as CLAM and TRIDENT name them (the file stem; the folder
+    for DICOM), made safe for a file name; a name taken twice gets the slide id."""
+    from wsi_loader.index.inputs import slide_name
+
+    names: dict[int, str] = {}
+    taken: set[str] = set()
+    for sid in slide_ids:
+        stem = safe_component(slide_name(index.slides[sid].path), 200)
+        if stem in taken:
+            stem = f"{stem}-s{sid}"
+        taken.add(stem)
+        names[sid] = f"{stem}.h5"
+    return names
+
+
+def _export_coords(full: SlideIndex, order: np.ndarray, out: Path) -> dict[str, Any]:
+    """One HDF5 file per slide with a ``coords`` dataset (N x 2 level-0 x, y, int64) whose
+    attributes ``patch_size`` (the window at ``patch_level``) and ``patch_level`` are what
+    CLAM's and TRIDENT's feature extractors read, plus ``tile_size``, ``tile_mpp``,
+    ``downsample`` and ``name``. Written under a temporary name and renamed."""
+    try:
+        import h5py
+    except ImportError as exc:
+        raise ConfigError(
+            "--format coords-h5 needs h5py: pip install 'wsi_loader[h5]'", key="format"
+        ) from exc
+    cols = full.columns
+    slide_of = np.asarray(cols["slide_id"][order], dtype=np.int64)
+    slide_ids = sorted(set(slide_of.tolist()))
+    names = _coords_file_names(full, slide_ids)
+    tiles, outputs = [], []
+    for sid in slide_ids:
+        rows = order[slide_of == sid]
+        record = full.slides[sid]
+        coords = np.stack(
+            [np.asarray(cols["l0_x"][rows], np.int64), np.asarray(cols["l0_y"][rows], np.int64)],
+            axis=1,
+        )
+        path = out / names[sid]
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with h5py.File(tmp, "w") as h5:
+            dataset = h5.create_dataset("coords", data=coords)
+            attrs = {
+                "patch_size": int(cols["read_size"][rows[0]]),
+                "patch_level": int(cols["level"][rows[0]]),
+                "tile_size": int(full.params["tile_size"]),
+                "downsample": float(record.read_downsample or 1.0),
+                "name": Path(names[sid]).stem,
+                "slide": record.path,
+            }
+            if record.tile_mpp is not None:
+                attrs["tile_mpp"] = float(record.tile_mpp)
+            for target in (dataset, h5):
+                target.attrs.update(attrs)
+        os.replace(tmp, path)
+        data = path.read_bytes()
+        outputs.append((path.name, len(data), hashlib.sha256(data).hexdigest()))
+        for member, row in enumerate(rows.tolist()):
+            tiles.append(
+                {
+                    **_tile_fields(full, row),
+                    "read_size": int(cols["read_size"][row]),
+                    "tile_mpp": record.tile_mpp,
+                    "label": record.label,
+                    "split": record.split,
+                    "sha256": "",
+                    "file": path.name,
+                    "member": f"coords[{member}]",
+                }
+            )
+    return {"unit": 0, "tiles": tiles, "failures": [], "shard": None, "outputs": outputs}
 
 
 def _generation_rows(index: SlideIndex) -> np.ndarray:
