@@ -207,3 +207,15 @@ def test_coords_h5_is_read_like_clam_reads_it(dotted: Path, tmp_path: Path) -> N
         np.testing.assert_array_equal(clam[..., :3], ds.reader.read([rows[3]]).pixels[0])
     manifest = (out / "manifest.csv").read_text().splitlines()
     assert len(manifest) == len(index) + 1 and "coords[0]" in manifest[1]
+
+
+def test_hugging_face_imagefolder_reads_the_labels(dotted: Path, tmp_path: Path) -> None:
+    """Runs where `datasets` is installed (it is not in the CI extras: ~400 MB with pyarrow)."""
+    datasets = pytest.importorskip("datasets")
+    index = build_index(
+        [dotted], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(dotted / "labels.csv")
+    )
+    export_index(index, tmp_path / "out", shard_size=5)
+    ds = datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "out"), split="train")
+    assert ds.num_rows == len(index)
+    assert ds.features["label"].names == ["normal", "tumour"]
