@@ -6,8 +6,13 @@ progress bar. Shared by the index builder and the exporter; imports neither torc
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
 import multiprocessing
+import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -34,6 +39,31 @@ def progress_bar(total: int, unit: str, desc: str, show: bool) -> tqdm[Any]:
     return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, disable=None if show else True)
 
 
+PARENT_POLL_S = 1.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def exit_with_parent(parent: int) -> None:
+    """Pool-worker initializer: end this process when ``parent`` dies (a killed ``index`` or
+    ``export`` must not leave workers reading slides). Linux delivers SIGTERM at once
+    (``PR_SET_PDEATHSIG``); elsewhere, and for the race before it is set, a daemon thread
+    notices the parent change within a second."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="wsi-parent-watch", daemon=True).start()
+
+
 def run_all(
     fn: Callable[[Task], Result],
     tasks: Sequence[Task],
@@ -56,7 +86,10 @@ def run_all(
         return results
     own = pool is None
     pool = pool or cf.ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=exit_with_parent,
+        initargs=(os.getpid(),),
     )
     done: dict[int, Result] = {}
     try:

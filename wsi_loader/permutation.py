@@ -58,5 +58,3 @@ class RandomPermutation:
             values[todo] = self._feistel(values[todo])
             todo = values >= np.uint64(self.n)
         return values.astype(np.int64)
-
-
