@@ -32,6 +32,12 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+_NUMPY_FLOATS: dict[torch.dtype, type[np.floating[Any]]] = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+}
+
+
 def _gpu_decoder() -> Any:
     try:
         from torchvision.io import decode_jpeg  # optional extra
@@ -70,7 +76,11 @@ def decode_encoded(batch: TileBatch, device: torch.device) -> TileBatch:
             decoded[i] = torch.from_numpy(np.ascontiguousarray(pixels))
         except Exception as exc:  # corrupt compressed tile
             _mark_failed(batch, i, f"{type(exc).__name__}: {exc}")
-    if decoded:
+    if decoded and batch.images.device.type == "cpu":  # numpy: no intra-op thread pool
+        rows = batch.images.numpy()
+        for i, pixels in decoded.items():
+            rows[i] = pixels.numpy()
+    elif decoded:
         index = torch.tensor(list(decoded), dtype=torch.long, device=batch.images.device)
         stacked = torch.stack([decoded[i].to(batch.images.device) for i in decoded])
         batch.images.index_copy_(0, index, stacked)
@@ -80,7 +90,10 @@ def decode_encoded(batch: TileBatch, device: torch.device) -> TileBatch:
 
 def _mark_failed(batch: TileBatch, i: int, error: str) -> None:
     batch.ok[i] = False
-    batch.images[i] = 255
+    if batch.images.device.type == "cpu":
+        batch.images.numpy()[i] = 255
+    else:
+        batch.images[i] = 255
     log.warning("tile row %d failed to decode: %s", int(batch.rows[i]), error)
     path = batch.slide_paths[i] if batch.slide_paths else None
     if batch.quarantine and path is not None:
@@ -141,6 +154,11 @@ class DeviceLoader:
         # x / 255 then (x - mean) / std, folded into one multiply-add
         self._scale = (1.0 / (255.0 * std_t)).view(1, 3, 1, 1).to(self.device, dtype)
         self._shift = (-mean_t / std_t).view(1, 3, 1, 1).to(self.device, dtype)
+        # the same constants for the numpy path on the CPU (float32 / float64 only)
+        self._np_dtype = _NUMPY_FLOATS.get(dtype)
+        if self._np_dtype is not None:
+            self._np_scale = self._scale.cpu().reshape(3).numpy().astype(self._np_dtype)
+            self._np_shift = self._shift.cpu().reshape(3).numpy().astype(self._np_dtype)
         self._stream = (
             torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
             if self.device.type == "cuda"
@@ -152,8 +170,26 @@ class DeviceLoader:
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
+    def _convert_on_cpu(self, nhwc: torch.Tensor) -> torch.Tensor:
+        """The CPU conversion in numpy: one thread, never torch's intra-op pool (whose spinning
+        threads cost 5-10x on a machine with other busy processes). Same float arithmetic
+        (multiply, then add, in ``dtype``) as the device path."""
+        assert self._np_dtype is not None
+        pixels = nhwc.numpy().astype(self._np_dtype)
+        pixels *= self._np_scale
+        pixels += self._np_shift
+        image = torch.from_numpy(pixels).permute(0, 3, 1, 2)  # a channels_last NCHW view
+        if self.channels_last:
+            return image
+        return torch.from_numpy(np.ascontiguousarray(pixels.transpose(0, 3, 1, 2)))
+
     def _prepare(self, batch: TileBatch | dict[str, Any]) -> dict[str, Any]:
         """Copy to the device and convert; runs on the side stream when there is one."""
+        if isinstance(batch, TileBatch) and self.device.type == "cpu" and self._np_dtype:
+            moved = decode_encoded(batch, self.device)
+            out = moved.as_dict()
+            out["image"] = self._convert_on_cpu(moved.images)
+            return out
         if isinstance(batch, TileBatch):
             moved = batch.to(self.device, non_blocking=True)
             moved = decode_encoded(moved, self.device)
