@@ -36,6 +36,11 @@ _COMMON = argparse.ArgumentParser(add_help=False)
 _COMMON.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
 
 
+def _config_flag(p: argparse.ArgumentParser, name: str, text: str) -> None:
+    """A flag that sets its config key to True when given; absent, the config file decides."""
+    p.add_argument(name, action="store_const", const=True, help=text)
+
+
 def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "index",
@@ -59,19 +64,11 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--min-tissue", type=float, metavar="F", help="minimum tissue fraction 0..1")
     p.add_argument("--stride", type=int, metavar="PX", help="grid step in output pixels")
     p.add_argument("--labels", metavar="CSV", help="labels CSV joined by path or slide name")
-    p.add_argument(
-        "--strict-labels",
-        action="store_const",
-        const=True,
-        help="labels rows matching no slide, or slides without a label, are errors",
+    _config_flag(
+        p, "--strict-labels", "labels rows matching no slide, or slides without a label, are errors"
     )
     p.add_argument("--root", metavar="DIR", help="store slide paths relative to this folder")
-    p.add_argument(
-        "--allow-shrink",
-        action="store_const",
-        const=True,
-        help="let a rebuild drop more than half of the indexed slides",
-    )
+    _config_flag(p, "--allow-shrink", "let a rebuild drop more than half of the indexed slides")
     p.add_argument("--workers", type=int, metavar="N", help="parallel slide workers")
     p.add_argument("--backend", choices=["auto", "openslide", "tiff"])
     p.add_argument(
@@ -154,18 +151,10 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--config", metavar="FILE", help="YAML config: its export section, index root")
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
     p.add_argument("--split", metavar="NAME", help="export only the slides of this split")
-    p.add_argument(
-        "--verify",
-        action="store_const",
-        const=True,
-        help="on resume, check finished units' files by SHA-256 (not only their sizes)",
+    _config_flag(
+        p, "--verify", "on resume, check finished units' files by SHA-256 (not only their sizes)"
     )
-    p.add_argument(
-        "--shuffle",
-        action="store_const",
-        const=True,
-        help="mix tiles of many slides in every shard (a seeded permutation)",
-    )
+    _config_flag(p, "--shuffle", "mix tiles of many slides in every shard (a seeded permutation)")
     p.add_argument("--seed", type=int, metavar="N", help="seed of --shuffle (default 0)")
     p.add_argument(
         "--overwrite",
