@@ -27,4 +27,26 @@ def test_every_path_reads_the_same_number_of_tiles(index: SlideIndex) -> None:
     result = run_bench(index, tiles=tiles, batch_size=8, workers=(0,))
     assert result["tiles"] == tiles and result["distinct_tiles"] == len(index)
     assert [r["tiles"] for r in result["results"]] == [tiles] * 4
+    assert result["busy"] == 0
     assert f"({len(index)} distinct, the index is small)" in format_table(result)
+
+
+def test_bench_under_load_records_it(index: SlideIndex) -> None:
+    result = run_bench(index, tiles=16, batch_size=8, workers=[0], busy=1)
+    assert result["busy"] == 1 and all(r["tiles_per_s"] > 0 for r in result["results"])
+    assert "1 other busy processes" in format_table(result)
+
+
+def test_busy_cores_spin_for_the_duration_and_stop() -> None:
+    import os
+
+    from wsi_loader.bench import busy_cores
+
+    with busy_cores(2) as spinners:
+        pids = [s.pid for s in spinners]
+        assert all(s.poll() is None for s in spinners)
+        with open(f"/proc/{pids[0]}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        assert state == "R"  # running: burning a core
+    assert all(s.returncode is not None for s in spinners)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)

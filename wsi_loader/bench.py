@@ -11,8 +11,11 @@ decoding JPEG and with the decode left to the device (`make_loader(decode="devic
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,6 +42,30 @@ class Measurement:
     @property
     def tiles_per_s(self) -> float:
         return self.tiles / self.seconds if self.seconds > 0 else 0.0
+
+
+# a spinning process that ends on its own when the process that started it is gone
+_SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
+
+
+@contextmanager
+def busy_cores(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` processes spinning on a core each for the duration (a training machine is
+    never idle: the training loop, other jobs); stopped, and waited for, on the way out."""
+    if count < 0:
+        raise ValueError(f"busy must be >= 0, got {count}")
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+    try:
+        time.sleep(0.2 if spinners else 0)  # let them reach their loop
+        yield spinners
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait()
 
 
 def sample_rows(index: SlideIndex, count: int, seed: int) -> np.ndarray:
@@ -180,10 +207,28 @@ def run_bench(
     device: str | None = None,
     step_ms: float = 50.0,
     seed: int = 0,
+    busy: int = 0,
 ) -> dict[str, Any]:
-    """All measurements, as a JSON-ready dict with ratios against the OpenSlide baseline."""
+    """All measurements, as a JSON-ready dict with ratios against the OpenSlide baseline.
+    ``busy``: that many other processes spin on a core each while everything is measured
+    (baseline included, so the ratios compare paths under the same load)."""
     if len(index) == 0:
         raise ValueError("the index has no tiles to read")
+    with busy_cores(busy):
+        result = _run_bench(index, tiles, batch_size, workers, device, step_ms, seed)
+    result["busy"] = busy
+    return result
+
+
+def _run_bench(
+    index: SlideIndex,
+    tiles: int,
+    batch_size: int,
+    workers: Sequence[int],
+    device: str | None,
+    step_ms: float,
+    seed: int,
+) -> dict[str, Any]:
     rows = sample_rows(index, tiles, seed)
     results = [
         openslide_baseline(index, rows),
@@ -228,8 +273,10 @@ def run_bench(
 def format_table(result: dict[str, Any]) -> str:
     tiles, distinct = result["tiles"], result["distinct_tiles"]
     repeats = f" ({distinct} distinct, the index is small)" if distinct < tiles else ""
+    load = f", {result['busy']} other busy processes" if result.get("busy") else ""
     lines = [
-        f"{tiles} random tiles{repeats}, the same for every path, batch {result['batch_size']}",
+        f"{tiles} random tiles{repeats}, the same for every path, batch {result['batch_size']}"
+        f"{load}",
         f"{'path':<18} {'workers':>7} {'threads':>7} {'tiles/s':>9} {'vs OpenSlide':>13}",
     ]
     for r in result["results"]:

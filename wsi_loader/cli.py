@@ -202,6 +202,13 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--tiles", type=int, default=2000, metavar="N", help="tiles per measurement")
     p.add_argument("--device", metavar="D", help="also feed this device (cpu, cuda)")
     p.add_argument("--step-ms", type=float, default=50.0, help="simulated model step per batch")
+    p.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure with N other processes spinning on a core each (a busy machine)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -432,6 +439,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         workers=sorted({0, *range(1, top + 1)}),
         device=args.device,
         step_ms=args.step_ms,
+        busy=args.busy,
     )
     print(json.dumps(result, indent=1) if args.json else format_table(result))
     return 0
