@@ -1,6 +1,9 @@
 """Fast path targets, every ratio measured in this one run.
 
-    .venv/bin/python benchmarks/bench_fast.py [--tiles 2000] [--scratch DIR]
+    .venv/bin/python benchmarks/bench_fast.py [--tiles 2000] [--scratch DIR] [--busy N]
+
+``--busy N`` measures everything while N other processes spin on a core each (a training
+machine is never idle); every ratio then compares paths under the same load.
 
 Every rate is the best of --repeats (3) passes over the same tiles. The passes of a section are
 interleaved (A B C, A B C, ...) so that a slow spell of a noisy machine hits every path alike.
@@ -38,6 +41,7 @@ from common import scratch_folder, synthetic_slide
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from wsi_loader.bench import busy_cores
 from wsi_loader.dataset import TileDataset, make_loader
 from wsi_loader.dataset.buffers import BufferRing
 from wsi_loader.dataset.reading import usable_cores
@@ -231,7 +235,13 @@ def main() -> None:
         help="a real SVS with JPEG tiles for section 4 (default: CMU-1-Small-Region.svs from "
         "the third-party test data); section 4 is skipped when it is not there",
     )
+    parser.add_argument("--busy", type=int, default=0, help="other processes spinning meanwhile")
     args = parser.parse_args()
+    with busy_cores(args.busy):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     cores = usable_cores()
     scratch = scratch_folder(args.scratch, "wsi-bench-fast-")
     native = synthetic_slide(scratch / "native.svs", seed=5, mpp=0.5)
@@ -242,6 +252,8 @@ def main() -> None:
     rows = rng.permutation(len(aligned))[: args.tiles]
     off_rows = rng.permutation(len(off))[: args.tiles]
 
+    if args.busy:
+        print(f"# with {args.busy} other processes spinning on a core each\n")
     print("## 1. aligned 256 px JPEG tiles, one process, random order")
     aligned_section(aligned, rows, args.repeats, cores)
 
