@@ -29,7 +29,7 @@ import os
 import re
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,7 @@ class ExportUnit:
     folders: tuple[tuple[str | None, str], ...]
     content: str = ""  # digest of what the unit holds (rows' slide, x, y, level, size, label)
     verify: bool = False  # a finished unit counts only when its files hash as recorded
+    rewrite: bool = False  # it has a record whose files are gone or changed: write them all
     threads: int = 1  # reading and encoding threads (PNG/WebP encoders release the GIL)
 
 
@@ -212,13 +213,12 @@ def _outputs_intact(out: Path, record: dict[str, Any], verify: bool) -> bool:
     return True
 
 
-def _completed(
-    unit: ExportUnit, records: dict[int, dict[str, Any]] | None = None
-) -> dict[str, Any] | None:
-    """The record of a unit a previous run completed whose outputs are still intact (marked
-    skipped), else None: a deleted or truncated shard or image makes the unit run again."""
+def _completed(unit: ExportUnit, records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The record (of ``records``, the parts file) of a unit a previous run completed whose
+    outputs are still intact (marked skipped), else None: a deleted or truncated shard or
+    image makes the unit run again."""
     out = Path(unit.out)
-    record = (records if records is not None else _part_records(out)).get(unit.number)
+    record = records.get(unit.number)
     if record is None or record.get("content") != unit.content:
         return None
     if not _outputs_intact(out, record, unit.verify):
@@ -242,14 +242,11 @@ def _tile_fields(index: SlideIndex, row: int) -> dict[str, Any]:
 
 
 def export_unit(unit: ExportUnit) -> dict[str, Any]:
-    """Export one unit; returns its part record (manifest and failure rows). Idempotent."""
-    records = _part_records(Path(unit.out))
-    previous = _completed(unit, records)
-    if previous is not None:
-        return previous
+    """Export one unit (the runner skips complete ones); returns its part record (manifest
+    and failure rows)."""
     # a unit whose record exists but whose files were deleted or truncated is written anew;
     # without a record, image files under their final names are complete (atomic renames)
-    reuse_files = unit.number not in records
+    reuse_files = not unit.rewrite
     out = Path(unit.out)
     index = SlideIndex.open(unit.index_path, root=unit.root, generation=unit.generation)
     reader = TileReader(index, on_error=unit.options.on_error, retries=unit.options.retries)
@@ -758,7 +755,8 @@ def _run(
             if previous is not None:
                 results[unit.number] = previous
                 bar.update(len(unit.rows))
-        todo = [u for u in units if u.number not in results]
+        # the parts file is read here once; units never read it (it holds every manifest row)
+        todo = [replace(u, rewrite=u.number in parts) for u in units if u.number not in results]
         done = run_all(export_unit, todo, workers, executor, bar, _unit_size)
         for unit, record in zip(todo, done, strict=True):
             results[unit.number] = record

@@ -46,18 +46,19 @@ class BatchReads(Dataset[TileBatch]):
 
     def __getitem__(self, rows: Sequence[int]) -> TileBatch:
         worker = get_worker_info()
-        if self.reading is not None and worker is not None:
-            slot, reading = worker.id, self.reading
+        if self.reading is None or worker is None:
+            return self.tiles.read_batch(rows, encoded=self.encoded, buffers=self.buffers)
+        # a numpy view of the shared slots: a plain store per slide read, no torch call
+        slots, slot = self.reading.numpy(), worker.id
 
-            def note(slide_id: int) -> None:
-                reading[slot] = slide_id
+        def note(slide_id: int) -> None:
+            slots[slot] = slide_id
 
-            self.tiles.reader.on_slide = note
+        self.tiles.reader.on_slide = note
         try:
             return self.tiles.read_batch(rows, encoded=self.encoded, buffers=self.buffers)
         finally:
-            if self.reading is not None and worker is not None:
-                self.reading[worker.id] = -1
+            slots[slot] = -1
 
 
 def default_workers() -> int:

@@ -116,6 +116,9 @@ class TileReader:
         self._quarantined: set[tuple[int, int, int]] = set()
         self._paths = [index.slide_path(i) for i in range(len(index.slides))]
         self._contents = {p: s.content for p, s in zip(self._paths, index.slides, strict=True)}
+        # files found to be the indexed slide, by (device, inode, size, mtime): an OpenSlide
+        # slide reopened batch after batch is hashed once, not at every open
+        self._verified: dict[str, tuple[int, int, int, int]] = {}
         self._slide_start = index.slide_starts()
 
     def _verify(self, path: str) -> None:
@@ -126,10 +129,16 @@ class TileReader:
         if expected is None or "://" in path:
             return  # an index from before content digests, or a remote slide
         try:
+            st = os.stat(path)
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if self._verified.get(path) == identity:
+                return  # hashed already in this process, and the file has not changed since
             found = content_key(path)
         except OSError:
             return  # the open that follows reports it
-        if found != expected:
+        if found == expected:
+            self._verified[path] = identity
+        else:
             raise SlideChangedError(
                 "the file is not the slide that was indexed (its size or contents changed); "
                 "rebuild the index",
@@ -423,7 +432,8 @@ class TileReader:
             if slide_id in faulted:
                 raise faulted[slide_id]
             self._read_window(window, result.pixels[i])
-            self.slide_faults.pop(slide_id, None)
+            if self.slide_faults:  # the slide is back: a later fault is reported again
+                self.slide_faults.pop(slide_id, None)
             return
         except TileReadError as exc:
             self._record(row, exc)

@@ -26,6 +26,7 @@ from wsi_loader.index.inputs import (
     content_key,
     discover,
     fingerprint,
+    identify,
     join_labels,
 )
 from wsi_loader.index.quarantine import Quarantine, coords_in
@@ -76,13 +77,9 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
     entry, cfg = task.entry, task.config
     record = SlideRecord(path=task.stored_path, label=entry.label, split=entry.split)
     try:
-        size, mtime_ns, digest = fingerprint(entry.path)
+        size, mtime_ns, digest, content = identify(entry.path)
         record = replace(
-            record,
-            size=size,
-            mtime_ns=mtime_ns,
-            fingerprint=digest,
-            content=content_key(entry.path),
+            record, size=size, mtime_ns=mtime_ns, fingerprint=digest, content=content
         )
         reader = open_slide(entry.path, cfg.backend)
     except SlideError as exc:
@@ -240,11 +237,13 @@ def _check_splits(records: list[SlideRecord], root: str | None) -> None:
     for record in records:
         if record.split is None:
             continue
-        path = record.path if root is None else os.path.join(root, record.path)
-        try:
-            key = content_key(path)
-        except OSError:
-            continue
+        key = record.content  # recorded when indexed; older records lack it
+        if key is None:
+            path = record.path if root is None else os.path.join(root, record.path)
+            try:
+                key = content_key(path)
+            except OSError:
+                continue
         other = seen.setdefault(key, record)
         if other.split != record.split:
             raise InputError(

@@ -300,39 +300,60 @@ def _require_regular(path: str) -> os.stat_result:
     return st
 
 
-def content_key(path: str) -> str:
-    """A digest of a file's size and first and last 64 KiB, without its name or mtime: equal
-    for copies of one slide (used to keep a slide out of two splits). Raises OSError."""
-    digest = hashlib.blake2b(digest_size=16)
-    _require_regular(path)
+def _head_tail(path: str, size: int) -> bytes:
+    """The first and last 64 KiB of a file (the whole file when it is smaller)."""
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        digest.update(str(size).encode())
-        digest.update(fh.read(65536))
+        chunks = [fh.read(65536)]
         if size > 65536:
             fh.seek(max(65536, size - 65536))
-            digest.update(fh.read(65536))
+            chunks.append(fh.read(65536))
+    return b"".join(chunks)
+
+
+def _content_digest(size: int, head_tail: bytes) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(str(size).encode())
+    digest.update(head_tail)
     return digest.hexdigest()
 
 
-def fingerprint(path: str) -> tuple[int, int, str]:
-    """(size, mtime_ns, digest) of a slide; the digest covers size, mtime and the first and last
-    64 KiB, so a rewrite that keeps size and mtime is still noticed. DICOM covers the series
-    folder. Raises OSError when the file is gone."""
+def content_key(path: str) -> str:
+    """A digest of a file's size and first and last 64 KiB, without its name or mtime: equal
+    for copies of one slide (used to keep a slide out of two splits, and to tell a replaced
+    slide). Raises OSError."""
+    st = _require_regular(path)
+    return _content_digest(st.st_size, _head_tail(path, st.st_size))
+
+
+def identify(path: str) -> tuple[int, int, str, str]:
+    """(size, mtime_ns, fingerprint, content) of a slide, each file read once.
+
+    The fingerprint covers names, sizes, mtimes and the first and last 64 KiB of every file
+    (DICOM: the series folder), so a rewrite that keeps size and mtime is still noticed; the
+    content digest (`content_key`) covers the first file's bytes only. Raises OSError when the
+    file is gone."""
     files = [path]
     if _is_dicom_name(path) or is_dicom(path):
         files = dicom_series_files(path) or [path]
     digest = hashlib.blake2b(digest_size=16)
     size = mtime = 0
+    content = ""
     for file in files:
         st = _require_regular(file)
         size += st.st_size
         mtime = max(mtime, st.st_mtime_ns)
         name = os.fsencode(os.path.basename(file))  # file names need not be UTF-8
         digest.update(name + f":{st.st_size}:{st.st_mtime_ns};".encode())
-        with open(file, "rb") as fh:
-            digest.update(fh.read(65536))
-            if st.st_size > 65536:
-                fh.seek(max(65536, st.st_size - 65536))
-                digest.update(fh.read(65536))
-    return size, mtime, digest.hexdigest()
+        head_tail = _head_tail(file, st.st_size)
+        digest.update(head_tail)
+        if file == files[0]:
+            content = _content_digest(st.st_size, head_tail)
+    if files[0] != path:  # DICOM: the content digest is the entry's own file
+        content = content_key(path)
+    return size, mtime, digest.hexdigest(), content
+
+
+def fingerprint(path: str) -> tuple[int, int, str]:
+    """(size, mtime_ns, digest) of a slide: `identify` without the content digest."""
+    size, mtime, digest, _ = identify(path)
+    return size, mtime, digest

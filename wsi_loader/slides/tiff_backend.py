@@ -44,6 +44,7 @@ _RGB, _YCBCR = 2, 6
 DATA_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, RuntimeError, EOFError, zlib.error)
 _UNASSALPHA = 2  # ExtraSamples: unassociated alpha (1 associated, 0 unspecified)
 # APP14 "Adobe" marker, version 100, transform 0: the three components are RGB, not YCbCr
+_SOI = b"\xff\xd8"  # JPEG start of image
 _ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
 # Compressions imagecodecs decodes: none, LZW, JPEG, deflate, JPEG 2000 (Aperio), ZSTD, WebP
 RAW_COMPRESSIONS = frozenset({1, 5, 7, 8, 32946, 33003, 33005, 34712, 50000, 50001})
@@ -196,6 +197,11 @@ class _Level:
                 self.jpeg_colorspace = (_RGB, _RGB)  # Aperio's RGB JPEGs carry no JFIF marker
         # libjpeg's DCT scaling guesses the colour space from markers: safe for YCbCr only
         self.dct_scalable = self.jpeg_colorspace == (None, _RGB)
+        # what goes before a segment's data (after its SOI) to make a complete stream, built once
+        head = self.tables[:-2] if self.tables else _SOI
+        if self.jpeg_colorspace == (_RGB, _RGB):
+            head = head[:2] + _ADOBE_RGB + head[2:]
+        self._jpeg_head = head
         # tifffile's decoder for the other codecs (keeps the page, and with it the file's tags).
         # tifffile builds it lazily and may read the file to do so (JPEG in strips checks for a
         # JFIF marker): build it now, while the file is open, and keep the reason it could not.
@@ -228,9 +234,12 @@ class _Level:
         return str(exc)  # a corrupt-data warning, which only strict mode reports
 
     def complete_jpeg(self, data: bytes) -> bytes:
-        """A segment's abbreviated JPEG stream with the shared tables spliced in: one complete
-        JPEG, for decoders that take no separate tables (nvJPEG, libjpeg-turbo's TurboJPEG)."""
-        return (self.tables[:-2] + data[2:]) if self.tables else data
+        """A segment's abbreviated JPEG stream with the shared tables spliced in (and, for an
+        RGB level, the Adobe marker saying so): one complete JPEG, for decoders that take no
+        separate tables (nvJPEG, libjpeg-turbo's TurboJPEG). One copy of the segment."""
+        if not data.startswith(_SOI):
+            return data  # not a JPEG stream: the decoder says so
+        return b"".join((self._jpeg_head, memoryview(data)[2:]))
 
     def decode_jpeg(self, data: bytes, out: RGBArray | None = None, scale: int = 1) -> RGBArray:
         """libjpeg-turbo decode of one of this level's JPEG segments (``jpeg_colorspace`` set),
@@ -245,8 +254,6 @@ class _Level:
         """
         assert self.jpeg_colorspace is not None
         stream = self.complete_jpeg(data)
-        if self.jpeg_colorspace[0] == _RGB and stream[:2] == b"\xff\xd8":
-            stream = stream[:2] + _ADOBE_RGB + stream[2:]
         height, width = -(-self.seg_h // scale), -(-self.seg_w // scale)
         try:
             pixels: RGBArray = simplejpeg.decode_jpeg(
