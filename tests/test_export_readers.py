@@ -219,3 +219,15 @@ def test_hugging_face_imagefolder_reads_the_labels(dotted: Path, tmp_path: Path)
     ds = datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "out"), split="train")
     assert ds.num_rows == len(index)
     assert ds.features["label"].names == ["normal", "tumour"]
+
+
+def test_coords_h5_keeps_names_with_spaces_and_accents(tmp_path: Path, make_slide) -> None:  # type: ignore[no-untyped-def]
+    """CLAM looks for ``<slide file name without extension>.h5``: a sanitised name is a slide
+    it silently never finds."""
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    shutil.copy(make_slide(width=1024, height=1024, seed=83), folder / "Präparat Nr.2.svs")
+    index = build_index([folder], tmp_path / "idx", level=0, min_tissue=0.0)
+    export_index(index, tmp_path / "coords", format="coords-h5")
+    slide_id = os.path.splitext("Präparat Nr.2.svs")[0]
+    assert (tmp_path / "coords" / f"{slide_id}.h5").is_file()

@@ -635,13 +635,17 @@ def export_index(
 
 def _coords_file_names(index: SlideIndex, slide_ids: list[int]) -> dict[int, str]:
     """``<slide name>.h5`` per slide, as CLAM and TRIDENT name them (the file stem; the folder
-    for DICOM), made safe for a file name; a name taken twice gets the slide id."""
+    for DICOM); a name taken twice gets the slide id."""
     from wsi_loader.index.inputs import slide_name
 
     names: dict[int, str] = {}
     taken: set[str] = set()
     for sid in slide_ids:
-        stem = safe_component(slide_name(index.slides[sid].path), 200)
+        name = slide_name(index.slides[sid].path)
+        # the exact name (spaces, accents): CLAM looks for <slide name>.h5, so a sanitised
+        # name is a slide it never finds; only names that could escape or hide are changed
+        unsafe = name in ("", ".", "..") or name.startswith(".") or "/" in name or "\0" in name
+        stem = safe_component(name, 200) if unsafe or len(os.fsencode(name)) > 200 else name
         if stem in taken:
             stem = f"{stem}-s{sid}"
         taken.add(stem)

@@ -78,9 +78,7 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
     record = SlideRecord(path=task.stored_path, label=entry.label, split=entry.split)
     try:
         size, mtime_ns, digest, content = identify(entry.path)
-        record = replace(
-            record, size=size, mtime_ns=mtime_ns, fingerprint=digest, content=content
-        )
+        record = replace(record, size=size, mtime_ns=mtime_ns, fingerprint=digest, content=content)
         reader = open_slide(entry.path, cfg.backend)
     except SlideError as exc:
         return replace(record, status="failed", error=_reason(exc)), _empty_tiles()
