@@ -8,15 +8,19 @@ machine is never idle); every ratio then compares paths under the same load.
 Every rate is the best of --repeats (3) passes over the same tiles. The passes of a section are
 interleaved (A B C, A B C, ...) so that a slow spell of a noisy machine hits every path alike.
 
-1. Aligned native-resolution 256 px JPEG tiles through TileDataset (single process) against
+1. Aligned native-resolution 256 px JPEG tiles through TileDataset (single process: per item
+   with ``ds[row]``, and batches with ``read_batch``) against
    OpenSlide read_region with a long-lived handle and against the pure JPEG decode of the same
    tiles (compressed bytes already in memory, libjpeg-turbo via imagecodecs). One decode
    thread, as the targets are per core; then the same with one decode thread per core.
 2. 224 px at 0.5 um/px from a 0.25 um/px slide (DCT-scaled decode) against OpenSlide reading
    448 px at level 0 and resizing with PIL; then with one decode thread per core.
-3. make_loader with 2 workers against our single-process rate and against a DataLoader over a
-   Dataset with one pooled OpenSlide handle per worker (per-item CHW tensors, default collate).
-   One decode thread per reading process, so this measures scaling by processes alone.
+3. make_loader with 0 and 2 workers, each against a DataLoader over a Dataset with one pooled
+   OpenSlide handle per reading process (per-item CHW tensors, default collate) with as many
+   workers. One decode thread per reading process, so this measures scaling by processes alone.
+
+Each line also gives the CPU microseconds per tile, summed over every process of the path
+(DataLoader workers included): on a busy machine, CPU per tile is what the other jobs pay.
 4. When the third-party test slides are there (--real, default $WSI_LOADER_TEST_DATA or
    ../shared/testdata): section 1 on the real Aperio H&E scan CMU-1-Small-Region.svs (240 px
    JPEG tiles). Real tissue compresses differently from the synthetic slide, and the share of
@@ -26,11 +30,12 @@ interleaved (A B C, A B C, ...) so that a slow spell of a noisy machine hits eve
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import imagecodecs
 import numpy as np
@@ -47,26 +52,50 @@ from wsi_loader.dataset.buffers import BufferRing
 from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.index import SlideIndex, build_index
 
-Pass = Callable[[], float]  # runs one pass, returns its tiles/s
+Pass = Callable[[], "Rate"]  # runs one pass
+
+
+class Rate(NamedTuple):
+    tiles_per_s: float
+    cpu_us: float  # CPU microseconds per tile, every process of the path (workers included)
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of another process (a DataLoader worker), from /proc; None
+    once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14, 15
 
 
 def timed(fn: Callable[[], Any], count: int) -> Pass:
-    def one_pass() -> float:
-        start = time.perf_counter()
+    def one_pass() -> Rate:
+        start, cpu = time.perf_counter(), time.process_time()
         fn()
-        return count / (time.perf_counter() - start)
+        wall, used = time.perf_counter() - start, time.process_time() - cpu
+        return Rate(count / wall, used / count * 1e6)
 
     return one_pass
 
 
-def interleaved(passes: dict[str, Pass], repeats: int) -> dict[str, float]:
+def interleaved(passes: dict[str, Pass], repeats: int) -> dict[str, Rate]:
     """Best rate of each path over ``repeats`` rounds that run every path once in turn, so a
-    slow spell of this noisy machine hits all paths alike instead of one path's passes."""
-    best = dict.fromkeys(passes, 0.0)
+    slow spell of this noisy machine hits all paths alike instead of one path's passes; the
+    CPU per tile is the lowest seen (the pass least disturbed by the machine)."""
+    best = {name: Rate(0.0, float("inf")) for name in passes}
     for _ in range(repeats):
         for name, one_pass in passes.items():
-            best[name] = max(best[name], one_pass())
+            rate = one_pass()
+            best[name] = Rate(
+                max(best[name].tiles_per_s, rate.tiles_per_s), min(best[name].cpu_us, rate.cpu_us)
+            )
     return best
+
+
+def line(label: str, rate: Rate, note: str = "") -> str:
+    return f"{label:<34} {rate.tiles_per_s:7.0f} tiles/s {rate.cpu_us:6.0f} us CPU/tile{note}"
 
 
 def openslide_pass(index: SlideIndex, rows: np.ndarray, resize_to: int | None = None) -> Pass:
@@ -150,21 +179,43 @@ class PooledOpenSlideDataset(Dataset[dict[str, Any]]):
 
 
 def loader_pass(loader: Any, tiles: int) -> Pass:
-    """One epoch of ``tiles`` tiles, timed after its first batch (worker start-up)."""
+    """One epoch of ``tiles`` tiles, timed after its first batch (worker start-up); CPU time
+    counts the main process and the workers."""
 
-    def one_pass() -> float:
+    def one_pass() -> Rate:
         iterator = iter(loader)
         next(iterator)
-        seen, start = 0, time.perf_counter()
+        # every worker process of this process (make_loader wraps the DataLoader iterator;
+        # idle persistent workers of other loaders add nothing). Workers exit with
+        # the epoch: keep each one's last reading, taken after every batch.
+        pids = [child.pid for child in multiprocessing.active_children() if child.pid]
+        first = {pid: process_cpu_seconds(pid) or 0.0 for pid in pids}
+        last = dict(first)
+        seen, start, cpu = 0, time.perf_counter(), time.process_time()
         for batch in iterator:
             seen += len(batch["image"]) if isinstance(batch, dict) else len(batch)
+            for pid in pids:
+                last[pid] = process_cpu_seconds(pid) or last[pid]
             if seen >= tiles:
                 break
-        rate = seen / (time.perf_counter() - start)
+        used = time.process_time() - cpu + sum(last.values()) - sum(first.values())
+        rate = Rate(seen / (time.perf_counter() - start), used / seen * 1e6)
         del iterator
         return rate
 
     return one_pass
+
+
+def item_pass(index: SlideIndex, rows: np.ndarray) -> Pass:
+    """``TileDataset[row]`` one tile at a time, as a DataLoader without batch reads does."""
+    ds = TileDataset(index, record_failures=False, decode_threads=1)
+    ds[int(rows[0])]
+
+    def run() -> None:
+        for row in rows.tolist():
+            ds[row]
+
+    return timed(run, len(rows))
 
 
 def aligned_section(index: SlideIndex, rows: np.ndarray, repeats: int, cores: int) -> None:
@@ -172,6 +223,7 @@ def aligned_section(index: SlideIndex, rows: np.ndarray, repeats: int, cores: in
     r = interleaved(
         {
             "openslide": openslide_pass(index, rows),
+            "item": item_pass(index, rows),
             "ours": ours_pass(index, rows),
             "fresh": ours_pass(index, rows, reuse=False),
             "pure": pure_decode_pass(index, rows),
@@ -179,20 +231,24 @@ def aligned_section(index: SlideIndex, rows: np.ndarray, repeats: int, cores: in
         },
         repeats,
     )
-    base, ours, fresh, pure = r["openslide"], r["ours"], r["fresh"], r["pure"]
-    print(f"OpenSlide read_region {base:8.0f} tiles/s")
-    print(f"pure JPEG decode      {pure:8.0f} tiles/s = {pure / base:.2f}x OpenSlide")
+    base, pure = r["openslide"].tiles_per_s, r["pure"].tiles_per_s
+
+    def vs(name: str) -> str:
+        rate = r[name].tiles_per_s
+        return f" = {rate / base:.2f}x OpenSlide, {rate / pure:.2f}x pure decode"
+
+    print(line("OpenSlide read_region", r["openslide"]))
+    print(line("pure JPEG decode (libjpeg-turbo)", r["pure"], f" = {pure / base:.2f}x OpenSlide"))
+    print(line("TileDataset[row], per item", r["item"], vs("item")))
+    print(line("read_batch(64), reused buffers", r["ours"], vs("ours")))
+    print(line("read_batch(64), fresh buffers", r["fresh"], vs("fresh")))
     print(
-        f"TileDataset (raw)     {ours:8.0f} tiles/s = {ours / base:.2f}x OpenSlide, "
-        f"{ours / pure:.2f}x pure decode"
-    )
-    print(
-        f"  fresh batch buffers {fresh:8.0f} tiles/s = {fresh / base:.2f}x OpenSlide, "
-        f"{fresh / pure:.2f}x pure decode"
-    )
-    print(
-        f"  {cores} decode threads    {r['threads']:8.0f} tiles/s = {r['threads'] / ours:.2f}x one "
-        f"thread (the default with num_workers=0: the cores of this one process)"
+        line(
+            f"read_batch(64), {cores} decode threads",
+            r["threads"],
+            f" = {r['threads'].tiles_per_s / r['ours'].tiles_per_s:.2f}x one thread "
+            "(the default with num_workers=0: the cores of this one process)",
+        )
     )
 
 
@@ -266,11 +322,15 @@ def run(args: argparse.Namespace) -> None:
         },
         args.repeats,
     )
-    base2, ours2 = r["openslide"], r["ours"]
-    print(f"OpenSlide 448 + resize {base2:7.0f} tiles/s")
-    print(f"TileDataset (DCT 1/2)  {ours2:7.0f} tiles/s = {ours2 / base2:.2f}x")
+    base2, ours2 = r["openslide"].tiles_per_s, r["ours"].tiles_per_s
+    print(line("OpenSlide 448 + resize", r["openslide"]))
+    print(line("read_batch(64) (DCT 1/2)", r["ours"], f" = {ours2 / base2:.2f}x OpenSlide"))
     print(
-        f"  {cores} decode threads   {r['threads']:7.0f} tiles/s = {r['threads'] / ours2:.2f}x one"
+        line(
+            f"read_batch(64), {cores} decode threads",
+            r["threads"],
+            f" = {r['threads'].tiles_per_s / ours2:.2f}x one thread",
+        )
     )
 
     print(
@@ -300,6 +360,10 @@ def run(args: argparse.Namespace) -> None:
                 ),
                 len(order),
             ),
+            "pooled0": loader_pass(
+                DataLoader(PooledOpenSlideDataset(aligned), batch_size=64, sampler=order),
+                len(order),
+            ),
             "pooled": loader_pass(
                 DataLoader(
                     PooledOpenSlideDataset(aligned),
@@ -313,14 +377,23 @@ def run(args: argparse.Namespace) -> None:
         },
         args.repeats,
     )
-    single, two, pooled = r["single"], r["two"], r["pooled"]
-    print(f"make_loader, 0 workers, 1 thread {single:6.0f} tiles/s")
+    rate = {name: value.tiles_per_s for name, value in r.items()}
+    print(line("OpenSlide Dataset, 0 workers", r["pooled0"]))
     print(
-        f"make_loader, 2 workers          {two:7.0f} tiles/s = {two / single:.2f}x single process"
+        line(
+            "make_loader, 0 workers, 1 thread",
+            r["single"],
+            f" = {rate['single'] / rate['pooled0']:.2f}x OpenSlide Dataset",
+        )
     )
+    print(line("pooled OpenSlide Dataset, 2 workers", r["pooled"]))
     print(
-        f"pooled OpenSlide Dataset, 2 w.  {pooled:7.0f} tiles/s -> make_loader is "
-        f"{two / pooled:.2f}x"
+        line(
+            "make_loader, 2 workers",
+            r["two"],
+            f" = {rate['two'] / rate['pooled']:.2f}x pooled OpenSlide, "
+            f"{rate['two'] / rate['single']:.2f}x 0 workers",
+        )
     )
 
     real = Path(args.real)

@@ -50,3 +50,14 @@ def test_busy_cores_spin_for_the_duration_and_stop() -> None:
         assert state == "R"  # running: burning a core
     assert all(s.returncode is not None for s in spinners)
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def test_cpu_per_tile_counts_the_worker_processes(index: SlideIndex) -> None:
+    """With a worker, the decoding happens in another process: its CPU time must be in the
+    path's CPU per tile (the main process alone would look almost free)."""
+    result = run_bench(index, tiles=300, batch_size=16, workers=(1,))
+    by_name = {(r["name"], r["workers"]): r for r in result["results"]}
+    single = by_name[("wsi_loader", 0)]["cpu_us_per_tile"]
+    assert single > 0 and by_name[("openslide", 0)]["cpu_us_per_tile"] > 0
+    assert by_name[("make_loader", 1)]["cpu_us_per_tile"] >= 0.5 * single
+    assert "CPU us/tile" in format_table(result)

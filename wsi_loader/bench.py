@@ -11,6 +11,7 @@ decoding JPEG and with the decode left to the device (`make_loader(decode="devic
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 import time
@@ -38,10 +39,22 @@ class Measurement:
     tiles: int
     seconds: float
     threads: int = 1  # decode threads per reading process
+    cpu_seconds: float = 0.0  # CPU time of every process of the path, workers included
 
     @property
     def tiles_per_s(self) -> float:
         return self.tiles / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_us_per_tile(self) -> float:
+        return self.cpu_seconds / self.tiles * 1e6 if self.tiles else 0.0
+
+
+def process_tree_cpu() -> float:
+    """CPU time of this process and of its children that have exited and been waited for
+    (DataLoader workers without ``persistent_workers`` are joined at the end of the epoch)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 # a spinning process that ends on its own when the process that started it is gone
@@ -79,10 +92,11 @@ def sample_rows(index: SlideIndex, count: int, seed: int) -> np.ndarray:
     return np.concatenate([rng.permutation(len(index)) for _ in range(rounds)])[:count]
 
 
-def _timed(fn: Callable[[], int]) -> tuple[int, float]:
-    start = time.perf_counter()
+def _timed(fn: Callable[[], int]) -> tuple[int, float, float]:
+    """Tiles read, wall seconds, CPU seconds."""
+    start, cpu = time.perf_counter(), time.process_time()
     tiles = fn()
-    return tiles, time.perf_counter() - start
+    return tiles, time.perf_counter() - start, time.process_time() - cpu
 
 
 def openslide_baseline(index: SlideIndex, rows: np.ndarray, reopen: bool = False) -> Measurement:
@@ -114,10 +128,11 @@ def openslide_baseline(index: SlideIndex, rows: np.ndarray, reopen: bool = False
                 slide.close()
         return len(rows)
 
-    tiles, seconds = _timed(run)
+    tiles, seconds, cpu = _timed(run)
     for slide in handles.values():
         slide.close()
-    return Measurement("openslide-naive" if reopen else "openslide", 0, tiles, seconds)
+    name = "openslide-naive" if reopen else "openslide"
+    return Measurement(name, 0, tiles, seconds, cpu_seconds=cpu)
 
 
 def reader_single_process(index: SlideIndex, rows: np.ndarray, batch_size: int) -> Measurement:
@@ -132,8 +147,8 @@ def reader_single_process(index: SlideIndex, rows: np.ndarray, batch_size: int) 
             ds.read_batch(rows[i : i + batch_size].tolist(), buffers=buffers)
         return len(rows)
 
-    tiles, seconds = _timed(run)
-    return Measurement("wsi_loader", 0, tiles, seconds)
+    tiles, seconds, cpu = _timed(run)
+    return Measurement("wsi_loader", 0, tiles, seconds, cpu_seconds=cpu)
 
 
 def loader_run(
@@ -146,7 +161,9 @@ def loader_run(
     decode: str = "cpu",
 ) -> tuple[Measurement, float]:
     """Tiles/s through make_loader (and DeviceLoader when ``device``) over ``rows``, after one
-    untimed batch that starts the workers; returns the share of time the consumer waited."""
+    untimed batch that starts the workers; returns the share of time the consumer waited.
+    The CPU time covers the whole run, worker start-up and the untimed batch included (the
+    workers are only counted once they have exited), per tile of the whole run."""
     loader = make_loader(
         index,
         sampler=np.concatenate([rows[:batch_size], rows]).tolist(),
@@ -160,6 +177,7 @@ def loader_run(
     threads = threads_per_process(workers)  # TileDataset's default
     source: Any = DeviceLoader(loader, device) if device else loader
     step = _model_step(device, step_ms)
+    cpu = process_tree_cpu()
     iterator = iter(source)
     next(iterator)  # worker start-up is not throughput
     if isinstance(source, DeviceLoader):
@@ -171,9 +189,11 @@ def loader_run(
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    del iterator  # the workers exit (and are waited for) before the CPU time is read
+    used = (process_tree_cpu() - cpu) * seen / (seen + min(batch_size, len(rows)))
     waited = source.wait_seconds / seconds if isinstance(source, DeviceLoader) else 0.0
     name = f"make_loader+{device}" if device else "make_loader"
-    return Measurement(name, workers, seen, seconds, threads), waited
+    return Measurement(name, workers, seen, seconds, threads, used), waited
 
 
 def _model_step(device: str | None, step_ms: float) -> Callable[[Any], None]:
@@ -249,6 +269,7 @@ def _run_bench(
             {
                 **asdict(m),
                 "tiles_per_s": round(m.tiles_per_s, 1),
+                "cpu_us_per_tile": round(m.cpu_us_per_tile, 1),
                 "vs_openslide": round(m.tiles_per_s / base, 2) if base else None,
             }
         )
@@ -277,12 +298,13 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"{tiles} random tiles{repeats}, the same for every path, batch {result['batch_size']}"
         f"{load}",
-        f"{'path':<18} {'workers':>7} {'threads':>7} {'tiles/s':>9} {'vs OpenSlide':>13}",
+        f"{'path':<18} {'workers':>7} {'threads':>7} {'tiles/s':>9} {'vs OpenSlide':>13} "
+        f"{'CPU us/tile':>12}",
     ]
     for r in result["results"]:
         lines.append(
             f"{r['name']:<18} {r['workers']:>7} {r['threads']:>7} {r['tiles_per_s']:>9.0f} "
-            f"{r['vs_openslide']:>12.2f}x"
+            f"{r['vs_openslide']:>12.2f}x {r['cpu_us_per_tile']:>12.0f}"
         )
     for key in ("device", "device_decode"):
         if key in result:
