@@ -9,6 +9,7 @@ so ``except FileNotFoundError`` or ``except ValueError`` keep working.
     WsiLoaderError
      +-- ConfigError (ValueError)            bad YAML / option: path, key, value
      +-- InputError (ValueError)             bad manifest / labels CSV: path, line
+     |    +-- AnnotationError                 bad annotation file: path, element
      +-- IndexFormatError                    missing, corrupt or incompatible index directory: path
      +-- SlideError                          anything about one slide: path
           +-- SlideNotFoundError (FileNotFoundError)
@@ -26,6 +27,7 @@ import os
 from typing import Any
 
 __all__ = [
+    "AnnotationError",
     "ConfigError",
     "IndexFormatError",
     "InputError",
@@ -70,6 +72,19 @@ class InputError(WsiLoaderError, ValueError):
         self.line = line
         where = f"{path}:{line}: " if path and line else (f"{path}: " if path else "")
         super().__init__(f"{where}{message}")
+
+
+class AnnotationError(InputError):
+    """A region annotation file (QuPath GeoJSON, ASAP XML, Aperio XML) is malformed.
+
+    ``element`` names the part at fault: ``feature 3``, ``Annotation 'Tumor' Region 2``...
+    """
+
+    def __init__(
+        self, message: str, *, path: str | None = None, element: str | None = None
+    ) -> None:
+        self.element = element
+        super().__init__(f"{element}: {message}" if element else message, path=path)
 
 
 class IndexFormatError(WsiLoaderError):

@@ -1,0 +1,184 @@
+"""Annotation files are untrusted input: every format parsed, every bad file a clear error
+naming the file and the element, repairs and clipping reported."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from wsi_loader.errors import AnnotationError, InputError
+from wsi_loader.index.annotations import UNCLASSIFIED, read_annotations, read_regions
+
+from .annotation_files import Region, rect, write_aperio, write_geojson
+
+
+def feature(geometry: object, classification: object = None) -> dict[str, object]:
+    properties = {} if classification is None else {"classification": classification}
+    return {"type": "Feature", "geometry": geometry, "properties": properties}
+
+
+def polygon(*rings: list[tuple[float, float]]) -> dict[str, object]:
+    return {"type": "Polygon", "coordinates": [[list(p) for p in [*r, r[0]]] for r in rings]}
+
+
+def write(path: Path, document: object) -> str:
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def test_qupath_variants_multipolygons_collections_and_unclassified(tmp_path: Path) -> None:
+    doc = {
+        "type": "FeatureCollection",
+        "features": [
+            feature(polygon(rect(0, 0, 10, 10)), {"name": "Tumor", "colorRGB": -1}),
+            feature(
+                {
+                    "type": "MultiPolygon",
+                    "coordinates": [polygon(rect(20, 0, 30, 10))["coordinates"]] * 2,
+                },
+                "Stroma",  # QuPath 0.1/0.2 scripts wrote the class as a plain string
+            ),
+            feature(
+                {"type": "GeometryCollection", "geometries": [polygon(rect(40, 0, 50, 10))]},
+                {"name": "Tumor"},
+            ),
+            feature(polygon(rect(60, 0, 70, 10))),  # no class
+            feature({"type": "Point", "coordinates": [1, 2]}, {"name": "Tumor"}),
+            feature({"type": "LineString", "coordinates": [[1, 2], [3, 4]]}),
+            {"type": "Feature", "geometry": None, "properties": {}},
+        ],
+    }
+    parsed = read_annotations(write(tmp_path / "a.geojson", doc))
+    names = sorted(s.name for s in parsed.shapes)
+    assert names == ["Stroma", "Stroma", "Tumor", "Tumor", UNCLASSIFIED]
+    skipped = " ".join(parsed.notes)
+    assert "1 Point features" in skipped and "1 LineString features" in skipped
+    assert "1 features without geometry" in skipped
+    # a bare Feature and a bare list parse too
+    assert len(read_annotations(write(tmp_path / "b.json", doc["features"][0])).shapes) == 1
+    assert len(read_annotations(write(tmp_path / "c.json", doc["features"][:2])).shapes) == 3
+
+
+@pytest.mark.parametrize(
+    ("document", "element", "message"),
+    [
+        ("{not json", None, "malformed JSON"),
+        ({"type": "Topology"}, None, "not GeoJSON annotations"),
+        (
+            [feature(polygon(rect(0, 0, 5, 5))), {"type": "Nope"}],
+            "feature 1",
+            "not a GeoJSON Feature",
+        ),
+        (
+            [feature({"type": "Polygon", "coordinates": [[["a", 1], [2, 3], [4, 5]]]})],
+            "feature 0",
+            "not numbers",
+        ),
+        (
+            [feature({"type": "Polygon", "coordinates": [[[0, 0], [1e400, 1], [4, 5]]]})],
+            "feature 0",
+            "not finite",
+        ),
+        ([feature(polygon(rect(0, 0, 5, 5)), {"name": 7})], "feature 0", "is not a name"),
+    ],
+)
+def test_malformed_geojson_names_the_file_and_feature(
+    tmp_path: Path, document: object, element: str | None, message: str
+) -> None:
+    path = tmp_path / "bad slide.geojson"
+    path.write_text(document if isinstance(document, str) else json.dumps(document))
+    with pytest.raises(AnnotationError) as caught:
+        read_annotations(str(path))
+    assert caught.value.path == str(path) and caught.value.element == element
+    assert message in str(caught.value) and str(path) in str(caught.value)
+    assert isinstance(caught.value, InputError)
+
+
+def test_malformed_xml_names_the_element(tmp_path: Path) -> None:
+    path = tmp_path / "s.xml"
+    path.write_text(
+        '<Annotations><Annotation Id="1" Name="Tumor"><Regions><Region Id="1">'
+        '<Vertices><Vertex X="1" Y="2"/></Vertices></Region><Region Id="2"><Vertices>'
+        '<Vertex X="abc" Y="2"/></Vertices></Region></Regions></Annotation></Annotations>'
+    )
+    with pytest.raises(
+        AnnotationError, match=r"Annotation 'Tumor' Region 2: <Vertex> has no numeric X"
+    ):
+        read_annotations(str(path))
+    path.write_text(
+        '<ASAP_Annotations><Annotations><Annotation PartOfGroup="Tumor">'
+        '<Coordinates><Coordinate Order="0" X="1" /></Coordinates></Annotation>'
+        "</Annotations></ASAP_Annotations>"
+    )
+    with pytest.raises(AnnotationError, match=r"Annotation 0 .*no numeric Y"):
+        read_annotations(str(path))
+    path.write_text("<Annotations><Annotation>")
+    with pytest.raises(AnnotationError, match="malformed XML"):
+        read_annotations(str(path))
+    path.write_text("<svg><path d='M0 0'/></svg>")
+    with pytest.raises(AnnotationError, match=r"unknown XML annotations \(root element <svg>\)"):
+        read_annotations(str(path))
+    path.write_bytes(b"\x89PNG\r\n")
+    with pytest.raises(AnnotationError, match="neither JSON nor XML"):
+        read_annotations(str(path))
+
+
+def test_entities_are_refused_never_expanded_or_fetched(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not read")
+    # a billion laughs: each entity is ten of the one before
+    bomb = "".join(f'<!ENTITY l{i} "{f"&l{i - 1};" * 10}">' for i in range(1, 9))
+    for name, doctype in [
+        ("xxe.xml", f'<!DOCTYPE a [<!ENTITY e SYSTEM "file://{secret}">]>'),
+        ("bomb.xml", f'<!DOCTYPE a [<!ENTITY l0 "ha">{bomb}]>'),
+    ]:
+        path = tmp_path / name
+        path.write_text(
+            f'<?xml version="1.0"?>{doctype}<ASAP_Annotations><Annotations>'
+            '<Annotation PartOfGroup="&e;"/></Annotations></ASAP_Annotations>'
+        )
+        start = time.monotonic()
+        with pytest.raises(AnnotationError, match="refused"):
+            read_annotations(str(path))
+        assert time.monotonic() - start < 5
+
+
+def test_self_intersecting_polygons_are_repaired_with_a_note(tmp_path: Path) -> None:
+    bowtie = [(0, 0), (100, 100), (100, 0), (0, 100)]
+    path = write_geojson(tmp_path / "s.geojson", [Region("Tumor", bowtie)])
+    regions = read_regions([str(path)], 1000, 1000)
+    assert regions.classes["Tumor"].area == pytest.approx(5000)  # two triangles
+    assert any("1 self-intersecting" in note for note in regions.notes)
+
+
+def test_regions_outside_the_slide_are_clipped_with_a_note(tmp_path: Path) -> None:
+    path = write_aperio(
+        tmp_path / "s.xml",
+        [Region("Tumor", rect(-50, -50, 50, 50)), Region("Far", rect(5000, 5000, 6000, 6000))],
+    )
+    regions = read_regions([str(path)], 1000, 1000)
+    assert regions.classes["Tumor"].area == 2500 and "Far" not in regions.classes
+    notes = " ".join(regions.notes)
+    assert "reach outside the 1000 x 1000 slide and were clipped" in notes
+    assert "class 'Far' lies entirely outside the slide" in notes
+
+
+def test_aperio_ellipses_rectangles_and_layer_names(tmp_path: Path) -> None:
+    path = tmp_path / "s.xml"
+    path.write_text(
+        '<Annotations><Annotation Id="1" Name=""><Attributes><Attribute Name="Necrosis" '
+        'Value=""/></Attributes><Regions><Region Id="1" Type="2"><Vertices><Vertex X="0" Y="0"/>'
+        '<Vertex X="200" Y="100"/></Vertices></Region></Regions></Annotation>'
+        '<Annotation Id="7"><Regions><Region Id="1" Type="1"><Vertices><Vertex X="0" Y="0"/>'
+        '<Vertex X="10" Y="0"/><Vertex X="10" Y="10"/><Vertex X="0" Y="10"/></Vertices>'
+        '</Region><Region Id="2" Type="3"><Vertices><Vertex X="0" Y="0"/><Vertex X="5" Y="5"/>'
+        "</Vertices></Region></Regions></Annotation></Annotations>"
+    )
+    parsed = read_annotations(str(path))
+    by_name = {s.name: s.geometry for s in parsed.shapes}
+    assert by_name["Necrosis"].area == pytest.approx(3.14159 * 100 * 50, rel=0.01)
+    assert by_name["Layer 7"].area == 100
+    assert "1 Aperio regions with < 3 vertices" in " ".join(parsed.notes)

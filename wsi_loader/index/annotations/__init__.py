@@ -1,0 +1,24 @@
+"""Region annotations (QuPath GeoJSON, ASAP XML, Aperio XML) as per-tile class coverage.
+
+Torch-free like the rest of the index: ``formats`` parses files into class-named level-0
+polygons, ``regions`` merges one slide's files into one geometry per class, ``coverage``
+computes each tile's covered share and label, ``matching`` pairs files with slides.
+"""
+
+from wsi_loader.index.annotations.coverage import TileBoxes, assign_labels, class_coverage
+from wsi_loader.index.annotations.formats import UNCLASSIFIED, read_annotations
+from wsi_loader.index.annotations.matching import AnnotationReport, match_annotations
+from wsi_loader.index.annotations.regions import SlideRegions, files_digest, read_regions
+
+__all__ = [
+    "UNCLASSIFIED",
+    "AnnotationReport",
+    "SlideRegions",
+    "TileBoxes",
+    "assign_labels",
+    "class_coverage",
+    "files_digest",
+    "match_annotations",
+    "read_annotations",
+    "read_regions",
+]

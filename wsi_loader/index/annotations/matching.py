@@ -1,0 +1,128 @@
+"""Which annotation files belong to which slide.
+
+``--annotations`` names a folder (searched recursively), one file, or a CSV with ``path`` or
+``slide`` and an ``annotations`` column (files relative to the CSV, ``;``-separated). In a
+folder, a file matches a slide by stem: ``slide.geojson`` and ``slide.xml`` (and QuPath's
+``slide.svs.geojson``) belong to ``slide.svs``; a slide with several files gets all of them.
+A manifest's own ``annotations`` column comes first. Files that match no slide are reported.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wsi_loader.errors import InputError
+from wsi_loader.index.annotations.formats import ANNOTATION_SUFFIXES
+from wsi_loader.index.inputs import SlideEntry, annotation_paths, read_csv_rows, slide_name
+
+
+@dataclass
+class AnnotationReport:
+    """Annotation files that matched no slide, and slides that have no annotation file."""
+
+    unmatched_files: list[str] = field(default_factory=list)
+    slides_without: list[str] = field(default_factory=list)
+
+    def as_json(self, examples: int = 10) -> dict[str, object]:
+        return {
+            "unmatched_files": len(self.unmatched_files),
+            "unmatched_examples": self.unmatched_files[:examples],
+            "slides_without_annotations": len(self.slides_without),
+            "slides_without_examples": self.slides_without[:examples],
+        }
+
+
+def _annotation_files(folder: str) -> list[str]:
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        found.extend(
+            os.path.join(dirpath, f)
+            for f in sorted(filenames)
+            if not f.startswith(".") and f.lower().endswith(ANNOTATION_SUFFIXES)
+        )
+    return found
+
+
+def _keys(slide: str) -> list[str]:
+    """Names an annotation file of this slide may have, without its own suffix."""
+    return [os.path.basename(slide), slide_name(slide)]
+
+
+def match_annotations(
+    entries: list[SlideEntry], source: str | None
+) -> tuple[dict[str, tuple[str, ...]], AnnotationReport]:
+    """Annotation files per slide path (absolute), and the report."""
+    found: dict[str, tuple[str, ...]] = {e.path: e.annotations for e in entries if e.annotations}
+    report = AnnotationReport()
+    if source is not None:
+        if source.lower().endswith(".csv") and os.path.isfile(source):
+            _from_csv(entries, source, found, report)
+        elif os.path.isdir(source) or os.path.isfile(source):
+            files = _annotation_files(source) if os.path.isdir(source) else [source]
+            _by_stem(entries, [os.path.abspath(f) for f in files], found, report)
+        else:
+            raise InputError(
+                "the annotations path does not exist (a folder, a file, or a CSV with an "
+                "'annotations' column)",
+                path=source,
+            )
+    report.slides_without = [e.path for e in entries if e.path not in found]
+    return found, report
+
+
+def _by_stem(
+    entries: list[SlideEntry],
+    files: list[str],
+    found: dict[str, tuple[str, ...]],
+    report: AnnotationReport,
+) -> None:
+    by_stem: dict[str, list[str]] = {}
+    for file in files:
+        by_stem.setdefault(Path(file).stem, []).append(file)
+    used: set[str] = set()
+    for entry in entries:
+        if entry.path in found:
+            continue
+        mine = sorted({f for key in _keys(entry.path) for f in by_stem.get(key, [])})
+        if mine:
+            found[entry.path] = tuple(mine)
+            used.update(mine)
+    report.unmatched_files = [f for f in files if f not in used]
+
+
+def _from_csv(
+    entries: list[SlideEntry],
+    table: str,
+    found: dict[str, tuple[str, ...]],
+    report: AnnotationReport,
+) -> None:
+    folder = os.path.dirname(os.path.abspath(table))
+    by_path: dict[str, tuple[str, ...]] = {}
+    by_name: dict[str, tuple[str, ...]] = {}
+    for line, row in read_csv_rows(table, ["path", "slide"]):
+        if "annotations" not in row:
+            raise InputError("the annotations table needs an 'annotations' column", path=table)
+        files = annotation_paths(row["annotations"], folder)
+        if not files:
+            raise InputError("empty 'annotations'", path=table, line=line)
+        if row.get("path"):
+            by_path[os.path.normpath(os.path.join(folder, row["path"]))] = files
+        elif row.get("slide"):
+            by_name[row["slide"]] = files
+        else:
+            raise InputError("a row needs 'path' or 'slide'", path=table, line=line)
+    used: set[str] = set()
+    for entry in entries:
+        if entry.path in found:
+            continue
+        name = slide_name(entry.path)
+        hit = by_path.get(entry.path) or by_name.get(name)
+        if hit:
+            found[entry.path] = hit
+            used.add(entry.path if entry.path in by_path else name)
+    report.unmatched_files = [
+        ";".join(files) for key, files in [*by_path.items(), *by_name.items()] if key not in used
+    ]

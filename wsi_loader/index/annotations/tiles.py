@@ -1,0 +1,99 @@
+"""Annotations applied to an index: per-slide coverage and filters, then labels for all.
+
+`annotate_slide` runs where a slide is indexed (a worker): it reads the slide's files,
+computes each kept tile's coverage by the slide's own classes, and applies ``roi`` and
+``exclude``. `label_tiles` runs where the index is assembled: it puts every slide's coverage
+into the columns of all classes and derives the tile labels, so a change of ``min_coverage``,
+``class_priority`` or ``background_label`` relabels carried-over slides without reading them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from wsi_loader.config import IndexConfig
+from wsi_loader.index.annotations.coverage import (
+    TileBoxes,
+    assign_labels,
+    class_coverage,
+    union_coverage,
+)
+from wsi_loader.index.annotations.regions import read_regions
+
+
+@dataclass
+class SlideAnnotations:
+    keep: npt.NDArray[np.bool_]  # per input tile: passes roi / exclude
+    coverage: npt.NDArray[np.float32]  # (kept tiles, classes of this slide)
+    areas: dict[str, float] = field(default_factory=dict)  # class -> level-0 px^2
+    notes: list[str] = field(default_factory=list)
+
+
+def annotate_slide(
+    files: Sequence[str],
+    cfg: IndexConfig,
+    size: tuple[int, int],
+    l0_x: npt.NDArray[Any],
+    l0_y: npt.NDArray[Any],
+    footprint: float,
+) -> SlideAnnotations:
+    """Coverage and filters for one slide's tiles (raises `AnnotationError` on a bad file)."""
+    regions = read_regions(files, *size) if files else None
+    classes = regions.classes if regions is not None else {}
+    notes = list(regions.notes) if regions is not None else []
+    boxes = TileBoxes(l0_x, l0_y, footprint)
+    keep = np.ones(len(boxes), dtype=bool)
+    if cfg.roi:
+        keep &= union_coverage(classes, cfg.roi, boxes) >= cfg.min_coverage
+        if not files:
+            notes.append("no annotation file, so no tile is inside the regions of interest")
+    if cfg.exclude:
+        keep &= union_coverage(classes, cfg.exclude, boxes) <= cfg.max_excluded
+    coverage = class_coverage(classes, boxes)[keep]
+    areas = regions.areas() if regions is not None else {}
+    return SlideAnnotations(keep=keep, coverage=coverage, areas=areas, notes=notes)
+
+
+def to_columns(
+    coverage: npt.NDArray[np.float32], names: Sequence[str], columns: Sequence[str]
+) -> npt.NDArray[np.float32]:
+    """Coverage with columns ``names`` rearranged into the columns ``columns`` (a superset for
+    the slides' own classes; classes a slide lacks are 0)."""
+    out = np.zeros((len(coverage), len(columns)), dtype=np.float32)
+    position = {name: i for i, name in enumerate(columns)}
+    for i, name in enumerate(names):
+        if name in position:
+            out[:, position[name]] = coverage[:, i]
+    return out
+
+
+def label_names(classes: Sequence[str], cfg: IndexConfig) -> list[str]:
+    """Tile label names: every class but the excluded ones, plus the background label."""
+    names = set(classes) - set(cfg.exclude)
+    if cfg.background_label is not None:
+        names.add(cfg.background_label)
+    return sorted(names)
+
+
+def label_tiles(
+    coverage: npt.NDArray[np.float32],
+    classes: Sequence[str],
+    areas: dict[str, float],
+    names: Sequence[str],
+    cfg: IndexConfig,
+) -> npt.NDArray[np.int32]:
+    """Label ids (positions in ``names``) of one slide's tiles; ``coverage`` has a column per
+    class of ``classes`` (the index's), ``areas`` the slide's class areas."""
+    column = assign_labels(
+        coverage, list(classes), areas, cfg.min_coverage, cfg.class_priority, frozenset(cfg.exclude)
+    )
+    ids = np.array([names.index(c) if c in names else -1 for c in classes] + [-1], dtype=np.int32)
+    labels = ids[column]  # column -1 picks the trailing -1
+    if cfg.background_label is not None:
+        labels[labels < 0] = names.index(cfg.background_label)
+    return labels
