@@ -41,6 +41,14 @@ def _config_flag(p: argparse.ArgumentParser, name: str, text: str) -> None:
     p.add_argument(name, action="store_const", const=True, help=text)
 
 
+def _names(value: str) -> list[str]:
+    """A comma-separated list of class names."""
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"no class names in {value!r}")
+    return names
+
+
 def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "index",
@@ -68,6 +76,53 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         p, "--strict-labels", "labels rows matching no slide, or slides without a label, are errors"
     )
     p.add_argument("--root", metavar="DIR", help="store slide paths relative to this folder")
+    a = p.add_argument_group(
+        "region annotations (QuPath GeoJSON, ASAP XML, Aperio XML; level-0 pixels)"
+    )
+    a.add_argument(
+        "--annotations",
+        metavar="PATH",
+        help="a folder or file matched to slides by name (slide.svs <- slide.geojson / "
+        "slide.xml), or a CSV with path|slide and 'annotations' columns",
+    )
+    a.add_argument(
+        "--label-from",
+        choices=["slides", "annotations"],
+        help="a tile's label: its slide's (default) or the annotated class covering it",
+    )
+    a.add_argument(
+        "--min-coverage",
+        type=float,
+        metavar="F",
+        help="share of a tile a class must cover to label it, or to be in --roi (0.5)",
+    )
+    a.add_argument(
+        "--background-label",
+        metavar="NAME",
+        help="label of tiles no class covers enough (default: unlabelled, -1)",
+    )
+    a.add_argument(
+        "--class-priority",
+        type=_names,
+        metavar="C[,C]",
+        help="when classes overlap on a tile, the first listed labels it (default: the "
+        "smallest region on the slide)",
+    )
+    a.add_argument(
+        "--roi", type=_names, metavar="C[,C]", help="keep only tiles inside these classes"
+    )
+    a.add_argument(
+        "--exclude",
+        type=_names,
+        metavar="C[,C]",
+        help="drop tiles overlapping these classes (pen marks, folds)",
+    )
+    a.add_argument(
+        "--max-excluded",
+        type=float,
+        metavar="F",
+        help="share of an --exclude class a kept tile may overlap (0: any overlap drops it)",
+    )
     _config_flag(p, "--allow-shrink", "let a rebuild drop more than half of the indexed slides")
     p.add_argument("--workers", type=int, metavar="N", help="parallel slide workers")
     p.add_argument("--backend", choices=["auto", "openslide", "tiff"])
@@ -254,6 +309,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _annotations_line(report: dict[str, Any], label_names: list[str] | None) -> str:
+    classes = report.get("classes") or {}
+    parts = [
+        f"{name} ({entry['slides']} slides, {entry['tiles_labelled']} tiles labelled)"
+        for name, entry in classes.items()
+    ]
+    line = f"annotation classes: {', '.join(parts) or 'none'}"
+    if report.get("unmatched_files"):
+        line += f"; {report['unmatched_files']} annotation files matched no slide"
+    if report.get("slides_without_annotations"):
+        line += f"; {report['slides_without_annotations']} slides have no annotation file"
+    return line
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     config = load_config(args.config).index if args.config else IndexConfig()
     overrides: dict[str, Any] = {
@@ -272,6 +341,14 @@ def cmd_index(args: argparse.Namespace) -> int:
             "workers",
             "backend",
             "align_to_storage",
+            "annotations",
+            "label_from",
+            "min_coverage",
+            "background_label",
+            "class_priority",
+            "roi",
+            "exclude",
+            "max_excluded",
         )
     }
     config = with_overrides(config, source="command line", **overrides)
@@ -292,6 +369,9 @@ def cmd_index(args: argparse.Namespace) -> int:
     report = index.meta.get("labels_report")
     if report:
         print(_labels_line(report), file=sys.stderr)
+    annotated = index.meta.get("annotations_report")
+    if annotated:
+        print(_annotations_line(annotated, index.meta.get("label_names")), file=sys.stderr)
     if not ok:
         print("error: no slide could be indexed", file=sys.stderr)
         return 1

@@ -55,6 +55,29 @@ class IndexConfig(_Strict):
     allow_shrink: bool = Field(
         False, description="let a rebuild drop more than half of the indexed slides"
     )
+    annotations: str | None = Field(
+        None, description="region annotations: a folder, a file, or a CSV with 'annotations'"
+    )
+    label_from: Literal["slides", "annotations"] = Field(
+        "slides", description="a tile's label: its slide's label, or its annotated class"
+    )
+    min_coverage: float = Field(
+        0.5, gt=0, le=1, description="share of a tile a class must cover to label it (or roi)"
+    )
+    background_label: str | None = Field(
+        None, min_length=1, description="label of tiles no class covers enough (else none)"
+    )
+    class_priority: list[str] = Field(
+        default_factory=list,
+        description="which class labels a tile several classes cover (first wins)",
+    )
+    roi: list[str] = Field(default_factory=list, description="keep only tiles inside these")
+    exclude: list[str] = Field(
+        default_factory=list, description="drop tiles overlapping these classes"
+    )
+    max_excluded: float = Field(
+        0.0, ge=0, lt=1, description="share of an excluded class a kept tile may overlap"
+    )
 
     @model_validator(mode="after")
     def _mpp_or_level(self) -> IndexConfig:
@@ -63,6 +86,36 @@ class IndexConfig(_Strict):
         if self.level is None and self.mpp is None:
             raise ValueError("give mpp (microns per pixel) or level")
         return self
+
+    @model_validator(mode="after")
+    def _annotation_options(self) -> IndexConfig:
+        wanted = [
+            name
+            for name, used in (
+                ("label_from: annotations", self.label_from == "annotations"),
+                ("roi", bool(self.roi)),
+                ("exclude", bool(self.exclude)),
+            )
+            if used
+        ]
+        if wanted and self.annotations is None:
+            raise ValueError(f"{', '.join(wanted)} needs annotations (--annotations PATH)")
+        both = sorted(set(self.roi) & set(self.exclude))
+        if both:
+            raise ValueError(f"classes {both} are both a region of interest and excluded")
+        if self.background_label is not None and self.label_from != "annotations":
+            raise ValueError("background_label applies to label_from: annotations")
+        return self
+
+    @property
+    def annotation_params(self) -> dict[str, Any]:
+        """The options that decide which tiles of an annotated slide are kept."""
+        return {
+            "roi": list(self.roi),
+            "exclude": list(self.exclude),
+            "max_excluded": self.max_excluded,
+            "min_coverage": self.min_coverage,
+        }
 
     @property
     def grid_stride(self) -> int:
@@ -86,7 +139,9 @@ class DatasetConfig(_Strict):
         "raise", description="slides that cannot be read at start: raise, or leave them out"
     )
     unlabelled: Literal["keep", "drop", "raise"] = Field(
-        "keep", description="tiles of slides without a label: keep (label -1), drop, or raise"
+        "keep",
+        description="tiles without a label (unlabelled slide, or no annotated class): keep (-1), "
+        "drop, or raise",
     )
     root: str | None = Field(None, description="remap the folder relative slide paths live in")
     backend: Literal["auto", "openslide", "tiff"] | None = None

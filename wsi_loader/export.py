@@ -66,6 +66,7 @@ MANIFEST_COLUMNS = (
     "read_size",
     "tile_mpp",
     "label",
+    "slide_label",
     "split",
     "sha256",
 )
@@ -227,6 +228,20 @@ def _completed(unit: ExportUnit, records: dict[int, dict[str, Any]]) -> dict[str
     return {**record, "skipped": True}
 
 
+def tile_label(index: SlideIndex, row: int) -> str | None:
+    """The label of a tile by name: its annotated class (an index built with
+    ``label_from="annotations"``), else its slide's label; None when it has none."""
+    if not index.labels_from_annotations:
+        return index.slides[int(index.columns["slide_id"][row])].label
+    label_id = int(index.columns["tile_label"][row])
+    return index.label_names[label_id] if label_id >= 0 else None
+
+
+def _label_folders(index: SlideIndex) -> dict[str | None, str]:
+    names = index.label_names if index.labels_from_annotations else None
+    return label_folders(list(names) if names else [s.label for s in index.slides])
+
+
 def _tile_fields(index: SlideIndex, row: int) -> dict[str, Any]:
     """Where a tile comes from: the columns manifest.csv and failures.csv share."""
     cols = index.columns
@@ -260,8 +275,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
         return f"s{sid:05d}_{stem}_x{int(cols['l0_x'][row])}_y{int(cols['l0_y'][row])}"
 
     def file_of(row: int) -> Path:
-        label = index.slides[int(cols["slide_id"][row])].label
-        return out / folders[label] / f"{key_of(row)}.{ext}"
+        return out / folders[tile_label(index, row)] / f"{key_of(row)}.{ext}"
 
     imagefolder = unit.options.format == "imagefolder"
     files = [file_of(r) if imagefolder else None for r in rows.tolist()]
@@ -288,7 +302,8 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
             **base,
             "read_size": int(cols["read_size"][row]),
             "tile_mpp": slide.tile_mpp,
-            "label": slide.label,
+            "label": tile_label(index, row),
+            "slide_label": slide.label,
             "split": slide.split,
             "sha256": hashlib.sha256(data).hexdigest(),
         }
@@ -309,11 +324,17 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
                 "level": base["level"],
                 "read_size": entry["read_size"],
                 "mpp": slide.tile_mpp,
-                "label": slide.label,
-                "label_id": index.label_names.index(slide.label) if slide.label else -1,
+                "label": entry["label"],
+                "label_id": int(index.tile_labels([row])[0]),
+                "slide_label": slide.label,
                 "split": slide.split,
                 "row": row,
             }
+            if index.coverage is not None:
+                meta["coverage"] = {
+                    name: round(float(value), 6)
+                    for name, value in zip(index.classes, index.coverage[row], strict=True)
+                }
             members.append((key, ext, data, json.dumps(meta, sort_keys=True).encode()))
             tiles.append(
                 {**entry, "file": f"shard-{unit.number:06d}.tar", "member": f"{key}.{ext}"}
@@ -438,16 +459,16 @@ def _unit_contents(full: SlideIndex, order: np.ndarray, shard_size: int) -> list
         return None
     cols = full.columns
     keys = _slide_keys(full)
-    table = np.stack(
-        [
-            keys[cols["slide_id"][order]].view(np.int64),
-            np.asarray(cols["l0_x"][order], np.int64),
-            np.asarray(cols["l0_y"][order], np.int64),
-            np.asarray(cols["level"][order], np.int64),
-            np.asarray(cols["read_size"][order], np.int64),
-        ],
-        axis=1,
-    )
+    columns = [
+        keys[cols["slide_id"][order]].view(np.int64),
+        np.asarray(cols["l0_x"][order], np.int64),
+        np.asarray(cols["l0_y"][order], np.int64),
+        np.asarray(cols["level"][order], np.int64),
+        np.asarray(cols["read_size"][order], np.int64),
+    ]
+    if full.labels_from_annotations:  # tiles relabelled go to other folders: other contents
+        columns.append(full.tile_labels(order))
+    table = np.stack(columns, axis=1)
     return [
         hashlib.blake2b(table[start : start + shard_size].tobytes(), digest_size=16).hexdigest()
         for start in range(0, len(order), shard_size)
@@ -565,7 +586,7 @@ def export_index(
         out_path / SETTINGS_FILE,
         json.dumps({**settings, "content": content}, sort_keys=True).encode(),
     )
-    folders = tuple(label_folders([s.label for s in index.slides]).items())
+    folders = tuple(_label_folders(index).items())
     # local processes share this machine's cores; an executor's workers are sized by their owner
     threads = threads_per_process(workers) if executor is None else 1
     units = [
@@ -701,7 +722,8 @@ def _export_coords(full: SlideIndex, order: np.ndarray, out: Path) -> dict[str, 
                     **_tile_fields(full, row),
                     "read_size": int(cols["read_size"][row]),
                     "tile_mpp": record.tile_mpp,
-                    "label": record.label,
+                    "label": tile_label(full, row),
+                    "slide_label": record.label,
                     "split": record.split,
                     "sha256": "",
                     "file": path.name,

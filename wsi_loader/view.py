@@ -20,14 +20,15 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from wsi_loader.dataset.reading import TileReader
-from wsi_loader.errors import TileReadError
+from wsi_loader.errors import AnnotationError, TileReadError
+from wsi_loader.index.annotations import read_regions
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.index.tissue import read_mask_image
 from wsi_loader.slides.base import RGBArray, SlideReader
 from wsi_loader.slides.open import open_slide
 
-ColorBy = Literal["tissue", "label", "status"]
-COLOR_BY: tuple[str, ...] = ("tissue", "label", "status")
+ColorBy = Literal["tissue", "label", "status", "annotation"]
+COLOR_BY: tuple[str, ...] = ("tissue", "label", "status", "annotation")
 STATUS_COLOURS = {"ok": (46, 160, 67), "substituted": (245, 159, 0), "quarantined": (220, 38, 38)}
 LABEL_PALETTE = [
     (31, 119, 180),
@@ -112,14 +113,20 @@ class Cell:
     l0_y: int
     status: str
     tissue: float
+    label: int = -1  # the tile's label id (index.label_names)
+    annotation: int = -1  # the class covering most of the tile (index.classes), -1: none
+    coverage: float = 0.0  # the share of the tile that class covers
 
 
 class SlideOverview(_Renders):
     """The slide thumbnail with the tile grid drawn over it, a legend and a scale bar.
 
-    ``color_by``: ``tissue`` (fraction, colour ramp), ``label`` (one colour per label) or
-    ``status`` (ok / quarantined / substituted, from the quarantine). ``cells`` lists what was
-    drawn, in thumbnail pixels, for checks.
+    ``color_by``: ``tissue`` (fraction, colour ramp), ``label`` (one colour per tile label:
+    the slide's, or the annotated class), ``status`` (ok / quarantined / substituted, from
+    the quarantine) or ``annotation`` (the class covering most of each tile, stronger the more
+    it covers). The outlines of the slide's annotation regions are drawn in their class's
+    colour whenever the index was built with annotations. ``cells`` lists what was drawn, in
+    thumbnail pixels, for checks; ``outlines`` the drawn rings (class, thumbnail points).
     """
 
     def __init__(
@@ -148,10 +155,11 @@ class SlideOverview(_Renders):
         finally:
             reader.close()
         self.scale = thumb.shape[1] / self.l0_size[0]
-        label_id = int(index.slide_labels()[self.slide_id])
-        self.label_colour = (
-            LABEL_PALETTE[label_id % len(LABEL_PALETTE)] if label_id >= 0 else UNLABELLED
-        )
+        if color_by == "annotation" and not index.classes:
+            raise ValueError(
+                "color_by='annotation' needs an index built with annotations (--annotations)"
+            )
+        self.outlines = self._outlines()
         self.cells = self._cells()
         self.image = self._draw(Image.fromarray(thumb))
 
@@ -183,11 +191,27 @@ class SlideOverview(_Renders):
                 )
         cells = []
         seen = set()
-        for row in rows.tolist():
+        labels = index.tile_labels(rows).tolist()
+        coverage = index.coverage
+        for i, row in enumerate(rows.tolist()):
             x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
             seen.add((x, y))
+            cell = self._cell(x, y, footprint, status.get((x, y), "ok"), float(cols["tissue"][row]))
+            top, share = -1, 0.0
+            if coverage is not None and coverage.shape[1]:
+                top = int(np.argmax(coverage[row]))
+                share = float(coverage[row, top])
             cells.append(
-                self._cell(x, y, footprint, status.get((x, y), "ok"), float(cols["tissue"][row]))
+                Cell(
+                    cell.box,
+                    x,
+                    y,
+                    cell.status,
+                    cell.tissue,
+                    labels[i],
+                    top if share > 0 else -1,
+                    share,
+                )
             )
         for (x, y), state in status.items():  # quarantined tiles excluded from this index
             if (x, y) not in seen:
@@ -198,11 +222,43 @@ class SlideOverview(_Renders):
         s = self.scale
         return Cell((x * s, y * s, (x + footprint) * s, (y + footprint) * s), x, y, status, tissue)
 
+    def _outlines(self) -> list[tuple[str, list[tuple[float, float]]]]:
+        """The rings of the slide's annotation regions, in thumbnail pixels."""
+        record = self.index.slides[self.slide_id]
+        if not record.annotations:
+            return []
+        try:
+            regions = read_regions(record.annotations, record.width, record.height)
+        except (AnnotationError, OSError) as exc:  # the files changed since indexing
+            self.outline_error = str(exc)
+            return []
+        rings = []
+        for name, geometry in regions.classes.items():
+            for polygon in getattr(geometry, "geoms", [geometry]):
+                if polygon.geom_type != "Polygon":
+                    continue
+                for ring in [polygon.exterior, *polygon.interiors]:
+                    points = [(x * self.scale, y * self.scale) for x, y in ring.coords]
+                    rings.append((name, points))
+        return rings
+
+    def _class_colour(self, name: str) -> tuple[int, int, int]:
+        classes = list(self.index.classes)
+        i = classes.index(name) if name in classes else len(classes)
+        return LABEL_PALETTE[i % len(LABEL_PALETTE)]
+
+    def _label_colour(self, label: int) -> tuple[int, int, int]:
+        return LABEL_PALETTE[label % len(LABEL_PALETTE)] if label >= 0 else UNLABELLED
+
     def _colour(self, cell: Cell) -> tuple[int, int, int]:
         if self.color_by == "status":
             return STATUS_COLOURS[cell.status]
         if self.color_by == "label":
-            return self.label_colour
+            return self._label_colour(cell.label)
+        if self.color_by == "annotation":
+            if cell.annotation < 0:
+                return UNLABELLED
+            return self._class_colour(self.index.classes[cell.annotation])
         return tissue_colour(0.0 if math.isnan(cell.tissue) else cell.tissue)
 
     def _draw(self, thumb: Image.Image) -> Image.Image:
@@ -219,12 +275,16 @@ class SlideOverview(_Renders):
         for cell in self.cells:
             colour = self._colour(cell)
             fill_alpha = 150 if cell.status != "ok" else 70
+            if self.color_by == "annotation" and cell.status == "ok":
+                fill_alpha = int(20 + 130 * cell.coverage)
             draw.rectangle(cell.box, fill=(*colour, fill_alpha), outline=(*colour, 230))
             if cell.status != "ok":  # failures stay visible whatever the colouring
                 x0, y0, x1, y1 = cell.box
                 red = (*STATUS_COLOURS[cell.status], 255)
                 draw.line((x0, y0, x1, y1), fill=red, width=2)
                 draw.line((x0, y1, x1, y0), fill=red, width=2)
+        for name, points in self.outlines:
+            draw.line(points, fill=(*self._class_colour(name), 255), width=2)
         composed = Image.alpha_composite(base, overlay).convert("RGB")
         return self._frame(composed)
 
@@ -237,9 +297,24 @@ class SlideOverview(_Renders):
             counts = Counter(c.status for c in self.cells)
             return [(STATUS_COLOURS[s], f"{s} ({counts.get(s, 0)})") for s in STATUS_COLOURS]
         if self.color_by == "label":
-            label = self.index.slides[self.slide_id].label
-            return [(self.label_colour, f"label: {label or 'unlabelled'}")]
-        return [(tissue_colour(f), f"tissue {f:.2f}") for f in (0.25, 0.5, 0.75, 1.0)]
+            per_label = Counter(c.label for c in self.cells)
+            names = self.index.label_names
+            return [
+                (self._label_colour(i), f"{names[i] if i >= 0 else 'unlabelled'} ({n})")
+                for i, n in sorted(per_label.items())
+            ]
+        if self.color_by == "annotation":
+            per_class = Counter(c.annotation for c in self.cells)
+            return [
+                (
+                    self._class_colour(self.index.classes[i]) if i >= 0 else UNLABELLED,
+                    f"{self.index.classes[i] if i >= 0 else 'no annotation'} ({n})",
+                )
+                for i, n in sorted(per_class.items())
+            ]
+        drawn = sorted({name for name, _ in self.outlines})
+        outlines = [(self._class_colour(n), f"outline: {n}") for n in drawn]
+        return [(tissue_colour(f), f"tissue {f:.2f}") for f in (0.25, 0.5, 0.75, 1.0)] + outlines
 
     def _frame(self, picture: Image.Image) -> Image.Image:
         """Add a title above and the legend and scale bar below the picture."""
@@ -332,7 +407,7 @@ class Mosaic(_Renders):
             if label not in self.index.label_names:
                 raise ValueError(f"no label {label!r}; labels: {list(self.index.label_names)}")
             lid = self.index.label_names.index(label)
-            keep &= self.index.slide_labels()[cols["slide_id"]] == lid
+            keep &= self.index.tile_labels() == lid
         if status is not None:
             bad = self.index.quarantined_mask()
             keep &= bad if status == "quarantined" else ~bad

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import os
+import pickle
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,9 @@ import openslide
 import pytest
 
 from tests.conftest import CORRUPT, corrupt_rows
+from wsi_loader.bench import busy_cores
 from wsi_loader.dataset import TileReader, reading
+from wsi_loader.dataset.reading import FreeCores, usable_cores
 from wsi_loader.errors import TileReadError
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.slides.pool import HandlePool
@@ -304,3 +308,17 @@ def test_option_checks(index: SlideIndex) -> None:
         TileReader(index).read([len(index)])
     with pytest.raises(ValueError, match="threads must be a positive int"):
         TileReader(index).read([0], threads=0)
+
+
+@pytest.mark.skipif(not 2 <= usable_cores() <= 8, reason="needs 2-8 usable cores")
+def test_free_cores_sees_other_processes_keeping_cores_busy() -> None:
+    """With all cores but one kept busy by other processes, a batch read gets one decode
+    thread, however many cores the process may use (threads waiting for a core thrash)."""
+    meter = FreeCores(interval=0.2)
+    assert meter(1) == 1
+    with busy_cores(usable_cores() - 1):
+        meter(usable_cores())  # the first call only starts the measurement
+        time.sleep(0.5)
+        assert meter(usable_cores()) == 1
+    copy = pickle.loads(pickle.dumps(meter))  # a worker measures for itself
+    assert copy._last is None and copy._free is None

@@ -60,7 +60,7 @@ class SlideBagDataset(Dataset[Bag]):
         counts = np.diff(self.starts)
         self.slide_ids = np.flatnonzero(counts > 0)
         self.slide_labels = self.tiles.slide_labels
-        self.label_names = self.tiles.label_names
+        self.label_names = self.tiles.slide_label_names  # bags carry slide labels
         if k is None:  # (slide, chunk) pairs: one item per chunk of every slide
             chunks = -(-counts[self.slide_ids] // chunk_size)
             self.item_slide = np.repeat(self.slide_ids, chunks)

@@ -33,6 +33,8 @@ class TileBatch:
     x: torch.Tensor  # (N,) int64 level-0 top-left
     y: torch.Tensor  # (N,) int64
     label: torch.Tensor  # (N,) int64, -1 when unlabelled
+    slide_label: torch.Tensor | None = None  # (N,) int64 the slide's label id
+    coverage: torch.Tensor | None = None  # (N, classes) float32, annotated indexes only
     encoded: list[bytes | None] | None = None  # compressed tiles still to decode
     slide_paths: list[str] | None = None  # stored slide paths (for failures found later)
     quarantine: str | None = None  # where failures found after the worker are appended
@@ -46,13 +48,23 @@ class TileBatch:
     # Small per-tile tensors travel by value (as numpy arrays inside the pickle): each tensor
     # sent from a DataLoader worker costs a shared-memory segment and a file descriptor,
     # ~50 us per tile for the seven metadata columns. Only `images` goes through shared memory.
-    _BY_VALUE = ("ok", "substituted", "rows", "slide_id", "x", "y", "label")
+    _BY_VALUE = (
+        "ok",
+        "substituted",
+        "rows",
+        "slide_id",
+        "x",
+        "y",
+        "label",
+        "slide_label",
+        "coverage",
+    )
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         for name in self._BY_VALUE:
-            tensor = state[name]
-            if tensor.device.type == "cpu":
+            tensor = state.get(name)
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
                 state[name] = tensor.numpy()
         return state
 
@@ -67,8 +79,9 @@ class TileBatch:
         if state.pop("_lease_on_arrival", False):
             state["images"] = lease(state["images"])
         for name in self._BY_VALUE:
-            if not isinstance(state[name], torch.Tensor):
-                state[name] = torch.from_numpy(state[name])
+            value = state.get(name)
+            if value is not None and not isinstance(value, torch.Tensor):
+                state[name] = torch.from_numpy(value)
         self.__dict__.update(state)
 
     def _map(self, fn: Any) -> TileBatch:
@@ -98,4 +111,6 @@ class TileBatch:
             "slide_id": self.slide_id,
             "x": self.x,
             "y": self.y,
+            **({"slide_label": self.slide_label} if self.slide_label is not None else {}),
+            **({"coverage": self.coverage} if self.coverage is not None else {}),
         }

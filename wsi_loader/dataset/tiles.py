@@ -19,7 +19,12 @@ from torch.utils.data import Dataset, get_worker_info
 from wsi_loader.config import DatasetConfig, validate
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing, fresh_buffer, lease, release
-from wsi_loader.dataset.reading import ReadResult, TileReader, threads_per_process
+from wsi_loader.dataset.reading import (
+    FreeCores,
+    ReadResult,
+    TileReader,
+    threads_per_process,
+)
 from wsi_loader.dataset.worker_exit import let_queue_feeders_finish  # noqa: F401 (registers it)
 from wsi_loader.errors import ConfigError
 from wsi_loader.index.health import require_slides
@@ -56,6 +61,17 @@ def open_for_reading(
             split=options.split,
         )
     index = require_slides(index, options.missing_slides)
+    if options.unlabelled != "keep" and index.labels_from_annotations:
+        unlabelled_rows = index.tile_labels() < 0
+        if unlabelled_rows.any() and options.unlabelled == "raise":
+            raise ConfigError(
+                f"{int(unlabelled_rows.sum())} of {len(index)} tiles have no annotated class "
+                "(no class covers min_coverage of them, and no background label); index with "
+                "--background-label NAME, or pass unlabelled='drop' to leave them out",
+                key="unlabelled",
+                value="raise",
+            )
+        return index.select(~unlabelled_rows)
     if options.unlabelled != "keep":
         labels = index.slide_labels()
         rows_per_slide = np.diff(index.slide_starts())
@@ -74,17 +90,22 @@ def open_for_reading(
 
 
 def chw(pixels: np.ndarray) -> torch.Tensor:
-    """A contiguous uint8 (3, H, W) tensor of an (H, W, 3) tile: the copy is made by numpy, so
-    it never waits on torch's intra-op thread pool (slow on a busy machine)."""
-    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+    """A uint8 (3, H, W) view of an (H, W, 3) tile, without a copy: the layout change is
+    left to whoever copies next (collate's stack, the device copy), so a per-item read costs
+    no extra pass over the pixels (a transposing copy costs ~120 us per 256 px tile) and no
+    torch intra-op work (slow on a busy machine). Call ``.contiguous()`` if you need one."""
+    return torch.from_numpy(pixels).permute(2, 0, 1)
 
 
 class TileDataset(Dataset[Sample]):
     """One sample per index row.
 
     ``ds[row]`` is a dict: ``image`` (uint8 ``(3, H, W)`` RGB), ``label`` (label id, -1 when
-    unlabelled; names in ``label_names``), ``ok`` (False when the read failed), ``substituted``,
-    ``row``, ``slide_id`` and ``x``, ``y`` (level-0 top-left).
+    unlabelled; names in ``label_names``: the slide's label, or the tile's annotated class
+    for an index built with ``label_from="annotations"``), ``slide_label`` (names in
+    ``slide_label_names``), ``ok`` (False when the read failed), ``substituted``, ``row``,
+    ``slide_id`` and ``x``, ``y`` (level-0 top-left); for an annotated index also
+    ``coverage`` (float32, the share of the tile each class of ``index.classes`` covers).
 
     ``transform`` runs per tile in the process that reads (a DataLoader worker): it gets the
     uint8 ``(3, H, W)`` image tensor. For ``ds[row]`` it may return anything (the sample's
@@ -102,7 +123,8 @@ class TileDataset(Dataset[Sample]):
     that raw-read slides keep when closed, so reopening them is cheap (see `HandlePool`).
     ``decode_threads``: threads that read and decode the tiles of one batch read (`read_batch`,
     ``__getitems__``; see `TileReader.read`). ``None`` divides the usable cores among the
-    reading processes: all of them with ``num_workers=0``, one each with one worker per core.
+    reading processes: all of them with ``num_workers=0``, one each with one worker per core;
+    fewer while other processes keep cores busy (measured, see `FreeCores`).
     """
 
     def __init__(
@@ -149,6 +171,7 @@ class TileDataset(Dataset[Sample]):
         )
         self.options = options
         self.decode_threads = options.decode_threads
+        self.free_cores = FreeCores()
         index = open_for_reading(index, options)
         self.index = index
         self.transform = transform
@@ -168,6 +191,7 @@ class TileDataset(Dataset[Sample]):
         )
         self.slide_labels = index.slide_labels()
         self.label_names = index.label_names
+        self.slide_label_names = index.slide_label_names
 
     @classmethod
     def from_config(
@@ -189,11 +213,20 @@ class TileDataset(Dataset[Sample]):
         return len(self.index)
 
     def threads_here(self) -> int:
-        """Decode threads for a batch read in this process (see ``decode_threads``)."""
+        """Decode threads for a batch read in this process (see ``decode_threads``): by
+        default this process's share of the usable cores, fewer while other processes keep
+        some of them busy (`FreeCores`)."""
         if self.decode_threads is not None:
             return self.decode_threads
         worker = get_worker_info()
-        return threads_per_process(worker.num_workers if worker is not None else 1)
+        return self.free_cores(threads_per_process(worker.num_workers if worker else 1))
+
+    def tile_labels(self, rows: np.ndarray) -> np.ndarray:
+        """Label ids of ``rows`` (see `SlideIndex.tile_labels`), without rebuilding the slide
+        label table per call."""
+        if self.index.labels_from_annotations:
+            return np.asarray(self.index.columns["tile_label"][rows], dtype=np.int64)
+        return np.asarray(self.slide_labels[self.index.columns["slide_id"][rows]], np.int64)
 
     def read_rows(
         self, rows: np.ndarray, out: np.ndarray | None = None, encoded: bool = False
@@ -203,24 +236,28 @@ class TileDataset(Dataset[Sample]):
 
     def _samples(self, rows: np.ndarray, result: ReadResult) -> list[Sample]:
         cols = self.index.columns
+        labels = self.tile_labels(rows).tolist()
+        coverage = self.index.coverage
         samples = []
         for i, row in enumerate(rows.tolist()):
             slide_id = int(cols["slide_id"][row])
             image: Any = chw(result.pixels[i])
             if self.transform is not None:
                 image = self.transform(image)
-            samples.append(
-                {
-                    "image": image,
-                    "label": int(self.slide_labels[slide_id]),
-                    "ok": bool(result.ok[i]),
-                    "substituted": bool(result.substituted[i]),
-                    "row": int(row),
-                    "slide_id": slide_id,
-                    "x": int(cols["l0_x"][row]),
-                    "y": int(cols["l0_y"][row]),
-                }
-            )
+            sample = {
+                "image": image,
+                "label": labels[i],
+                "slide_label": int(self.slide_labels[slide_id]),
+                "ok": bool(result.ok[i]),
+                "substituted": bool(result.substituted[i]),
+                "row": int(row),
+                "slide_id": slide_id,
+                "x": int(cols["l0_x"][row]),
+                "y": int(cols["l0_y"][row]),
+            }
+            if coverage is not None:
+                sample["coverage"] = torch.from_numpy(np.array(coverage[row], dtype=np.float32))
+            samples.append(sample)
         return samples
 
     def __getitem__(self, row: int) -> Sample:
@@ -294,7 +331,13 @@ class TileDataset(Dataset[Sample]):
             slide_id=torch.tensor(slide_id),
             x=torch.tensor(np.asarray(cols["l0_x"][array], dtype=np.int64)),
             y=torch.tensor(np.asarray(cols["l0_y"][array], dtype=np.int64)),
-            label=torch.tensor(self.slide_labels[slide_id]),
+            label=torch.from_numpy(self.tile_labels(array)),
+            slide_label=torch.from_numpy(self.slide_labels[slide_id]),
+            coverage=(
+                None
+                if self.index.coverage is None
+                else torch.from_numpy(np.array(self.index.coverage[array], dtype=np.float32))
+            ),
             recycled=recycled,
         )
         if self.batch_transform is not None:

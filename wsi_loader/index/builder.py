@@ -18,7 +18,10 @@ from typing import Any
 import numpy as np
 
 from wsi_loader.config import IndexConfig, with_overrides
-from wsi_loader.errors import IndexFormatError, InputError, SlideError
+from wsi_loader.errors import AnnotationError, IndexFormatError, InputError, SlideError
+from wsi_loader.index.annotations import AnnotationReport, files_digest, match_annotations
+from wsi_loader.index.annotations.formats import read_annotations
+from wsi_loader.index.annotations.tiles import annotate_slide, label_names, label_tiles, to_columns
 from wsi_loader.index.geometry import grid, plan_read
 from wsi_loader.index.inputs import (
     LabelReport,
@@ -58,6 +61,11 @@ GRID_PARAMS = (
     "align_to_storage",
     "mask_max_size",
     "backend",
+    # annotations: which tiles of an annotated slide are kept
+    "roi",
+    "exclude",
+    "max_excluded",
+    "min_coverage",
 )
 
 
@@ -66,6 +74,7 @@ class SlideTask:
     entry: SlideEntry
     stored_path: str
     config: IndexConfig
+    annotations: tuple[str, ...] = ()  # the slide's annotation files (with cfg.annotations)
 
 
 def _empty_tiles() -> TileArrays:
@@ -129,6 +138,21 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
         else:
             tissue = np.ones(len(l0_x), dtype=np.float32)
         keep = tissue >= cfg.min_tissue
+        annotated = None
+        if cfg.annotations is not None:
+            files = list(task.annotations)
+            annotated = annotate_slide(
+                files, cfg, meta.dimensions, l0_x[keep], l0_y[keep], plan.l0_footprint
+            )
+            keep[np.flatnonzero(keep)[~annotated.keep]] = False
+            record = replace(
+                record,
+                annotations=files,
+                annotation_digest=files_digest(files) if files else None,
+                class_areas=annotated.areas,
+            )
+            for note in annotated.notes:
+                record = replace(record, warning=_join(record.warning, note))
         tiles: TileArrays = {
             "slide_id": np.zeros(int(keep.sum()), dtype=np.int32),  # set when assembled
             "l0_x": l0_x[keep].astype(np.int32),
@@ -137,15 +161,20 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
             "read_size": np.full(int(keep.sum()), plan.read_size, dtype=np.int32),
             "tissue": tissue[keep].astype(np.float32),
         }
+        if annotated is not None:
+            tiles["coverage"] = annotated.coverage
         if not len(l0_x):
             record = replace(
                 record, warning=_join(record.warning, "the slide is smaller than one tile")
             )
         elif not keep.any():
-            record = replace(record, warning=_join(record.warning, "no tile reaches min_tissue"))
+            why = "min_tissue" if annotated is None else "min_tissue and the annotation filters"
+            record = replace(record, warning=_join(record.warning, f"no tile passes {why}"))
         return replace(record, tiles=int(keep.sum())), tiles
     except SlideError as exc:
         return replace(record, status="failed", error=_reason(exc)), _empty_tiles()
+    except AnnotationError as exc:
+        return replace(record, status="failed", error=f"annotations: {exc}"), _empty_tiles()
     except Exception as exc:  # a malformed file must not stop the run
         log.debug("indexing %s failed:\n%s", entry.path, traceback.format_exc())
         return replace(
@@ -180,7 +209,8 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
         return None
     index = SlideIndex.open(out)
     wanted = config.model_dump()
-    changed = [k for k in GRID_PARAMS if index.params.get(k) != wanted.get(k)]
+    built = {**IndexConfig().model_dump(), **index.params}  # older indexes lack newer keys
+    changed = [k for k in GRID_PARAMS if built.get(k) != wanted.get(k)]
     if changed:
         log.info("grid parameters changed (%s): re-indexing every slide", ", ".join(changed))
         return None
@@ -250,6 +280,90 @@ def _check_splits(records: list[SlideRecord], root: str | None) -> None:
             )
 
 
+def _same_annotations(record: SlideRecord, files: tuple[str, ...], cfg: IndexConfig) -> bool:
+    """Whether a carried-over slide's annotations are still what they were when indexed."""
+    if cfg.annotations is None:
+        return True  # its coverage is dropped
+    if record.class_areas is None or tuple(record.annotations or ()) != files:
+        return False
+    try:
+        return record.annotation_digest == (files_digest(files) if files else None)
+    except OSError:
+        return False
+
+
+def _warn_annotations(report: AnnotationReport, source: str) -> None:
+    if report.unmatched_files:
+        first = ", ".join(os.path.basename(f) for f in report.unmatched_files[:5])
+        log.warning(
+            "%s: %d annotation files match no slide (%s)",
+            source,
+            len(report.unmatched_files),
+            first,
+        )
+    if report.slides_without:
+        first = ", ".join(os.path.basename(p) for p in report.slides_without[:5])
+        log.warning("%d slides have no annotation file (%s)", len(report.slides_without), first)
+
+
+def _check_class_names(
+    cfg: IndexConfig, tasks: list[SlideTask], carried: list[SlideRecord]
+) -> None:
+    """A class named in an option must be in some annotation file: a typo would otherwise
+    silently keep no tile (roi) or drop none (exclude). Checked before any slide is read;
+    files that fail to parse fail their slide later, with the reason."""
+    named = {"roi": cfg.roi, "exclude": cfg.exclude, "class_priority": cfg.class_priority}
+    if not any(named.values()):
+        return
+    found: set[str] = set()
+    for record in carried:
+        found.update(record.class_areas or {})
+    for file in sorted({f for task in tasks for f in task.annotations}):
+        try:
+            found.update(shape.name for shape in read_annotations(file).shapes)
+        except AnnotationError:
+            continue
+    for option, names in named.items():
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise InputError(
+                f"{option}: no annotation file has the class(es) {missing}; the classes found "
+                f"are {sorted(found) or 'none'}. Nothing was written"
+            )
+
+
+def _label_tiles(
+    results: list[tuple[SlideRecord, TileArrays]], cfg: IndexConfig
+) -> tuple[list[tuple[SlideRecord, TileArrays]], dict[str, Any]]:
+    """Every slide's coverage in the columns of all classes, tile labels when they come from
+    the annotations, and the metadata that names them."""
+    classes = sorted({c for record, _ in results for c in (record.class_areas or {})})
+    names = label_names(classes, cfg) if cfg.label_from == "annotations" else []
+    per_class = {c: {"slides": 0, "tiles_labelled": 0} for c in classes}
+    out = []
+    for record, found in results:
+        arrays = dict(found) if found else _empty_tiles()
+        own = list(record.class_areas or {})
+        coverage = arrays.get("coverage", np.zeros((len(arrays["l0_x"]), len(own))))
+        arrays["coverage"] = to_columns(np.asarray(coverage, np.float32), own, classes)
+        for c in own:
+            per_class[c]["slides"] += 1
+        if cfg.label_from == "annotations":
+            labels = label_tiles(arrays["coverage"], classes, record.class_areas or {}, names, cfg)
+            arrays["tile_label"] = labels
+            for c, count in zip(*np.unique(labels[labels >= 0], return_counts=True), strict=True):
+                if names[c] in per_class:
+                    per_class[names[c]]["tiles_labelled"] += int(count)
+        out.append((record, arrays))
+    meta: dict[str, Any] = {
+        "annotation_classes": classes,
+        "annotations_report": {"classes": per_class},
+    }
+    if cfg.label_from == "annotations":
+        meta["label_names"] = names
+    return out, meta
+
+
 def _run(
     tasks: list[SlideTask], workers: int, executor: Any, progress: bool
 ) -> list[tuple[SlideRecord, TileArrays]]:
@@ -304,29 +418,59 @@ def _build(
     if cfg.labels:
         entries, label_report = join_labels(entries, cfg.labels)
         _check_labels(label_report, cfg.labels, cfg.strict_labels)
+    files_of: dict[str, tuple[str, ...]] = {}
+    annotation_report = None
+    if cfg.annotations is not None:
+        files_of, annotation_report = match_annotations(entries, cfg.annotations)
+        _warn_annotations(annotation_report, cfg.annotations)
+    elif any(e.annotations for e in entries):
+        log.warning(
+            "the manifest's 'annotations' column is only read with annotations set: pass the "
+            "manifest as --annotations (annotations=...) to use it"
+        )
     previous = _previous(out, cfg)
     old = records_by_path(previous) if previous else {}
+    old_classes = list(previous.classes) if previous else []
 
     slots: list[tuple[SlideRecord, TileArrays] | SlideTask] = []
     reused = 0
     for entry in entries:
         stored = _stored_path(entry.path, root)
+        files = files_of.get(entry.path, ())
         hit = old.get(stored)
         # a slide with quarantined tiles left out is indexed again, so tiles whose records
         # were cleared since come back (indexing one slide costs a low-resolution read)
-        if hit and hit[1].status == "ok" and not hit[1].excluded and previous is not None:
+        if (
+            hit
+            and hit[1].status == "ok"
+            and not hit[1].excluded
+            and previous is not None
+            and _same_annotations(hit[1], files, cfg)
+        ):
             try:
                 digest: str | None = fingerprint(entry.path)[2]
             except OSError:
                 digest = None
             if digest == hit[1].fingerprint:
                 record = replace(hit[1], label=entry.label, split=entry.split)
-                slots.append((record, split_tiles(previous, hit[0])))
+                arrays = split_tiles(previous, hit[0])
+                arrays.pop("tile_label", None)  # labels are derived again below
+                if cfg.annotations is None:
+                    arrays.pop("coverage", None)
+                    record = replace(
+                        record, annotations=None, annotation_digest=None, class_areas=None
+                    )
+                else:
+                    own = list(record.class_areas or {})
+                    arrays["coverage"] = to_columns(arrays["coverage"], old_classes, own)
+                slots.append((record, arrays))
                 reused += 1
                 continue
-        slots.append(SlideTask(entry=entry, stored_path=stored, config=cfg))
+        slots.append(SlideTask(entry=entry, stored_path=stored, config=cfg, annotations=files))
     tasks = [s for s in slots if isinstance(s, SlideTask)]
     log.info("%d slides: %d unchanged, %d to index", len(entries), reused, len(tasks))
+    if cfg.annotations is not None:
+        _check_class_names(cfg, tasks, [s[0] for s in slots if not isinstance(s, SlideTask)])
     had_ok = previous is not None and any(r.status == "ok" for r in previous.slides)
     del previous  # releases its generation, which write_index may then delete
     done = iter(_run(tasks, cfg.workers, executor, progress))
@@ -344,6 +488,13 @@ def _build(
         )
     _check_shrink(out, [record for record, _ in results], cfg.allow_shrink)
     _check_splits([record for record, _ in results], root)
+    extra: dict[str, Any] = {}
+    if label_report is not None:
+        extra["labels_report"] = label_report.as_json()
+    if cfg.annotations is not None and annotation_report is not None:
+        results, annotation_meta = _label_tiles(results, cfg)
+        extra |= annotation_meta
+        extra["annotations_report"] |= annotation_report.as_json()
 
     fingerprints = {r.path: r.fingerprint for r, _ in results if r.fingerprint}
     quarantined = (
@@ -368,7 +519,6 @@ def _build(
         records.append(record)
         tiles.append(arrays)
     params = cfg.model_dump()
-    extra = {"labels_report": label_report.as_json()} if label_report is not None else {}
     index = write_index(out, records, tiles, params, root, extra)
     failed = sum(r.status == "failed" for r in records)
     log.info("indexed %d slides (%d failed), %d tiles -> %s", len(records), failed, len(index), out)

@@ -3,7 +3,8 @@
 A folder is searched recursively for slide files. A DICOM slide is a folder of DICOM
 instances (found by their ``DICM`` preamble, whatever their extension: ``.dcm``, ``.dicom`` or
 none): it becomes one entry (the first instance; OpenSlide finds the rest of the series).
-A CSV manifest has a header with ``path`` and optionally ``label``, ``split`` and ``mpp``;
+A CSV manifest has a header with ``path`` and optionally ``label``, ``split``, ``mpp`` and
+``annotations`` (annotation files of the slide, ``;``-separated);
 relative paths are relative to the manifest's folder. A labels CSV (``path`` or ``slide``,
 plus ``label``) is joined by absolute path first, then by slide name.
 """
@@ -65,6 +66,7 @@ class SlideEntry:
     label: str | None = None
     split: str | None = None
     mpp: float | None = None
+    annotations: tuple[str, ...] = ()  # the manifest's ``annotations`` column (absolute paths)
 
 
 @dataclass
@@ -147,7 +149,7 @@ def _parse_float(value: str, path: str, line: int, column: str) -> float | None:
     return number
 
 
-def _read_csv(path: str, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:
+def read_csv_rows(path: str, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
@@ -183,7 +185,7 @@ def read_manifest(path: str) -> list[SlideEntry]:
     folder = os.path.dirname(os.path.abspath(path))
     entries: list[SlideEntry] = []
     seen: dict[str, int] = {}
-    for line, row in _read_csv(path, ["path"]):
+    for line, row in read_csv_rows(path, ["path"]):
         if "path" not in row:
             raise InputError("the manifest needs a 'path' column", path=path)
         value = row["path"]
@@ -204,9 +206,20 @@ def read_manifest(path: str) -> list[SlideEntry]:
                 label=row.get("label") or None,
                 split=row.get("split") or None,
                 mpp=_parse_float(row.get("mpp", ""), path, line, "mpp"),
+                annotations=annotation_paths(row.get("annotations", ""), folder),
             )
         )
     return entries
+
+
+def annotation_paths(value: str, folder: str) -> tuple[str, ...]:
+    """A manifest cell naming annotation files (several separated by ``;``), relative to the
+    manifest's folder."""
+    return tuple(
+        os.path.normpath(os.path.join(folder, part.strip()))
+        for part in value.split(";")
+        if part.strip()
+    )
 
 
 def discover(inputs: Iterable[str | os.PathLike[str]]) -> list[SlideEntry]:
@@ -247,7 +260,7 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
     by_path: dict[str, tuple[str, str | None]] = {}
     by_name: dict[str, tuple[str, str | None]] = {}
     row_name: dict[tuple[str, str], str] = {}
-    for line, row in _read_csv(labels_csv, ["path", "slide"]):
+    for line, row in read_csv_rows(labels_csv, ["path", "slide"]):
         if "label" not in row:
             raise InputError("the labels file needs a 'label' column", path=labels_csv)
         if not row["label"]:
