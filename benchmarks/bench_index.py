@@ -1,16 +1,23 @@
-"""Index build time: per slide for 10k/20k/40k px wide synthetic slides, and 100 small slides
-with 1 vs 2 workers. Build time must follow the lowest level's size, not level 0's.
+"""Index build time: per slide for 10k/20k/40k px wide synthetic slides, 100 small slides
+with 1 vs 2 workers, and what region annotations add. Build time must follow the lowest
+level's size, not level 0's; annotation labelling must add < 50% to a build.
 
-    .venv/bin/python benchmarks/bench_index.py [--scratch DIR]
+    .venv/bin/python benchmarks/bench_index.py [--scratch DIR] [--only annotations]
+
+The annotation section indexes the 40k x 30k slide with and without 50 QuPath polygons of
+1,000 vertices each (5 classes, overlapping, some reaching past tile borders everywhere),
+with tile labels from the annotations, best of 3 each, in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 from common import scratch_folder, synthetic_slide
 
 from wsi_loader.index import build_index
@@ -28,8 +35,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scratch", default=None, help="folder for the synthetic slides")
     parser.add_argument("--small", type=int, default=100, help="number of small slides")
+    parser.add_argument("--only", choices=["annotations"], help="run only this section")
     args = parser.parse_args()
     scratch = scratch_folder(args.scratch, "wsi-bench-")
+    if args.only == "annotations":
+        annotations_section(scratch)
+        return
 
     print("## Build time per slide (min_tissue 0.5, 256 px at 0.5 um/px, 1 worker, best of 3)")
     print(
@@ -66,6 +77,59 @@ def main() -> None:
     start = time.perf_counter()
     build_index([folder], scratch / "idx-small", workers=2)
     print(f"incremental re-run (nothing changed): {time.perf_counter() - start:.2f} s")
+    annotations_section(scratch)
+
+
+def write_polygons(path: Path, width: int, height: int, count: int, vertices: int) -> None:
+    """``count`` wobbly closed polygons of ``vertices`` points, 5 classes, as QuPath GeoJSON."""
+    rng = np.random.default_rng(7)
+    features = []
+    for i in range(count):
+        cx, cy = rng.uniform(0.1, 0.9) * width, rng.uniform(0.1, 0.9) * height
+        radius = rng.uniform(800, 4000)
+        angle = np.linspace(0, 2 * np.pi, vertices, endpoint=False)
+        wobble = (
+            1 + 0.25 * np.sin(angle * rng.integers(3, 9)) + 0.03 * rng.standard_normal(vertices)
+        )
+        ring = np.column_stack(
+            [cx + radius * wobble * np.cos(angle), cy + radius * wobble * np.sin(angle)]
+        )
+        features.append(
+            {
+                "type": "Feature",
+                "geometry": {
+                    "type": "Polygon",
+                    "coordinates": [[*ring.tolist(), ring[0].tolist()]],
+                },
+                "properties": {"classification": {"name": f"class{i % 5}"}},
+            }
+        )
+    path.write_text(json.dumps({"type": "FeatureCollection", "features": features}))
+
+
+def annotations_section(scratch: Path) -> None:
+    width = 40_000
+    slide = synthetic_slide(scratch / f"w{width}.svs", width=width, seed=width)
+    notes = scratch / "annotations"
+    notes.mkdir(exist_ok=True)
+    write_polygons(notes / f"w{width}.geojson", width, width * 3 // 4, 50, 1000)
+    print(f"\n## Annotations: {slide.name} with 50 polygons of 1,000 vertices (5 classes)")
+    options = {"mpp": 0.5, "min_tissue": 0.5}
+    labelled = {"annotations": str(notes), "label_from": "annotations", **options}
+    timed_build([slide], scratch / "idx-a", **options)  # warm
+    plain, annotated = [], []
+    for _ in range(3):  # interleaved, so a slow spell of the machine hits both alike
+        plain.append(timed_build([slide], scratch / "idx-a", **options))
+        annotated.append(timed_build([slide], scratch / "idx-b", **labelled))
+    index = build_index([slide], scratch / "idx-b", **labelled)  # type: ignore[arg-type]
+    labelled_tiles = int((index.tile_labels() >= 0).sum())
+    print(f"{'build':<26} {'seconds':>8}")
+    print(f"{'without annotations':<26} {min(plain):>8.3f}")
+    added = min(annotated) / min(plain) - 1
+    print(
+        f"{'with annotations, labels':<26} {min(annotated):>8.3f}   (+{added:.0%}; "
+        f"{len(index)} tiles, {labelled_tiles} labelled, classes {list(index.classes)})"
+    )
 
 
 if __name__ == "__main__":

@@ -11,12 +11,14 @@ import wsi_loader
 from wsi_loader import errors
 
 EXPORTED = [
+    "AnnotationError",
     "BalancedTileSampler",
     "Config",
     "ConfigError",
     "DatasetConfig",
     "DeviceLoader",
     "DistributedTileSampler",
+    "FeatureBagDataset",
     "HandlePool",
     "IndexConfig",
     "IndexFormatError",
@@ -36,6 +38,7 @@ EXPORTED = [
     "TileReadError",
     "WsiLoaderError",
     "build_index",
+    "extract_features",
     "load_config",
     "make_loader",
     "open_slide",

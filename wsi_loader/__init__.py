@@ -9,6 +9,7 @@ import typing as _typing
 
 from wsi_loader.config import Config, DatasetConfig, IndexConfig, load_config
 from wsi_loader.errors import (
+    AnnotationError,
     ConfigError,
     IndexFormatError,
     InputError,
@@ -26,12 +27,14 @@ from wsi_loader.slides import HandlePool, SlideMeta, open_slide
 __version__ = "0.1.0"
 
 __all__ = [
+    "AnnotationError",
     "BalancedTileSampler",
     "Config",
     "ConfigError",
     "DatasetConfig",
     "DeviceLoader",
     "DistributedTileSampler",
+    "FeatureBagDataset",
     "HandlePool",
     "IndexConfig",
     "IndexFormatError",
@@ -51,6 +54,7 @@ __all__ = [
     "TileReadError",
     "WsiLoaderError",
     "build_index",
+    "extract_features",
     "load_config",
     "make_loader",
     "open_slide",
@@ -65,17 +69,21 @@ _LAZY: dict[str, str] = {
     "TileBatch": "wsi_loader.dataset",
     "make_loader": "wsi_loader.dataset",
     "DeviceLoader": "wsi_loader.gpu",
+    "FeatureBagDataset": "wsi_loader.dataset",
+    "extract_features": "wsi_loader.features",
 }
 
 if _typing.TYPE_CHECKING:
     from wsi_loader.dataset import (
         BalancedTileSampler,
         DistributedTileSampler,
+        FeatureBagDataset,
         SlideBagDataset,
         TileBatch,
         TileDataset,
         make_loader,
     )
+    from wsi_loader.features import extract_features
     from wsi_loader.gpu import DeviceLoader
 
 

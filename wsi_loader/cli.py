@@ -220,6 +220,30 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--no-progress", action="store_true")
 
 
+def _add_features(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "features",
+        help="per-slide tile embeddings for MIL training (CLAM/TRIDENT h5 layout)",
+        parents=[_COMMON, _READS, _TILES],
+        description="Run a frozen encoder over every tile; write OUT/<slide>.h5 with features "
+        "(N x D) and coords (N x 2, level-0 x, y), and OUT/features.json. Reruns skip complete "
+        "slides. Under torchrun, ranks split the slides.",
+    )
+    p.add_argument("index", metavar="IDX")
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="SPEC",
+        help="torchvision:NAME (cached weights), timm:NAME, or package.module:callable",
+    )
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--batch-size", type=int, default=64, metavar="B")
+    p.add_argument("--device", metavar="D", help="cuda, cuda:1, cpu (default: cuda if there)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    p.add_argument("--workers", type=int, metavar="N", help="DataLoader workers")
+    p.add_argument("--no-progress", action="store_true")
+
+
 @contextlib.contextmanager
 def _dask_client(address: str | None) -> Iterator[Any]:
     """A Dask Client on ``address`` for the duration of a command (None without one)."""
@@ -282,7 +306,9 @@ def _add_view(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("index", metavar="INDEX")
     p.add_argument("--out", required=True, metavar="FILE.png")
     p.add_argument("--slide", metavar="PATH_OR_ID", help="slide id, path or name (first ok slide)")
-    p.add_argument("--color-by", choices=["tissue", "label", "status"], default="tissue")
+    p.add_argument(
+        "--color-by", choices=["tissue", "label", "status", "annotation"], default="tissue"
+    )
     p.add_argument("--max-size", type=int, default=1024, help="longest side of the thumbnail")
     p = sub.add_parser(
         "mosaic", help="a grid of sampled tiles with captions", parents=[_COMMON, _READS]
@@ -304,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quarantine(sub)
     _add_view(sub)
     _add_export(sub)
+    _add_features(sub)
     _add_bench(sub)
     _add_demo(sub)
     return parser
@@ -567,6 +594,44 @@ def cmd_mosaic(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_features(args: argparse.Namespace) -> int:
+    from wsi_loader.features import extract
+
+    _init_distributed()
+    report = extract(
+        args.index,
+        args.model,
+        args.out,
+        batch_size=args.batch_size,
+        device=args.device,
+        dtype=args.dtype,
+        workers=args.workers,
+        split=args.split,
+        root=args.root,
+        missing_slides=args.missing_slides,
+        progress=not args.no_progress,
+    )
+    print(
+        f"{report.tiles} tiles of {report.written} slides -> {args.out} ({report.skipped} slides "
+        f"already complete, {report.failed} tiles failed: see features.json)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _init_distributed() -> None:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR...)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
 COMMANDS = {
     "index": cmd_index,
     "info": cmd_info,
@@ -574,6 +639,7 @@ COMMANDS = {
     "inspect": cmd_inspect,
     "mosaic": cmd_mosaic,
     "export": cmd_export,
+    "features": cmd_features,
     "bench": cmd_bench,
     "demo": cmd_demo,
 }

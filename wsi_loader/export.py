@@ -654,7 +654,7 @@ def export_index(
     return report
 
 
-def _coords_file_names(index: SlideIndex, slide_ids: list[int]) -> dict[int, str]:
+def h5_file_names(index: SlideIndex, slide_ids: list[int]) -> dict[int, str]:
     """``<slide name>.h5`` per slide, as CLAM and TRIDENT name them (the file stem; the folder
     for DICOM); a name taken twice gets the slide id."""
     from wsi_loader.index.inputs import slide_name
@@ -688,7 +688,7 @@ def _export_coords(full: SlideIndex, order: np.ndarray, out: Path) -> dict[str, 
     cols = full.columns
     slide_of = np.asarray(cols["slide_id"][order], dtype=np.int64)
     slide_ids = sorted(set(slide_of.tolist()))
-    names = _coords_file_names(full, slide_ids)
+    names = h5_file_names(full, slide_ids)
     tiles, outputs = [], []
     for sid in slide_ids:
         rows = order[slide_of == sid]

@@ -103,3 +103,28 @@ def write_aperio(path: Path, regions: Sequence[Region]) -> Path:
     )
     path.write_text(f'<Annotations MicronsPerPixel="0.499000">{body}</Annotations>')
     return path
+
+
+SHAPES = [
+    Region("Tumor", rect(0, 0, 512, 512), [rect(128, 128, 384, 384)]),  # 0.75 of 4 tiles
+    Region("Stroma", [(1024, 0), (1536, 0), (1024, 512)]),  # 1, 0.5, 0.5
+    Region("Pen", rect(1800, 1200, 1900, 1300)),  # 0.122 and 0.031 of two tiles
+]
+
+
+def annotated_archive(root: Path, slide: Path) -> Path:
+    """Three copies of ``slide`` under ``root/archive``, names with dots and spaces, each
+    annotated with `SHAPES` in another format under ``root/annotations`` (QuPath GeoJSON,
+    ASAP XML, Aperio XML named the QuPath way, with the slide's extension)."""
+    import shutil
+
+    folder = root / "archive"
+    folder.mkdir()
+    for name in ("case 1.a", "case 2.b", "case 3.c"):
+        shutil.copy(slide, folder / f"{name}.svs")
+    notes = root / "annotations"
+    notes.mkdir()
+    write_geojson(notes / "case 1.a.geojson", SHAPES)
+    write_asap(notes / "case 2.b.xml", SHAPES)
+    write_aperio(notes / "case 3.c.svs.xml", SHAPES)
+    return root

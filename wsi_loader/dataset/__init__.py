@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {
     "BalancedTileSampler": "wsi_loader.dataset.samplers",
     "DistributedTileSampler": "wsi_loader.dataset.samplers",
+    "FeatureBagDataset": "wsi_loader.dataset.feature_bags",
+    "pad_bags": "wsi_loader.dataset.feature_bags",
     "ReadResult": "wsi_loader.dataset.reading",
     "SlideBagDataset": "wsi_loader.dataset.bags",
     "TileBatch": "wsi_loader.dataset.batch",
@@ -24,17 +26,20 @@ _LAZY = {
 __all__ = [
     "BalancedTileSampler",
     "DistributedTileSampler",
+    "FeatureBagDataset",
     "ReadResult",
     "SlideBagDataset",
     "TileBatch",
     "TileDataset",
     "TileReader",
     "make_loader",
+    "pad_bags",
 ]
 
 if TYPE_CHECKING:
     from wsi_loader.dataset.bags import SlideBagDataset
     from wsi_loader.dataset.batch import TileBatch
+    from wsi_loader.dataset.feature_bags import FeatureBagDataset, pad_bags
     from wsi_loader.dataset.loader import make_loader
     from wsi_loader.dataset.reading import ReadResult, TileReader
     from wsi_loader.dataset.samplers import BalancedTileSampler, DistributedTileSampler

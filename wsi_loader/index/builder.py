@@ -65,7 +65,6 @@ GRID_PARAMS = (
     "roi",
     "exclude",
     "max_excluded",
-    "min_coverage",
 )
 
 
@@ -210,7 +209,9 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     index = SlideIndex.open(out)
     wanted = config.model_dump()
     built = {**IndexConfig().model_dump(), **index.params}  # older indexes lack newer keys
-    changed = [k for k in GRID_PARAMS if built.get(k) != wanted.get(k)]
+    # min_coverage picks tiles only through roi; otherwise it only relabels (no re-read)
+    params = GRID_PARAMS + (("min_coverage",) if built["roi"] or wanted["roi"] else ())
+    changed = [k for k in params if built.get(k) != wanted.get(k)]
     if changed:
         log.info("grid parameters changed (%s): re-indexing every slide", ", ".join(changed))
         return None

@@ -299,7 +299,8 @@ class SlideIndex:
             columns=columns,
             root=root if root is not None else meta.get("root"),
             label_names=tuple(meta.get("label_names", ())),
-            slide_label_names=tuple(meta.get("slide_label_names") or meta.get("label_names") or ()),
+            # indexes written before tile labels existed name only slide labels
+            slide_label_names=tuple(meta.get("slide_label_names", meta.get("label_names")) or ()),
             classes=classes,
             lock=lock,
         )

@@ -1,0 +1,130 @@
+"""Feature extraction throughput: `wsi_loader.features.extract` against a CLAM-style extractor.
+
+    .venv/bin/python benchmarks/bench_features.py [--slides 4] [--width 8192] [--workers 2]
+
+The peer does what CLAM's ``extract_features_fp.py`` does: per slide, the tile coordinates from
+an h5 file, a Dataset that opens the slide with OpenSlide and reads one tile per item
+(``read_region`` + RGB conversion, then to-tensor and normalise on the CPU, as its
+transforms do), the default collate, a new DataLoader per slide, the model, an h5 per slide.
+Both run the same cheap model (global average/max pool + linear, so the data path is what is
+measured), the same tiles, batch size and workers, in this one run, best of --repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import openslide
+import torch
+from common import scratch_folder, synthetic_slide
+from torch.utils.data import DataLoader, Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.feature_models import PoolLinear
+from wsi_loader.export import export_index
+from wsi_loader.features import encoder_from, extract
+from wsi_loader.index import build_index
+
+MEAN = torch.tensor((0.485, 0.456, 0.406)).view(3, 1, 1)
+STD = torch.tensor((0.229, 0.224, 0.225)).view(3, 1, 1)
+
+
+class WholeSlideBag(Dataset[dict[str, Any]]):
+    """CLAM's Whole_Slide_Bag_FP: coords from an h5, OpenSlide opened per slide, one tile per
+    item, to-tensor and normalise in the worker."""
+
+    def __init__(self, coords_h5: Path, slide: str) -> None:
+        with h5py.File(coords_h5, "r") as h5:
+            self.coords = h5["coords"][:]
+            self.patch_level = int(h5["coords"].attrs["patch_level"])
+            self.patch_size = int(h5["coords"].attrs["patch_size"])
+        self.wsi = openslide.OpenSlide(slide)
+
+    def __len__(self) -> int:
+        return len(self.coords)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        x, y = self.coords[i]
+        size = (self.patch_size, self.patch_size)
+        image = self.wsi.read_region((int(x), int(y)), self.patch_level, size).convert("RGB")
+        tensor = torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).float() / 255
+        return {"img": (tensor - MEAN) / STD, "coord": self.coords[i]}
+
+
+def clam_style(
+    coords_dir: Path, slides: dict[str, str], out: Path, batch: int, workers: int
+) -> int:
+    model = PoolLinear().eval()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    tiles = 0
+    for name, slide in slides.items():
+        dataset = WholeSlideBag(coords_dir / f"{name}.h5", slide)
+        loader = DataLoader(dataset, batch_size=batch, num_workers=workers)
+        features, coords = [], []
+        with torch.inference_mode():
+            for item in loader:
+                features.append(model(item["img"]).numpy())
+                coords.append(item["coord"].numpy())
+        with h5py.File(out / f"{name}.h5", "w") as h5:
+            h5["features"] = np.concatenate(features)
+            h5["coords"] = np.concatenate(coords)
+        tiles += len(dataset)
+    return tiles
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--slides", type=int, default=4)
+    parser.add_argument("--width", type=int, default=8192, help="level-0 width of each slide")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--scratch")
+    args = parser.parse_args()
+    scratch = scratch_folder(args.scratch, "wsi-bench-features-")
+    folder = scratch / "slides"
+    folder.mkdir(exist_ok=True)
+    for i in range(args.slides):
+        synthetic_slide(folder / f"s{i}.svs", width=args.width, seed=300 + i)
+    index = build_index([folder], scratch / "index", tile_size=256, mpp=0.5, min_tissue=0.25)
+    export_index(index, scratch / "coords", format="coords-h5")
+    slides = {Path(s.path).stem: index.slide_path(i) for i, s in enumerate(index.slides)}
+    encoder = encoder_from(
+        (PoolLinear(), {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)})
+    )
+    print(
+        f"{len(index)} tiles of {args.slides} slides ({args.width} px wide), 256 px at 0.5 um/px, "
+        f"batch {args.batch_size}, {args.workers} workers, cheap model, CPU"
+    )
+    ours_best = peer_best = 0.0
+    for _ in range(args.repeats):  # interleaved: a slow spell hits both alike
+        shutil.rmtree(scratch / "ours", ignore_errors=True)
+        start = time.perf_counter()
+        report = extract(
+            index,
+            encoder,
+            scratch / "ours",
+            batch_size=args.batch_size,
+            workers=args.workers,
+            device="cpu",
+        )
+        ours_best = max(ours_best, report.tiles / (time.perf_counter() - start))
+        start = time.perf_counter()
+        tiles = clam_style(
+            scratch / "coords", slides, scratch / "clam", args.batch_size, args.workers
+        )
+        peer_best = max(peer_best, tiles / (time.perf_counter() - start))
+    print(f"{'CLAM-style extractor':<24} {peer_best:8.0f} tiles/s")
+    print(f"{'wsi_loader extract':<24} {ours_best:8.0f} tiles/s = {ours_best / peer_best:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Small encoders for feature-extraction tests (importable as ``tests.feature_models:NAME``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class PoolLinear(nn.Module):
+    """Global average and max pool + a linear layer: cheap, so tests measure the data path,
+    and sensitive to every pixel's colour (a wrong or shifted tile gives other features)."""
+
+    def __init__(self, dim: int = 16, delay_s: float = 0.0) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.linear = nn.Linear(6, dim)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.randn(dim, 6, generator=generator))
+            self.linear.bias.copy_(torch.randn(dim, generator=generator))
+        self.delay_s = delay_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.delay_s:
+            time.sleep(self.delay_s)  # a slow model, for tests that kill a run midway
+        pooled = torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], dim=1)
+        return self.linear(pooled)
+
+
+def tiny() -> Any:
+    """The encoder with ImageNet normalisation and its tiles resized to 64 px on the device."""
+    return PoolLinear(), {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225), "size": 64}
+
+
+def plain() -> nn.Module:
+    """No preprocessing: pixels / 255 at the read size."""
+    return PoolLinear()
+
+
+def slow() -> nn.Module:
+    return PoolLinear(delay_s=0.5)
+
+
+def not_a_model() -> str:
+    return "nope"

@@ -1,0 +1,251 @@
+"""Feature extraction (CLAM/TRIDENT h5 layout) and bags of features."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import openslide
+import pytest
+import torch
+from torch.nn import functional as F  # noqa: N812
+from torch.utils.data import DataLoader, DistributedSampler
+
+from tests.conftest import REPO, corrupt_rows
+from tests.feature_models import PoolLinear, tiny
+from wsi_loader.cli import main
+from wsi_loader.dataset import FeatureBagDataset, pad_bags
+from wsi_loader.errors import ConfigError
+from wsi_loader.features import assign_slides, extract, load_encoder
+from wsi_loader.index import SlideIndex
+
+MEAN, STD = torch.tensor(tiny()[1]["mean"]), torch.tensor(tiny()[1]["std"])
+
+
+def openslide_tile(index: SlideIndex, row: int) -> torch.Tensor:
+    """The tile as OpenSlide reads it: float (1, 3, H, W) in [0, 1]."""
+    cols = index.columns
+    record = index.slides[int(cols["slide_id"][row])]
+    size = int(cols["read_size"][row])
+    with openslide.OpenSlide(index.slide_path(int(cols["slide_id"][row]))) as slide:
+        rgba = slide.read_region(
+            (int(cols["l0_x"][row]), int(cols["l0_y"][row])), int(cols["level"][row]), (size, size)
+        )
+    assert record.read_size == size
+    pixels = torch.from_numpy(np.asarray(rgba)[..., :3].copy())
+    return pixels.permute(2, 0, 1)[None].float() / 255
+
+
+def rows_of(index: SlideIndex, path: str, coords: np.ndarray) -> list[int]:
+    cols = index.columns
+    sid = [s.path for s in index.slides].index(path)
+    lookup = {
+        (int(x), int(y)): r
+        for r, (x, y, s) in enumerate(
+            zip(cols["l0_x"], cols["l0_y"], cols["slide_id"], strict=True)
+        )
+        if s == sid
+    }
+    return [lookup[(int(x), int(y))] for x, y in coords]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_features_equal_the_model_on_openslide_pixels(
+    index: SlideIndex, tmp_path: Path, workers: int
+) -> None:
+    out = tmp_path / "features"
+    report = extract(index, "tests.feature_models:tiny", out, batch_size=16, workers=workers)
+    bad = set(corrupt_rows(index).tolist())
+    assert report.written == 2 and report.failed == len(bad) == len(report.failures)
+    assert report.tiles == len(index) - len(bad)
+    model = PoolLinear().eval()
+    summary = json.loads((out / "features.json").read_text())
+    assert summary["dim"] == 16 and summary["model"] == "tests.feature_models:tiny"
+    assert summary["failed"] == len(bad) and summary["tiles"] == report.tiles
+    for record in index.slides:
+        name = Path(record.path).stem
+        assert summary["slides"][record.path]["file"] == f"{name}.h5"
+        with h5py.File(out / f"{name}.h5", "r") as h5:
+            features, coords = h5["features"][:], h5["coords"][:]
+            assert features.dtype == np.float32 and coords.dtype == np.int64
+            assert (
+                h5["coords"].attrs["patch_size"] == 256 and h5["coords"].attrs["patch_level"] == 0
+            )
+            assert h5.attrs["model"] == "tests.feature_models:tiny"
+            assert h5.attrs["generation"] == index.meta["generation"]
+        rows = rows_of(index, record.path, coords)
+        assert not set(rows) & bad  # failed tiles are left out...
+        assert len(rows) == record.tiles - len(
+            [r for r in bad if index.columns["slide_id"][r] == index.slides.index(record)]
+        )
+        for i in np.random.default_rng(0).choice(len(rows), size=5, replace=False):
+            tile = openslide_tile(index, rows[i])
+            tile = F.interpolate(tile, size=(64, 64), mode="bilinear", antialias=True)
+            tile = (tile - MEAN.view(1, 3, 1, 1)) / STD.view(1, 3, 1, 1)
+            with torch.inference_mode():
+                expected = model(tile)[0].numpy()
+            np.testing.assert_allclose(features[i], expected, rtol=1e-4, atol=1e-4)
+    # ...and listed with their reason
+    reasons = {f["reason"] for f in summary["failures"]}
+    assert reasons == {"ValueError: Bogus marker length"}  # what libjpeg said, per tile
+
+
+def test_plain_model_on_exact_pixels_and_a_rerun_skips_complete_slides(
+    index: SlideIndex, tmp_path: Path
+) -> None:
+    out = tmp_path / "f"
+    extract(index, "tests.feature_models:plain", out, batch_size=32, workers=0)
+    good = index.slides[[Path(s.path).name for s in index.slides].index("good.svs")]
+    with h5py.File(out / "good.h5", "r") as h5:
+        features, coords = h5["features"][:], h5["coords"][:]
+    rows = rows_of(index, good.path, coords)
+    with torch.inference_mode():
+        expected = PoolLinear().eval()(openslide_tile(index, rows[3]))[0].numpy()
+    np.testing.assert_allclose(features[3], expected, rtol=1e-5, atol=1e-5)
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.h5")}
+    again = extract(index, "tests.feature_models:plain", out, batch_size=32, workers=0)
+    assert (again.written, again.skipped) == (0, 2)
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.h5")} == before
+    # other weights under the same spec are other content: written again
+    other = PoolLinear()
+    with torch.no_grad():
+        other.linear.bias.add_(1.0)
+    assert extract(index, other, out, batch_size=32, workers=0).written == 2
+
+
+def test_resume_after_a_kill(index: SlideIndex, tmp_path: Path) -> None:
+    out = tmp_path / "killed"
+    command = [
+        sys.executable, "-m", "wsi_loader.cli", "features", str(index.path),
+        "--model", "tests.feature_models:slow", "--out", str(out), "--batch-size", "16",
+        "--workers", "0", "--device", "cpu", "--no-progress",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*.h5")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()  # type: ignore[union-attr]
+    finished = sorted(p.name for p in out.glob("*.h5"))
+    assert len(finished) == 1, finished  # killed during the second slide
+    for path in out.glob("*.h5"):  # nothing half-written under a final name
+        with h5py.File(path, "r") as h5:
+            assert len(h5["features"]) == len(h5["coords"]) > 0
+    report = extract(index, "tests.feature_models:slow", out, batch_size=16, workers=0)
+    assert (report.written, report.skipped) == (1, 1)
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]  # the killed run's file is gone
+
+
+TORCHRUN_SCRIPT = """
+import sys
+from wsi_loader.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_with_two_ranks_covers_every_slide_once(index: SlideIndex, tmp_path: Path) -> None:
+    out = tmp_path / "ranks"
+    script = tmp_path / "run.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            str(script), "features", str(index.path),
+            "--model", "tests.feature_models:tiny", "--out", str(out), "--workers", "0",
+            "--device", "cpu", "--no-progress",
+        ],
+        check=True, cwd=REPO, env=env, capture_output=True, timeout=240,
+    )  # fmt: skip
+    summary = json.loads((out / "features.json").read_text())
+    assert summary["ranks"] == 2 and summary["written"] == 2
+    writers = summary["written_by"]
+    assert sorted(writers) == sorted(s.path for s in index.slides)
+    assert sorted(writers.values()) == [0, 1]  # one slide each, none twice
+    assert summary["tiles"] == len(index) - len(corrupt_rows(index))
+
+
+def test_slides_are_balanced_across_ranks() -> None:
+    owner = assign_slides([100, 10, 10, 60, 40], 2)
+    load = [
+        sum(t for t, o in zip([100, 10, 10, 60, 40], owner, strict=True) if o == r) for r in (0, 1)
+    ]
+    assert sorted(load) == [110, 110]
+    assert assign_slides([5, 5, 5], 1) == [0, 0, 0]
+
+
+def test_model_specs_and_their_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    encoder = load_encoder("tests.feature_models:tiny")
+    assert encoder.size == 64 and encoder.mean == (0.485, 0.456, 0.406)
+    assert load_encoder("tests.feature_models:plain").mean is None
+    for spec, message in [
+        ("resnet50", "torchvision:NAME, timm:NAME or package.module:callable"),
+        ("no_such_module_xyz:make", "cannot import"),
+        ("tests.feature_models:missing", "cannot import"),
+        ("tests.feature_models:not_a_model", "must give an nn.Module"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_encoder(spec)
+    monkeypatch.setitem(sys.modules, "timm", None)  # not installed
+    with pytest.raises(ConfigError, match="needs timm"):
+        load_encoder("timm:vit_small_patch16_224")
+
+
+def test_torchvision_weights_must_be_in_the_local_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # an empty hub cache
+    with pytest.raises(ConfigError, match="not in the torch hub cache"):
+        load_encoder("torchvision:resnet18")
+    assert torchvision
+
+
+def test_cli_features_and_a_bad_model(index: SlideIndex, tmp_path: Path) -> None:
+    out = tmp_path / "cli"
+    args = ["features", str(index.path), "--out", str(out), "--workers", "0", "--no-progress"]
+    assert main([*args, "--model", "tests.feature_models:tiny"]) == 0
+    assert (out / "features.json").is_file()
+    assert main([*args, "--model", "nope"]) == 2
+
+
+def test_feature_bags_labels_padding_and_subsets(index: SlideIndex, tmp_path: Path) -> None:
+    out = tmp_path / "bags"
+    extract(index, "tests.feature_models:tiny", out, workers=0)
+    bags = FeatureBagDataset(out, index=index)
+    assert bags.label_names == ("normal", "tumour") and len(bags) == 2
+    by_slide = {bags[i]["slide"]: bags[i] for i in range(len(bags))}
+    assert by_slide["good"]["label"] == 0 and by_slide["bad"]["label"] == 1
+    assert by_slide["good"]["features"].shape == (80, 16)
+    batch = pad_bags([by_slide["good"], by_slide["bad"]])
+    lengths = [80, 64 - len(corrupt_rows(index))]
+    assert batch["features"].shape == (2, 80, 16) and batch["lengths"].tolist() == lengths
+    assert batch["mask"].sum(dim=1).tolist() == lengths
+    assert not batch["features"][1, lengths[1] :].any()
+    assert batch["label"].tolist() == [0, 1]
+    # at most k instances, the same subset for a given epoch, another one next epoch
+    sub = FeatureBagDataset(out, index=index, max_instances=10, seed=3)
+    first = sub[0]["coords"]
+    assert len(first) == 10 and torch.equal(first, sub[0]["coords"])
+    sub.set_epoch(1)
+    assert not torch.equal(first, sub[0]["coords"])
+    # labels from a CSV; DistributedSampler splits the bags over ranks
+    (tmp_path / "labels.csv").write_text("slide,label\ngood,benign\n")
+    csv_bags = FeatureBagDataset(out, labels=str(tmp_path / "labels.csv"), unlabelled="drop")
+    assert [csv_bags[i]["slide"] for i in range(len(csv_bags))] == ["good"]
+    seen = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(bags, num_replicas=2, rank=rank, shuffle=False)
+        loader = DataLoader(bags, batch_size=1, sampler=sampler, collate_fn=pad_bags)
+        seen += [name for batch in loader for name in batch["slide"]]
+    assert sorted(seen) == ["bad", "good"]
