@@ -34,18 +34,21 @@ class TileBoxes:
         covered = np.zeros(len(self), dtype=np.float64)
         if geometry.is_empty or not len(self):
             return covered.astype(np.float32)
+        bounds = shapely.bounds(self.boxes)
+        clip = shapely.clip_by_rect
         # after a union the parts do not overlap, so their shares add up
         for part in shapely.get_parts(geometry):
             shapely.prepare(part)
-            crossing = self.tree.query(part, predicate="intersects")
-            if not len(crossing):
+            near = self.tree.query(part)  # bounding boxes overlap
+            near = near[shapely.intersects(part, self.boxes[near])]
+            if not len(near):
                 continue
-            inside = self.tree.query(part, predicate="contains")
-            covered[inside] += 1.0
-            border = np.setdiff1d(crossing, inside, assume_unique=True)
-            if len(border):
-                shared = shapely.area(shapely.intersection(self.boxes[border], part))
-                covered[border] += shared / self.area
+            inside = shapely.covers(part, self.boxes[near])
+            covered[near[inside]] += 1.0
+            # rectangle clipping (GEOS RectangleIntersection) is ~4x cheaper than overlay
+            for i in near[~inside].tolist():
+                x0, y0, x1, y1 = bounds[i]
+                covered[i] += clip(part, x0, y0, x1, y1).area / self.area
         return np.clip(covered, 0.0, 1.0).astype(np.float32)
 
 

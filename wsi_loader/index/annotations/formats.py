@@ -22,7 +22,6 @@ Self-intersecting polygons are repaired with ``shapely.make_valid`` (noted).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -31,6 +30,7 @@ from typing import Any
 from xml.etree.ElementTree import Element, ParseError
 
 import numpy as np
+import orjson
 import shapely
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import parse as parse_xml
@@ -104,10 +104,23 @@ def _points(values: Iterable[Any], path: str, where: str) -> np.ndarray:
     return array[:, :2]
 
 
-def _polygonal(geometry: BaseGeometry) -> BaseGeometry:
-    """The polygonal part of a geometry (make_valid may add lines or points)."""
-    parts = [g for g in shapely.get_parts(geometry) if g.geom_type in ("Polygon", "MultiPolygon")]
-    return shapely.union_all(parts) if parts else shapely.Polygon()
+def polygonal(geometry: BaseGeometry) -> BaseGeometry:
+    """The polygonal part of a geometry (make_valid and rectangle clipping may add lines or
+    points). Their polygons do not overlap, so no union is needed."""
+    polygons = [
+        p
+        for part in shapely.get_parts(geometry)
+        if part.geom_type in ("Polygon", "MultiPolygon")
+        for p in shapely.get_parts(part)
+        if not p.is_empty
+    ]
+    if not polygons:
+        return shapely.Polygon()
+    if len(polygons) == 1:
+        single: BaseGeometry = polygons[0]
+        return single
+    many: BaseGeometry = shapely.multipolygons(polygons)
+    return many
 
 
 class _Repairs:
@@ -119,7 +132,7 @@ class _Repairs:
         if geometry.is_valid:
             return geometry
         self.repaired += 1
-        return _polygonal(shapely.make_valid(geometry))
+        return polygonal(shapely.make_valid(geometry))
 
     def skip(self, kind: str) -> None:
         self.skipped[kind] = self.skipped.get(kind, 0) + 1
@@ -137,9 +150,17 @@ class _Repairs:
         return notes
 
 
+def _flat(points: np.ndarray) -> bool:
+    """True when the points enclose no area (all on one line, or one point): the centred
+    points have rank < 2."""
+    centred = points - points.mean(axis=0)
+    singular = np.linalg.svd(centred, compute_uv=False)
+    return bool(singular[-1] <= 1e-9 * max(float(singular[0]), 1.0))
+
+
 def _ring_polygon(points: np.ndarray, repairs: _Repairs, what: str) -> BaseGeometry | None:
     """A polygon through the points, or None (counted) when they enclose no area."""
-    if len(np.unique(points, axis=0)) < 3:
+    if len(points) < 3 or _flat(points):
         repairs.skip(what)
         return None
     polygon = repairs.valid(shapely.Polygon(points))
@@ -152,7 +173,7 @@ def _ring_polygon(points: np.ndarray, repairs: _Repairs, what: str) -> BaseGeome
 # -- GeoJSON -----------------------------------------------------------------------------------
 def _geojson(data: bytes, path: str) -> Parsed:
     try:
-        document = json.loads(data)
+        document = orjson.loads(data)  # ~3x faster than json on coordinate arrays
     except (ValueError, RecursionError) as exc:
         raise AnnotationError(f"malformed JSON: {exc}", path=path) from None
     if isinstance(document, dict) and document.get("type") == "FeatureCollection":
@@ -226,8 +247,8 @@ def _geojson_polygons(
         if not isinstance(rings, list) or not rings:
             raise AnnotationError(f"{kind} with an empty polygon", path=path, element=where)
         shell, *holes = (_points(ring, path, where) for ring in rings)
-        if len(np.unique(shell, axis=0)) < 3:
-            repairs.skip("polygons with fewer than 3 points")
+        if len(shell) < 3 or _flat(shell):
+            repairs.skip("polygons without an area")
             continue
         try:
             built = shapely.Polygon(shell, [h for h in holes if len(h) >= 3])

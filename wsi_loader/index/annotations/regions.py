@@ -11,10 +11,11 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import shapely
 from shapely.geometry.base import BaseGeometry
 
-from wsi_loader.index.annotations.formats import Shape, read_annotations
+from wsi_loader.index.annotations.formats import Shape, polygonal, read_annotations
 
 
 @dataclass
@@ -39,6 +40,33 @@ def files_digest(files: Sequence[str]) -> str:
     return digest.hexdigest()[:32]
 
 
+def merge(polygons: Sequence[BaseGeometry]) -> BaseGeometry:
+    """The union of polygons, computed only where their bounding boxes overlap: a class's
+    regions are usually apart, and a union costs ~3 ms per 1,000-vertex polygon."""
+    if len(polygons) < 2:
+        return shapely.union_all(polygons)
+    array = np.asarray(polygons, dtype=object)
+    left, right = shapely.STRtree(array).query(array)
+    group = np.arange(len(array))  # connected components of overlapping boxes
+    changed = True
+    while changed:
+        low = np.minimum(group[left], group[right])
+        before = group.copy()
+        np.minimum.at(group, left, low)
+        np.minimum.at(group, right, low)
+        group = group[group]
+        changed = not np.array_equal(group, before)
+    parts = []
+    for g in np.unique(group):
+        members = array[group == g]
+        parts.append(members[0] if len(members) == 1 else shapely.union_all(members))
+    # components are apart: their polygons together form a valid MultiPolygon
+    merged: BaseGeometry = shapely.multipolygons(
+        [q for part in parts for q in shapely.get_parts(part)]
+    )
+    return merged
+
+
 def read_regions(files: Sequence[str], width: int | None, height: int | None) -> SlideRegions:
     """Parse and merge the annotation files of one slide; with the slide's size, clip to it."""
     shapes: list[Shape] = []
@@ -49,26 +77,31 @@ def read_regions(files: Sequence[str], width: int | None, height: int | None) ->
         notes.extend(f"{path}: {note}" for note in parsed.notes)
     classes: dict[str, BaseGeometry] = {}
     for name in sorted({s.name for s in shapes}):
-        body = shapely.union_all([s.geometry for s in shapes if s.name == name and not s.hole])
+        body = merge([s.geometry for s in shapes if s.name == name and not s.hole])
         holes = [s.geometry for s in shapes if s.name == name and s.hole]
         if holes:
             body = shapely.difference(body, shapely.union_all(holes))
         if not body.is_empty:
             classes[name] = body
     if width is not None and height is not None:
-        bounds = shapely.box(0, 0, width, height)
-        outside = [n for n, g in classes.items() if not bounds.contains(g)]
+        outside = [
+            n
+            for n, g in classes.items()
+            if (b := g.bounds)[0] < 0 or b[1] < 0 or b[2] > width or b[3] > height
+        ]
+        clipped = {
+            n: polygonal(shapely.clip_by_rect(classes[n], 0, 0, width, height)) for n in outside
+        }
         if outside:
-            lost = sum(classes[n].area - classes[n].intersection(bounds).area for n in outside)
+            lost = sum(classes[n].area - clipped[n].area for n in outside)
             notes.append(
                 f"regions of {', '.join(repr(n) for n in outside)} reach outside the "
                 f"{width} x {height} slide and were clipped to it ({lost:.0f} px^2 cut off)"
             )
-            for name in outside:
-                clipped = shapely.intersection(classes[name], bounds)
-                if clipped.is_empty or clipped.area == 0:
-                    notes.append(f"class {name!r} lies entirely outside the slide")
-                    del classes[name]
-                else:
-                    classes[name] = clipped
+        for name, geometry in clipped.items():
+            if geometry.is_empty or geometry.area == 0:
+                notes.append(f"class {name!r} lies entirely outside the slide")
+                del classes[name]
+            else:
+                classes[name] = geometry
     return SlideRegions(classes=classes, files=tuple(files), notes=notes)
