@@ -6,7 +6,7 @@ The peer does what CLAM's ``extract_features_fp.py`` does: per slide, the tile c
 an h5 file, a Dataset that opens the slide with OpenSlide and reads one tile per item
 (``read_region`` + RGB conversion, then to-tensor and normalise on the CPU, as its
 transforms do), the default collate, a new DataLoader per slide, the model, an h5 per slide.
-Both run the same cheap model (global average/max pool + linear, so the data path is what is
+Both run the same cheap model (global average pool + linear, so the data path is what is
 measured), the same tiles, batch size and workers, in this one run, best of --repeats.
 """
 
@@ -27,7 +27,7 @@ from common import scratch_folder, synthetic_slide
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.feature_models import PoolLinear
+from tests.feature_models import MeanLinear
 from wsi_loader.export import export_index
 from wsi_loader.features import encoder_from, extract
 from wsi_loader.index import build_index
@@ -61,7 +61,7 @@ class WholeSlideBag(Dataset[dict[str, Any]]):
 def clam_style(
     coords_dir: Path, slides: dict[str, str], out: Path, batch: int, workers: int
 ) -> int:
-    model = PoolLinear().eval()
+    model = MeanLinear().eval()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
     tiles = 0
@@ -98,7 +98,7 @@ def main() -> None:
     export_index(index, scratch / "coords", format="coords-h5")
     slides = {Path(s.path).stem: index.slide_path(i) for i, s in enumerate(index.slides)}
     encoder = encoder_from(
-        (PoolLinear(), {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)})
+        (MeanLinear(), {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)})
     )
     print(
         f"{len(index)} tiles of {args.slides} slides ({args.width} px wide), 256 px at 0.5 um/px, "

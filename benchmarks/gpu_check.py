@@ -9,6 +9,9 @@
    and with the decode on the GPU (``decode="device"``, nvJPEG through torchvision).
    The step is a real torchvision ResNet-50 forward + backward (bf16 autocast, channels_last)
    timed on this device; without torchvision, a fixed 50 ms.
+3. On CUDA with torchvision: feature extraction (`wsi_loader.features.extract`) behind a
+   ResNet-50 in bf16, and the share of the wall time the GPU was busy with the model (CUDA
+   events around each forward); target >= 90%.
 
 Writes ``gpu_check.json`` and ``pytest.log`` under ``--out``. Runs on CPU too (``--device
 cpu``), which is how it is smoke-tested where there is no GPU.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -60,6 +64,58 @@ def resnet50_step_ms(device: str, batch: int, size: int) -> float | None:
     if device == "cuda":
         torch.cuda.synchronize()
     return (time.perf_counter() - start) / repeats * 1000
+
+
+def features_busy_share(index: Any, out: Path, batch: int, workers: int) -> dict[str, Any] | None:
+    """Extract ResNet-50 (random weights: the time does not depend on them) features in bf16
+    and measure the share of wall time the GPU spent in the model's forward passes."""
+    try:
+        import torchvision
+    except ImportError:
+        return None
+    from wsi_loader.features import encoder_from, extract
+
+    class Timed(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+            self.events: list[tuple[Any, Any]] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            y = self.inner(x)
+            stop.record()
+            self.events.append((start, stop))
+            return y
+
+    resnet = torchvision.models.resnet50()
+    resnet.fc = torch.nn.Identity()
+    timed = Timed(resnet)
+    encoder = encoder_from(
+        (timed, {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225), "size": 224})
+    )
+    start = time.perf_counter()
+    report = extract(
+        index,
+        encoder,
+        out / "features",
+        batch_size=batch,
+        workers=workers,
+        dtype="bfloat16",
+        device="cuda",
+    )
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - start) * 1000
+    busy_ms = sum(a.elapsed_time(b) for a, b in timed.events)
+    shutil.rmtree(out / "features")  # only the reports come back
+    return {
+        "tiles": report.tiles,
+        "tiles_per_s": round(report.tiles / wall_ms * 1000, 1),
+        "gpu_busy_share": round(busy_ms / wall_ms, 3),
+        "workers": workers,
+        "batch_size": batch,
+    }
 
 
 def main() -> None:
@@ -114,6 +170,9 @@ def main() -> None:
     )
     report["bench"] = result
     print(format_table(result), flush=True)
+    if args.device == "cuda":
+        report["features"] = features_busy_share(index, out, 256, max(args.workers))
+        print(json.dumps(report["features"]), flush=True)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     for path in scratch.iterdir():  # the slides stay behind: only the reports come back
         path.unlink()

@@ -29,6 +29,18 @@ class PoolLinear(nn.Module):
         return self.linear(pooled)
 
 
+class MeanLinear(nn.Module):
+    """Global average pool + linear: the cheapest encoder, for benchmarks of the data path."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(3, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.mean(dim=(2, 3)))
+
+
 def tiny() -> Any:
     """The encoder with ImageNet normalisation and its tiles resized to 64 px on the device."""
     return PoolLinear(), {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225), "size": 64}
