@@ -37,9 +37,9 @@ def annotated(tmp_path: Path, make_slide: SlideFactory) -> Path:
     return annotated_archive(tmp_path, make_slide(width=2048, height=1536, seed=3))
 
 
-def build(root: Path, **options: object) -> SlideIndex:
+def build(root: Path, out: str = "idx", **options: object) -> SlideIndex:
     return build_index(
-        [root / "archive"], root / "idx", annotations=str(root / "annotations"), **GRID, **options
+        [root / "archive"], root / out, annotations=str(root / "annotations"), **GRID, **options
     )
 
 
@@ -91,35 +91,12 @@ def test_roi_keeps_only_tiles_inside(annotated: Path) -> None:
 
 def test_exclude_drops_tiles_overlapping_excluded_regions(annotated: Path) -> None:
     full = build(annotated)
-    any_overlap = build_index(
-        [annotated / "archive"],
-        annotated / "idx0",
-        annotations=str(annotated / "annotations"),
-        exclude=["Pen"],
-        max_excluded=0.0,
-        **GRID,
-    )
+    any_overlap = build(annotated, out="idx0", exclude=["Pen"], max_excluded=0.0)
     assert len(full) - len(any_overlap) == 3 * 2
-    some = build_index(
-        [annotated / "archive"],
-        annotated / "idx1",
-        annotations=str(annotated / "annotations"),
-        exclude=["Pen"],
-        max_excluded=0.05,
-        **GRID,
-    )
+    some = build(annotated, out="idx1", exclude=["Pen"], max_excluded=0.05)
     assert len(full) - len(some) == 3  # only the tile 12% covered goes
-    assert (
-        "Pen"
-        not in build_index(
-            [annotated / "archive"],
-            annotated / "idx2",
-            annotations=str(annotated / "annotations"),
-            exclude=["Pen"],
-            label_from="annotations",
-            **GRID,
-        ).label_names
-    )
+    labelled = build(annotated, out="idx2", exclude=["Pen"], label_from="annotations")
+    assert "Pen" not in labelled.label_names
 
 
 def test_a_class_named_in_an_option_but_in_no_file_is_an_error(annotated: Path) -> None:
