@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _annotations_line(report: dict[str, Any], label_names: list[str] | None) -> str:
+def _annotations_line(report: dict[str, Any]) -> str:
     classes = report.get("classes") or {}
     parts = [
         f"{name} ({entry['slides']} slides, {entry['tiles_labelled']} tiles labelled)"
@@ -398,7 +398,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         print(_labels_line(report), file=sys.stderr)
     annotated = index.meta.get("annotations_report")
     if annotated:
-        print(_annotations_line(annotated, index.meta.get("label_names")), file=sys.stderr)
+        print(_annotations_line(annotated), file=sys.stderr)
     if not ok:
         print("error: no slide could be indexed", file=sys.stderr)
         return 1
