@@ -27,16 +27,20 @@ def index(tmp_path: Path, make_slide: SlideFactory) -> SlideIndex:
     (root / "labels.csv").write_text(
         "slide,label\ncase 1.a,tumour\ncase 2.b,normal\ncase 3.c,tumour\n"
     )
+    return annotated_index(root, labels=str(root / "labels.csv"), background_label="Other")
+
+
+def annotated_index(root: Path, **options: object) -> SlideIndex:
+    """The annotated archive indexed at level 0, every tile, labels from the annotations."""
     return build_index(
         [root / "archive"],
         root / "idx",
         tile_size=256,
         level=0,
         min_tissue=0.0,
-        labels=str(root / "labels.csv"),
         annotations=str(root / "annotations"),
         label_from="annotations",
-        background_label="Other",
+        **options,
     )
 
 
@@ -79,15 +83,7 @@ def test_unlabelled_tiles_can_be_dropped_or_refused(
     tmp_path: Path, make_slide: SlideFactory
 ) -> None:
     root = annotated_archive(tmp_path, make_slide(width=2048, height=1536, seed=3))
-    index = build_index(
-        [root / "archive"],
-        root / "idx",
-        tile_size=256,
-        level=0,
-        min_tissue=0.0,
-        annotations=str(root / "annotations"),
-        label_from="annotations",
-    )
+    index = annotated_index(root)
     assert TileDataset(index)[len(index) - 1]["label"] == -1  # 3% Pen, no class
     assert len(TileDataset(index, unlabelled="drop")) == 3 * 7
     with pytest.raises(ConfigError, match=r"123 of 144 tiles have no annotated class"):

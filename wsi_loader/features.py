@@ -442,7 +442,7 @@ def _write_slide(
         h5.attrs.update(attrs)
     os.replace(tmp, path)
     failed = np.concatenate(parts.failed_rows) if parts.failed_rows else np.zeros(0, np.int64)
-    reasons = _failure_reasons(view, record.path)
+    reasons = _failure_reasons(view, record.path) if len(failed) else {}  # reads the quarantine
     for row in failed.tolist():
         x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
         report.failures.append(

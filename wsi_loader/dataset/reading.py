@@ -53,10 +53,7 @@ MIN_THREADED_JOBS = 4
 
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask, e.g. a container's CPU set)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return len(_affinity())
 
 
 def threads_per_process(processes: int) -> int:
@@ -108,18 +105,19 @@ class FreeCores:
             return 1
         if self._pid != os.getpid():
             self._pid, self._last, self._free = os.getpid(), None, None
-        cpus = _affinity()
-        idle = _idle_seconds(cpus)
-        if idle is None:
-            return limit
-        now = (time.monotonic(), time.process_time(), idle)
-        if self._last is None:
-            self._last = now
-        elif now[0] - self._last[0] >= self.interval:
-            wall = now[0] - self._last[0]
-            own = (now[1] - self._last[1]) / wall
-            spare = (now[2] - self._last[2]) / wall
-            self._free, self._last = own + spare, now
+        now = time.monotonic()
+        # /proc/stat is read only when a new sample is due, not at every batch
+        if self._last is None or now - self._last[0] >= self.interval:
+            idle = _idle_seconds(_affinity())
+            if idle is None:
+                return limit
+            sample = (now, time.process_time(), idle)
+            if self._last is not None:
+                wall = sample[0] - self._last[0]
+                own = (sample[1] - self._last[1]) / wall
+                spare = (sample[2] - self._last[2]) / wall
+                self._free = own + spare
+            self._last = sample
         if self._free is None:
             return limit
         return max(1, min(limit, int(self._free + 0.5)))
@@ -128,7 +126,7 @@ class FreeCores:
 def _affinity() -> set[int]:
     try:
         return set(os.sched_getaffinity(0))
-    except AttributeError:
+    except AttributeError:  # not on Linux
         return set(range(os.cpu_count() or 1))
 
 

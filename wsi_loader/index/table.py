@@ -245,47 +245,15 @@ class SlideIndex:
                 f"{SCHEMA_VERSION}); rebuild the index",
                 path=str(base),
             )
-        columns: TileArrays = {}
-        for name, dtype in TILE_COLUMNS.items():
-            file = gen / f"{name}.npy"
-            try:
-                array = np.load(file, mmap_mode="r")
-            except (OSError, ValueError, EOFError) as exc:  # EOFError: a zero-byte file
-                raise IndexFormatError(
-                    f"unreadable column {name!r}: {exc}", path=str(file)
-                ) from exc
-            if array.dtype != dtype or array.ndim != 1 or len(array) != meta["tiles_total"]:
-                raise IndexFormatError(
-                    f"column {name!r} has dtype {array.dtype}, shape {array.shape}; expected "
-                    f"{dtype} with {meta['tiles_total']} rows",
-                    path=str(file),
-                )
-            columns[name] = mapped(array)
+        rows = meta["tiles_total"]
         classes = tuple(str(c) for c in meta.get("annotation_classes") or ())
-        for name, dtype in OPTIONAL_COLUMNS.items():
-            if name not in (meta.get("columns") or {}):
-                continue
-            file = gen / f"{name}.npy"
-            try:
-                array = np.load(file, mmap_mode="r")
-            except (OSError, ValueError, EOFError) as exc:
-                raise IndexFormatError(
-                    f"unreadable column {name!r}: {exc}", path=str(file)
-                ) from exc
-            shape = (meta["tiles_total"], len(classes)) if name == "coverage" else None
-            if (
-                array.dtype != dtype
-                or len(array) != meta["tiles_total"]
-                or (shape is not None and array.shape != shape)
-                or (shape is None and array.ndim != 1)
-            ):
-                raise IndexFormatError(
-                    f"column {name!r} has dtype {array.dtype}, shape {array.shape}; expected "
-                    f"{dtype} with {meta['tiles_total']} rows"
-                    + (f" and {len(classes)} class columns" if shape else ""),
-                    path=str(file),
-                )
-            columns[name] = mapped(array)
+        columns: TileArrays = {
+            name: _load_column(gen, name, dtype, (rows,)) for name, dtype in TILE_COLUMNS.items()
+        }
+        for name, dtype in OPTIONAL_COLUMNS.items():  # annotated indexes only
+            if name in (meta.get("columns") or {}):
+                shape = (rows, len(classes)) if name == "coverage" else (rows,)
+                columns[name] = _load_column(gen, name, dtype, shape)
         try:
             slides = tuple(SlideRecord.from_json(s) for s in slides_json)
         except TypeError as exc:
@@ -540,6 +508,25 @@ class SlideIndex:
             },
             "quarantined": records,
         }
+
+
+def _load_column(
+    gen: Path, name: str, dtype: np.dtype[Any], shape: tuple[int, ...]
+) -> npt.NDArray[Any]:
+    """One column file, memory-mapped, checked against the dtype and shape meta.json gives."""
+    file = gen / f"{name}.npy"
+    try:
+        array = np.load(file, mmap_mode="r")
+    except (OSError, ValueError, EOFError) as exc:  # EOFError: a zero-byte file
+        raise IndexFormatError(f"unreadable column {name!r}: {exc}", path=str(file)) from exc
+    if array.dtype != dtype or array.shape != shape:
+        raise IndexFormatError(
+            f"column {name!r} has dtype {array.dtype}, shape {array.shape}; expected "
+            f"{dtype} with {shape[0]} rows"
+            + (f" and {shape[1]} class columns" if len(shape) > 1 else ""),
+            path=str(file),
+        )
+    return mapped(array)
 
 
 def _check_columns(columns: TileArrays, slides: int, gen: Path) -> None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import shapely
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 from shapely.geometry.base import BaseGeometry
 
 from wsi_loader.index.annotations.formats import Shape, polygonal, read_annotations
@@ -47,15 +49,8 @@ def merge(polygons: Sequence[BaseGeometry]) -> BaseGeometry:
         return shapely.union_all(polygons)
     array = np.asarray(polygons, dtype=object)
     left, right = shapely.STRtree(array).query(array)
-    group = np.arange(len(array))  # connected components of overlapping boxes
-    changed = True
-    while changed:
-        low = np.minimum(group[left], group[right])
-        before = group.copy()
-        np.minimum.at(group, left, low)
-        np.minimum.at(group, right, low)
-        group = group[group]
-        changed = not np.array_equal(group, before)
+    pairs = coo_matrix((np.ones(len(left)), (left, right)), shape=(len(array), len(array)))
+    _, group = connected_components(pairs, directed=False)  # groups of overlapping boxes
     parts = []
     for g in np.unique(group):
         members = array[group == g]
