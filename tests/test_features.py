@@ -249,3 +249,25 @@ def test_feature_bags_labels_padding_and_subsets(index: SlideIndex, tmp_path: Pa
         loader = DataLoader(bags, batch_size=1, sampler=sampler, collate_fn=pad_bags)
         seen += [name for batch in loader for name in batch["slide"]]
     assert sorted(seen) == ["bad", "good"]
+
+
+def test_a_replaced_slide_is_not_written_as_complete(index: SlideIndex, tmp_path: Path) -> None:
+    """A slide replaced after indexing (same size, other bytes) fails every read as a slide
+    fault: its file must not be written, or a rerun after the slide is restored would skip it
+    as complete and the bag would stay empty for good."""
+    good = index.slide_path([Path(s.path).name for s in index.slides].index("good.svs"))
+    original = Path(good).read_bytes()
+    Path(good).write_bytes(original[:-4096] + bytes(4096))  # the tail of the file changes
+    out = tmp_path / "f"
+    report = extract(index, "tests.feature_models:tiny", out, workers=0)
+    assert report.written == 1 and not (out / "good.h5").exists()
+    stored = [s.path for s in index.slides if s.path.endswith("good.svs")]
+    assert [entry["slide"] for entry in report.incomplete] == stored
+    assert "changed" in report.incomplete[0]["reason"]
+    summary = json.loads((out / "features.json").read_text())
+    assert summary["incomplete"] and "good" not in {Path(p).stem for p in summary["slides"]}
+    Path(good).write_bytes(original)  # restored: the next run writes it
+    again = extract(index, "tests.feature_models:tiny", out, workers=0)
+    assert (again.written, again.skipped, again.incomplete) == (1, 1, [])
+    with h5py.File(out / "good.h5", "r") as h5:
+        assert len(h5["features"]) == 80

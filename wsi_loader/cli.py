@@ -597,6 +597,9 @@ def cmd_mosaic(args: argparse.Namespace) -> int:
 def cmd_features(args: argparse.Namespace) -> int:
     from wsi_loader.features import extract
 
+    # `--model mymodels:encoder` finds mymodels.py in the current folder, as `python -m` would
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     _init_distributed()
     report = extract(
         args.index,
@@ -616,6 +619,11 @@ def cmd_features(args: argparse.Namespace) -> int:
         f"already complete, {report.failed} tiles failed: see features.json)",
         file=sys.stderr,
     )
+    if report.incomplete:
+        for entry in report.incomplete:
+            print(f"  not written: {entry['slide']}: {entry['reason']}", file=sys.stderr)
+        print("error: some slides could not be read; run the command again", file=sys.stderr)
+        return 1
     return 0
 
 

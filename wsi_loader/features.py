@@ -44,7 +44,7 @@ from wsi_loader.dataset.tiles import open_for_reading
 from wsi_loader.errors import ConfigError
 from wsi_loader.export import h5_file_names
 from wsi_loader.gpu import DeviceLoader
-from wsi_loader.index.table import SlideIndex
+from wsi_loader.index.table import SlideIndex, SlideRecord
 from wsi_loader.parallel import progress_bar
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,9 @@ class FeatureReport:
     dim: int | None = None
     failures: list[dict[str, Any]] = field(default_factory=list)
     written_slides: list[str] = field(default_factory=list)  # stored paths, by this rank
+    # slides left unwritten for the next run: reads failed for reasons that are not the data's
+    # (a changed or missing slide, resources), so a file would wrongly count as complete
+    incomplete: list[dict[str, Any]] = field(default_factory=list)
 
 
 def load_encoder(spec: str) -> Encoder:
@@ -154,7 +157,12 @@ def _callable(module_name: str, attribute: str, spec: str) -> Encoder:
         for part in attribute.split("."):
             target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import {spec}: {exc}", key="model", value=spec) from exc
+        raise ConfigError(
+            f"cannot import {spec}: {exc} (the module must be importable: on PYTHONPATH, or "
+            "in the current folder for the wsi-loader command)",
+            key="model",
+            value=spec,
+        ) from exc
     if not callable(target):
         raise ConfigError(f"{spec} is not callable", key="model", value=spec)
     made = target()
@@ -411,6 +419,17 @@ def _write_slide(
 
     record = view.slides[sid]
     cols = view.columns
+    failed = np.concatenate(parts.failed_rows) if parts.failed_rows else np.zeros(0, np.int64)
+    reasons, slide_fault = _failure_reasons(view, record) if len(failed) else ({}, None)
+    xy = [(int(cols["l0_x"][r]), int(cols["l0_y"][r])) for r in failed.tolist()]
+    unexplained = sum(key not in reasons for key in xy)
+    if unexplained:
+        why = slide_fault or "reads failed for want of resources (not recorded as data errors)"
+        log.warning(
+            "%s: not written, %d tiles failed: %s; run again", record.path, unexplained, why
+        )
+        report.incomplete.append({"slide": record.path, "tiles": unexplained, "reason": why})
+        return
     rows = np.concatenate(parts.rows) if parts.rows else np.zeros(0, np.int64)
     dim = next((p.shape[1] for p in parts.features if p.ndim == 2), report.dim or 0)
     features = (
@@ -441,18 +460,8 @@ def _write_slide(
             coords_ds.attrs[key] = attrs[key]
         h5.attrs.update(attrs)
     os.replace(tmp, path)
-    failed = np.concatenate(parts.failed_rows) if parts.failed_rows else np.zeros(0, np.int64)
-    reasons = _failure_reasons(view, record.path) if len(failed) else {}  # reads the quarantine
-    for row in failed.tolist():
-        x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
-        report.failures.append(
-            {
-                "slide": record.path,
-                "x": x,
-                "y": y,
-                "reason": reasons.get((x, y), "the read failed (see the dataset's log)"),
-            }
-        )
+    for x, y in xy:  # data errors of this version of the slide: left out for good
+        report.failures.append({"slide": record.path, "x": x, "y": y, "reason": reasons[(x, y)]})
     report.written += 1
     report.written_slides.append(record.path)
     report.tiles += len(features)
@@ -460,13 +469,21 @@ def _write_slide(
     report.dim = report.dim or (int(features.shape[1]) if features.size else None)
 
 
-def _failure_reasons(view: SlideIndex, path: str) -> dict[tuple[int, int], str]:
-    """The quarantine's reason for each failed tile of a slide (the workers recorded them)."""
-    reasons = {}
+def _failure_reasons(
+    view: SlideIndex, record: SlideRecord
+) -> tuple[dict[tuple[int, int], str], str | None]:
+    """What the workers recorded in the quarantine for this version of a slide: the error of
+    each tile that failed on its data, and the slide fault (missing, replaced), if any."""
+    reasons: dict[tuple[int, int], str] = {}
+    slide_fault = None
     for entry in view.quarantine.read():
-        if entry.get("path") == path and entry.get("kind", "tile") == "tile":
+        if entry.get("path") != record.path:
+            continue
+        if entry.get("kind", "tile") == "slide":
+            slide_fault = str(entry.get("error") or "the slide could not be read")
+        elif entry.get("fingerprint") in (None, record.fingerprint):
             reasons[(int(entry["x"]), int(entry["y"]))] = str(entry.get("error") or "read failed")
-    return reasons
+    return reasons, slide_fault
 
 
 def _write_summary(
@@ -489,6 +506,7 @@ def _write_summary(
         "dim": report.dim,
         "failures": report.failures,
         "slides_written": report.written_slides,
+        "incomplete": report.incomplete,
     }
     part_file = out / f".features-rank{rank}.json"
     _write_json(part_file, part)
@@ -501,6 +519,8 @@ def _write_summary(
     dim = next((p["dim"] for p in parts if p["dim"]), None)
     for sid in slide_ids:
         file = out / names[sid]
+        if not file.is_file():  # left for the next run (see "incomplete")
+            continue
         count = _count(file)
         slides[view.slides[sid].path] = {"file": names[sid], "features": count}
         if dim is None and count:
@@ -516,6 +536,7 @@ def _write_summary(
         "tiles": sum(v["features"] for v in slides.values()),
         "failed": sum(p["failed"] for p in parts),
         "failures": [f for p in parts for f in p["failures"]],
+        "incomplete": [i for p in parts for i in p["incomplete"]],
         "written_by": {path: p["rank"] for p in parts for path in p["slides_written"]},
         "ranks": world,
     }
