@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -106,3 +107,44 @@ def corrupt_rows(index: SlideIndex) -> np.ndarray:
     for c, r in CORRUPT:
         hits |= (cols["slide_id"] == bad_id) & (cols["l0_x"] == c * 256) & (cols["l0_y"] == r * 256)
     return np.flatnonzero(hits)
+
+
+# -- object storage (tests/servers.py) -----------------------------------------------------------
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1, reached through the standard AWS environment variables
+    (as a user's bucket is); a bucket ``slides`` exists."""
+    from tests.servers import moto_s3
+
+    with moto_s3() as server:
+        saved = {k: os.environ.get(k) for k in [*S3_ENV, "AWS_ENDPOINT_URL"]}
+        os.environ.update(S3_ENV, AWS_ENDPOINT_URL=server.url)
+        try:
+            s3_fs().mkdir("slides")
+            yield server.url
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def s3_fs() -> Any:
+    import fsspec
+
+    return fsspec.filesystem("s3", skip_instance_cache=False)
+
+
+def upload(local: Path | str, url: str) -> str:
+    """Put a local file at an ``s3://`` URL; returns the URL."""
+    s3_fs().put_file(str(local), url.removeprefix("s3://"))
+    s3_fs().invalidate_cache()
+    return url

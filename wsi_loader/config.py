@@ -132,6 +132,15 @@ class DatasetConfig(_Strict):
     max_open_slides: int = Field(16, ge=1)
     openslide_cache_mb: int = Field(64, ge=0)
     layout_cache_mb: int = Field(64, ge=0)
+    prefetch_mb: int = Field(
+        64, ge=0, description="remote slides: bytes fetched ahead of the reads, per process"
+    )
+    remote_cache_dir: str = Field(
+        "~/.cache/wsi_loader/slides",
+        min_length=1,
+        description="local copies of remote slides only OpenSlide reads (NDPI, SCN...)",
+    )
+    remote_cache_gb: float = Field(100, gt=0, allow_inf_nan=False)
     exclude_quarantined: bool = False
     decode_threads: int | None = Field(None, ge=1)
     split: str | None = Field(None, min_length=1, description="read only this split's slides")
@@ -158,6 +167,9 @@ class LoaderConfig(_Strict):
     num_workers: int | None = Field(None, ge=0)
     pin_memory: bool | None = None
     prefetch_factor: int = Field(4, ge=1)
+    prefetch: int = Field(
+        2, ge=0, description="batches of look-ahead per reader whose bytes are fetched early"
+    )
     persistent_workers: bool = True
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None
     decode: Literal["cpu", "device"] = "cpu"

@@ -17,6 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_wor
 from wsi_loader.config import LoaderConfig, validate
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing
+from wsi_loader.dataset.look_ahead import BatchPlan, LookAhead
 from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.dataset.samplers import DistributedTileSampler
 from wsi_loader.dataset.tiles import TileDataset
@@ -44,10 +45,15 @@ class BatchReads(Dataset[TileBatch]):
     def __len__(self) -> int:
         return len(self.tiles)
 
-    def __getitem__(self, rows: Sequence[int]) -> TileBatch:
+    def __getitem__(self, rows: Sequence[int] | BatchPlan) -> TileBatch:
+        ahead = None
+        if isinstance(rows, BatchPlan):
+            rows, ahead = rows
         worker = get_worker_info()
         if self.reading is None or worker is None:
-            return self.tiles.read_batch(rows, encoded=self.encoded, buffers=self.buffers)
+            return self.tiles.read_batch(
+                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead
+            )
         # a numpy view of the shared slots: a plain store per slide read, no torch call
         slots, slot = self.reading.numpy(), worker.id
 
@@ -56,7 +62,9 @@ class BatchReads(Dataset[TileBatch]):
 
         self.tiles.reader.on_slide = note
         try:
-            return self.tiles.read_batch(rows, encoded=self.encoded, buffers=self.buffers)
+            return self.tiles.read_batch(
+                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead
+            )
         finally:
             slots[slot] = -1
 
@@ -114,6 +122,7 @@ def make_loader(
     num_workers: int | None = None,
     pin_memory: bool | None = None,
     prefetch_factor: int = 4,
+    prefetch: int = 2,
     persistent_workers: bool = True,
     multiprocessing_context: str | None = None,
     decode: str = "cpu",
@@ -134,10 +143,13 @@ def make_loader(
     ``reuse_buffers``: each reading process recycles a batch buffer once no tensor over it is
     left in the process that received the batch (saves the page faults of fresh shared memory,
     ~20% of a worker's time); batches sent on to other processes are copied by torch, so
-    holding or forwarding batches is always safe. ``timeout`` (seconds, with workers): no
-    batch for that long raises `TimeoutError` naming the slides the workers were reading
-    (a hung network share, a file that blocks) instead of waiting forever. Other keyword
-    arguments go to `TileDataset`
+    holding or forwarding batches is always safe. ``prefetch``: each reading process is told
+    the rows of its next ``prefetch`` batches and requests their bytes before decoding the
+    current one (range requests for slides on object storage, read-ahead for local files;
+    bounded by the dataset's ``prefetch_mb``; see `wsi_loader.dataset.look_ahead`).
+    ``timeout`` (seconds, with workers): no batch for that long raises `TimeoutError` naming
+    the slides the workers were reading (a hung network share, a file that blocks) instead of
+    waiting forever. Other keyword arguments go to `TileDataset`
     (``transform``, ``batch_transform``, ``split``, ``on_error``...).
     """
     opts: LoaderConfig = validate(
@@ -150,6 +162,7 @@ def make_loader(
             "num_workers": num_workers,
             "pin_memory": pin_memory,
             "prefetch_factor": prefetch_factor,
+            "prefetch": prefetch,
             "persistent_workers": persistent_workers,
             "multiprocessing_context": multiprocessing_context,
             "decode": decode,
@@ -199,7 +212,9 @@ def make_loader(
             reading=reading,
         ),
         batch_size=None,
-        sampler=BatchSampler(sampler, batch_size, drop_last),
+        sampler=LookAhead(
+            BatchSampler(sampler, batch_size, drop_last), max(1, workers), opts.prefetch
+        ),
         num_workers=workers,
         collate_fn=_passthrough,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,

@@ -32,11 +32,12 @@ from wsi_loader.errors import (
     TransientReadError,
     is_transient,
 )
-from wsi_loader.index.inputs import content_key
+from wsi_loader.index.inputs import content_digest, content_key
 from wsi_loader.index.quarantine import Quarantine
 from wsi_loader.index.table import SlideIndex
-from wsi_loader.slides.base import RGBArray, SlideReader, resize
+from wsi_loader.slides.base import Prefetching, RGBArray, SlideReader, resize
 from wsi_loader.slides.pool import HandlePool
+from wsi_loader.slides.storage import is_url, remote_content, remote_stat
 from wsi_loader.slides.tiff_backend import SegmentJob, SegmentKey, TiffReader
 
 log = logging.getLogger(__name__)
@@ -192,8 +193,11 @@ class TileReader:
         a ``touch`` passes). Run on every fresh open; kept layouts reopened on an unchanged
         file skip it."""
         expected = self._contents.get(path)
-        if expected is None or "://" in path:
-            return  # an index from before content digests, or a remote slide
+        if expected is None:
+            return  # an index from before content digests
+        if is_url(path):
+            self._verify_remote(path, expected)
+            return
         try:
             st = os.stat(path)
             identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -210,6 +214,20 @@ class TileReader:
                 "rebuild the index",
                 path=path,
             )
+
+    def _verify_remote(self, path: str, expected: str) -> None:
+        """`_verify` for an object: its size and head/tail digest, once per object version."""
+        stat = remote_stat(path)
+        identity = (0, 0, stat.size, hash(stat.version))
+        if self._verified.get(path) == identity:
+            return
+        if content_digest(stat.size, remote_content(path, stat.size)) != expected:
+            raise SlideChangedError(
+                "the object is not the slide that was indexed (its size or contents changed); "
+                "rebuild the index",
+                path=path,
+            )
+        self._verified[path] = identity
 
     def get_reader(self, slide_id: int) -> SlideReader:
         """This process's open reader of a slide (opened and verified as needed)."""
@@ -366,14 +384,45 @@ class TileReader:
         return None
 
     # -- public ----------------------------------------------------------------------------
+    def prefetch(self, rows: npt.ArrayLike) -> None:
+        """Start fetching the bytes of ``rows`` in the background and return: coalesced,
+        concurrent range requests for remote slides (within the pool's ``prefetch_bytes``),
+        kernel read-ahead for local raw-read files open in this process. Remote slides are
+        opened for it when the pool can hold them all; slides that cannot be opened are
+        skipped here (their reads report them)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if not len(rows) or rows.min() < 0 or rows.max() >= len(self.index):
+            return
+        windows = self._windows(rows)
+        by_slide: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        for slide_id, x, y, level, size in windows:
+            by_slide.setdefault(slide_id, []).append((x, y, level, size, size))
+        for slide_id, wanted in by_slide.items():
+            if slide_id in self.slide_faults:
+                continue
+            path = self._paths[slide_id]
+            try:
+                reader = self.pool.peek(path, self.backend)
+                if reader is None and is_url(path) and len(by_slide) <= self.pool.open_limit:
+                    reader = self.pool.get(path, self.backend, self._verify)
+                if isinstance(reader, Prefetching):
+                    reader.prefetch(wanted, self.tile_size)
+            except SlideError as exc:
+                log.debug("prefetch of %s skipped: %s", self._paths[slide_id], exc)
+
     def read(
         self,
         rows: npt.ArrayLike,
         out: npt.NDArray[np.uint8] | None = None,
         encoded: bool = False,
         threads: int = 1,
+        ahead: npt.ArrayLike | None = None,
     ) -> ReadResult:
         """Read ``rows`` into one (N, H, W, 3) buffer, grouped by slide for handle locality.
+
+        The bytes of all ``rows`` are requested first, together (`prefetch`), then those of
+        ``ahead`` (rows the caller will read next), then the tiles are decoded: remote tiles
+        arrive concurrently and the next reads' bytes travel while this one decodes.
 
         With ``encoded``, rows that are exactly one JPEG storage tile are not decoded: their
         compressed stream goes to ``result.encoded[i]`` (pixels left zero) for a GPU decoder.
@@ -400,6 +449,9 @@ class TileReader:
         )
         if n and (rows.min() < 0 or rows.max() >= len(self.index)):
             raise IndexError(f"rows out of range 0..{len(self.index) - 1}")
+        self.prefetch(rows)
+        if ahead is not None:
+            self.prefetch(ahead)
         windows = self._windows(rows)
         todo = np.argsort(self.index.columns["slide_id"][rows], kind="stable").tolist()
         if result.encoded is not None:

@@ -121,6 +121,9 @@ class TileDataset(Dataset[Sample]):
 
     ``max_open_slides``: files open per process (LRU); ``layout_cache_mb``: parsed layouts
     that raw-read slides keep when closed, so reopening them is cheap (see `HandlePool`).
+    Slides on object storage (URLs): ``prefetch_mb`` bounds the bytes each process fetches
+    ahead of its reads; ``remote_cache_dir`` / ``remote_cache_gb`` hold local copies of the
+    remote slides only OpenSlide reads (see `wsi_loader.slides.storage`).
     ``decode_threads``: threads that read and decode the tiles of one batch read (`read_batch`,
     ``__getitems__``; see `TileReader.read`). ``None`` divides the usable cores among the
     reading processes: all of them with ``num_workers=0``, one each with one worker per core;
@@ -139,6 +142,9 @@ class TileDataset(Dataset[Sample]):
         max_open_slides: int = 16,
         openslide_cache_mb: int = 64,
         layout_cache_mb: int = 64,
+        prefetch_mb: int = 64,
+        remote_cache_dir: str = "~/.cache/wsi_loader/slides",
+        remote_cache_gb: float = 100,
         exclude_quarantined: bool = False,
         split: str | None = None,
         missing_slides: str = "raise",
@@ -159,6 +165,9 @@ class TileDataset(Dataset[Sample]):
                 "max_open_slides": max_open_slides,
                 "openslide_cache_mb": openslide_cache_mb,
                 "layout_cache_mb": layout_cache_mb,
+                "prefetch_mb": prefetch_mb,
+                "remote_cache_dir": remote_cache_dir,
+                "remote_cache_gb": remote_cache_gb,
                 "exclude_quarantined": exclude_quarantined,
                 "split": split,
                 "missing_slides": missing_slides,
@@ -185,6 +194,9 @@ class TileDataset(Dataset[Sample]):
                 options.max_open_slides,
                 options.openslide_cache_mb * 2**20,
                 options.layout_cache_mb * 2**20,
+                prefetch_bytes=options.prefetch_mb * 2**20,
+                remote_cache_dir=options.remote_cache_dir,
+                remote_cache_bytes=int(options.remote_cache_gb * 2**30),
             ),
             backend=options.backend,
             record_failures=options.record_failures,
@@ -229,10 +241,16 @@ class TileDataset(Dataset[Sample]):
         return np.asarray(self.slide_labels[self.index.columns["slide_id"][rows]], np.int64)
 
     def read_rows(
-        self, rows: np.ndarray, out: np.ndarray | None = None, encoded: bool = False
+        self,
+        rows: np.ndarray,
+        out: np.ndarray | None = None,
+        encoded: bool = False,
+        ahead: Sequence[int] | None = None,
     ) -> ReadResult:
         """`TileReader.read` with this process's decode threads."""
-        return self.reader.read(rows, out=out, encoded=encoded, threads=self.threads_here())
+        return self.reader.read(
+            rows, out=out, encoded=encoded, threads=self.threads_here(), ahead=ahead
+        )
 
     def _samples(self, rows: np.ndarray, result: ReadResult) -> list[Sample]:
         cols = self.index.columns
@@ -296,9 +314,14 @@ class TileDataset(Dataset[Sample]):
             pixels[i] = out.numpy().transpose(1, 2, 0)
 
     def read_batch(
-        self, rows: Sequence[int], encoded: bool = False, buffers: BufferRing | None = None
+        self,
+        rows: Sequence[int],
+        encoded: bool = False,
+        buffers: BufferRing | None = None,
+        ahead: Sequence[int] | None = None,
     ) -> TileBatch:
-        """Read rows into one `TileBatch` (NHWC uint8); see `make_loader`.
+        """Read rows into one `TileBatch` (NHWC uint8); see `make_loader`. ``ahead``: rows
+        this process reads next, whose bytes are requested before this batch is decoded.
 
         With ``buffers``, the pixels go into a buffer of that ring that is reused once no
         tensor over this batch is left (``batch.recycled``; see `wsi_loader.dataset.buffers`).
@@ -314,7 +337,7 @@ class TileDataset(Dataset[Sample]):
             images, recycled = fresh_buffer(shape, shared=in_worker), False
         try:
             pixels = images.numpy()
-            result = self.read_rows(array, out=pixels, encoded=encoded)
+            result = self.read_rows(array, out=pixels, encoded=encoded, ahead=ahead)
             if self.transform is not None:
                 self._transform_in_place(pixels)
         except BaseException:

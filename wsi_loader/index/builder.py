@@ -47,6 +47,7 @@ from wsi_loader.index.table import (
 from wsi_loader.index.tissue import read_mask_image, tile_fractions, tissue_mask
 from wsi_loader.parallel import progress_bar, run_all
 from wsi_loader.slides.open import open_slide
+from wsi_loader.slides.storage import is_url, remote_stat
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +199,22 @@ def _join(first: str | None, second: str) -> str:
 def _stored_path(path: str, root: str | None) -> str:
     if root is None:
         return path
+    if is_url(path) or is_url(root):
+        prefix = root.rstrip("/") + "/"
+        return path[len(prefix) :] if path.startswith(prefix) else path
     rel = os.path.relpath(path, root)
     return path if rel.startswith(os.pardir + os.sep) or rel == os.pardir else rel
+
+
+def _exists(path: str) -> bool:
+    """Whether a slide file or object exists (an unreachable store: no)."""
+    if not is_url(path):
+        return os.path.exists(path)
+    try:
+        remote_stat(path)
+    except SlideError:
+        return False
+    return True
 
 
 def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
@@ -271,7 +286,7 @@ def _check_splits(records: list[SlideRecord], root: str | None) -> None:
             path = record.path if root is None else os.path.join(root, record.path)
             try:
                 key = content_key(path)
-            except OSError:
+            except (OSError, SlideError):
                 continue
         other = seen.setdefault(key, record)
         if other.split != record.split:
@@ -403,14 +418,14 @@ def _build(
     executor: Any,
     progress: bool,
 ) -> SlideIndex:
-    root = os.path.abspath(cfg.root) if cfg.root else None
+    root = (cfg.root if is_url(cfg.root) else os.path.abspath(cfg.root)) if cfg.root else None
     names = [os.fspath(i) for i in inputs]
     entries = discover(names)
     if not entries:
         raise InputError(
             f"no slide files found in {', '.join(names) or 'no inputs'}; nothing was written"
         )
-    if not any(os.path.exists(e.path) for e in entries):
+    if not any(_exists(e.path) for e in entries):
         raise InputError(
             f"none of the inputs exists ({', '.join(names[:3])}); is the share mounted? "
             "Nothing was written"
@@ -450,7 +465,7 @@ def _build(
         ):
             try:
                 digest: str | None = fingerprint(entry.path)[2]
-            except OSError:
+            except (OSError, SlideError):
                 digest = None
             if digest == hit[1].fingerprint:
                 record = replace(hit[1], label=entry.label, split=entry.split)

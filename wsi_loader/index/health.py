@@ -3,7 +3,8 @@
 A missing or unreadable slide is one *slide* fault, never thousands of tile faults: datasets,
 loaders and exports call `require_slides` when they start (one ``stat`` per slide), and either
 fail naming the missing slides and the root to fix, or leave those slides out with a warning.
-Remote paths (URLs) are not checked here.
+Remote slides (URLs) are checked with one metadata request each, run concurrently: a missing
+object, a refused credential or an unreachable store is said here, before any tile is read.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
-from wsi_loader.errors import SlideNotFoundError
+from wsi_loader.errors import SlideError, SlideNotFoundError
 from wsi_loader.index.table import SlideIndex
+from wsi_loader.slides.storage import is_url, remote_stat
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +29,9 @@ SHOWN = 5  # missing slides named in messages
 def slide_problem(index: SlideIndex, slide_id: int) -> str | None:
     """Why slide ``slide_id`` cannot be read as indexed, or None when it looks fine."""
     path = index.slide_path(slide_id)
-    if "://" in path:
-        return None
+    record = index.slides[slide_id]
+    if is_url(path):
+        return _object_problem(path, record.size)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -38,10 +42,22 @@ def slide_problem(index: SlideIndex, slide_id: int) -> str | None:
         return "is not a regular file"
     if not os.access(path, os.R_OK):
         return "cannot be read (permission denied)"
-    record = index.slides[slide_id]
     series = path.lower().endswith((".dcm", ".dicom"))  # the recorded size is the series'
     if record.size is not None and not series and st.st_size != record.size:
         return f"changed since indexing ({st.st_size} bytes, indexed {record.size}); rebuild"
+    return None
+
+
+def _object_problem(url: str, size: int | None) -> str | None:
+    try:
+        stat = remote_stat(url)
+    except SlideNotFoundError:
+        return "does not exist"
+    except SlideError as exc:
+        reason = str(exc)
+        return f"cannot be reached ({reason.removeprefix(url + ': ')})"
+    if size is not None and stat.size != size:
+        return f"changed since indexing ({stat.size} bytes, indexed {size}); rebuild"
     return None
 
 
@@ -57,9 +73,17 @@ def require_slides(index: SlideIndex, on_missing: str = "raise") -> SlideIndex:
     (``"exclude"``)."""
     if on_missing not in ON_MISSING:
         raise ValueError(f"missing_slides must be one of {ON_MISSING}, got {on_missing!r}")
+    in_use = slides_in_use(index)
+    remote = [sid for sid in in_use if is_url(index.slide_path(sid))]
+    found: dict[int, str | None] = {}
+    if remote:  # one round trip each: run them together
+        with ThreadPoolExecutor(min(32, len(remote)), thread_name_prefix="wsi-stat") as pool:
+            found = dict(
+                zip(remote, pool.map(lambda s: slide_problem(index, s), remote), strict=True)
+            )
     problems = {}
-    for sid in slides_in_use(index):
-        problem = slide_problem(index, sid)
+    for sid in in_use:
+        problem = found[sid] if sid in found else slide_problem(index, sid)
         if problem is not None:
             problems[sid] = problem
     if not problems:

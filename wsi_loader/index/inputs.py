@@ -7,6 +7,11 @@ A CSV manifest has a header with ``path`` and optionally ``label``, ``split``, `
 ``annotations`` (annotation files of the slide, ``;``-separated);
 relative paths are relative to the manifest's folder. A labels CSV (``path`` or ``slide``,
 plus ``label``) is joined by absolute path first, then by slide name.
+
+URLs (``s3://bucket/prefix``, ``gs://...``, ``https://...``) work wherever a path does: a
+prefix is listed (recursively) like a folder, a URL glob is expanded, manifests may name URLs
+(or be URLs themselves: their relative paths are then relative to the manifest's URL folder).
+``file://`` URLs are local paths.
 """
 
 from __future__ import annotations
@@ -15,13 +20,24 @@ import csv
 import errno
 import glob
 import hashlib
+import io
 import os
+import posixpath
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from wsi_loader.errors import InputError
+from wsi_loader.errors import InputError, SlideError
+from wsi_loader.slides.storage import (
+    is_url,
+    list_objects,
+    local_path,
+    read_range,
+    remote_content,
+    remote_stat,
+    url_join,
+)
 
 SLIDE_SUFFIXES = frozenset(
     {
@@ -47,7 +63,9 @@ DICOM_MAGIC_OFFSET, DICOM_MAGIC = 128, b"DICM"
 
 def is_dicom(path: str) -> bool:
     """True when ``path`` is a DICOM file (by its preamble; unreadable files are not, and
-    neither is anything but a regular file: opening a FIFO would block)."""
+    neither is anything but a regular file: opening a FIFO would block). URLs: by name."""
+    if is_url(path):
+        return _is_dicom_name(path)
     if not os.path.isfile(path):
         return False
     try:
@@ -149,9 +167,31 @@ def _parse_float(value: str, path: str, line: int, column: str) -> float | None:
     return number
 
 
+def _csv_text(path: str) -> io.StringIO:
+    """A CSV file's text (a local file or a URL), decoded as UTF-8 (a BOM is dropped)."""
+    if is_url(path):
+        data = read_range(path, 0, remote_stat(path).size)
+    else:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    return io.StringIO(data.decode("utf-8-sig"), newline="")
+
+
+def _resolve(folder: str, value: str) -> str:
+    """A manifest's path cell: a URL as it is, else relative to the manifest's folder."""
+    value = local_path(value)
+    if is_url(value) or is_url(folder):
+        return url_join(folder, value)
+    return os.path.normpath(os.path.join(folder, value))
+
+
+def _folder_of(path: str) -> str:
+    return path.rsplit("/", 1)[0] if is_url(path) else os.path.dirname(os.path.abspath(path))
+
+
 def read_csv_rows(path: str, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:
     try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
+        with _csv_text(path) as fh:
             reader = csv.DictReader(fh)
             header = [h.strip() for h in (reader.fieldnames or [])]
             if not header:
@@ -177,12 +217,14 @@ def read_csv_rows(path: str, required: Sequence[str]) -> list[tuple[int, dict[st
     except csv.Error as exc:
         raise InputError(f"malformed CSV: {exc}", path=path) from exc
     except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", path=path) from exc
+        raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from exc
+    except SlideError as exc:  # a manifest URL that cannot be fetched
+        raise InputError(f"cannot read: {exc}", path=path) from exc
 
 
 def read_manifest(path: str) -> list[SlideEntry]:
     """Entries of a ``path,label[,split][,mpp]`` manifest."""
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = _folder_of(path)
     entries: list[SlideEntry] = []
     seen: dict[str, int] = {}
     for line, row in read_csv_rows(path, ["path"]):
@@ -191,13 +233,13 @@ def read_manifest(path: str) -> list[SlideEntry]:
         value = row["path"]
         if not value:
             raise InputError("empty 'path'", path=path, line=line)
-        full = os.path.normpath(os.path.join(folder, value))
+        full = _resolve(folder, value)
         if full in seen:
             raise InputError(
                 f"{value!r} is listed twice (first on line {seen[full]})", path=path, line=line
             )
         seen[full] = line
-        if os.path.isdir(full):
+        if not is_url(full) and os.path.isdir(full):
             dicoms = dicom_series_files(os.path.join(full, "_"))
             full = dicoms[0] if dicoms else full
         entries.append(
@@ -215,18 +257,28 @@ def read_manifest(path: str) -> list[SlideEntry]:
 def annotation_paths(value: str, folder: str) -> tuple[str, ...]:
     """A manifest cell naming annotation files (several separated by ``;``), relative to the
     manifest's folder."""
-    return tuple(
-        os.path.normpath(os.path.join(folder, part.strip()))
-        for part in value.split(";")
-        if part.strip()
-    )
+    return tuple(_resolve(folder, part.strip()) for part in value.split(";") if part.strip())
 
 
 def discover(inputs: Iterable[str | os.PathLike[str]]) -> list[SlideEntry]:
     """Expand files, folders, globs and ``.csv`` manifests into unique slide entries, in order."""
     entries: dict[str, SlideEntry] = {}
     for item in inputs:
-        text = os.fspath(item)
+        text = local_path(os.fspath(item))
+        if is_url(text):
+            if text.lower().endswith(".csv"):
+                for entry in read_manifest(text):
+                    entries.setdefault(entry.path, entry)
+                continue
+            if Path(text).suffix.lower() in SLIDE_SUFFIXES and not _GLOB_CHARS & set(text):
+                urls = [text]  # one object (a missing one is recorded as failed)
+            else:
+                urls = list_objects(text, SLIDE_SUFFIXES)
+                if not urls:
+                    raise InputError(f"no slide objects under {text!r}")
+            for url in urls:
+                entries.setdefault(url, SlideEntry(path=url))
+            continue
         if text.lower().endswith(".csv") and os.path.isfile(text):
             for entry in read_manifest(text):
                 entries.setdefault(entry.path, entry)
@@ -256,7 +308,7 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
     label). A row with an empty label, or a slide given two different labels or splits, is an
     `InputError`.
     """
-    folder = os.path.dirname(os.path.abspath(labels_csv))
+    folder = _folder_of(labels_csv)
     by_path: dict[str, tuple[str, str | None]] = {}
     by_name: dict[str, tuple[str, str | None]] = {}
     row_name: dict[tuple[str, str], str] = {}
@@ -271,7 +323,7 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
             )
         value = (row["label"], row.get("split") or None)
         if row.get("path"):
-            table, key = by_path, os.path.normpath(os.path.join(folder, row["path"]))
+            table, key = by_path, _resolve(folder, row["path"])
             shown = row["path"]
         elif row.get("slide"):
             table, key, shown = by_name, row["slide"], row["slide"]
@@ -323,7 +375,7 @@ def _head_tail(path: str, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _content_digest(size: int, head_tail: bytes) -> str:
+def content_digest(size: int, head_tail: bytes) -> str:
     digest = hashlib.blake2b(digest_size=16)
     digest.update(str(size).encode())
     digest.update(head_tail)
@@ -332,10 +384,13 @@ def _content_digest(size: int, head_tail: bytes) -> str:
 
 def content_key(path: str) -> str:
     """A digest of a file's size and first and last 64 KiB, without its name or mtime: equal
-    for copies of one slide (used to keep a slide out of two splits, and to tell a replaced
-    slide). Raises OSError."""
+    for copies of one slide, local or remote (used to keep a slide out of two splits, and to
+    tell a replaced slide). Raises OSError (or `SlideError` for a URL)."""
+    if is_url(path):
+        size = remote_stat(path).size
+        return content_digest(size, remote_content(path, size))
     st = _require_regular(path)
-    return _content_digest(st.st_size, _head_tail(path, st.st_size))
+    return content_digest(st.st_size, _head_tail(path, st.st_size))
 
 
 def identify(path: str) -> tuple[int, int, str, str]:
@@ -344,7 +399,15 @@ def identify(path: str) -> tuple[int, int, str, str]:
     The fingerprint covers names, sizes, mtimes and the first and last 64 KiB of every file
     (DICOM: the series folder), so a rewrite that keeps size and mtime is still noticed; the
     content digest (`content_key`) covers the first file's bytes only. Raises OSError when the
-    file is gone."""
+    file is gone. An object (URL): its size, mtime, version (ETag) and first and last 64 KiB,
+    three requests."""
+    if is_url(path):
+        stat = remote_stat(path)
+        head_tail = remote_content(path, stat.size)
+        remote = hashlib.blake2b(digest_size=16)
+        remote.update(f"{posixpath.basename(path)}:{stat.size}:{stat.version};".encode())
+        remote.update(head_tail)
+        return stat.size, stat.mtime_ns, remote.hexdigest(), content_digest(stat.size, head_tail)
     files = [path]
     if _is_dicom_name(path) or is_dicom(path):
         files = dicom_series_files(path) or [path]
@@ -360,7 +423,7 @@ def identify(path: str) -> tuple[int, int, str, str]:
         head_tail = _head_tail(file, st.st_size)
         digest.update(head_tail)
         if file == files[0]:
-            content = _content_digest(st.st_size, head_tail)
+            content = content_digest(st.st_size, head_tail)
     if files[0] != path:  # DICOM: the content digest is the entry's own file
         content = content_key(path)
     return size, mtime, digest.hexdigest(), content

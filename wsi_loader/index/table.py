@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 from wsi_loader.errors import IndexFormatError
 from wsi_loader.index.quarantine import Quarantine, coords_in
+from wsi_loader.slides.storage import is_url, url_join
 
 log = logging.getLogger(__name__)
 
@@ -419,8 +420,10 @@ class SlideIndex:
     def slide_path(self, slide_id: int) -> str:
         """Absolute path of a slide, with the root (or its remapping) applied."""
         stored = self.slides[slide_id].path
-        if os.path.isabs(stored) or self.root is None:
+        if os.path.isabs(stored) or is_url(stored) or self.root is None:
             return stored
+        if is_url(self.root):
+            return url_join(self.root + "/", stored)
         return os.path.join(self.root, stored)
 
     def slide_labels(self) -> npt.NDArray[np.int64]:

@@ -20,6 +20,7 @@ from PIL import Image
 RGBArray = npt.NDArray[np.uint8]
 Value = TypeVar("Value")
 MppSource = Literal["vendor", "tiff-resolution", "manifest", "missing"]
+Window = tuple[int, int, int, int, int]  # (l0_x, l0_y, level, l_w, l_h)
 
 # Resolutions coarser than this are not microscope scans: they come from a screen DPI
 # (72 dpi = 352.8 um/px) written by generic image software.
@@ -79,6 +80,14 @@ class SlideReader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Prefetching(Protocol):
+    """A reader that can start fetching the bytes of windows it will read soon (remote range
+    requests, kernel read-ahead) and return at once."""
+
+    def prefetch(self, windows: list[Window], out_size: int) -> None: ...
 
 
 def l0_to_level(l0: int, downsample: float) -> int:

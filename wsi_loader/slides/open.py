@@ -9,6 +9,11 @@
 
 A file OpenSlide detects but cannot open (e.g. an unsupported compression) is reported with
 OpenSlide's reason. ``openslide`` and ``tiff`` force one backend.
+
+A URL (``s3://``, ``gs://``, ``https://``) is read in place by the raw path when it is an Aperio
+or generic tiled TIFF the raw path decodes (header by a few block reads, tiles by range
+requests); any other slide is copied whole into the local cache (`LocalCopies`) and opened
+from there.
 """
 
 from __future__ import annotations
@@ -21,13 +26,17 @@ import openslide
 
 from wsi_loader.errors import SlideNotFoundError, SlideOpenError
 from wsi_loader.slides.base import SlideReader
+from wsi_loader.slides.local_copies import LocalCopies
 from wsi_loader.slides.openslide_backend import OpenSlideReader
+from wsi_loader.slides.storage import RangeStore, is_url, local_path
 from wsi_loader.slides.tiff_backend import SegmentCache, TiffReader
 
 Backend = Literal["auto", "openslide", "tiff"]
 BACKENDS: tuple[str, ...] = ("auto", "openslide", "tiff")
 # OpenSlide formats whose files the raw tifffile path reads identically (tested pixel for pixel)
 RAW_FORMATS = frozenset({"aperio", "generic-tiff"})
+# remote objects worth trying in place (a TIFF structure the raw path may read)
+RAW_SUFFIXES = (".svs", ".tif", ".tiff")
 
 
 def open_slide(
@@ -35,13 +44,21 @@ def open_slide(
     backend: str = "auto",
     cache: openslide.OpenSlideCache | None = None,
     segment_cache: SegmentCache | None = None,
+    store: RangeStore | None = None,
+    copies: LocalCopies | None = None,
 ) -> SlideReader:
-    """Open ``path`` and return a reader; raises `SlideNotFoundError` or `SlideOpenError`.
+    """Open ``path`` (a file or a URL) and return a reader; raises `SlideNotFoundError` or
+    `SlideOpenError` (`TransientReadError` when a store cannot be reached).
 
-    ``cache`` is the OpenSlide tile cache, ``segment_cache`` the raw path's decoded-tile cache.
+    ``cache`` is the OpenSlide tile cache, ``segment_cache`` the raw path's decoded-tile cache,
+    ``store`` the process's prefetched byte ranges of remote slides, ``copies`` the local cache
+    of remote slides only OpenSlide reads.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    path = local_path(path)
+    if is_url(path):
+        return _open_remote(path, backend, cache, segment_cache, store, copies)
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -75,6 +92,23 @@ def open_slide(
             raise SlideOpenError(
                 f"{_reason(openslide_error)}; {_reason(tiff_error)}", path=path
             ) from tiff_error
+
+
+def _open_remote(
+    url: str,
+    backend: str,
+    cache: openslide.OpenSlideCache | None,
+    segment_cache: SegmentCache | None,
+    store: RangeStore | None,
+    copies: LocalCopies | None,
+) -> SlideReader:
+    if backend == "tiff" or (backend == "auto" and url.lower().endswith(RAW_SUFFIXES)):
+        raw = TiffReader(url, segment_cache, store)
+        if backend == "tiff" or (raw.qualifies() and raw.meta.vendor in RAW_FORMATS):
+            return raw
+        raw.close()
+    local = (copies if copies is not None else LocalCopies()).local(url)
+    return open_slide(local, backend, cache, segment_cache)
 
 
 def _reason(error: SlideOpenError) -> str:

@@ -21,7 +21,9 @@ from contextlib import contextmanager
 import openslide
 
 from wsi_loader.slides.base import BytesLRU, SlideReader
+from wsi_loader.slides.local_copies import DEFAULT_FOLDER, DEFAULT_MAX_BYTES, LocalCopies
 from wsi_loader.slides.open import open_slide
+from wsi_loader.slides.storage import RangeStore
 from wsi_loader.slides.tiff_backend import SegmentCache, TiffReader
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,10 @@ class HandlePool:
     ``max_open`` fast (each batch touches most of its slides). OpenSlide handles cannot be kept
     that way: for archives of OpenSlide-read slides, raise ``max_open`` or sample slide-grouped
     (`DistributedTileSampler(slide_window=...)`).
+
+    Remote slides (URLs): ``prefetch_bytes`` bounds the byte ranges fetched ahead of the
+    reads in this process (a `RangeStore`); slides only OpenSlide reads are copied into
+    ``remote_cache_dir``, at most ``remote_cache_bytes`` (shared by the machine's processes).
     """
 
     def __init__(
@@ -54,6 +60,9 @@ class HandlePool:
         max_open: int = 16,
         openslide_cache_bytes: int = 64 * 2**20,
         layout_cache_bytes: int = 64 * 2**20,
+        prefetch_bytes: int = 64 * 2**20,
+        remote_cache_dir: str = DEFAULT_FOLDER,
+        remote_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         if max_open < 1:
             raise ValueError(f"max_open must be >= 1, got {max_open}")
@@ -61,9 +70,13 @@ class HandlePool:
             raise ValueError(f"openslide_cache_bytes must be >= 0, got {openslide_cache_bytes}")
         if layout_cache_bytes < 0:
             raise ValueError(f"layout_cache_bytes must be >= 0, got {layout_cache_bytes}")
+        if prefetch_bytes < 0:
+            raise ValueError(f"prefetch_bytes must be >= 0, got {prefetch_bytes}")
         self.max_open = max_open
         self.openslide_cache_bytes = openslide_cache_bytes
         self.layout_cache_bytes = layout_cache_bytes
+        self.prefetch_bytes = prefetch_bytes
+        self.copies = LocalCopies(remote_cache_dir, remote_cache_bytes)
         self._pid = -1
         self._reset()
         _live_pools.add(self)
@@ -78,18 +91,22 @@ class HandlePool:
         self._parked: BytesLRU[TiffReader] = BytesLRU(  # closed, layout kept
             self.layout_cache_bytes, size=lambda reader: reader.layout_bytes
         )
+        self.store = RangeStore(self.prefetch_bytes)  # remote byte ranges fetched ahead
         self.opened = 0  # slides opened (parsed) by this process (for tests and stats)
         self.reopened = 0  # closed raw readers reopened with their kept layout
 
-    def __getstate__(self) -> dict[str, int]:
+    def __getstate__(self) -> dict[str, int | str]:
         """Pickle the options only: handles never cross a process boundary."""
         return {
             "max_open": self.max_open,
             "openslide_cache_bytes": self.openslide_cache_bytes,
             "layout_cache_bytes": self.layout_cache_bytes,
+            "prefetch_bytes": self.prefetch_bytes,
+            "remote_cache_dir": self.copies.folder,
+            "remote_cache_bytes": self.copies.max_bytes,
         }
 
-    def __setstate__(self, state: dict[str, int]) -> None:
+    def __setstate__(self, state: dict[str, int | str]) -> None:
         self.__init__(**state)  # type: ignore[misc]
 
     def _check_process(self) -> None:
@@ -133,7 +150,7 @@ class HandlePool:
                 self._cache = openslide.OpenSlideCache(self.openslide_cache_bytes)
             if self._segments is None:
                 self._segments = SegmentCache(self.openslide_cache_bytes)
-            reader = open_slide(path, backend, self._cache, self._segments)
+            reader = open_slide(path, backend, self._cache, self._segments, self.store, self.copies)
             self.opened += 1
             if verify is not None:
                 try:
@@ -149,6 +166,12 @@ class HandlePool:
             else:
                 self._close(old_key, old)
         return reader
+
+    def peek(self, path: str, backend: str = "auto") -> SlideReader | None:
+        """The open reader of ``path``, if any; opens nothing, evicts nothing."""
+        self._check_process()
+        reader = self._readers.get((path, backend))
+        return None if reader is None or getattr(reader, "broken", False) else reader
 
     def _close(self, key: Key, reader: SlideReader) -> None:
         """Close an evicted reader; keep a raw reader's layout for a cheap reopen."""

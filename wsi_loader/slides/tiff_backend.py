@@ -23,15 +23,17 @@ import numpy.typing as npt
 import simplejpeg
 import tifffile
 
-from wsi_loader.errors import SlideOpenError, TileReadError
+from wsi_loader.errors import SlideError, SlideOpenError, TileReadError
 from wsi_loader.slides.base import (
     BytesLRU,
     MppSource,
     RGBArray,
     SlideMeta,
+    Window,
     l0_to_level,
     resize,
 )
+from wsi_loader.slides.storage import LocalBytes, Range, RangeStore, RemoteBytes, is_url
 
 log = logging.getLogger(__name__)
 
@@ -275,16 +277,28 @@ class _Level:
 
 
 class TiffReader:
-    """A `SlideReader` over tifffile, decoding only the storage segments a window covers."""
+    """A `SlideReader` over tifffile, decoding only the storage segments a window covers.
+
+    ``path`` may be a URL (``s3://``, ``gs://``, ``https://``): the header is parsed through
+    a few block reads and tile bytes come by range requests through ``store`` (see
+    `wsi_loader.slides.storage`); a local file is read with ``pread``.
+    """
 
     backend = "tiff"
 
-    def __init__(self, path: str, cache: SegmentCache | None = None) -> None:
+    def __init__(
+        self, path: str, cache: SegmentCache | None = None, store: RangeStore | None = None
+    ) -> None:
         self.path = path
         self.broken = False  # tifffile errors do not latch; kept for the pool's protocol
         self._fd = -1
+        self._remote: RemoteBytes | None = None
+        handle: Any = path
         try:
-            with tifffile.TiffFile(path) as tif:
+            if is_url(path):
+                self._remote = RemoteBytes(path, store if store is not None else RangeStore())
+                handle = self._remote.open_for_parsing()
+            with tifffile.TiffFile(handle) as tif:
                 if not tif.series:
                     raise ValueError("no image in the file (truncated, or a TIFF without images)")
                 series = tif.series[0]
@@ -298,12 +312,20 @@ class TiffReader:
                     pages = [p for p in pages if p.is_tiled]
                 self._levels = [_Level(page) for page in pages]
                 self.meta = self._read_meta(series, pages[0])
-                # our own descriptor on the file tifffile parsed (pread needs no file position)
-                self._fd = os.dup(tif.filehandle.fileno())
+                if self._remote is None:
+                    # our own descriptor on the file tifffile parsed (pread: no file position)
+                    self._fd = os.dup(tif.filehandle.fileno())
+        except SlideError:
+            self.close()
+            raise  # a missing object, an unreachable store: said as it is
         except Exception as exc:  # tifffile raises many types for malformed input
             self.close()
             raise SlideOpenError(f"tifffile: {type(exc).__name__}: {exc}", path=path) from exc
-        self._identity = _identity(os.fstat(self._fd))
+        finally:
+            if handle is not path:
+                handle.close()
+        self._identity = _identity(os.fstat(self._fd)) if self._remote is None else None
+        self._closed = False
         self._cache = cache if cache is not None else SegmentCache()
         # memory of the parsed layout a closed reader keeps (see `HandlePool`)
         self.layout_bytes = sum(lv.nbytes for lv in self._levels)
@@ -363,8 +385,11 @@ class TiffReader:
     def _raw(self, level: int, index: int) -> bytes:
         lv = self._levels[level]
         # pread: one system call, no shared file position (tifffile's seek + read cost 3x more)
-        count = int(lv.counts[index])
-        data = os.pread(self._fd, count, int(lv.offsets[index]))
+        count, offset = int(lv.counts[index]), int(lv.offsets[index])
+        if self._remote is not None:
+            data = self._remote.read(offset, count)
+        else:
+            data = os.pread(self._fd, count, offset)
         if len(data) != count or not data:
             raise ValueError(
                 f"segment {index} of level {level} is truncated: "
@@ -591,8 +616,33 @@ class TiffReader:
             for lv in self._levels
         )
 
+    def byte_ranges(self, window: Window, out_size: int) -> list[Range]:
+        """(offset, size) of the storage segments a read of ``window`` (shrunk to
+        ``out_size``) would fetch because the cache lacks them."""
+        l0_x, l0_y, level, l_w, l_h = window
+        lv = self._levels[level]
+        l_x, l_y = self._level_xy(level, l0_x, l0_y)
+        scale = self._dct_scale(l_x, l_y, level, l_w, l_h, out_size, out_size)
+        return [
+            (int(lv.offsets[i]), int(lv.counts[i]))
+            for i in self._covering(level, l_x, l_y, l_w, l_h)
+            if self._cache.get((self.path, level, i, scale)) is None
+        ]
+
+    def prefetch(self, windows: list[Window], out_size: int) -> None:
+        """Start fetching the bytes of these windows' segments in the background: range
+        requests (coalesced, concurrent) for a URL, kernel read-ahead for a local file."""
+        if self.closed:
+            return
+        ranges = [r for window in windows for r in self.byte_ranges(window, out_size)]
+        if self._remote is not None:
+            self._remote.prefetch(ranges)
+        else:
+            LocalBytes(self._fd).prefetch(ranges)
+
     def close(self) -> None:
         """Close the file. The parsed layout stays, so `reopen` is cheap."""
+        self._closed = True
         fd, self._fd = getattr(self, "_fd", -1), -1
         if fd >= 0:
             os.close(fd)
@@ -603,6 +653,9 @@ class TiffReader:
         (replaced, rewritten: other inode, size or mtime) or cannot be opened."""
         if not self.closed:
             return True
+        if self._remote is not None:  # nothing held open; the object was checked when parsed
+            self._closed = False
+            return True
         try:
             fd = os.open(self.path, os.O_RDONLY)  # not inherited by children (PEP 446)
         except OSError:
@@ -611,11 +664,12 @@ class TiffReader:
             os.close(fd)
             return False
         self._fd = fd
+        self._closed = False
         return True
 
     @property
     def closed(self) -> bool:
-        return getattr(self, "_fd", -1) < 0
+        return getattr(self, "_closed", True)
 
     def __del__(self) -> None:  # a reader dropped without close() must not leak its file
         self.close()

@@ -1,0 +1,259 @@
+"""Servers on 127.0.0.1 for the remote-storage tests and `benchmarks/bench_remote.py`, each run
+in its own process (so a test's DataLoader workers, and the benchmark's timings, share no GIL
+with them), started and stopped by the caller:
+
+* `moto_s3`: moto's standalone S3 server (what s3fs's own tests use);
+* ``http``: a static file server with HTTP Range support, and injectable faults: a JSON file
+  ``.faults.json`` in its root maps a substring of "PATH RANGE-HEADER" to
+  ``{"status": 503, "times": N}`` (the next N matching requests get that status;
+  ``"times": -1`` forever; ``"status": 0`` drops the connection: a reset);
+* ``proxy``: a TCP proxy that delays every request by a fixed time (a bucket in the same
+  region: 5-20 ms) and counts requests and bytes (written to ``--stats`` on SIGUSR1).
+
+``python tests/servers.py http ROOT PORT`` / ``proxy PORT TARGET_PORT DELAY_MS STATS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"nothing listens on port {port} after {timeout} s")
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def _serving(args: list[str], port: int) -> Iterator[Server]:
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = Server(proc, port)
+    try:
+        _wait_for_port(port, proc)
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def moto_s3() -> Iterator[Server]:
+    """moto's S3 server on a free port of 127.0.0.1."""
+    port = free_port()
+    code = "import sys; from moto.server import main; sys.exit(main(sys.argv[1:]))"
+    with _serving([sys.executable, "-c", code, "-H", "127.0.0.1", "-p", str(port)], port) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def http_files(root: Path) -> Iterator[Server]:
+    """A Range-capable static file server of ``root``."""
+    port = free_port()
+    with _serving([sys.executable, str(HERE), "http", str(root), str(port)], port) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def delay_proxy(target_port: int, delay_ms: float, stats: Path) -> Iterator[Server]:
+    """A proxy to 127.0.0.1:``target_port`` adding ``delay_ms`` to every request."""
+    port = free_port()
+    args = [sys.executable, str(HERE), "proxy", str(port), str(target_port), str(delay_ms)]
+    with _serving([*args, str(stats)], port) as s:
+        yield s
+
+
+def proxy_stats(server: Server, stats: Path) -> dict[str, int]:
+    """The proxy's counters so far (requests, bytes sent to clients)."""
+    with contextlib.suppress(FileNotFoundError):
+        stats.unlink()
+    server.proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+            data: dict[str, int] = json.loads(stats.read_text())
+            return data
+        time.sleep(0.02)
+    raise RuntimeError("the proxy wrote no stats")
+
+
+# -- the HTTP server ----------------------------------------------------------------------------
+class RangeHandler(SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections, as with a bucket
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _fault(self) -> int | None:
+        faults_file = Path(self.directory) / ".faults.json"
+        if not faults_file.exists():
+            return None
+        faults = json.loads(faults_file.read_text() or "{}")
+        what = f"{self.path} {self.headers.get('Range', '')}"
+        for pattern, fault in faults.items():
+            if pattern in what and fault.get("times", 0) != 0:
+                if fault["times"] > 0:
+                    fault["times"] -= 1
+                    faults_file.write_text(json.dumps(faults))
+                return int(fault["status"])
+        return None
+
+    def send_head(self) -> Any:
+        fault = self._fault()
+        if fault == 0:  # a connection reset
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return None
+        if fault is not None:
+            self.send_error(fault)
+            return None
+        match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        path = self.translate_path(self.path)
+        if match is None or not os.path.isfile(path):
+            return super().send_head()
+        size = os.path.getsize(path)
+        start = int(match.group(1))
+        end = min(int(match.group(2)) if match.group(2) else size - 1, size - 1)
+        if start >= size:
+            self.send_error(416)
+            return None
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the handler after copying
+        fh.seek(start)
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        self._left = end - start + 1
+        return fh
+
+    def copyfile(self, source: Any, outputfile: Any) -> None:
+        left = getattr(self, "_left", None)
+        if left is None:
+            super().copyfile(source, outputfile)
+            return
+        while left > 0:
+            chunk = source.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            outputfile.write(chunk)
+            left -= len(chunk)
+        self._left = None
+
+
+def serve_http(root: str, port: int) -> None:
+    def handler(*args: Any) -> RangeHandler:
+        return RangeHandler(*args, directory=root)
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server.serve_forever()
+
+
+# -- the delay proxy ----------------------------------------------------------------------------
+def serve_proxy(port: int, target_port: int, delay_ms: float, stats_path: str) -> None:
+    counts = {"requests": 0, "bytes_to_client": 0, "connections": 0, "open": 0, "max_open": 0}
+    delay = delay_ms / 1000.0
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: bool) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                if up:
+                    # a new request on this connection: it arrives ``delay`` later
+                    counts["requests"] += len(
+                        re.findall(rb"^[A-Z]+ \S+ HTTP/1\.[01]\r$", data, re.M)
+                    )
+                    if delay:
+                        await asyncio.sleep(delay)
+                else:
+                    counts["bytes_to_client"] += len(data)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        counts["connections"] += 1
+        counts["open"] += 1
+        counts["max_open"] = max(counts["max_open"], counts["open"])
+        try:
+            server_r, server_w = await asyncio.open_connection("127.0.0.1", target_port)
+        except OSError:
+            client_w.close()
+            counts["open"] -= 1
+            return
+        await asyncio.gather(pipe(client_r, server_w, True), pipe(server_r, client_w, False))
+        counts["open"] -= 1
+
+    def dump() -> None:
+        tmp = stats_path + ".tmp"
+        Path(tmp).write_text(json.dumps(counts))
+        os.replace(tmp, stats_path)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, dump)
+        loop.add_signal_handler(signal.SIGTERM, loop.stop)
+        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    with contextlib.suppress(RuntimeError):  # the loop stopped by SIGTERM
+        asyncio.run(main())
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "http":
+        serve_http(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "proxy":
+        serve_proxy(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])

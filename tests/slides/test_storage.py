@@ -1,0 +1,231 @@
+"""Slides read from object storage (moto's S3 server) and a web server with Range support,
+through `wsi_loader.slides.storage`: pixels equal the local file's, requests are few, coalesced
+and concurrent, faults are retried and then said as they are."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import SlideFactory, upload
+from tests.servers import delay_proxy, http_files, proxy_stats
+from wsi_loader.errors import SlideNotFoundError, SlideOpenError, TransientReadError
+from wsi_loader.slides import open_slide
+from wsi_loader.slides.local_copies import LocalCopies
+from wsi_loader.slides.openslide_backend import OpenSlideReader
+from wsi_loader.slides.storage import (
+    PARSE_BLOCK,
+    RangeStore,
+    RemoteBytes,
+    coalesce,
+    is_url,
+    remote_stat,
+)
+from wsi_loader.slides.tiff_backend import TiffReader
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+WINDOWS = [(0, 0, 0, 256, 256), (256, 512, 0, 256, 256), (100, 37, 0, 300, 200)]
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A web server over a folder: (base URL, folder)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    with http_files(root) as server:
+        yield server.url, root
+
+
+def test_urls_are_told_from_paths() -> None:
+    assert is_url("s3://bucket/a b/x.svs") and is_url("https://host/x.svs")
+    assert not is_url("/data/x.svs") and not is_url("file:///data/x.svs")
+    assert not is_url("C:/data/x.svs")
+
+
+def test_coalesce_merges_close_ranges_and_caps_requests() -> None:
+    assert coalesce([(0, 10), (10, 10), (100, 5)], gap=0) == [(0, 20), (100, 5)]
+    assert coalesce([(100, 5), (0, 10)], gap=100) == [(0, 105)]
+    big = [(i * 2**20, 2**20) for i in range(20)]
+    merged = coalesce(big, gap=0)
+    assert len(merged) == 3 and sum(s for _, s in merged) == 20 * 2**20  # 8 MiB at most each
+
+
+def test_pixels_from_s3_equal_the_local_file(s3_endpoint: str, make_slide: SlideFactory) -> None:
+    for kind in ("svs", "tiff"):
+        local = make_slide(kind=kind, width=3000, height=2000, seed=7)
+        url = upload(local, f"s3://slides/storage/a b/slide.v1 (x).{local.suffix[1:]}")
+        remote, here = open_slide(url), open_slide(str(local))
+        assert isinstance(remote, TiffReader)
+        assert remote.meta == here.meta
+        for window in WINDOWS:
+            assert np.array_equal(remote.read_region(*window), here.read_region(*window))
+        scaled = remote.read_region_scaled(512, 512, 0, 512, 512, 256, 256)
+        assert np.array_equal(scaled, here.read_region_scaled(512, 512, 0, 512, 512, 256, 256))
+        remote.close()
+        here.close()
+
+
+def test_real_slides_from_s3_equal_the_local_file(s3_endpoint: str, testdata: Path) -> None:
+    for name in ("CMU-1-Small-Region.svs", "kidney-48-5.tif"):
+        url = upload(testdata / name, f"s3://slides/real/{name}")
+        remote, here = open_slide(url), open_slide(str(testdata / name))
+        assert type(remote) is type(here)
+        w, h = here.meta.dimensions
+        for x, y in [(0, 0), (w // 3, h // 2)]:
+            window = (x, y, 0, 240, 240)
+            assert np.array_equal(remote.read_region(*window), here.read_region(*window))
+
+
+def test_openslide_only_slides_are_copied_locally_once(
+    s3_endpoint: str, testdata: Path, tmp_path: Path
+) -> None:
+    ndpi = testdata / "test3-DAPI-2-(387).ndpi"
+    url = upload(ndpi, "s3://slides/real/test3 DAPI (387).ndpi")
+    copies = LocalCopies(str(tmp_path / "cache"))
+    reader = open_slide(url, copies=copies)
+    assert isinstance(reader, OpenSlideReader)
+    here = open_slide(str(ndpi))
+    assert np.array_equal(
+        reader.read_region(0, 0, 0, 200, 200), here.read_region(0, 0, 0, 200, 200)
+    )
+    assert copies.downloads == 1
+    open_slide(url, copies=copies).close()
+    assert copies.downloads == 1  # the copy is reused
+    files = [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")]
+    assert len(files) == 1 and files[0].endswith(".ndpi") and "/" not in files[0]
+
+
+def _local_copy(args: tuple[str, str]) -> int:
+    copies = LocalCopies(args[0])
+    copies.local(args[1])
+    return copies.downloads
+
+
+def test_processes_share_the_local_copy_cache(
+    s3_endpoint: str, testdata: Path, tmp_path: Path
+) -> None:
+    url = upload(testdata / "test3-DAPI-2-(387).ndpi", "s3://slides/race/slide.ndpi")
+    folder = str(tmp_path / "cache")
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        downloads = pool.map(_local_copy, [(folder, url)] * 3)
+    assert sum(downloads) == 1  # the others waited for the lock and found the copy
+
+
+def test_local_copy_cache_is_bounded_and_refetches_rewritten_objects(
+    s3_endpoint: str, testdata: Path, tmp_path: Path
+) -> None:
+    ndpi = testdata / "test3-DAPI-2-(387).ndpi"
+    first = upload(ndpi, "s3://slides/bounded/one.ndpi")
+    second = upload(ndpi, "s3://slides/bounded/two.ndpi")
+    size = ndpi.stat().st_size
+    copies = LocalCopies(str(tmp_path / "cache"), max_bytes=int(size * 1.5))
+    one = copies.local(first)
+    two = copies.local(second)
+    assert not Path(one).exists() and Path(two).exists()  # least recently used went first
+    with pytest.raises(SlideOpenError, match="larger than the local copy cache"):
+        LocalCopies(str(tmp_path / "small"), max_bytes=1000).local(first)
+    with pytest.raises(SlideOpenError, match="several files"):
+        LocalCopies(str(tmp_path / "cache")).local("s3://slides/x/slide.mrxs")
+    # the object is rewritten: another version, another copy
+    other = tmp_path / "other.ndpi"
+    shutil.copy(ndpi, other)
+    with open(other, "r+b") as fh:
+        fh.seek(size - 10)
+        fh.write(b"0123456789")
+    upload(other, second)
+    assert copies.local(second) != two
+
+
+def test_missing_objects_and_unreachable_stores_are_slide_errors(
+    s3_endpoint: str, served: tuple[str, Path]
+) -> None:
+    with pytest.raises(SlideNotFoundError, match="does not exist"):
+        open_slide("s3://slides/nothing/here.svs")
+    base, _ = served
+    with pytest.raises(SlideNotFoundError):
+        open_slide(f"{base}/missing.svs")
+    from tests.servers import free_port
+
+    with pytest.raises(TransientReadError, match="attempts"):
+        remote_stat(f"http://127.0.0.1:{free_port()}/x.svs", retries=1)
+
+
+def test_header_parse_and_reads_take_few_coalesced_concurrent_requests(
+    served: tuple[str, Path], make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    base, root = served
+    local = make_slide(width=6000, height=4000, seed=8)
+    shutil.copy(local, root / "big.svs")
+    stats = tmp_path / "stats.json"
+    with delay_proxy(int(base.rsplit(":", 1)[1]), 20, stats) as proxy:
+        url = f"{proxy.url}/big.svs"
+        reader = open_slide(url)
+        assert isinstance(reader, TiffReader)
+        opened = proxy_stats(proxy, stats)
+        assert opened["requests"] <= 8, opened
+        # a few blocks of the header, whatever the slide's size
+        assert opened["bytes_to_client"] <= 4 * PARSE_BLOCK + 65536
+        # 8 adjacent tiles: one request; 8 tiles far apart: concurrent requests
+        here = open_slide(str(local))
+        row = [(x * 256, 512, 0, 256, 256) for x in range(8)]
+        reader.prefetch(row, 256)
+        for window in row:
+            assert np.array_equal(reader.read_region(*window), here.read_region(*window))
+        after_row = proxy_stats(proxy, stats)
+        assert after_row["requests"] - opened["requests"] == 1
+        apart = [(x * 1280, y * 1280, 0, 256, 256) for x in range(4) for y in range(3)]
+        reader.prefetch(apart, 256)
+        for window in apart:
+            assert np.array_equal(reader.read_region(*window), here.read_region(*window))
+        after = proxy_stats(proxy, stats)
+    assert after["requests"] - after_row["requests"] <= 12
+    assert after["max_open"] >= 4  # requests of one call ran side by side
+
+
+def test_server_errors_and_resets_are_retried(
+    served: tuple[str, Path], make_slide: SlideFactory
+) -> None:
+    base, root = served
+    local = make_slide(width=3000, height=2000, seed=7)
+    shutil.copy(local, root / "s.svs")
+    reader, here = open_slide(f"{base}/s.svs"), open_slide(str(local))
+    window = (256, 256, 0, 256, 256)
+    faults = root / ".faults.json"
+    faults.write_text(json.dumps({"/s.svs": {"status": 503, "times": 2}}))
+    assert np.array_equal(reader.read_region(*window), here.read_region(*window))
+    faults.write_text(json.dumps({"/s.svs": {"status": 0, "times": 1}}))  # connection reset
+    assert np.array_equal(
+        reader.read_region(512, 256, 0, 256, 256), here.read_region(512, 256, 0, 256, 256)
+    )
+    faults.write_text(json.dumps({"/s.svs": {"status": 500, "times": -1}}))
+    with pytest.raises(TransientReadError, match="500"):
+        reader.read_region(768, 256, 0, 256, 256)
+    faults.write_text("{}")
+    assert np.array_equal(
+        reader.read_region(768, 256, 0, 256, 256), here.read_region(768, 256, 0, 256, 256)
+    )
+
+
+def test_prefetched_bytes_are_bounded_and_dropped_once_read(
+    s3_endpoint: str, make_slide: SlideFactory
+) -> None:
+    local = make_slide(width=3000, height=2000, seed=7)
+    url = upload(local, "s3://slides/budget/s.svs")
+    store = RangeStore(max_bytes=100_000)
+    source = RemoteBytes(url, store)
+    ranges = [(i * 300_000, 40_000) for i in range(5) if i * 300_000 + 40_000 < source.size]
+    source.prefetch(ranges)
+    assert store.nbytes <= 100_000 and store.requests == 2  # the rest did not fit
+    data = [source.read(o, s) for o, s in ranges]
+    with open(local, "rb") as fh:
+        for (offset, size), got in zip(ranges, data, strict=True):
+            fh.seek(offset)
+            assert got == fh.read(size)
+    assert store.nbytes == 0  # every prefetched block was read and let go

@@ -1,0 +1,127 @@
+"""Local copies of remote slides that only OpenSlide reads (NDPI, SCN, BIF, Philips TIFF...).
+
+OpenSlide reads local files only, so such a slide is downloaded whole into a cache folder, then
+read locally. The folder is shared by every process of the machine (DataLoader workers, other
+jobs): a download holds an exclusive ``flock`` on the copy's lock file, so a second process
+waits for it instead of fetching the object again; the bytes go to a temporary name and are
+renamed into place only when complete (a killed download leaves no half slide). The folder is
+bounded in bytes, least recently used copies first out (a copy in use by an open handle stays
+readable after its name is removed: POSIX keeps the open file). A copy is named by a digest of
+the URL and of the object's version (ETag), so a rewritten object is fetched again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+
+from wsi_loader.errors import SlideOpenError
+from wsi_loader.slides.storage import filesystem, remote_stat, url_digest, with_retries
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FOLDER = "~/.cache/wsi_loader/slides"
+DEFAULT_MAX_BYTES = 100 * 2**30
+# formats made of several files: one object cannot be opened on its own
+MULTI_FILE = frozenset({".mrxs", ".vms", ".vmu", ".dcm", ".dicom"})
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class LocalCopies:
+    """A byte-bounded cache folder of whole-slide copies; picklable (options only)."""
+
+    def __init__(self, folder: str = DEFAULT_FOLDER, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+        self.folder = os.path.abspath(os.path.expanduser(folder))
+        self.max_bytes = max_bytes
+        self.downloads = 0  # objects this instance fetched (for tests and stats)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"folder": self.folder, "max_bytes": self.max_bytes, "downloads": 0}
+
+    def local(self, url: str) -> str:
+        """The path of a complete local copy of ``url``, downloading it when needed."""
+        suffix = PurePosixPath(url.split("?", maxsplit=1)[0]).suffix.lower()
+        if suffix in MULTI_FILE:
+            raise SlideOpenError(
+                f"{suffix} slides are several files and cannot be read from a URL one object at "
+                "a time; mount the bucket (e.g. s3fs-fuse, gcsfuse) or copy the folder",
+                path=url,
+            )
+        stat = remote_stat(url)
+        if stat.size > self.max_bytes:
+            raise SlideOpenError(
+                f"the slide ({stat.size} bytes) is larger than the local copy cache "
+                f"({self.max_bytes} bytes): raise remote_cache_bytes",
+                path=url,
+            )
+        safe_suffix = suffix if re.fullmatch(r"\.[a-z0-9]{1,10}", suffix) else ""
+        name = f"{url_digest(url)}-{url_digest(stat.version)}{safe_suffix}"
+        os.makedirs(self.folder, exist_ok=True)
+        path = os.path.join(self.folder, name)
+        with _locked(path + ".lock"):
+            try:
+                if os.path.getsize(path) == stat.size:
+                    os.utime(path)  # most recently used
+                    return path
+            except FileNotFoundError:
+                pass
+            self._evict(room=stat.size, keep=path)
+            self._download(url, path, stat.size)
+        return path
+
+    def _download(self, url: str, path: str, size: int) -> None:
+        fs, fs_path = filesystem(url)
+        fd, part = tempfile.mkstemp(dir=self.folder, prefix=".part-", suffix=".tmp")
+        os.close(fd)
+        try:
+            with_retries(url, "download", lambda: fs.get_file(fs_path, part), 3)
+            got = os.path.getsize(part)
+            if got != size:
+                raise SlideOpenError(
+                    f"the download is {got} bytes where the object has {size}", path=url
+                )
+            os.replace(part, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(part)
+            raise
+        self.downloads += 1
+        log.info("copied %s to %s (%d bytes)", url, path, size)
+
+    def _evict(self, room: int, keep: str) -> None:
+        """Remove least recently used copies until ``room`` more bytes fit."""
+        with _locked(os.path.join(self.folder, ".evict.lock")):
+            copies = []
+            for entry in os.scandir(self.folder):
+                if entry.name.startswith(".") or entry.name.endswith(".lock"):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat(follow_symlinks=False)
+                    copies.append((st.st_mtime_ns, st.st_size, entry.path))
+            used = sum(size for _, size, _ in copies)
+            for _, size, path in sorted(copies):
+                if used + room <= self.max_bytes:
+                    break
+                if path == keep:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    used -= size
+                    log.info("removed the local copy %s (cache full)", path)
