@@ -93,11 +93,15 @@ def require_slides(index: SlideIndex, on_missing: str = "raise") -> SlideIndex:
     )
     more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
     stored = index.slides[next(iter(problems))].path
-    where = (
-        "the index stores absolute slide paths (build it with --root to make it movable)"
-        if os.path.isabs(stored)
-        else f"slide paths are relative to the root {index.root!r}"
-    )
+    if is_url(stored) or (index.root is not None and is_url(index.root)):
+        where = (
+            "the slides are objects in a store: check that they are there, and the storage "
+            "client's endpoint and credentials (e.g. AWS_ENDPOINT_URL, AWS_PROFILE)"
+        )
+    elif os.path.isabs(stored):
+        where = "the index stores absolute slide paths (build it with --root to make it movable)"
+    else:
+        where = f"slide paths are relative to the root {index.root!r}"
     if on_missing == "exclude":
         log.warning(
             "leaving out %d of %d slides of %s that cannot be read: %s%s",

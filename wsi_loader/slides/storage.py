@@ -9,8 +9,10 @@ no reader knows where its bytes come from.
   The ranges of one call are coalesced and fetched concurrently on fsspec's event loop (no
   thread per request) into a per-process `RangeStore` bounded in bytes; reads take their bytes
   from it, or fetch them when nobody asked earlier. Timeouts, connection resets, 429 and 5xx
-  are retried with backoff, then raised as `TransientReadError` (a resource error: the slide
-  and its tiles are fine); a missing object is `SlideNotFoundError`.
+  are retried with backoff. Then, if the object no longer answers a metadata request, the
+  store is down: `TransientReadError` (or `SlideNotFoundError` when the object is gone), a
+  slide fault, nothing quarantined; if it answers, only these bytes keep failing: a
+  ValueError, which the reader turns into a failed (quarantined) tile.
 
 Credentials come from the storage client's usual environment and configuration
 (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws``, gcloud...); nothing here stores them.
@@ -122,7 +124,12 @@ def remote_stat(url: str, retries: int = RETRIES) -> RemoteStat:
     """Size, modification time and version of an object; `SlideNotFoundError` when it does
     not exist, `TransientReadError` when the store cannot be reached."""
     fs, path = filesystem(url)
-    info = with_retries(url, "stat", lambda: fs.info(path), retries)
+
+    def fresh_info() -> dict[str, Any]:
+        fs.invalidate_cache(path)  # a listing cached by an earlier call may be stale by now
+        return dict(fs.info(path))
+
+    info = with_retries(url, "stat", fresh_info, retries)
     if info.get("type") == "directory":
         raise SlideOpenError("a folder (prefix), not an object", path=url)
     modified = info.get("LastModified") or info.get("mtime") or info.get("updated")
@@ -391,7 +398,16 @@ class RemoteBytes:
         self.store.requests += 1
         self.store.bytes_fetched += size
         self.store.bytes_read += size
-        return self._fetch(offset, size)
+        try:
+            return self._fetch(offset, size)
+        except TransientReadError as exc:
+            failure = exc
+        # the store down (a slide fault), or only this range failing (a tile fault)? Raised
+        # outside the handler: a tile fault must not carry the resource error as its cause
+        remote_stat(self.url, retries=1)
+        raise ValueError(
+            f"bytes {offset}..{offset + size} keep failing while the object answers: {failure}"
+        )
 
     def read_many(self, ranges: list[Range]) -> list[bytes]:
         """Several ranges, fetched concurrently (coalesced) and returned in order."""

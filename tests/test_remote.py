@@ -1,0 +1,202 @@
+"""The whole pipeline on slides in a bucket (moto's S3 server on 127.0.0.1, reached through the
+standard AWS environment variables): index, dataset, make_loader with 0 and 2 workers (fork
+and spawn), export and features give what they give on the local files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from tests.conftest import CORRUPT, REPO, SlideFactory, s3_fs, upload
+from tests.servers import delay_proxy, http_files, proxy_stats
+from wsi_loader.dataset import TileDataset, make_loader
+from wsi_loader.errors import SlideNotFoundError
+from wsi_loader.export import export_index
+from wsi_loader.features import extract
+from wsi_loader.index import SlideIndex, build_index
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+OPTIONS = {"tile_size": 256, "level": 0, "min_tissue": 0.0}
+NAMES = ("good slide.v2.svs", "bad (1).svs")
+
+
+@pytest.fixture(scope="module")
+def bucket(s3_endpoint: str, make_slide: SlideFactory, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The same two slides in a local folder and under ``s3://slides/archive/``, with a labels
+    CSV that names the objects by URL."""
+    folder = tmp_path_factory.mktemp("local")
+    shutil.copy(make_slide(width=2560, height=2048, seed=31), folder / NAMES[0])
+    shutil.copy(make_slide(width=2048, height=2048, seed=32, corrupt=CORRUPT), folder / NAMES[1])
+    for name in NAMES:
+        upload(folder / name, f"s3://slides/archive/{name}")
+    labels = folder / "labels.csv"
+    labels.write_text(
+        f"path,label\ns3://slides/archive/{NAMES[0]},normal\ns3://slides/archive/{NAMES[1]},tumour\n"
+    )
+    local_labels = folder / "local_labels.csv"
+    local_labels.write_text(f"path,label\n{NAMES[0]},normal\n{NAMES[1]},tumour\n")
+    return folder, labels, local_labels
+
+
+@pytest.fixture(scope="module")
+def indexes(bucket, tmp_path_factory: pytest.TempPathFactory) -> tuple[SlideIndex, SlideIndex]:  # type: ignore[no-untyped-def]
+    folder, labels, local_labels = bucket
+    out = tmp_path_factory.mktemp("idx")
+    remote = build_index(["s3://slides/archive/"], out / "remote", labels=str(labels), **OPTIONS)
+    local = build_index([folder], out / "local", labels=str(local_labels), **OPTIONS)
+    return remote, local
+
+
+def test_index_of_a_bucket_prefix_equals_the_local_index(indexes) -> None:  # type: ignore[no-untyped-def]
+    remote, local = indexes
+    assert [s.path for s in remote.slides] == [f"s3://slides/archive/{n}" for n in sorted(NAMES)]
+    assert [s.status for s in remote.slides] == ["ok", "ok"]
+    assert [s.label for s in remote.slides] == [s.label for s in local.slides]
+    # the same bytes are the same slide wherever they live (splits compare this)
+    assert [s.content for s in remote.slides] == [s.content for s in local.slides]
+    for name in ("slide_id", "l0_x", "l0_y", "level", "read_size", "tissue"):
+        assert np.array_equal(remote.columns[name], local.columns[name])
+
+
+def test_dataset_and_loaders_read_the_same_pixels(indexes) -> None:  # type: ignore[no-untyped-def]
+    remote, local = indexes
+    ds_remote, ds_local = TileDataset(remote), TileDataset(local)
+    rows = np.arange(0, len(remote), 7)
+    a, b = ds_remote.read_rows(rows), ds_local.read_rows(rows)
+    assert np.array_equal(a.pixels, b.pixels) and np.array_equal(a.ok, b.ok)
+    assert not a.ok.all()  # the corrupt tiles fail remotely exactly as locally
+    assert ds_remote[int(rows[1])]["label"] == ds_local[int(rows[1])]["label"]
+
+
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_make_loader_on_a_bucket(indexes, workers: int, context: str | None) -> None:  # type: ignore[no-untyped-def]
+    remote, local = indexes
+    seen = {}
+    for index in (remote, local):
+        loader = make_loader(
+            index,
+            batch_size=16,
+            num_workers=workers,
+            multiprocessing_context=context,
+            seed=5,
+            record_failures=False,
+        )
+        batches = list(loader)
+        seen[index is remote] = (
+            np.concatenate([b.images.numpy() for b in batches]),
+            np.concatenate([b.ok.numpy() for b in batches]),
+            np.concatenate([b.rows.numpy() for b in batches]),
+        )
+    for got, expected in zip(seen[True], seen[False], strict=True):
+        assert np.array_equal(got, expected)
+
+
+def test_export_and_features_on_a_bucket(indexes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    remote, local = indexes
+    outs = {}
+    for name, index in (("remote", remote), ("local", local)):
+        out = tmp_path / name
+        export_index(index, out / "tiles", format="imagefolder")
+        extract(index, "tests.feature_models:plain", out / "features", batch_size=32, workers=0)
+        outs[name] = out
+    tiles = sorted(p.relative_to(outs["local"]) for p in (outs["local"] / "tiles").rglob("*.png"))
+    assert tiles and tiles == sorted(
+        p.relative_to(outs["remote"]) for p in (outs["remote"] / "tiles").rglob("*.png")
+    )
+    for rel in tiles[:20]:
+        assert (outs["remote"] / rel).read_bytes() == (outs["local"] / rel).read_bytes()
+    for stem in (Path(n).stem for n in NAMES):
+        with (
+            h5py.File(outs["remote"] / "features" / f"{stem}.h5") as a,
+            h5py.File(outs["local"] / "features" / f"{stem}.h5") as b,
+        ):
+            np.testing.assert_allclose(a["features"][:], b["features"][:], rtol=1e-6)
+            assert np.array_equal(a["coords"][:], b["coords"][:])
+
+
+def test_cli_index_of_a_bucket_with_the_aws_environment(
+    s3_endpoint: str, bucket, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "idx"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-m", "wsi_loader.cli", "index", "s3://slides/archive", "--out", str(out),
+         "--tile-size", "256", "--level", "0", "--no-progress"],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    index = SlideIndex.open(out)
+    assert len(index.slides) == 2 and all(s.path.startswith("s3://") for s in index.slides)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert os.environ[key] not in "".join(p.read_text() for p in out.rglob("*.json"))
+
+
+def test_a_missing_object_or_unreachable_store_is_a_slide_fault(indexes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    remote, _ = indexes
+    gone = tmp_path / "gone"
+    shutil.copytree(remote.path, gone)
+    index = SlideIndex.open(gone)
+    s3_fs().copy("slides/archive/bad (1).svs", "slides/moved/bad (1).svs")
+    s3_fs().rm("slides/archive/bad (1).svs")
+    try:
+        with pytest.raises(SlideNotFoundError, match=r"bad \(1\)\.svs does not exist"):
+            TileDataset(index)
+        kept = TileDataset(index, missing_slides="exclude")
+        assert len(kept) < len(index)
+    finally:
+        s3_fs().copy("slides/moved/bad (1).svs", "slides/archive/bad (1).svs")
+        s3_fs().invalidate_cache()
+
+
+def test_index_reads_only_the_header_and_lowest_level(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    root = tmp_path / "www"
+    root.mkdir()
+    local = make_slide(width=12000, height=9000, seed=12)
+    shutil.copy(local, root / "big.svs")
+    stats = tmp_path / "stats.json"
+    with http_files(root) as server, delay_proxy(server.port, 0, stats) as proxy:
+        index = build_index([f"{proxy.url}/big.svs"], tmp_path / "idx", tile_size=256, mpp=0.5)
+        fetched = proxy_stats(proxy, stats)["bytes_to_client"]
+    assert index.slides[0].status == "ok" and len(index) > 0
+    assert fetched < 0.15 * local.stat().st_size, (fetched, local.stat().st_size)
+
+
+def test_a_tile_whose_requests_keep_failing_is_a_failed_tile(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    root = tmp_path / "www"
+    root.mkdir()
+    shutil.copy(make_slide(width=2560, height=2048, seed=31), root / "s.svs")
+    with http_files(root) as server:
+        index = build_index([f"{server.url}/s.svs"], tmp_path / "idx", **OPTIONS)
+        ds = TileDataset(index, retries=1)
+        reader = ds.reader.get_reader(0)
+        first = reader.byte_ranges((0, 0, 0, 256, 256), 256)[0]  # type: ignore[attr-defined]
+        (root / ".faults.json").write_text(
+            json.dumps({f"bytes={first[0]}-": {"status": 500, "times": -1}})
+        )
+        result = ds.read_rows(np.array([0, 1]))
+        assert result.ok.tolist() == [False, True]
+        assert "500" in (result.errors[0] or "")
+        assert [f["kind"] for f in ds.reader.failures] == ["tile"]
+        assert [r["row"] for r in index.quarantine.tile_records()] == [0]
+        # the whole server failing mid-epoch is a slide fault: reported, nothing quarantined
+        later = TileDataset(index, retries=0)
+        (root / ".faults.json").write_text(json.dumps({"/s.svs": {"status": 503, "times": -1}}))
+        result = later.read_rows(np.array([5, 6]))
+        assert not result.ok.any() and "503" in (result.errors[0] or "")
+        assert [r["row"] for r in index.quarantine.tile_records()] == [0]
+        # and at start, a loud error naming the slide and why
+        with pytest.raises(SlideNotFoundError, match=r"s\.svs cannot be reached \(.*503"):
+            TileDataset(index)
