@@ -3,22 +3,25 @@ local file, and tiffslide over fsspec (the peer that reads remote slides) at the
 
     .venv/bin/python benchmarks/bench_remote.py [--tiles 2048] [--latencies 0,5,20] [--scratch DIR]
 
-Set-up, all on 127.0.0.1 (tests/servers.py): moto's S3 server holding a synthetic 20k x 15k
-Aperio slide, and one TCP proxy per latency that delays every request by that many ms (a
-bucket in the same region: 5-20 ms). Every pass runs in a fresh process (its own S3 client,
-reaching the bucket through ``AWS_ENDPOINT_URL``, as a user's job does), reads the same random
-aligned 256 px tiles with 2 DataLoader workers, batch 64, and is timed after its first batch
-(worker start-up, slide open). Passes are interleaved and repeated (--repeats, best of).
+Set-up, all on 127.0.0.1 (tests/servers.py): one S3 endpoint per latency serving a synthetic
+20k x 15k Aperio slide as ``s3://bench/slide.svs``, answering every request that many ms late
+(a bucket in the same region: 5-20 ms). The endpoint speaks the read side of the S3 API (HEAD,
+ranged GET) in a small asyncio server, not moto: moto spends ~60 ms of CPU per range
+request to a 60 MB object, on the same two cores as the reader, so a benchmark through it
+measures moto. Every pass runs in a fresh process (its own S3 client, reaching the bucket
+through ``AWS_ENDPOINT_URL``, as a user's job does), reads the same random aligned 256 px
+tiles with 2 DataLoader workers, batch 64, and is timed after its first batch (worker
+start-up, slide open). Passes are interleaved and repeated (--repeats, best of).
 
 * local warm: the file in the page cache; local cold: ``posix_fadvise(DONTNEED)`` first;
 * s3 N ms: make_loader on an index of ``s3://bench/slide.svs`` (look-ahead ``prefetch=2``);
 * tiffslide N ms: ``tiffslide.TiffSlide(url)`` per worker, ``read_region`` per item (fsspec's
   default read-ahead file), default collate: how remote slides are read today.
 
-Requests per tile and bytes fetched per byte used are counted at the proxy (responses with
+Requests per tile and bytes fetched per byte used are counted at the endpoint (responses with
 their headers) against the compressed tile bytes the pass needs. CPU columns: the pass's own
-processes, and the servers' (moto + proxy): on this 2-core machine the emulated bucket runs on
-the same cores as the reader, which a real bucket does not.
+processes, and the endpoint's: on this 2-core machine the emulated bucket runs on the same
+cores as the reader, which a real bucket does not.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ sys.path.insert(0, str(REPO))  # tests.servers
 
 from common import scratch_folder, synthetic_slide  # noqa: E402
 
-from tests.servers import Server, delay_proxy, moto_s3, proxy_stats  # noqa: E402
+from tests.servers import Server, proxy_stats, s3_files  # noqa: E402
 
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "bench",
@@ -181,30 +184,25 @@ def main() -> None:
     used = tile_bytes(slide, local, rows[BATCH:])
     peer_used = tile_bytes(slide, local, peer_rows[BATCH:])
 
-    os.environ.update(S3_ENV)
-    with moto_s3() as s3:
-        os.environ["AWS_ENDPOINT_URL"] = s3.url
-        import fsspec
-
-        fs = fsspec.filesystem("s3")
-        fs.mkdir("bench")
-        fs.put_file(str(slide), URL.removeprefix("s3://"))
+    bucket = scratch / "bucket" / "bench"
+    bucket.mkdir(parents=True, exist_ok=True)
+    if not (bucket / "slide.svs").exists():
+        os.link(slide, bucket / "slide.svs")
+    stats = scratch / "stats.json"
+    servers: dict[float, Server] = {}
+    contexts = []
+    try:
+        for ms in latencies:
+            ctx = s3_files(scratch / "bucket", ms, stats.with_suffix(f".{ms:g}.json"))
+            servers[ms] = ctx.__enter__()
+            contexts.append(ctx)
+        os.environ.update(S3_ENV, AWS_ENDPOINT_URL=servers[latencies[0]].url)
         remote = build_index([URL], scratch / "remote", **options)
         assert np.array_equal(remote.columns["l0_x"], local.columns["l0_x"])
-        stats = scratch / "proxy-stats.json"
-        proxies: dict[float, Server] = {}
-        contexts = []
-        for ms in latencies:
-            ctx = delay_proxy(s3.port, ms, stats.with_suffix(f".{ms:g}.json"))
-            proxies[ms] = ctx.__enter__()
-            contexts.append(ctx)
-        try:
-            results = measure(
-                args, scratch, local.path, remote.path, proxies, stats, s3, used, peer_used
-            )
-        finally:
-            for ctx in contexts:
-                ctx.__exit__(None, None, None)
+        results = measure(args, scratch, local.path, remote.path, servers, stats, used, peer_used)
+    finally:
+        for ctx in contexts:
+            ctx.__exit__(None, None, None)
     report(results, latencies)
 
 
@@ -213,9 +211,8 @@ def measure(
     scratch: Path,
     local_dir: Path,
     remote_dir: Path,
-    proxies: dict[float, Server],
+    servers: dict[float, Server],
     stats: Path,
-    s3: Server,
     used: int,
     peer_used: int,
 ) -> dict[str, dict[str, float]]:
@@ -234,22 +231,22 @@ def measure(
         drop_page_cache(slide)
         keep("local cold", run_pass("ours", local_dir, rows_file, URL, None))
         warm_page_cache(slide)
-        for ms, proxy in proxies.items():
+        for ms, server in servers.items():
             for kind, rows, name, tiles_used in (
                 ("ours", rows_file, f"s3 {ms:g} ms", used),
                 ("tiffslide", peer_file, f"tiffslide {ms:g} ms", peer_used),
             ):
                 stat_file = stats.with_suffix(f".{ms:g}.json")
-                before = proxy_stats(proxy, stat_file)
-                servers0 = cpu_seconds(proxy.proc.pid) + cpu_seconds(s3.proc.pid)
-                result = run_pass(kind, remote_dir, rows, URL, proxy.url)
-                after = proxy_stats(proxy, stat_file)
-                servers = cpu_seconds(proxy.proc.pid) + cpu_seconds(s3.proc.pid) - servers0
+                before = proxy_stats(server, stat_file)
+                server_cpu = cpu_seconds(server.proc.pid)
+                result = run_pass(kind, remote_dir, rows, URL, server.url)
+                after = proxy_stats(server, stat_file)
+                server_cpu = cpu_seconds(server.proc.pid) - server_cpu
                 tiles = result["tiles"] + BATCH  # the counters include the first batch
                 result["requests_per_tile"] = (after["requests"] - before["requests"]) / tiles
                 fetched = after["bytes_to_client"] - before["bytes_to_client"]
                 result["fetched_per_used"] = fetched / (tiles_used * tiles / result["tiles"])
-                result["server_cpu_us"] = servers / tiles * 1e6
+                result["server_cpu_us"] = server_cpu / tiles * 1e6
                 keep(name, result)
     return best
 

@@ -8,9 +8,15 @@ with them), started and stopped by the caller:
   ``{"status": 503, "times": N}`` (the next N matching requests get that status;
   ``"times": -1`` forever; ``"status": 0`` drops the connection: a reset);
 * ``proxy``: a TCP proxy that delays every request by a fixed time (a bucket in the same
-  region: 5-20 ms) and counts requests and bytes (written to ``--stats`` on SIGUSR1).
+  region: 5-20 ms) and counts requests and bytes (written to ``--stats`` on SIGUSR1);
+* ``s3files``: the read side of the S3 API (HEAD and ranged GET of objects, path-style
+  ``/BUCKET/KEY`` mapped to files under a folder; signatures not checked) with a fixed delay
+  per request and the same counters: a bucket in the same region, cheap enough in CPU to
+  benchmark a reader against on a 2-core machine (moto spends ~60 ms of CPU on every range
+  request to a 150 MB object).
 
-``python tests/servers.py http ROOT PORT`` / ``proxy PORT TARGET_PORT DELAY_MS STATS``.
+``python tests/servers.py http ROOT PORT`` / ``proxy PORT TARGET_PORT DELAY_MS STATS`` /
+``s3files ROOT PORT DELAY_MS STATS``.
 """
 
 from __future__ import annotations
@@ -104,6 +110,15 @@ def delay_proxy(target_port: int, delay_ms: float, stats: Path) -> Iterator[Serv
     """A proxy to 127.0.0.1:``target_port`` adding ``delay_ms`` to every request."""
     port = free_port()
     args = [sys.executable, str(HERE), "proxy", str(port), str(target_port), str(delay_ms)]
+    with _serving([*args, str(stats)], port) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def s3_files(root: Path, delay_ms: float, stats: Path) -> Iterator[Server]:
+    """The read side of S3 over the files of ``root`` (``root/BUCKET/KEY``), ``delay_ms`` late."""
+    port = free_port()
+    args = [sys.executable, str(HERE), "s3files", str(root), str(port), str(delay_ms)]
     with _serving([*args, str(stats)], port) as s:
         yield s
 
@@ -252,8 +267,102 @@ def serve_proxy(port: int, target_port: int, delay_ms: float, stats_path: str) -
         asyncio.run(main())
 
 
+# -- the S3 read endpoint -----------------------------------------------------------------------
+def serve_s3_files(root: str, port: int, delay_ms: float, stats_path: str) -> None:
+    from email.utils import formatdate
+    from urllib.parse import unquote, urlsplit
+
+    counts = {"requests": 0, "bytes_to_client": 0, "connections": 0, "open": 0, "max_open": 0}
+    delay = delay_ms / 1000.0
+    base = os.path.realpath(root)
+
+    def error(status: str, code: str) -> bytes:
+        body = f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code></Error>"
+        return (
+            f"HTTP/1.1 {status}\r\nContent-Type: application/xml\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}"
+        ).encode()
+
+    def answer(method: str, target: str, headers: dict[str, str]) -> bytes:
+        path = os.path.realpath(os.path.join(base, unquote(urlsplit(target).path).lstrip("/")))
+        if not path.startswith(base + os.sep) or not os.path.isfile(path):
+            return error("404 Not Found", "NoSuchKey")
+        st = os.stat(path)
+        size = st.st_size
+        head = {
+            "ETag": f'"{st.st_ino:x}-{st.st_mtime_ns:x}-{size:x}"',
+            "Last-Modified": formatdate(st.st_mtime, usegmt=True),
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
+        status, start, end = "200 OK", 0, size - 1
+        match = re.fullmatch(r"bytes=(\d+)-(\d*)", headers.get("range", ""))
+        if match:
+            start = int(match.group(1))
+            end = min(int(match.group(2)) if match.group(2) else size - 1, size - 1)
+            if start >= size:
+                return error("416 Range Not Satisfiable", "InvalidRange")
+            status = "206 Partial Content"
+            head["Content-Range"] = f"bytes {start}-{end}/{size}"
+        head["Content-Length"] = str(end - start + 1)
+        lines = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in head.items()), "", ""]
+        out = "\r\n".join(lines).encode()
+        if method == "GET":
+            with open(path, "rb") as fh:
+                out += os.pread(fh.fileno(), end - start + 1, start)
+        return out
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        counts["connections"] += 1
+        counts["open"] += 1
+        counts["max_open"] = max(counts["max_open"], counts["open"])
+        try:
+            while True:
+                request = await reader.readuntil(b"\r\n\r\n")
+                lines = request.decode("latin-1").split("\r\n")
+                method, target, _ = lines[0].split(" ", 2)
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        key, _, value = line.partition(":")
+                        headers[key.strip().lower()] = value.strip()
+                if int(headers.get("content-length", "0")):
+                    await reader.readexactly(int(headers["content-length"]))
+                counts["requests"] += 1
+                if delay:
+                    await asyncio.sleep(delay)
+                data = answer(method, target, headers)
+                counts["bytes_to_client"] += len(data)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            counts["open"] -= 1
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    def dump() -> None:
+        tmp = stats_path + ".tmp"
+        Path(tmp).write_text(json.dumps(counts))
+        os.replace(tmp, stats_path)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, dump)
+        loop.add_signal_handler(signal.SIGTERM, loop.stop)
+        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    with contextlib.suppress(RuntimeError):
+        asyncio.run(main())
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "http":
         serve_http(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "proxy":
         serve_proxy(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
+    elif sys.argv[1] == "s3files":
+        serve_s3_files(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])

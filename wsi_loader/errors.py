@@ -11,6 +11,7 @@ so ``except FileNotFoundError`` or ``except ValueError`` keep working.
      +-- InputError (ValueError)             bad manifest / labels CSV: path, line
      |    +-- AnnotationError                 bad annotation file: path, element
      +-- IndexFormatError                    missing, corrupt or incompatible index directory: path
+     +-- ForkUnsafeError                     obstore inherited through fork(): use forkserver/spawn
      +-- SlideError                          anything about one slide: path
           +-- SlideNotFoundError (FileNotFoundError)
           +-- SlideChangedError                 another file than the one indexed is there
@@ -29,6 +30,7 @@ from typing import Any
 __all__ = [
     "AnnotationError",
     "ConfigError",
+    "ForkUnsafeError",
     "IndexFormatError",
     "InputError",
     "ResolutionError",
@@ -62,6 +64,12 @@ class ConfigError(WsiLoaderError, ValueError):
         self.value = value
         where = f"{path}: " if path else ""
         super().__init__(f"{where}{message}")
+
+
+class ForkUnsafeError(WsiLoaderError):
+    """A library this process inherited through fork() cannot work in it (obstore's runtime
+    after the parent used it): start worker processes with 'forkserver' or 'spawn'. Not a
+    slide or tile fault: it propagates."""
 
 
 class InputError(WsiLoaderError, ValueError):

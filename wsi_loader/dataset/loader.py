@@ -7,6 +7,7 @@ batch through the worker queue, no per-item collate.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -149,7 +150,9 @@ def make_loader(
     bounded by the dataset's ``prefetch_mb``; see `wsi_loader.dataset.look_ahead`).
     ``timeout`` (seconds, with workers): no batch for that long raises `TimeoutError` naming
     the slides the workers were reading (a hung network share, a file that blocks) instead of
-    waiting forever. Other keyword arguments go to `TileDataset`
+    waiting forever. Workers of an index of remote slides start with ``forkserver`` where the
+    default is ``fork`` (obstore's runtime does not survive fork). Other keyword arguments go
+    to `TileDataset`
     (``transform``, ``batch_transform``, ``split``, ``on_error``...).
     """
     opts: LoaderConfig = validate(
@@ -196,6 +199,19 @@ def make_loader(
             shuffle=True if opts.shuffle is None else opts.shuffle,
             seed=opts.seed or 0,
         )
+    context = opts.multiprocessing_context
+    if tiles.reader.remote and context in (None, "fork"):
+        if context == "fork":
+            raise ConfigError(
+                "this index's slides are on object storage, read with obstore, whose runtime "
+                "does not survive fork() once this process has used it (its threads stay "
+                "behind and workers hang): use multiprocessing_context='forkserver' (the "
+                "default here) or 'spawn'",
+                key="multiprocessing_context",
+                value="fork",
+            )
+        if multiprocessing.get_start_method() == "fork":
+            context = "forkserver"  # the workers start from a process that never used obstore
     batch_size, drop_last, decode = opts.batch_size, opts.drop_last, opts.decode
     prefetch_factor, pin_memory = opts.prefetch_factor, opts.pin_memory
     workers = default_workers() if opts.num_workers is None else opts.num_workers
@@ -220,7 +236,7 @@ def make_loader(
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=persistent_workers and workers > 0,
-        multiprocessing_context=multiprocessing_context if workers else None,
+        multiprocessing_context=context if workers else None,
         timeout=opts.timeout if workers else 0,
     )
     loader.tile_sampler = sampler

@@ -187,6 +187,7 @@ class TileReader:
         # slide reopened batch after batch is hashed once, not at every open
         self._verified: dict[str, tuple[int, int, int, int]] = {}
         self._slide_start = index.slide_starts()
+        self.remote = any(is_url(p) for p in self._paths)  # slides on object storage
 
     def _verify(self, path: str) -> None:
         """Refuse a file that is not the slide indexed at ``path`` (size and head/tail digest;

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 
 from wsi_loader.errors import SlideOpenError
-from wsi_loader.slides.storage import filesystem, remote_stat, url_digest, with_retries
+from wsi_loader.slides.storage import download, remote_stat, url_digest
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +87,10 @@ class LocalCopies:
         return path
 
     def _download(self, url: str, path: str, size: int) -> None:
-        fs, fs_path = filesystem(url)
         fd, part = tempfile.mkstemp(dir=self.folder, prefix=".part-", suffix=".tmp")
         os.close(fd)
         try:
-            with_retries(url, "download", lambda: fs.get_file(fs_path, part), 3)
+            download(url, part)
             got = os.path.getsize(part)
             if got != size:
                 raise SlideOpenError(

@@ -23,7 +23,7 @@ import numpy.typing as npt
 import simplejpeg
 import tifffile
 
-from wsi_loader.errors import SlideError, SlideOpenError, TileReadError
+from wsi_loader.errors import SlideOpenError, TileReadError, WsiLoaderError
 from wsi_loader.slides.base import (
     BytesLRU,
     MppSource,
@@ -315,7 +315,7 @@ class TiffReader:
                 if self._remote is None:
                     # our own descriptor on the file tifffile parsed (pread: no file position)
                     self._fd = os.dup(tif.filehandle.fileno())
-        except SlideError:
+        except WsiLoaderError:
             self.close()
             raise  # a missing object, an unreachable store: said as it is
         except Exception as exc:  # tifffile raises many types for malformed input
