@@ -88,11 +88,29 @@ def _serving(args: list[str], port: int) -> Iterator[Server]:
         server.stop()
 
 
+def exit_with(parent: int) -> None:
+    """End this server process when ``parent`` (the test run) is gone, even if it was killed
+    before it could stop us."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(1)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 @contextlib.contextmanager
 def moto_s3() -> Iterator[Server]:
     """moto's S3 server on a free port of 127.0.0.1."""
     port = free_port()
-    code = "import sys; from moto.server import main; sys.exit(main(sys.argv[1:]))"
+    code = (
+        f"import sys; sys.path.insert(0, {str(HERE.parent.parent)!r}); "
+        f"from tests.servers import exit_with; exit_with({os.getpid()}); "
+        "from moto.server import main; sys.exit(main(sys.argv[1:]))"
+    )
     with _serving([sys.executable, "-c", code, "-H", "127.0.0.1", "-p", str(port)], port) as s:
         yield s
 
@@ -360,6 +378,7 @@ def serve_s3_files(root: str, port: int, delay_ms: float, stats_path: str) -> No
 
 
 if __name__ == "__main__":
+    exit_with(os.getppid())
     if sys.argv[1] == "http":
         serve_http(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "proxy":

@@ -58,7 +58,7 @@ MAX_REQUEST = 8 * 2**20  # but no request larger than this (requests run concurr
 RETRIES = 2  # our attempts on top of obstore's own retries (which do the backoff)
 BACKOFF_S = 0.1
 PARSE_BLOCK = 256 * 1024  # block size of the file object tifffile parses the header through
-FETCH_THREADS = 16  # concurrent range requests per process
+FETCH_THREADS = 64  # concurrent range requests per process (they wait; obstore frees the GIL)
 # obstore's retries of timeouts, connection errors, 429 and 5xx
 RETRY_CONFIG: Any = {
     "max_retries": 4,
