@@ -421,9 +421,10 @@ class TileReader:
     ) -> ReadResult:
         """Read ``rows`` into one (N, H, W, 3) buffer, grouped by slide for handle locality.
 
-        The bytes of all ``rows`` are requested first, together (`prefetch`), then those of
-        ``ahead`` (rows the caller will read next), then the tiles are decoded: remote tiles
-        arrive concurrently and the next reads' bytes travel while this one decodes.
+        For remote slides the bytes of all ``rows`` are requested first, together
+        (`prefetch`); then those of ``ahead`` (rows the caller reads next, local or remote);
+        then the tiles are decoded: remote tiles arrive concurrently, and the next reads'
+        bytes travel while this one decodes.
 
         With ``encoded``, rows that are exactly one JPEG storage tile are not decoded: their
         compressed stream goes to ``result.encoded[i]`` (pixels left zero) for a GPU decoder.
@@ -450,7 +451,8 @@ class TileReader:
         )
         if n and (rows.min() < 0 or rows.max() >= len(self.index)):
             raise IndexError(f"rows out of range 0..{len(self.index) - 1}")
-        self.prefetch(rows)
+        if self.remote:  # local reads of these rows follow at once: no read-ahead to win
+            self.prefetch(rows)
         if ahead is not None:
             self.prefetch(ahead)
         windows = self._windows(rows)
