@@ -15,8 +15,8 @@ with them), started and stopped by the caller:
   benchmark a reader against on a 2-core machine (moto spends ~60 ms of CPU on every range
   request to a 150 MB object).
 
-``python tests/servers.py http ROOT PORT`` / ``proxy PORT TARGET_PORT DELAY_MS STATS`` /
-``s3files ROOT PORT DELAY_MS STATS``.
+``python tests/servers.py http PORT ROOT`` / ``proxy PORT TARGET_PORT DELAY_MS STATS`` /
+``s3files PORT ROOT DELAY_MS STATS``.
 """
 
 from __future__ import annotations
@@ -116,29 +116,29 @@ def moto_s3() -> Iterator[Server]:
 
 
 @contextlib.contextmanager
-def http_files(root: Path) -> Iterator[Server]:
+def _script(mode: str, *args: object) -> Iterator[Server]:
+    """This file run as a server (``mode PORT ARGS...``) on a free port."""
+    port = free_port()
+    argv = [sys.executable, str(HERE), mode, str(port), *map(str, args)]
+    with _serving(argv, port) as server:
+        yield server
+
+
+def http_files(root: Path) -> contextlib.AbstractContextManager[Server]:
     """A Range-capable static file server of ``root``."""
-    port = free_port()
-    with _serving([sys.executable, str(HERE), "http", str(root), str(port)], port) as s:
-        yield s
+    return _script("http", root)
 
 
-@contextlib.contextmanager
-def delay_proxy(target_port: int, delay_ms: float, stats: Path) -> Iterator[Server]:
+def delay_proxy(
+    target_port: int, delay_ms: float, stats: Path
+) -> contextlib.AbstractContextManager[Server]:
     """A proxy to 127.0.0.1:``target_port`` adding ``delay_ms`` to every request."""
-    port = free_port()
-    args = [sys.executable, str(HERE), "proxy", str(port), str(target_port), str(delay_ms)]
-    with _serving([*args, str(stats)], port) as s:
-        yield s
+    return _script("proxy", target_port, delay_ms, stats)
 
 
-@contextlib.contextmanager
-def s3_files(root: Path, delay_ms: float, stats: Path) -> Iterator[Server]:
+def s3_files(root: Path, delay_ms: float, stats: Path) -> contextlib.AbstractContextManager[Server]:
     """The read side of S3 over the files of ``root`` (``root/BUCKET/KEY``), ``delay_ms`` late."""
-    port = free_port()
-    args = [sys.executable, str(HERE), "s3files", str(root), str(port), str(delay_ms)]
-    with _serving([*args, str(stats)], port) as s:
-        yield s
+    return _script("s3files", root, delay_ms, stats)
 
 
 def proxy_stats(server: Server, stats: Path) -> dict[str, int]:
@@ -231,6 +231,26 @@ def serve_http(root: str, port: int) -> None:
 
 
 # -- the delay proxy ----------------------------------------------------------------------------
+def _serve_counting(handle: Any, port: int, counts: dict[str, int], stats_path: str) -> None:
+    """Serve ``handle`` on 127.0.0.1:``port`` until SIGTERM; SIGUSR1 writes ``counts``."""
+
+    def dump() -> None:
+        tmp = stats_path + ".tmp"
+        Path(tmp).write_text(json.dumps(counts))
+        os.replace(tmp, stats_path)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, dump)
+        loop.add_signal_handler(signal.SIGTERM, loop.stop)
+        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    with contextlib.suppress(RuntimeError):  # the loop stopped by SIGTERM
+        asyncio.run(main())
+
+
 def serve_proxy(port: int, target_port: int, delay_ms: float, stats_path: str) -> None:
     counts = {"requests": 0, "bytes_to_client": 0, "connections": 0, "open": 0, "max_open": 0}
     delay = delay_ms / 1000.0
@@ -268,21 +288,7 @@ def serve_proxy(port: int, target_port: int, delay_ms: float, stats_path: str) -
         await asyncio.gather(pipe(client_r, server_w, True), pipe(server_r, client_w, False))
         counts["open"] -= 1
 
-    def dump() -> None:
-        tmp = stats_path + ".tmp"
-        Path(tmp).write_text(json.dumps(counts))
-        os.replace(tmp, stats_path)
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGUSR1, dump)
-        loop.add_signal_handler(signal.SIGTERM, loop.stop)
-        server = await asyncio.start_server(handle, "127.0.0.1", port)
-        async with server:
-            await server.serve_forever()
-
-    with contextlib.suppress(RuntimeError):  # the loop stopped by SIGTERM
-        asyncio.run(main())
+    _serve_counting(handle, port, counts, stats_path)
 
 
 # -- the S3 read endpoint -----------------------------------------------------------------------
@@ -360,28 +366,15 @@ def serve_s3_files(root: str, port: int, delay_ms: float, stats_path: str) -> No
             with contextlib.suppress(Exception):
                 writer.close()
 
-    def dump() -> None:
-        tmp = stats_path + ".tmp"
-        Path(tmp).write_text(json.dumps(counts))
-        os.replace(tmp, stats_path)
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGUSR1, dump)
-        loop.add_signal_handler(signal.SIGTERM, loop.stop)
-        server = await asyncio.start_server(handle, "127.0.0.1", port)
-        async with server:
-            await server.serve_forever()
-
-    with contextlib.suppress(RuntimeError):
-        asyncio.run(main())
+    _serve_counting(handle, port, counts, stats_path)
 
 
 if __name__ == "__main__":
     exit_with(os.getppid())
-    if sys.argv[1] == "http":
-        serve_http(sys.argv[2], int(sys.argv[3]))
-    elif sys.argv[1] == "proxy":
-        serve_proxy(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
-    elif sys.argv[1] == "s3files":
-        serve_s3_files(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
+    mode, port, rest = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    if mode == "http":
+        serve_http(rest[0], port)
+    elif mode == "proxy":
+        serve_proxy(port, int(rest[0]), float(rest[1]), rest[2])
+    elif mode == "s3files":
+        serve_s3_files(rest[0], port, float(rest[1]), rest[2])
