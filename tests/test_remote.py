@@ -223,3 +223,19 @@ def test_fork_after_obstore_is_refused_not_hung(indexes) -> None:  # type: ignor
     own = DataLoader(ds, batch_size=8, num_workers=1, multiprocessing_context="fork", timeout=120)
     with pytest.raises(ForkUnsafeError, match="forkserver"):
         next(iter(own))
+
+
+def test_bench_on_a_remote_index(indexes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`wsi-loader bench` on slides in a bucket: OpenSlide cannot open URLs, so the
+    OpenSlide baselines read local copies (as OpenSlide users must), and are named so."""
+    from wsi_loader.bench import format_table, run_bench
+    from wsi_loader.slides.local_copies import LocalCopies
+
+    remote, _ = indexes
+    copies = LocalCopies(str(tmp_path / "copies"))
+    result = run_bench(remote, tiles=64, batch_size=16, workers=(0,), copies=copies)
+    names = [r["name"] for r in result["results"]]
+    assert names[:2] == ["openslide (local copy)", "openslide-naive (local copy)"]
+    assert all(r["tiles_per_s"] > 0 for r in result["results"])
+    assert "local copy" in format_table(result)
+    assert copies.downloads == 2  # once per slide, for both baselines

@@ -30,6 +30,8 @@ from wsi_loader.dataset.reading import threads_per_process
 from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index.table import SlideIndex
+from wsi_loader.slides.local_copies import LocalCopies
+from wsi_loader.slides.storage import is_url
 
 
 @dataclass
@@ -99,10 +101,23 @@ def _timed(fn: Callable[[], int]) -> tuple[int, float, float]:
     return tiles, time.perf_counter() - start, time.process_time() - cpu
 
 
-def openslide_baseline(index: SlideIndex, rows: np.ndarray, reopen: bool = False) -> Measurement:
-    """OpenSlide read_region per tile; ``reopen`` opens a new handle for every tile."""
+def openslide_baseline(
+    index: SlideIndex,
+    rows: np.ndarray,
+    reopen: bool = False,
+    copies: LocalCopies | None = None,
+) -> Measurement:
+    """OpenSlide read_region per tile; ``reopen`` opens a new handle for every tile.
+
+    OpenSlide reads local files only: slides at URLs are read from whole local copies
+    (``copies``, downloaded before the clock starts), as an OpenSlide user would have to."""
     cols = index.columns
     handles: dict[int, openslide.OpenSlide] = {}
+    paths = {sid: index.slide_path(sid) for sid in np.unique(cols["slide_id"][rows]).tolist()}
+    remote = any(is_url(p) for p in paths.values())
+    if remote:
+        copies = copies if copies is not None else LocalCopies()
+        paths = {sid: copies.local(p) if is_url(p) else p for sid, p in paths.items()}
 
     def run() -> int:
         for row in rows.tolist():
@@ -110,7 +125,7 @@ def openslide_baseline(index: SlideIndex, rows: np.ndarray, reopen: bool = False
             size = int(cols["read_size"][row])
             slide = handles.get(sid)
             if slide is None:
-                slide = openslide.OpenSlide(index.slide_path(sid))
+                slide = openslide.OpenSlide(paths[sid])
                 if not reopen:
                     handles[sid] = slide
             try:
@@ -131,7 +146,7 @@ def openslide_baseline(index: SlideIndex, rows: np.ndarray, reopen: bool = False
     tiles, seconds, cpu = _timed(run)
     for slide in handles.values():
         slide.close()
-    name = "openslide-naive" if reopen else "openslide"
+    name = ("openslide-naive" if reopen else "openslide") + (" (local copy)" if remote else "")
     return Measurement(name, 0, tiles, seconds, cpu_seconds=cpu)
 
 
@@ -228,14 +243,16 @@ def run_bench(
     step_ms: float = 50.0,
     seed: int = 0,
     busy: int = 0,
+    copies: LocalCopies | None = None,
 ) -> dict[str, Any]:
     """All measurements, as a JSON-ready dict with ratios against the OpenSlide baseline.
     ``busy``: that many other processes spin on a core each while everything is measured
-    (baseline included, so the ratios compare paths under the same load)."""
+    (baseline included, so the ratios compare paths under the same load). ``copies``: where
+    the OpenSlide baseline keeps local copies of slides at URLs (see `openslide_baseline`)."""
     if len(index) == 0:
         raise ValueError("the index has no tiles to read")
     with busy_cores(busy):
-        result = _run_bench(index, tiles, batch_size, workers, device, step_ms, seed)
+        result = _run_bench(index, tiles, batch_size, workers, device, step_ms, seed, copies)
     result["busy"] = busy
     return result
 
@@ -248,11 +265,12 @@ def _run_bench(
     device: str | None,
     step_ms: float,
     seed: int,
+    copies: LocalCopies | None,
 ) -> dict[str, Any]:
     rows = sample_rows(index, tiles, seed)
     results = [
-        openslide_baseline(index, rows),
-        openslide_baseline(index, rows, reopen=True),
+        openslide_baseline(index, rows, copies=copies),
+        openslide_baseline(index, rows, reopen=True, copies=copies),
         reader_single_process(index, rows, batch_size),
     ]
     for w in workers:
