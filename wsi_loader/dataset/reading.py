@@ -188,6 +188,7 @@ class TileReader:
         self._verified: dict[str, tuple[int, int, int, int]] = {}
         self._slide_start = index.slide_starts()
         self.remote = any(is_url(p) for p in self._paths)  # slides on object storage
+        self._announced = np.zeros(0, dtype=np.int64)  # rows the last look-ahead named
 
     def _verify(self, path: str) -> None:
         """Refuse a file that is not the slide indexed at ``path`` (size and head/tail digest;
@@ -454,7 +455,11 @@ class TileReader:
         if self.remote:  # local reads of these rows follow at once: no read-ahead to win
             self.prefetch(rows)
         if ahead is not None:
-            self.prefetch(ahead)
+            # each batch names the next few: only rows not named by the previous call are new
+            ahead = np.asarray(ahead, dtype=np.int64).reshape(-1)
+            fresh = ahead[~np.isin(ahead, self._announced)]
+            self._announced = ahead
+            self.prefetch(fresh)
         windows = self._windows(rows)
         todo = np.argsort(self.index.columns["slide_id"][rows], kind="stable").tolist()
         if result.encoded is not None:

@@ -3,8 +3,8 @@
 Readers ask a byte source for ranges, and say which ranges they will want next (``prefetch``);
 no reader knows where its bytes come from.
 
-* `LocalBytes`: one descriptor and ``pread``. Prefetch asks the kernel to read ahead
-  (``posix_fadvise(WILLNEED)``), so a cold page cache does not stall the decoder.
+* Local files: ``pread`` (in the reader); `read_ahead` asks the kernel to read the next
+  ranges ahead (``posix_fadvise(WILLNEED)``), so a cold page cache does not stall the decoder.
 * `RemoteBytes`: obstore (Rust's object_store: S3 ``s3://``, GCS ``gs://``, Azure ``az://``,
   plain HTTP ``https://``). The ranges of one call are coalesced and fetched concurrently on
   a few threads per process (obstore releases the GIL while it waits) into a per-process
@@ -157,12 +157,6 @@ def _here() -> _Clients:
     return clients
 
 
-def used_here() -> bool:
-    """Whether this process (or the parent it was forked from) has started obstore."""
-    clients = _here()
-    return clients.used or clients.inherited
-
-
 def locate(url: str) -> tuple[Any, str]:
     """The obstore store of ``url`` and the object's path in it."""
     parts = urlsplit(url)
@@ -242,9 +236,13 @@ def remote_stat(url: str, retries: int = RETRIES) -> RemoteStat:
 
 def read_range(url: str, offset: int, size: int, retries: int = RETRIES) -> bytes:
     """Bytes ``offset`` .. ``offset + size`` of an object."""
+    store, path = locate(url)
+    return _get_range(store, path, url, offset, size, retries)
+
+
+def _get_range(store: Any, path: str, url: str, offset: int, size: int, retries: int) -> bytes:
     import obstore
 
-    store, path = locate(url)
     data = with_retries(
         url,
         "range read",
@@ -316,16 +314,24 @@ def remote_content(url: str, size: int) -> bytes:
 
 def coalesce(ranges: Iterable[Range], gap: int = COALESCE_GAP) -> list[Range]:
     """Merge sorted ranges closer than ``gap`` bytes into requests of at most `MAX_REQUEST`."""
-    merged: list[list[int]] = []
+    return [request for request, _ in coalesce_groups(ranges, gap)]
+
+
+def coalesce_groups(
+    ranges: Iterable[Range], gap: int = COALESCE_GAP
+) -> list[tuple[Range, list[Range]]]:
+    """`coalesce`, each request with the ranges it serves (one pass over the sorted ranges)."""
+    groups: list[tuple[list[int], list[Range]]] = []
     for offset, size in sorted(set(ranges)):
-        if merged:
-            last = merged[-1]
+        if groups:
+            last, members = groups[-1]
             end = max(last[0] + last[1], offset + size)
             if offset - (last[0] + last[1]) <= gap and end - last[0] <= MAX_REQUEST:
                 last[1] = end - last[0]
+                members.append((offset, size))
                 continue
-        merged.append([offset, size])
-    return [(o, s) for o, s in merged]
+        groups.append(([offset, size], [(offset, size)]))
+    return [((o, s), members) for (o, s), members in groups]
 
 
 class _Block:
@@ -371,7 +377,7 @@ class RangeStore:
         """Start fetching ``ranges`` of ``source`` (coalesced) unless pending already."""
         self._check_process()
         todo = [r for r in ranges if (source.url, r) not in self._by_range]
-        for offset, size in coalesce(todo):
+        for (offset, size), members in coalesce_groups(todo):
             if not self._make_room(size):
                 log.debug("prefetch budget of %d bytes is spent", self.max_bytes)
                 break
@@ -380,10 +386,9 @@ class RangeStore:
             self.bytes_fetched += size
             self._blocks[(source.url, offset)] = block
             self._bytes += size
-            for r in todo:
-                if offset <= r[0] and r[0] + r[1] <= offset + size:
-                    block.wanted.add(r)
-                    self._by_range[(source.url, r)] = block
+            block.wanted.update(members)
+            for r in members:
+                self._by_range[(source.url, r)] = block
 
     def _make_room(self, size: int) -> bool:
         if size > self.max_bytes:
@@ -433,25 +438,16 @@ class RangeStore:
         return self._bytes
 
 
-class LocalBytes:
-    """A local file read by ``pread`` (no shared file position; one system call)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def read(self, offset: int, size: int) -> bytes:
-        return os.pread(self.fd, size, offset)
-
-    def prefetch(self, ranges: Iterable[Range]) -> None:
-        """Ask the kernel to read these ranges ahead (returns at once)."""
-        advise = getattr(os, "posix_fadvise", None)
-        if advise is None:
-            return
-        for offset, size in coalesce(ranges):
-            try:
-                advise(self.fd, offset, size, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                return  # a file system without read-ahead: reads still work
+def read_ahead(fd: int, ranges: Iterable[Range]) -> None:
+    """Ask the kernel to read these ranges of a local file ahead (returns at once)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    for offset, size in coalesce(ranges):
+        try:
+            advise(fd, offset, size, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            return  # a file system without read-ahead: reads still work
 
 
 class _BlockFile(io.RawIOBase):
@@ -482,7 +478,7 @@ class _BlockFile(io.RawIOBase):
         if number not in self.blocks:
             start = number * PARSE_BLOCK
             size = min(PARSE_BLOCK, self.source.size - start)
-            self.blocks[number] = read_range(self.source.url, start, size, self.source.retries)
+            self.blocks[number] = self.source.fetch(start, size)
         return self.blocks[number]
 
     def readinto(self, buffer: Any) -> int:
@@ -507,6 +503,7 @@ class RemoteBytes:
         self.url = url
         self.store = store
         self.retries = retries
+        self._store, self._path = locate(url)  # in this process: readers never cross a fork
         self.stat = remote_stat(url, retries)
 
     @property
@@ -519,10 +516,11 @@ class RemoteBytes:
 
     def submit(self, offset: int, size: int) -> concurrent.futures.Future[bytes]:
         """Start one range request (with its retries) on this process's fetch threads."""
-        return _here().pool().submit(self._fetch, offset, size)
+        return _here().pool().submit(self.fetch, offset, size)
 
-    def _fetch(self, offset: int, size: int) -> bytes:
-        return read_range(self.url, offset, size, self.retries)
+    def fetch(self, offset: int, size: int) -> bytes:
+        """One range request now (with the retries), bypassing the store."""
+        return _get_range(self._store, self._path, self.url, offset, size, self.retries)
 
     def read(self, offset: int, size: int) -> bytes:
         """A range's bytes: from the store when prefetched, else fetched now."""
@@ -533,7 +531,7 @@ class RemoteBytes:
         self.store.bytes_fetched += size
         self.store.bytes_read += size
         try:
-            return self._fetch(offset, size)
+            return self.fetch(offset, size)
         except TransientReadError as exc:
             failure = exc
         # the store down (a slide fault), or only this range failing (a tile fault)? Raised

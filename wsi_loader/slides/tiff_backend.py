@@ -33,7 +33,7 @@ from wsi_loader.slides.base import (
     l0_to_level,
     resize,
 )
-from wsi_loader.slides.storage import LocalBytes, Range, RangeStore, RemoteBytes, is_url
+from wsi_loader.slides.storage import Range, RangeStore, RemoteBytes, is_url, read_ahead
 
 log = logging.getLogger(__name__)
 
@@ -638,7 +638,7 @@ class TiffReader:
         if self._remote is not None:
             self._remote.prefetch(ranges)
         else:
-            LocalBytes(self._fd).prefetch(ranges)
+            read_ahead(self._fd, ranges)
 
     def close(self) -> None:
         """Close the file. The parsed layout stays, so `reopen` is cheap."""
