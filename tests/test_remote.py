@@ -239,3 +239,23 @@ def test_bench_on_a_remote_index(indexes, tmp_path: Path) -> None:  # type: igno
     assert all(r["tiles_per_s"] > 0 for r in result["results"])
     assert "local copy" in format_table(result)
     assert copies.downloads == 2  # once per slide, for both baselines
+
+
+def test_an_object_rewritten_in_the_middle_is_refused_not_read(
+    s3_endpoint: str, make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    """Same key, same size, same first and last 64 KiB, other tiles in between: the object's
+    version (ETag) changed, so its tiles are a slide fault, never the new pixels as ok."""
+    local = tmp_path / "Präparat Nr.2 (a).svs"
+    shutil.copy(make_slide(width=2560, height=2048, seed=41), local)
+    url = upload(local, f"s3://slides/rewritten/{local.name}")
+    index = build_index([url], tmp_path / "idx", **OPTIONS)
+    assert index.slides[0].status == "ok"
+    data = bytearray(local.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4096] = bytes(4096)  # inside tile data, away from head and tail
+    local.write_bytes(bytes(data))
+    upload(local, url)
+    result = TileDataset(index, record_failures=False).read_rows(np.arange(len(index)))
+    assert not result.ok.any()
+    assert "indexed" in (result.errors[0] or "")

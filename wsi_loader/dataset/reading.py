@@ -32,12 +32,12 @@ from wsi_loader.errors import (
     TransientReadError,
     is_transient,
 )
-from wsi_loader.index.inputs import content_digest, content_key
+from wsi_loader.index.inputs import content_key, identify
 from wsi_loader.index.quarantine import Quarantine
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.base import Prefetching, RGBArray, SlideReader, resize
 from wsi_loader.slides.pool import HandlePool
-from wsi_loader.slides.storage import is_url, remote_content, remote_stat
+from wsi_loader.slides.storage import is_url
 from wsi_loader.slides.tiff_backend import SegmentJob, SegmentKey, TiffReader
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,9 @@ class TileReader:
         self._quarantined: set[tuple[int, int, int]] = set()
         self._paths = [index.slide_path(i) for i in range(len(index.slides))]
         self._contents = {p: s.content for p, s in zip(self._paths, index.slides, strict=True)}
+        self._fingerprints = {
+            p: s.fingerprint for p, s in zip(self._paths, index.slides, strict=True) if is_url(p)
+        }
         # files found to be the indexed slide, by (device, inode, size, mtime): an OpenSlide
         # slide reopened batch after batch is hashed once, not at every open
         self._verified: dict[str, tuple[int, int, int, int]] = {}
@@ -198,7 +201,7 @@ class TileReader:
         if expected is None:
             return  # an index from before content digests
         if is_url(path):
-            self._verify_remote(path, expected)
+            self._verify_remote(path)
             return
         try:
             st = os.stat(path)
@@ -217,19 +220,19 @@ class TileReader:
                 path=path,
             )
 
-    def _verify_remote(self, path: str, expected: str) -> None:
-        """`_verify` for an object: its size and head/tail digest, once per object version."""
-        stat = remote_stat(path)
-        identity = (0, 0, stat.size, hash(stat.version))
-        if self._verified.get(path) == identity:
+    def _verify_remote(self, path: str) -> None:
+        """`_verify` for an object: its fingerprint, which covers the object's version (ETag)
+        besides its size and first and last 64 KiB. A file can be rewritten in the middle
+        without a trace in those; an object cannot be rewritten without a new version."""
+        expected = self._fingerprints.get(path)
+        if expected is None:
             return
-        if content_digest(stat.size, remote_content(path, stat.size)) != expected:
+        if identify(path)[2] != expected:
             raise SlideChangedError(
-                "the object is not the slide that was indexed (its size or contents changed); "
-                "rebuild the index",
+                "the object is not the slide that was indexed (rewritten since: another "
+                "version, size or contents); rebuild the index",
                 path=path,
             )
-        self._verified[path] = identity
 
     def get_reader(self, slide_id: int) -> SlideReader:
         """This process's open reader of a slide (opened and verified as needed)."""
