@@ -1,4 +1,5 @@
-"""Per-tile class coverage is exact: shapes with known areas against a 256 px grid."""
+"""Per-tile class coverage is exact: shapes with known areas against a 256 px grid, and random
+overlapping shapes with holes against shapely's polygon intersection."""
 
 from __future__ import annotations
 
@@ -6,13 +7,35 @@ import numpy as np
 import pytest
 import shapely
 
-from wsi_loader.index.annotations import TileBoxes, assign_labels
+from wsi_loader.config import IndexConfig
+from wsi_loader.index.annotations import ClassCells, Lattice, assign_labels, read_shapes
+from wsi_loader.index.annotations.formats import Shape
 from wsi_loader.index.annotations.regions import read_regions
+from wsi_loader.index.annotations.tiles import annotate_slide
 
 from .annotation_files import Region, rect, write_aperio, write_asap, write_geojson
 
 GRID_X, GRID_Y = np.meshgrid(np.arange(0, 1024, 256), np.arange(0, 768, 256))
-TILES = TileBoxes(GRID_X.ravel(), GRID_Y.ravel(), 256)
+SIZE = (1024, 768)
+
+
+def cells_of(shapes: list[Shape], x=GRID_X, y=GRID_Y, footprint=256, size=SIZE) -> ClassCells:
+    return ClassCells(shapes, Lattice.for_tiles(x.ravel(), y.ravel(), footprint, size))
+
+
+def tiles(cells: ClassCells, share: np.ndarray, x=GRID_X, y=GRID_Y, footprint=256) -> np.ndarray:
+    return cells.per_tile(share, x.ravel(), y.ravel(), footprint)
+
+
+def covered(geometry, **grid) -> np.ndarray:
+    """Per tile, the share of its area inside ``geometry``."""
+    cells = cells_of([Shape("c", geometry)], **grid)
+    return tiles(cells, cells.share("c"), **{k: v for k, v in grid.items() if k != "size"})
+
+
+def file_cover(path, name: str) -> np.ndarray:
+    cells = cells_of(read_shapes([str(path)])[0])
+    return tiles(cells, cells.share(name))
 
 
 def at(coverage: np.ndarray, x: int, y: int) -> float:
@@ -22,13 +45,13 @@ def at(coverage: np.ndarray, x: int, y: int) -> float:
 
 
 def test_a_rectangle_straddling_tile_borders() -> None:
-    cover = TILES.coverage(shapely.box(128, 64, 640, 192))
+    cover = covered(shapely.box(128, 64, 640, 192))
     assert at(cover, 0, 0) == 0.25 and at(cover, 256, 0) == 0.5 and at(cover, 512, 0) == 0.25
     assert cover.sum() == pytest.approx(512 * 128 / 256**2)
 
 
 def test_a_triangle() -> None:
-    cover = TILES.coverage(shapely.Polygon([(0, 0), (512, 0), (0, 512)]))
+    cover = covered(shapely.Polygon([(0, 0), (512, 0), (0, 512)]))
     assert at(cover, 0, 0) == 1.0  # the hypotenuse only touches its corner
     assert at(cover, 256, 0) == 0.5 and at(cover, 0, 256) == 0.5
     assert at(cover, 256, 256) == 0.0  # touches at one point: no area
@@ -36,18 +59,17 @@ def test_a_triangle() -> None:
 
 def test_a_polygon_with_a_hole() -> None:
     square = shapely.Polygon(rect(0, 0, 512, 512), [rect(128, 128, 384, 384)])
-    cover = TILES.coverage(square)
+    cover_ = covered(square)
     for x, y in [(0, 0), (256, 0), (0, 256), (256, 256)]:
-        assert at(cover, x, y) == 0.75
-    assert at(cover, 512, 0) == 0.0
+        assert at(cover_, x, y) == 0.75
+    assert at(cover_, 512, 0) == 0.0
 
 
 def test_an_aperio_negative_region_is_a_hole(tmp_path) -> None:
     path = write_aperio(
         tmp_path / "s.xml", [Region("Tumor", rect(0, 0, 512, 512), [rect(128, 128, 384, 384)])]
     )
-    regions = read_regions([str(path)], 1024, 768)
-    assert at(TILES.coverage(regions.classes["Tumor"]), 0, 0) == 0.75
+    assert at(file_cover(path, "Tumor"), 0, 0) == 0.75
 
 
 def test_overlapping_shapes_of_one_class_count_once(tmp_path) -> None:
@@ -55,8 +77,7 @@ def test_overlapping_shapes_of_one_class_count_once(tmp_path) -> None:
         tmp_path / "s.geojson",
         [Region("Tumor", rect(0, 0, 256, 128)), Region("Tumor", rect(0, 64, 256, 192))],
     )
-    regions = read_regions([str(path)], 1024, 768)
-    assert at(TILES.coverage(regions.classes["Tumor"]), 0, 0) == 0.75
+    assert at(file_cover(path, "Tumor"), 0, 0) == 0.75
 
 
 def test_exact_at_any_offset_and_vertex_count() -> None:
@@ -64,8 +85,8 @@ def test_exact_at_any_offset_and_vertex_count() -> None:
     not a raster), on a grid that does not start at 0."""
     circle = shapely.Point(700.3, 400.7).buffer(300, quad_segs=250)
     x, y = np.meshgrid(np.arange(-37, 1200, 100), np.arange(-11, 900, 100))
-    boxes = TileBoxes(x.ravel(), y.ravel(), 100)
-    assert boxes.coverage(circle).sum() * 100**2 == pytest.approx(circle.area, rel=1e-6)
+    shares = covered(circle, x=x, y=y, footprint=100, size=(1200, 900))
+    assert shares.sum() * 100**2 == pytest.approx(circle.area, rel=1e-6)
 
 
 def test_labels_of_overlapping_classes_go_to_the_most_specific_region() -> None:
@@ -94,9 +115,9 @@ def test_the_three_formats_describing_the_same_shapes_give_the_same_coverage(tmp
     }
     results = {}
     for kind, path in files.items():
-        regions = read_regions([str(path)], 1024, 768)
-        assert sorted(regions.classes) == ["Stroma", "Tumor"], kind
-        results[kind] = np.stack([TILES.coverage(g) for g in regions.classes.values()], axis=1)
+        cells = cells_of(read_shapes([str(path)])[0])
+        assert cells.names == ["Stroma", "Tumor"], kind
+        results[kind] = np.stack([tiles(cells, cells.share(n)) for n in cells.names], axis=1)
     for kind, cover in results.items():
         np.testing.assert_array_equal(cover, results["geojson"], err_msg=kind)
     assert at(results["asap"][:, 1], 0, 0) == 0.75
@@ -112,7 +133,94 @@ def test_camelyon16_groups(tmp_path) -> None:
         ],
         group_names={"T0": "_0", "T1": "_1"},
     )
-    regions = read_regions([str(path)], 1024, 768)
-    assert list(regions.classes) == ["Tumor"]
-    cover = TILES.coverage(regions.classes["Tumor"])
-    assert at(cover, 0, 0) == 0.5 and at(cover, 256, 0) == 1.0
+    assert list(read_regions([str(path)], 1024, 768).classes) == ["Tumor"]
+    cells = cells_of(read_shapes([str(path)])[0])
+    assert cells.names == ["Tumor"]
+    shares = tiles(cells, cells.share("Tumor"))
+    assert at(shares, 0, 0) == 0.5 and at(shares, 256, 0) == 1.0
+
+
+def _random_shapes(rng: np.random.Generator) -> list[Shape]:
+    """Overlapping blobs, rectangles on the tile lines and holes, in three classes, some
+    reaching outside the slide; both winding orders."""
+    shapes = []
+    for i in range(int(rng.integers(4, 12))):
+        name = ["Tumor", "Stroma", "Necrosis"][i % 3]
+        if rng.random() < 0.3:  # edges along tile borders and lattice lines
+            x0, y0 = rng.integers(-2, 4) * 256 / 2, rng.integers(-2, 3) * 256 / 2
+            geometry = shapely.box(x0, y0, x0 + rng.integers(1, 5) * 128, y0 + 256)
+        else:
+            n = int(rng.integers(3, 40))
+            angle = np.sort(rng.uniform(0, 2 * np.pi, n))
+            radius = rng.uniform(40, 400) * rng.uniform(0.5, 1.0, n)
+            cx, cy = rng.uniform(-100, 1124), rng.uniform(-100, 868)
+            ring = np.column_stack([cx + radius * np.cos(angle), cy + radius * np.sin(angle)])
+            geometry = shapely.Polygon(ring[:: int(rng.choice([1, -1]))])
+            if rng.random() < 0.3 and geometry.is_valid:  # a polygon with its own hole
+                geometry = geometry.difference(shapely.Point(cx, cy).buffer(radius.min() / 2))
+        if geometry.is_valid and geometry.area > 0:
+            shapes.append(Shape(name, geometry, hole=bool(rng.random() < 0.2)))
+    if rng.random() < 0.4:  # a body covering many cells whole, with holes crossing them
+        x0, y0 = rng.uniform(-100, 300, 2)
+        shapes.append(Shape("Tumor", shapely.box(x0, y0, x0 + 700.5, y0 + 500.5)))
+    return shapes
+
+
+def _exact(shapes: list[Shape], names: list[str], boxes) -> np.ndarray:
+    """Shapely's answer: union of the bodies minus union of the holes, per class, clipped to
+    the slide, intersected with each tile box."""
+    slide = shapely.box(0, 0, *SIZE)
+    parts = []
+    for name in names:
+        body = shapely.union_all([s.geometry for s in shapes if s.name == name and not s.hole])
+        holes = shapely.union_all([s.geometry for s in shapes if s.name == name and s.hole])
+        parts.append(shapely.difference(body, holes))
+    region = shapely.intersection(shapely.union_all(parts), slide)
+    return shapely.area(shapely.intersection(region, boxes)) / 256**2
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_overlapping_shapes_with_holes_match_shapely(seed) -> None:
+    rng = np.random.default_rng(seed)
+    shapes = _random_shapes(rng)
+    # tiles on a grid with overlap (stride 192 < 256), so cells are smaller than tiles
+    x, y = np.meshgrid(np.arange(0, 1024 - 255, 192), np.arange(0, 768 - 255, 192))
+    boxes = shapely.box(x.ravel(), y.ravel(), x.ravel() + 256, y.ravel() + 256)
+    cells = cells_of(shapes, x=x, y=y)
+    for name in cells.names:
+        ours = tiles(cells, cells.share(name), x=x, y=y)
+        np.testing.assert_allclose(ours, _exact(shapes, [name], boxes), atol=1e-6, err_msg=name)
+    together = tiles(cells, cells.union(cells.names), x=x, y=y)
+    np.testing.assert_allclose(together, _exact(shapes, cells.names, boxes), atol=1e-6)
+    areas = cells.areas()
+    slide = shapely.box(0, 0, *SIZE)
+    for name in cells.names:
+        full = _exact(shapes, [name], np.array([slide])) * 256**2
+        assert areas[name] == pytest.approx(float(full[0]), abs=1e-3)
+
+
+def test_the_index_measures_repaired_polygons(tmp_path) -> None:
+    """A self-intersecting outline (a bow tie) is measured as make_valid repairs it (two
+    triangles), with a note naming the file, alongside a valid shape that overlaps it."""
+    bowtie = [(0, 0), (256, 256), (256, 0), (0, 256)]
+    path = write_geojson(
+        tmp_path / "s.geojson",
+        [Region("Tumor", bowtie), Region("Tumor", rect(128, 0, 256, 256))],
+    )
+    x, y = GRID_X.ravel(), GRID_Y.ravel()
+    result = annotate_slide([str(path)], IndexConfig(tile_size=256), SIZE, x, y, 256)
+    assert result.coverage[0, 0] == pytest.approx(0.25 + 0.5)  # left triangle + rectangle
+    assert result.areas == {"Tumor": pytest.approx(0.75 * 256**2)}
+    assert any("1 self-intersecting" in n and str(path) in n for n in result.notes)
+
+
+def test_overlapping_holes_inside_a_cell_a_body_covers() -> None:
+    """Two negative regions overlapping each other inside a tile that the body covers whole:
+    the cut counts their union once."""
+    holes = [shapely.Point(100, 100).buffer(60), shapely.Point(150, 120).buffer(50)]
+    shapes = [Shape("Tumor", shapely.box(0, 0, 512, 512))]
+    shapes += [Shape("Tumor", h, hole=True) for h in holes]
+    cells = cells_of(shapes)
+    expected = 1 - shapely.union_all(holes).area / 256**2
+    assert at(tiles(cells, cells.share("Tumor")), 0, 0) == pytest.approx(expected, abs=1e-7)
+    assert at(tiles(cells, cells.share("Tumor")), 256, 0) == 1.0

@@ -83,6 +83,17 @@ def test_qupath_variants_multipolygons_collections_and_unclassified(tmp_path: Pa
             "malformed JSON",  # a number out of range
         ),
         ([feature(polygon(rect(0, 0, 5, 5)), {"name": 7})], "feature 0", "is not a name"),
+        (  # ragged points
+            [feature({"type": "Polygon", "coordinates": [[[0, 0], [1], [4, 5, 6, 7], [0, 0]]]})],
+            "feature 0",
+            "not numbers",
+        ),
+        (  # one level too deep
+            [feature({"type": "Polygon", "coordinates": [[[[0, 0], [1, 0], [1, 1], [0, 0]]]]})],
+            "feature 0",
+            "not a list of [x, y] points",
+        ),
+        ([feature({"type": "Polygon", "coordinates": [{"x": 1}]})], "feature 0", "not a list"),
     ],
 )
 def test_malformed_geojson_names_the_file_and_feature(
@@ -95,6 +106,14 @@ def test_malformed_geojson_names_the_file_and_feature(
     assert caught.value.path == str(path) and caught.value.element == element
     assert message in str(caught.value) and str(path) in str(caught.value)
     assert isinstance(caught.value, InputError)
+
+
+def test_geojson_points_with_z_and_integer_coordinates(tmp_path: Path) -> None:
+    ring = [[0, 0, 5.5], [100, 0, 5.5], [100, 50.5, 5.5], [0, 50.5, 5.5], [0, 0, 5.5]]
+    doc = [feature({"type": "Polygon", "coordinates": [ring]}, "Tumor")]
+    doc.append(feature(polygon(rect(200, 0, 300, 10)), "Tumor"))  # integers
+    shapes = read_annotations(write(tmp_path / "z.geojson", doc)).shapes
+    assert [s.geometry.area for s in shapes] == [5050.0, 1000.0]
 
 
 def test_malformed_xml_names_the_element(tmp_path: Path) -> None:

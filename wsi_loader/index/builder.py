@@ -12,6 +12,7 @@ import logging
 import os
 import traceback
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -130,21 +131,28 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
             warning=_join(record.warning, plan.warning) if plan.warning else record.warning,
         )
         l0_x, l0_y = grid(meta, plan, align=cfg.align_to_storage)
-        if cfg.min_tissue > 0 and len(l0_x):
-            image, mask_level = read_mask_image(reader, cfg.mask_max_size)
-            mask = tissue_mask(image)
-            tissue = tile_fractions(mask, meta.dimensions, l0_x, l0_y, plan.l0_footprint)
-            record = replace(record, mask_level=mask_level)
-        else:
-            tissue = np.ones(len(l0_x), dtype=np.float32)
-        keep = tissue >= cfg.min_tissue
-        annotated = None
-        if cfg.annotations is not None:
-            files = list(task.annotations)
-            annotated = annotate_slide(
-                files, cfg, meta.dimensions, l0_x[keep], l0_y[keep], plan.l0_footprint
+        files = list(task.annotations)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            # annotations are measured while the tissue is found: both mostly run outside the
+            # GIL (GEOS, numpy, scipy, the decoder), so a slide's labels cost little wall time
+            annotating = (
+                pool.submit(
+                    annotate_slide, files, cfg, meta.dimensions, l0_x, l0_y, plan.l0_footprint
+                )
+                if cfg.annotations is not None
+                else None
             )
-            keep[np.flatnonzero(keep)[~annotated.keep]] = False
+            if cfg.min_tissue > 0 and len(l0_x):
+                image, mask_level = read_mask_image(reader, cfg.mask_max_size)
+                mask = tissue_mask(image)
+                tissue = tile_fractions(mask, meta.dimensions, l0_x, l0_y, plan.l0_footprint)
+                record = replace(record, mask_level=mask_level)
+            else:
+                tissue = np.ones(len(l0_x), dtype=np.float32)
+            annotated = annotating.result() if annotating is not None else None
+        keep = tissue >= cfg.min_tissue
+        if annotated is not None:
+            keep &= annotated.keep
             record = replace(
                 record,
                 annotations=files,
@@ -162,7 +170,7 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
             "tissue": tissue[keep].astype(np.float32),
         }
         if annotated is not None:
-            tiles["coverage"] = annotated.coverage
+            tiles["coverage"] = annotated.coverage[keep]
         if not len(l0_x):
             record = replace(
                 record, warning=_join(record.warning, "the slide is smaller than one tile")

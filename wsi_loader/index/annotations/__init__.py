@@ -5,20 +5,26 @@ polygons, ``regions`` merges one slide's files into one geometry per class, ``co
 computes each tile's covered share and label, ``matching`` pairs files with slides.
 """
 
-from wsi_loader.index.annotations.coverage import TileBoxes, assign_labels, class_coverage
+from wsi_loader.index.annotations.coverage import ClassCells, Lattice, assign_labels
 from wsi_loader.index.annotations.formats import UNCLASSIFIED, read_annotations
 from wsi_loader.index.annotations.matching import AnnotationReport, match_annotations
-from wsi_loader.index.annotations.regions import SlideRegions, files_digest, read_regions
+from wsi_loader.index.annotations.regions import (
+    SlideRegions,
+    files_digest,
+    read_regions,
+    read_shapes,
+)
 
 __all__ = [
     "UNCLASSIFIED",
     "AnnotationReport",
+    "ClassCells",
+    "Lattice",
     "SlideRegions",
-    "TileBoxes",
     "assign_labels",
-    "class_coverage",
     "files_digest",
     "match_annotations",
     "read_annotations",
     "read_regions",
+    "read_shapes",
 ]

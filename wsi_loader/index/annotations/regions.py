@@ -17,7 +17,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from shapely.geometry.base import BaseGeometry
 
-from wsi_loader.index.annotations.formats import Shape, polygonal, read_annotations
+from wsi_loader.index.annotations.formats import Shape, polygonal, read_annotations, repair
 
 
 @dataclass
@@ -62,14 +62,50 @@ def merge(polygons: Sequence[BaseGeometry]) -> BaseGeometry:
     return merged
 
 
-def read_regions(files: Sequence[str], width: int | None, height: int | None) -> SlideRegions:
-    """Parse and merge the annotation files of one slide; with the slide's size, clip to it."""
+def read_shapes(files: Sequence[str]) -> tuple[list[Shape], list[str]]:
+    """Every shape of one slide's annotation files, not yet checked for validity (see
+    `formats.repair`), and the notes of what was skipped (each naming its file)."""
     shapes: list[Shape] = []
     notes: list[str] = []
     for path in files:
         parsed = read_annotations(path)
         shapes.extend(parsed.shapes)
         notes.extend(f"{path}: {note}" for note in parsed.notes)
+    return shapes, notes
+
+
+def repaired_notes(files: Sequence[str], notes: list[str]) -> list[str]:
+    """A repair note, naming the slide's annotation files."""
+    return [f"{', '.join(files)}: {note}" for note in notes]
+
+
+def outside_note(shapes: Sequence[Shape], width: int, height: int) -> tuple[list[str], str | None]:
+    """The classes with shapes reaching outside the slide, and a note of what clipping to it
+    cuts off (None when nothing reaches outside)."""
+    bodies = [s for s in shapes if not s.hole]
+    if not bodies:
+        return [], None
+    b = shapely.bounds(np.asarray([s.geometry for s in bodies], dtype=object))
+    out = (b[:, 0] < 0) | (b[:, 1] < 0) | (b[:, 2] > width) | (b[:, 3] > height)
+    if not out.any():
+        return [], None
+    names = sorted({bodies[i].name for i in np.flatnonzero(out)})
+    lost = sum(
+        bodies[i].geometry.area - shapely.clip_by_rect(bodies[i].geometry, 0, 0, width, height).area
+        for i in np.flatnonzero(out)
+    )
+    return names, (
+        f"regions of {', '.join(repr(n) for n in names)} reach outside the "
+        f"{width} x {height} slide and were clipped to it ({lost:.0f} px^2 cut off)"
+    )
+
+
+def read_regions(files: Sequence[str], width: int | None, height: int | None) -> SlideRegions:
+    """Parse and merge the annotation files of one slide; with the slide's size, clip to it."""
+    shapes, notes = read_shapes(files)
+    fixed = repair(shapes)
+    shapes = fixed.shapes
+    notes += repaired_notes(files, fixed.notes)
     classes: dict[str, BaseGeometry] = {}
     for name in sorted({s.name for s in shapes}):
         body = merge([s.geometry for s in shapes if s.name == name and not s.hole])
@@ -79,24 +115,16 @@ def read_regions(files: Sequence[str], width: int | None, height: int | None) ->
         if not body.is_empty:
             classes[name] = body
     if width is not None and height is not None:
-        outside = [
-            n
-            for n, g in classes.items()
-            if (b := g.bounds)[0] < 0 or b[1] < 0 or b[2] > width or b[3] > height
-        ]
-        clipped = {
-            n: polygonal(shapely.clip_by_rect(classes[n], 0, 0, width, height)) for n in outside
-        }
-        if outside:
-            lost = sum(classes[n].area - clipped[n].area for n in outside)
-            notes.append(
-                f"regions of {', '.join(repr(n) for n in outside)} reach outside the "
-                f"{width} x {height} slide and were clipped to it ({lost:.0f} px^2 cut off)"
-            )
-        for name, geometry in clipped.items():
-            if geometry.is_empty or geometry.area == 0:
+        outside, note = outside_note(shapes, width, height)
+        if note is not None:
+            notes.append(note)
+        for name in outside:
+            if name not in classes:
+                continue
+            clipped = polygonal(shapely.clip_by_rect(classes[name], 0, 0, width, height))
+            if clipped.is_empty or clipped.area == 0:
                 notes.append(f"class {name!r} lies entirely outside the slide")
                 del classes[name]
             else:
-                classes[name] = geometry
+                classes[name] = clipped
     return SlideRegions(classes=classes, files=tuple(files), notes=notes)

@@ -10,26 +10,24 @@ into the columns of all classes and derives the tile labels, so a change of ``mi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import shapely
 
 from wsi_loader.config import IndexConfig
-from wsi_loader.index.annotations.coverage import (
-    TileBoxes,
-    assign_labels,
-    class_coverage,
-    union_coverage,
-)
-from wsi_loader.index.annotations.regions import read_regions
+from wsi_loader.index.annotations.coverage import ClassCells, Lattice, assign_labels
+from wsi_loader.index.annotations.formats import Shape, repair
+from wsi_loader.index.annotations.regions import outside_note, read_shapes, repaired_notes
 
 
 @dataclass
 class SlideAnnotations:
     keep: npt.NDArray[np.bool_]  # per input tile: passes roi / exclude
-    coverage: npt.NDArray[np.float32]  # (kept tiles, classes of this slide)
+    coverage: npt.NDArray[np.float32]  # (input tiles, classes of this slide)
     areas: dict[str, float] = field(default_factory=dict)  # class -> level-0 px^2
     notes: list[str] = field(default_factory=list)
 
@@ -43,20 +41,52 @@ def annotate_slide(
     footprint: float,
 ) -> SlideAnnotations:
     """Coverage and filters for one slide's tiles (raises `AnnotationError` on a bad file)."""
-    regions = read_regions(files, *size) if files else None
-    classes = regions.classes if regions is not None else {}
-    notes = list(regions.notes) if regions is not None else []
-    boxes = TileBoxes(l0_x, l0_y, footprint)
-    keep = np.ones(len(boxes), dtype=bool)
+    shapes, notes = read_shapes(files)
+    cells, shapes, repair_notes = _measure(shapes, Lattice.for_tiles(l0_x, l0_y, footprint, size))
+    notes += repaired_notes(files, repair_notes)
+    outside, note = outside_note(shapes, *size)
+    if note is not None:
+        notes.append(note)
+    areas = cells.areas()
+    for name in outside:
+        if areas[name] == 0:
+            notes.append(f"class {name!r} lies entirely outside the slide")
+    classes = [n for n in cells.names if areas[n] > 0]  # all cut away by holes: no class
+
+    def tile_share(share: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
+        return cells.per_tile(share, l0_x, l0_y, footprint)
+
+    keep = np.ones(len(l0_x), dtype=bool)
     if cfg.roi:
-        keep &= union_coverage(classes, cfg.roi, boxes) >= cfg.min_coverage
+        keep &= tile_share(cells.union(cfg.roi)) >= cfg.min_coverage
         if not files:
             notes.append("no annotation file, so no tile is inside the regions of interest")
     if cfg.exclude:
-        keep &= union_coverage(classes, cfg.exclude, boxes) <= cfg.max_excluded
-    coverage = class_coverage(classes, boxes)[keep]
-    areas = regions.areas() if regions is not None else {}
-    return SlideAnnotations(keep=keep, coverage=coverage, areas=areas, notes=notes)
+        keep &= tile_share(cells.union(cfg.exclude)) <= cfg.max_excluded
+    coverage = np.zeros((len(l0_x), len(classes)), dtype=np.float32)
+    for column, name in enumerate(classes):
+        coverage[:, column] = tile_share(cells.share(name))
+    return SlideAnnotations(
+        keep=keep, coverage=coverage, areas={n: areas[n] for n in classes}, notes=notes
+    )
+
+
+def _measure(shapes: list[Shape], lattice: Lattice) -> tuple[ClassCells, list[Shape], list[str]]:
+    """The shapes on the lattice, after repairing invalid ones. Validity (GEOS, ~0.3 ms per
+    1,000 vertices, without the GIL) is checked in a thread while the lattice is measured
+    assuming every shape is valid, the common case; the rare invalid file is measured again."""
+    geometries = np.asarray([s.geometry for s in shapes], dtype=object)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        validity = pool.submit(shapely.is_valid, geometries)
+        try:
+            cells: ClassCells | None = ClassCells(shapes, lattice)
+        except shapely.errors.GEOSException:  # an invalid shape can break the clipping
+            cells = None
+        valid = np.asarray(validity.result(), dtype=bool)
+    if cells is not None and valid.all():
+        return cells, shapes, []
+    fixed = repair(shapes, valid)
+    return ClassCells(fixed.shapes, lattice), fixed.shapes, fixed.notes
 
 
 def to_columns(
