@@ -4,6 +4,10 @@ naming the file and the element, repairs and clipping reported."""
 from __future__ import annotations
 
 import json
+import math
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -201,3 +205,38 @@ def test_aperio_ellipses_rectangles_and_layer_names(tmp_path: Path) -> None:
     assert by_name["Necrosis"].area == pytest.approx(3.14159 * 100 * 50, rel=0.01)
     assert by_name["Layer 7"].area == 100
     assert "1 Aperio regions with < 3 vertices" in " ".join(parsed.notes)
+
+
+def test_annotations_leave_no_thread_pool_spinning(tmp_path: Path) -> None:
+    """Reading and measuring annotations must not call into multi-threaded BLAS: OpenBLAS's
+    threads spin for ~0.1 s after a large call, on the core that the tissue detection (or
+    another worker) needs. Measured as the CPU time the process's other threads use while
+    its main thread sleeps after the work."""
+    ring = [(math.cos(a / 100) * 3000 + 5000, math.sin(a / 100) * 3000 + 5000) for a in range(628)]
+    path = write_geojson(tmp_path / "s.geojson", [Region("Tumor", ring), Region("Stroma", ring)])
+    script = (
+        "import time, sys\n"
+        "import numpy as np\n"
+        "from wsi_loader.config import IndexConfig\n"
+        "from wsi_loader.index.annotations.tiles import annotate_slide\n"
+        "x, y = np.meshgrid(np.arange(0, 10000 - 99, 50), np.arange(0, 10000 - 99, 50))\n"
+        "def run():\n"
+        "    annotate_slide([sys.argv[1]], IndexConfig(tile_size=100), (10000, 10000),\n"
+        "                   x.ravel(), y.ravel(), 100)\n"
+        "run()\n"  # warm: imports, lazy initialisation
+        "time.sleep(0.3)\n"
+        "run()\n"
+        "cpu, own = time.process_time(), time.thread_time()\n"
+        "time.sleep(0.3)\n"
+        "print((time.process_time() - cpu) - (time.thread_time() - own))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) < 0.02, f"other threads used {float(out.stdout):.3f} s of CPU"

@@ -322,7 +322,8 @@ class ClassCells:
 
     def areas(self) -> dict[str, float]:
         """Each class's area on the slide (level-0 px^2)."""
-        return {n: float(self.cells[i] @ self.cell_area) for i, n in enumerate(self.names)}
+        # (a product and a sum, not a BLAS dot: see formats._flat)
+        return {n: float((self.cells[i] * self.cell_area).sum()) for i, n in enumerate(self.names)}
 
     def share(self, name: str) -> Floats:
         """The class's covered share per cell (0 for a class without shapes)."""

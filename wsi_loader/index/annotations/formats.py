@@ -166,19 +166,27 @@ def repair(shapes: list[Shape], valid: npt.NDArray[np.bool_] | None = None) -> P
 
 
 def _flat(points: np.ndarray) -> bool:
-    """True when the points enclose no area (all on one line, or one point): the centred
-    points have rank < 2."""
+    """True when the points enclose no area (all on one line, or one point): the smaller
+    singular value of the centred points is ~0 against the larger. From the 2 x 2 scatter
+    matrix with plain numpy sums: an SVD calls LAPACK, whose OpenBLAS threads then spin for
+    ~0.1 s on the core another thread (tissue detection, another worker) needs."""
     centred = points - points.mean(axis=0)
-    singular = np.linalg.svd(centred, compute_uv=False)
-    return bool(singular[-1] <= 1e-9 * max(float(singular[0]), 1.0))
+    xx = float((centred[:, 0] * centred[:, 0]).sum())
+    yy = float((centred[:, 1] * centred[:, 1]).sum())
+    xy = float((centred[:, 0] * centred[:, 1]).sum())
+    trace, det = xx + yy, max(xx * yy - xy * xy, 0.0)
+    big = (trace + math.sqrt(max(trace * trace - 4 * det, 0.0))) / 2  # eigenvalues of the
+    small = det / big if big > 0 else 0.0  # scatter matrix: the squared singular values
+    return bool(math.sqrt(small) <= 1e-9 * max(math.sqrt(big), 1.0))
 
 
 def _ring_polygon(points: np.ndarray, skipped: _Skipped, what: str) -> BaseGeometry | None:
     """A polygon through the points, or None (counted) when they enclose no area."""
-    if len(points) < 3 or _flat(points):
+    polygon = shapely.Polygon(points) if len(points) >= 3 else None
+    if polygon is None or (polygon.area == 0 and _flat(points)):
         skipped.skip(what)
         return None
-    return shapely.Polygon(points)
+    return polygon
 
 
 # -- GeoJSON -----------------------------------------------------------------------------------
@@ -303,13 +311,17 @@ def _geojson_polygons(
         if not isinstance(rings, simdjson.Array) or not len(rings):
             raise AnnotationError(f"{kind} with an empty polygon", path=path, element=where)
         shell, *holes = (_ring(ring, path, where) for ring in rings)
-        if len(shell) < 3 or _flat(shell):
+        if len(shell) < 3:
             skipped.skip("polygons without an area")
             continue
         try:
-            yield shapely.Polygon(shell, [h for h in holes if len(h) >= 3])
+            polygon = shapely.Polygon(shell, [h for h in holes if len(h) >= 3])
         except (ValueError, shapely.errors.GEOSException) as exc:
             raise AnnotationError(f"not a polygon: {exc}", path=path, element=where) from None
+        if polygon.area == 0 and _flat(shell):  # (a bow tie has area 0 too, but is repaired)
+            skipped.skip("polygons without an area")
+            continue
+        yield polygon
 
 
 # -- XML (ASAP, Aperio) ------------------------------------------------------------------------
