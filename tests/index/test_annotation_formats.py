@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import shapely
 
 from wsi_loader.errors import AnnotationError, InputError
 from wsi_loader.index.annotations import UNCLASSIFIED, read_annotations, read_regions
@@ -240,3 +241,37 @@ def test_annotations_leave_no_thread_pool_spinning(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert float(out.stdout) < 0.02, f"other threads used {float(out.stdout):.3f} s of CPU"
+
+
+def test_a_small_file_of_tangled_outlines_is_measured_in_bounded_time(tmp_path: Path) -> None:
+    """A 50 KB file: 20 copies of a 126-vertex outline that crosses itself ~4,000 times. It
+    took GEOS's default make_valid 2.2 s per copy, and the crossing search between identical
+    outlines grew with the square of the pieces in a cell (minutes). Run in a child process
+    with a timeout, so that a regression fails instead of hanging the suite."""
+    ring = [(math.cos(a) * 100 + 200, math.sin(a) * 100 + 200) for a in range(0, 628, 5)]
+    path = write_geojson(tmp_path / "tangled.geojson", [Region("Tumor", ring)] * 20)
+    script = (
+        "import sys\n"
+        "import numpy as np\n"
+        "from wsi_loader.config import IndexConfig\n"
+        "from wsi_loader.index.annotations.tiles import annotate_slide\n"
+        "x, y = np.meshgrid(np.arange(0, 745, 256), np.arange(0, 745, 256))\n"
+        "done = annotate_slide([sys.argv[1]], IndexConfig(tile_size=256), (1000, 1000),\n"
+        "                      x.ravel(), y.ravel(), 256)\n"
+        "print(done.areas['Tumor'])\n"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("measuring 20 tangled outlines took over 60 s")
+    assert out.returncode == 0, out.stderr
+    # everything the outline encloses: its repaired area equals that of one copy
+    assert float(out.stdout) == pytest.approx(
+        shapely.make_valid(shapely.Polygon(ring), method="structure").area
+    )

@@ -17,7 +17,8 @@ external references):
   ``Type="2"`` regions are ellipses given by two corner vertices.
 
 Points, lines, arrows and rulers carry no area and are skipped (counted in the notes).
-Self-intersecting polygons are repaired with ``shapely.make_valid`` (noted) by `repair`, a
+Self-intersecting polygons are repaired with ``shapely.make_valid`` (noted; the polygon keeps
+everything its outline encloses) by `repair`, a
 separate vectorised step, so that a caller can check validity while it does other work.
 """
 
@@ -150,7 +151,14 @@ def repair(shapes: list[Shape], valid: npt.NDArray[np.bool_] | None = None) -> P
         return Parsed(shapes=list(shapes))
     fixed, lost = [], 0
     for shape, ok in zip(shapes, valid.tolist(), strict=True):
-        geometry = shape.geometry if ok else polygonal(shapely.make_valid(shape.geometry))
+        # "structure": keeps everything the outline encloses. The default "linework" method
+        # alternates lobes in and out and took 2.2 s on a 126-vertex outline crossing itself
+        # ~4,000 times (a 3 KB hostile input) against 35 ms
+        geometry = (
+            shape.geometry
+            if ok
+            else polygonal(shapely.make_valid(shape.geometry, method="structure"))
+        )
         if geometry.is_empty or geometry.area == 0:
             lost += 1
             continue

@@ -28,6 +28,7 @@ Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 TINY = 1e-12  # relative to a cell's size: below it two outlines are taken to coincide
+MAX_PAIRS = 200_000  # piece pairs tested per cell; a denser cell goes to polygon overlay
 
 
 @dataclass
@@ -96,6 +97,11 @@ def _split_at_crossings(outline: Outline, size: Floats) -> tuple[Outline, Ints]:
     cell_end = np.r_[np.flatnonzero(new_cell)[1:], len(cell)][np.cumsum(new_cell) - 1]
     run_end = np.r_[np.flatnonzero(new_run)[1:], len(cell)][np.cumsum(new_run) - 1]
     later = cell_end - run_end
+    # a cell tangled past MAX_PAIRS (e.g. copies of an outline crossing itself thousands of
+    # times) would cost the square of its pieces here: it is left to the caller's overlay
+    pairs = np.bincount(cell, weights=later, minlength=len(size))
+    dense = np.flatnonzero(pairs > MAX_PAIRS)
+    later[np.isin(cell, dense)] = 0
     first = np.repeat(np.arange(len(cell)), later)
     offset = np.arange(len(first)) - np.repeat(np.cumsum(later) - later, later)
     i, j = order[first], order[run_end[first] + offset]
@@ -116,7 +122,7 @@ def _split_at_crossings(outline: Outline, size: Floats) -> tuple[Outline, Ints]:
     s0 = (qx * rx + qy * ry) / length2
     s1 = ((qx + sx) * rx + (qy + sy) * ry) / length2
     overlap = on_line & (np.minimum(np.maximum(s0, s1), 1) - np.maximum(np.minimum(s0, s1), 0) > 0)
-    bad = np.unique(outline.cell[i[overlap]])
+    bad = np.union1d(outline.cell[i[overlap]], dense)
     # cut points: parameters along each piece, 0 and 1 for its ends
     n = len(outline.cell)
     piece = np.concatenate([np.arange(n), np.arange(n), i[meets], j[meets]])
