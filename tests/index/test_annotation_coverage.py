@@ -9,6 +9,7 @@ import shapely
 
 from wsi_loader.config import IndexConfig
 from wsi_loader.index.annotations import ClassCells, Lattice, assign_labels, read_shapes
+from wsi_loader.index.annotations import coverage as coverage_module
 from wsi_loader.index.annotations.formats import Shape
 from wsi_loader.index.annotations.regions import read_regions
 from wsi_loader.index.annotations.tiles import annotate_slide
@@ -224,3 +225,13 @@ def test_overlapping_holes_inside_a_cell_a_body_covers() -> None:
     expected = 1 - shapely.union_all(holes).area / 256**2
     assert at(tiles(cells, cells.share("Tumor")), 0, 0) == pytest.approx(expected, abs=1e-7)
     assert at(tiles(cells, cells.share("Tumor")), 256, 0) == 1.0
+
+
+def test_cells_where_outlines_meet_are_measured_alike_in_small_chunks(monkeypatch) -> None:
+    """Memory stays bounded by measuring those cells in chunks: any chunk size gives the same
+    shares."""
+    rng = np.random.default_rng(11)
+    shapes = [s for _ in range(4) for s in _random_shapes(rng)]
+    whole = cells_of(shapes).cells
+    monkeypatch.setattr(coverage_module, "CHUNK_PAIRS", 50)
+    np.testing.assert_array_equal(cells_of(shapes).cells, whole)

@@ -35,6 +35,7 @@ from wsi_loader.index.annotations.overlaps import Cells, Outline, region_areas
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 EPS = 1e-9  # relative to a cell's area: below it an area is 0, above 1 - EPS it is full
+CHUNK_PAIRS = 2_000_000  # outline piece pairs measured at once in cells where outlines meet
 
 
 @dataclass(frozen=True)
@@ -272,33 +273,46 @@ class ClassCells:
 
     def _overlapping(self, classes: Ints, cells: Ints) -> tuple[Floats, npt.NDArray[np.bool_]]:
         """Each class's area in the cells (sorted by class, then cell) crossed by several of
-        its outlines (`overlaps`); a shape only meets the shapes of its own class there."""
+        its outlines (`overlaps`); a shape only meets the shapes of its own class there.
+        Done in chunks of about `CHUNK_PAIRS` piece pairs, so memory stays bounded on
+        archives of overlapping annotations."""
         n_cells = len(self.cell_area)
         n_cols = self.lattice.shape[1]
         pieces = self._pieces
         units = classes * n_cells + cells  # sorted
         key = self._klass[pieces.shape] * n_cells + pieces.row * n_cols + pieces.col
         at = np.minimum(np.searchsorted(units, key), len(units) - 1)
-        mine = (pieces.col >= 0) & (units[at] == key)
+        mine = np.flatnonzero((pieces.col >= 0) & (units[at] == key))
         at = at[mine]
-        rows, cols = np.divmod(cells, n_cols)
-        x0, y0 = self.lattice.xs[cols], self.lattice.ys[rows]
-        outline = Outline(
-            cell=at,
-            shape=pieces.shape[mine],
-            xa=pieces.xa[mine] - x0[at],
-            ya=pieces.ya[mine] - y0[at],
-            xb=pieces.xb[mine] - x0[at],
-            yb=pieces.yb[mine] - y0[at],
+        pairs = np.bincount(at, minlength=len(units)).astype(np.float64) ** 2 / 2  # at most
+        ends = np.searchsorted(
+            np.cumsum(pairs), np.arange(1, 1 + pairs.sum() // CHUNK_PAIRS) * CHUNK_PAIRS
         )
-        region = Cells(
-            x0=x0,
-            y0=y0,
-            width=self.lattice.xs[cols + 1] - x0,
-            height=self.lattice.ys[rows + 1] - y0,
-            body_full=self._body_full[classes, cells],
-        )
-        return region_areas(outline, region, [s.geometry for s in self.shapes], self._hole)
+        bounds = np.unique(np.r_[0, ends + 1, len(units)].clip(0, len(units)))
+        areas, degenerate = np.zeros(len(units)), np.zeros(len(units), dtype=bool)
+        geometries = [s.geometry for s in self.shapes]
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            chunk = (at >= lo) & (at < hi)
+            some, part = mine[chunk], at[chunk] - lo
+            rows, cols = np.divmod(cells[lo:hi], n_cols)
+            x0, y0 = self.lattice.xs[cols], self.lattice.ys[rows]
+            outline = Outline(
+                cell=part,
+                shape=pieces.shape[some],
+                xa=pieces.xa[some] - x0[part],
+                ya=pieces.ya[some] - y0[part],
+                xb=pieces.xb[some] - x0[part],
+                yb=pieces.yb[some] - y0[part],
+            )
+            region = Cells(
+                x0=x0,
+                y0=y0,
+                width=self.lattice.xs[cols + 1] - x0,
+                height=self.lattice.ys[rows + 1] - y0,
+                body_full=self._body_full[classes[lo:hi], cells[lo:hi]],
+            )
+            areas[lo:hi], degenerate[lo:hi] = region_areas(outline, region, geometries, self._hole)
+        return areas, degenerate
 
     def _box(self, cell: int) -> tuple[float, float, float, float]:
         n_cols = self.lattice.shape[1]
