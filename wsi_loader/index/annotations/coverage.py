@@ -244,7 +244,8 @@ class ClassCells:
         crossing = np.bincount(flat, minlength=2 * n_classes * cells).reshape(n_classes, 2, -1)
         crossed = np.bincount(flat, weights=share, minlength=2 * n_classes * cells).astype(float)
         full = np.rint(sums / self.cell_area - crossed.reshape(n_classes, 2, -1))
-        self._touching = (shape, cell)
+        order = np.argsort(cell, kind="stable")  # the shapes crossing each cell, by cell
+        self._touching = (shape[order], cell[order])
         self._pieces, self._klass, self._hole = pieces, klass, hole
         self._body_full = full[:, 0] >= 1  # a body of the class covers the whole cell
         self.cells = self._resolve(full, crossing, crossed.reshape(n_classes, 2, -1))
@@ -323,9 +324,10 @@ class ClassCells:
     def _in_box(self, k: int, cell: int) -> BaseGeometry:
         """Class ``k`` inside one cell, as geometry (its crossing shapes clipped to the cell)."""
         box = self._box(cell)
-        shape, at = self._touching
+        shapes, cells = self._touching
+        crossing = shapes[np.searchsorted(cells, cell) : np.searchsorted(cells, cell, "right")]
         name = self.names[k]
-        mine = [self.shapes[i] for i in shape[at == cell] if self.shapes[i].name == name]
+        mine = [self.shapes[i] for i in crossing.tolist() if self.shapes[i].name == name]
         clip = shapely.clip_by_rect
         bodies = (
             shapely.box(*box)
