@@ -229,3 +229,16 @@ def test_prefetched_bytes_are_bounded_and_dropped_once_read(
             fh.seek(offset)
             assert got == fh.read(size)
     assert store.nbytes == 0  # every prefetched block was read and let go
+
+
+def test_an_unreadable_copied_slide_is_named_by_its_url(s3_endpoint: str, tmp_path: Path) -> None:
+    """A slide only OpenSlide reads is opened from a local copy; when that fails, the error
+    names the object the user gave, and says where its copy is."""
+    junk = tmp_path / "junk.ndpi"
+    junk.write_bytes(b"not a slide at all" * 100)
+    url = upload(junk, "s3://slides/real/broken scan.ndpi")
+    cache = tmp_path / "cache"
+    with pytest.raises(SlideOpenError) as caught:
+        open_slide(url, copies=LocalCopies(str(cache)))
+    assert caught.value.path == url and str(caught.value).startswith(f"{url}: ")
+    assert "local copy" in str(caught.value) and str(cache) in str(caught.value)

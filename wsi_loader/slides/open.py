@@ -108,7 +108,12 @@ def _open_remote(
             return raw
         raw.close()
     local = (copies if copies is not None else LocalCopies()).local(url)
-    return open_slide(local, backend, cache, segment_cache)
+    try:
+        return open_slide(local, backend, cache, segment_cache)
+    except SlideOpenError as exc:  # named by the object the user gave, not by its copy
+        raise SlideOpenError(
+            f"{_reason(exc)} (read from its local copy {local})", path=url
+        ) from exc
 
 
 def _reason(error: SlideOpenError) -> str:
