@@ -30,7 +30,7 @@ import shapely
 from shapely.geometry.base import BaseGeometry
 
 from wsi_loader.index.annotations.formats import Shape
-from wsi_loader.index.annotations.overlaps import Cells, Outline, region_areas
+from wsi_loader.index.annotations.overlaps import Cells, Outline, Shapes, region_areas
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -284,16 +284,17 @@ class ClassCells:
         key = self._klass[pieces.shape] * n_cells + pieces.row * n_cols + pieces.col
         at = np.minimum(np.searchsorted(units, key), len(units) - 1)
         mine = np.flatnonzero((pieces.col >= 0) & (units[at] == key))
-        at = at[mine]
+        by_unit = np.argsort(at[mine], kind="stable")  # so that a chunk is a slice
+        mine, at = mine[by_unit], at[mine][by_unit]
         pairs = np.bincount(at, minlength=len(units)).astype(np.float64) ** 2 / 2  # at most
         ends = np.searchsorted(
             np.cumsum(pairs), np.arange(1, 1 + pairs.sum() // CHUNK_PAIRS) * CHUNK_PAIRS
         )
         bounds = np.unique(np.r_[0, ends + 1, len(units)].clip(0, len(units)))
         areas, degenerate = np.zeros(len(units)), np.zeros(len(units), dtype=bool)
-        geometries = [s.geometry for s in self.shapes]
+        shapes = Shapes([s.geometry for s in self.shapes], self._hole, self._klass)
         for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-            chunk = (at >= lo) & (at < hi)
+            chunk = slice(np.searchsorted(at, lo), np.searchsorted(at, hi))
             some, part = mine[chunk], at[chunk] - lo
             rows, cols = np.divmod(cells[lo:hi], n_cols)
             x0, y0 = self.lattice.xs[cols], self.lattice.ys[rows]
@@ -306,13 +307,14 @@ class ClassCells:
                 yb=pieces.yb[some] - y0[part],
             )
             region = Cells(
+                klass=classes[lo:hi],
                 x0=x0,
                 y0=y0,
                 width=self.lattice.xs[cols + 1] - x0,
                 height=self.lattice.ys[rows + 1] - y0,
                 body_full=self._body_full[classes[lo:hi], cells[lo:hi]],
             )
-            areas[lo:hi], degenerate[lo:hi] = region_areas(outline, region, geometries, self._hole)
+            areas[lo:hi], degenerate[lo:hi] = region_areas(outline, region, shapes)
         return areas, degenerate
 
     def _box(self, cell: int) -> tuple[float, float, float, float]:

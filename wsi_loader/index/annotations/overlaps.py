@@ -44,11 +44,24 @@ class Outline:
     yb: Floats
 
 
+class Shapes:
+    """All shapes of a slide for the tests here: prepared geometries, hole flags, classes,
+    bounding boxes and a spatial index (built once, used by every chunk of cells)."""
+
+    def __init__(self, geometries: Sequence[BaseGeometry], hole: Bools, klass: Ints) -> None:
+        self.geometries = np.asarray(geometries, dtype=object)
+        shapely.prepare(self.geometries)
+        self.hole, self.klass = hole, klass
+        self.bounds = shapely.bounds(self.geometries)
+        self.tree = shapely.STRtree(self.geometries)
+
+
 @dataclass
 class Cells:
-    """The cells to measure: their corners and sizes (level-0 px) and whether a body of the
-    class covers each of them whole."""
+    """The cells to measure: their corners and sizes (level-0 px), the class measured in each
+    and whether a body of that class covers it whole."""
 
+    klass: Ints
     x0: Floats
     y0: Floats
     width: Floats
@@ -56,22 +69,22 @@ class Cells:
     body_full: Bools
 
 
-def region_areas(
-    outline: Outline, cells: Cells, geometries: Sequence[BaseGeometry], hole: Bools
-) -> tuple[Floats, Bools]:
-    """The class's area in each cell, and which cells are degenerate (area not computed)."""
+def region_areas(outline: Outline, cells: Cells, shapes: Shapes) -> tuple[Floats, Bools]:
+    """Each cell's class's area there, and which cells are degenerate (area not computed)."""
     n = len(cells.x0)
     size = np.maximum(cells.width, cells.height)
     degenerate = np.zeros(n, dtype=bool)
-    sub, crossing_bad = _split_at_crossings(outline, size)
+    sub, crossing_bad, alone = _split_at_crossings(outline, size, shapes.bounds)
     degenerate[crossing_bad] = True
     mid_x, mid_y = (sub.xa + sub.xb) / 2, (sub.ya + sub.yb) / 2
     # a midpoint cannot lie on another outline: that outline would cross the piece there (a
-    # cut) or run along it (degenerate above)
-    in_body, in_hole, _ = _inside(
-        sub.cell, sub.shape, mid_x, mid_y, outline, cells, geometries, hole, boundary=False
+    # cut) or run along it (degenerate above). Pieces of a shape alone in its cell need no test.
+    in_body, in_hole = cells.body_full[sub.cell].copy(), np.zeros(len(sub.cell), dtype=bool)
+    ask = np.flatnonzero(~alone)
+    in_body[ask], in_hole[ask], _ = _inside(
+        sub.cell[ask], sub.shape[ask], mid_x[ask], mid_y[ask], cells, shapes, False
     )
-    own_hole = hole[sub.shape]
+    own_hole = shapes.hole[sub.shape]
     keep = np.where(own_hole, in_body & ~in_hole, ~in_body & ~in_hole)
     # a kept hole piece bounds the region with the region on its other side: reversed
     xa = np.where(own_hole, sub.xb, sub.xa)[keep]
@@ -80,31 +93,54 @@ def region_areas(
     yb = np.where(own_hole, sub.ya, sub.yb)[keep]
     cell = sub.cell[keep]
     area = np.bincount(cell, weights=xa * yb - xb * ya, minlength=n)
-    border, border_bad = _border(cell, xa, ya, xb, yb, outline, cells, geometries, hole)
+    border, border_bad = _border(cell, xa, ya, xb, yb, cells, shapes)
     degenerate[border_bad] = True
     return (area + border) / 2, degenerate
 
 
-def _split_at_crossings(outline: Outline, size: Floats) -> tuple[Outline, Ints]:
-    """The pieces cut where they cross pieces of other shapes in the same cell, and the cells
-    where two pieces of different shapes overlap along a line."""
-    # pairs of pieces of different shapes in one cell: sorted by (cell, shape), each piece
-    # pairs with the pieces after its own shape's run in its cell
+def _split_at_crossings(
+    outline: Outline, size: Floats, bounds: Floats
+) -> tuple[Outline, Ints, Bools]:
+    """The pieces cut where they cross pieces of other shapes in the same cell, the cells
+    where two pieces of different shapes overlap along a line, and for each cut piece whether
+    its shape has no neighbour there (no other shape's box meets its box in that cell)."""
+    # runs of pieces of one shape in one cell (sorted by cell, then shape)
     order = np.lexsort((outline.shape, outline.cell))
     cell, shape = outline.cell[order], outline.shape[order]
-    new_cell = np.r_[True, cell[1:] != cell[:-1]]
-    new_run = new_cell | np.r_[True, shape[1:] != shape[:-1]]
-    cell_end = np.r_[np.flatnonzero(new_cell)[1:], len(cell)][np.cumsum(new_cell) - 1]
-    run_end = np.r_[np.flatnonzero(new_run)[1:], len(cell)][np.cumsum(new_run) - 1]
-    later = cell_end - run_end
+    start = np.flatnonzero(np.r_[True, (cell[1:] != cell[:-1]) | (shape[1:] != shape[:-1])])
+    length = np.diff(np.r_[start, len(cell)])
+    run_cell, run_shape = cell[start], shape[start]
+    # pairs of runs in one cell whose shapes' boxes overlap: only their pieces can cross
+    # (cells of many small disjoint shapes, e.g. cell detections, pair almost nothing)
+    first_run = np.flatnonzero(np.r_[True, run_cell[1:] != run_cell[:-1]])
+    in_cell = np.diff(np.r_[first_run, len(run_cell)])
+    position = np.arange(len(run_cell)) - np.repeat(first_run, in_cell)
+    later = np.repeat(in_cell, in_cell) - position - 1
+    a, b = _expand_pairs(later)
+    a_box, b_box = bounds[run_shape[a]], bounds[run_shape[b]]
+    near = (
+        (a_box[:, 0] <= b_box[:, 2])
+        & (b_box[:, 0] <= a_box[:, 2])
+        & (a_box[:, 1] <= b_box[:, 3])
+        & (b_box[:, 1] <= a_box[:, 3])
+    )
+    a, b = a[near], b[near]
+    # pieces of a shape with no such neighbour in its cell lie inside no other shape there
+    alone = np.ones(len(outline.cell), dtype=bool)
+    partnered = np.zeros(len(start), dtype=bool)
+    partnered[a] = partnered[b] = True
+    alone[order[np.repeat(partnered, length)]] = False
     # a cell tangled past MAX_PAIRS (e.g. copies of an outline crossing itself thousands of
     # times) would cost the square of its pieces here: it is left to the caller's overlay
-    pairs = np.bincount(cell, weights=later, minlength=len(size))
+    count = length[a] * length[b]
+    pairs = np.bincount(run_cell[a], weights=count, minlength=len(size))
     dense = np.flatnonzero(pairs > MAX_PAIRS)
-    later[np.isin(cell, dense)] = 0
-    first = np.repeat(np.arange(len(cell)), later)
-    offset = np.arange(len(first)) - np.repeat(np.cumsum(later) - later, later)
-    i, j = order[first], order[run_end[first] + offset]
+    keep = ~np.isin(run_cell[a], dense)
+    a, b, count = a[keep], b[keep], count[keep]
+    pair = np.repeat(np.arange(len(count)), count)
+    k = np.arange(len(pair)) - np.repeat(np.cumsum(count) - count, count)  # within the pair
+    i = order[start[a[pair]] + k // length[b[pair]]]
+    j = order[start[b[pair]] + k % length[b[pair]]]
     ax, ay = outline.xa[i], outline.ya[i]
     rx, ry = outline.xb[i] - ax, outline.yb[i] - ay
     qx, qy = outline.xa[j] - ax, outline.ya[j] - ay
@@ -143,40 +179,38 @@ def _split_at_crossings(outline: Outline, size: Floats) -> tuple[Outline, Ints]:
     # ends keep their exact values (a piece's end on the cell border stays on it)
     sub.xa[ta == 0], sub.ya[ta == 0] = outline.xa[p][ta == 0], outline.ya[p][ta == 0]
     sub.xb[tb == 1], sub.yb[tb == 1] = outline.xb[p][tb == 1], outline.yb[p][tb == 1]
-    return sub, bad
+    return sub, bad, alone[p]
+
+
+def _expand_pairs(later: Ints) -> tuple[Ints, Ints]:
+    """Each i paired with i + 1 .. i + later[i]."""
+    first = np.repeat(np.arange(len(later)), later)
+    offset = np.arange(len(first)) - np.repeat(np.cumsum(later) - later, later)
+    return first, first + 1 + offset
 
 
 def _inside(
-    cell: Ints,
-    shape: Ints,
-    x: Floats,
-    y: Floats,
-    outline: Outline,
-    cells: Cells,
-    geometries: Sequence[BaseGeometry],
-    hole: Bools,
-    boundary: bool = True,
+    cell: Ints, shape: Ints, x: Floats, y: Floats, cells: Cells, shapes: Shapes, boundary: bool
 ) -> tuple[Bools, Bools, Bools]:
-    """For points (relative to their cell's corner), whether a body other than ``shape``
-    holds them (or covers the cell), whether a hole other than ``shape`` does, and (with
-    ``boundary``) whether one lies on an outline of a shape crossing its cell."""
+    """For points (relative to their cell's corner), whether a body of the cell's class other
+    than ``shape`` holds them (or covers the cell), whether such a hole does, and (with
+    ``boundary``) whether one lies on an outline of such a shape. Candidates come from the
+    spatial index (boxes holding the point), so the tests stay few among many small shapes."""
     in_body = cells.body_full[cell].copy()
     in_hole = np.zeros(len(cell), dtype=bool)
     on_line = np.zeros(len(cell), dtype=bool)
     gx, gy = x + cells.x0[cell], y + cells.y0[cell]
-    for k in np.unique(outline.shape):
-        crossed = np.zeros(len(cells.x0), dtype=bool)
-        crossed[outline.cell[outline.shape == k]] = True  # the cells shape k's outline crosses
-        ask = crossed[cell] & (shape != k)
-        if not ask.any():
-            continue
-        geometry = geometries[k]
-        shapely.prepare(geometry)
-        inside = shapely.contains_xy(geometry, gx[ask], gy[ask])
-        if boundary:
-            touches = shapely.intersects_xy(geometry, gx[ask], gy[ask])
-            on_line[np.flatnonzero(ask)[touches & ~inside]] = True
-        (in_hole if hole[k] else in_body)[np.flatnonzero(ask)[inside]] = True
+    point, other = shapes.tree.query(shapely.points(gx, gy))
+    mine = (other != shape[point]) & (shapes.klass[other] == cells.klass[cell[point]])
+    point, other = point[mine], other[mine]
+    geometry = shapes.geometries[other]
+    inside = shapely.contains_xy(geometry, gx[point], gy[point])
+    if boundary:
+        touches = shapely.intersects_xy(geometry, gx[point], gy[point])
+        on_line[point[touches & ~inside]] = True
+    hole = shapes.hole[other]
+    in_hole[point[inside & hole]] = True
+    in_body[point[inside & ~hole]] = True
     return in_body, in_hole, on_line
 
 
@@ -186,10 +220,8 @@ def _border(
     ya: Floats,
     xb: Floats,
     yb: Floats,
-    outline: Outline,
     cells: Cells,
-    geometries: Sequence[BaseGeometry],
-    hole: Bools,
+    shapes: Shapes,
 ) -> tuple[Floats, Ints]:
     """Twice the shoelace area of the cell-border stretches inside the region, per cell, and
     the cells where a border test point lies on an outline.
@@ -220,9 +252,7 @@ def _border(
     x0, y0 = _on_border(s0, w[c], h[c])
     x1, y1 = _on_border(s1, w[c], h[c])
     mx, my = _on_border((s0 + s1) / 2, w[c], h[c])
-    in_body, in_hole, on_line = _inside(
-        c, np.full(len(c), -1), mx, my, outline, cells, geometries, hole
-    )
+    in_body, in_hole, on_line = _inside(c, np.full(len(c), -1), mx, my, cells, shapes, True)
     inside = in_body & ~in_hole
     twice = np.bincount(c[inside], weights=(x0 * y1 - x1 * y0)[inside], minlength=n)
     return twice.astype(np.float64), np.unique(c[on_line]).astype(np.int64)
