@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from xml.etree.ElementTree import Element, ParseError
@@ -226,7 +226,7 @@ def _geojson(data: bytes, path: str) -> Parsed:
             "Features",
             path=path,
         )
-    parsed, skipped = Parsed(), _Skipped()
+    rings, skipped = _Rings(), _Skipped()
     for i, feature in enumerate(features):
         where = f"feature {i}"
         if not isinstance(feature, simdjson.Object) or feature.get("type") != "Feature":
@@ -236,10 +236,49 @@ def _geojson(data: bytes, path: str) -> Parsed:
         if geometry is None:
             skipped.skip("features without geometry")
             continue
-        for polygon in _geojson_polygons(geometry, path, where, skipped):
-            parsed.shapes.append(Shape(name, polygon))
-    parsed.notes = skipped.notes()
-    return parsed
+        _geojson_polygons(geometry, name, path, where, rings, skipped)
+    return Parsed(shapes=rings.shapes(path, skipped), notes=skipped.notes())
+
+
+class _Rings:
+    """Polygons as read, built into shapely geometries all at once: one vectorised call for
+    those without holes (~20 us each otherwise; QuPath exports of cell detections have
+    100,000s)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.shells: list[np.ndarray] = []
+        self.holes: list[list[np.ndarray]] = []
+        self.where: list[str] = []
+
+    def add(self, name: str, shell: np.ndarray, holes: list[np.ndarray], where: str) -> None:
+        self.names.append(name)
+        self.shells.append(shell)
+        self.holes.append(holes)
+        self.where.append(where)
+
+    def shapes(self, path: str, skipped: _Skipped) -> list[Shape]:
+        polygons = np.empty(len(self.shells), dtype=object)
+        plain = [i for i, h in enumerate(self.holes) if not h]
+        if plain:
+            coords = np.concatenate([self.shells[i] for i in plain])
+            ring = np.repeat(np.arange(len(plain)), [len(self.shells[i]) for i in plain])
+            polygons[plain] = shapely.polygons(shapely.linearrings(coords, indices=ring))
+        for i in (i for i, h in enumerate(self.holes) if h):
+            try:
+                polygons[i] = shapely.Polygon(self.shells[i], self.holes[i])
+            except (ValueError, shapely.errors.GEOSException) as exc:
+                raise AnnotationError(
+                    f"not a polygon: {exc}", path=path, element=self.where[i]
+                ) from None
+        shapes = []
+        flat = shapely.area(polygons) == 0  # (a bow tie has area 0 too, but is repaired)
+        for i, polygon in enumerate(polygons):
+            if flat[i] and _flat(self.shells[i]):
+                skipped.skip("polygons without an area")
+                continue
+            shapes.append(Shape(self.names[i], polygon))
+        return shapes
 
 
 def _qupath_class(properties: Json, path: str, where: str) -> str:
@@ -264,10 +303,10 @@ def _ring(ring: Json, path: str, where: str) -> np.ndarray:
         raise AnnotationError(
             "coordinates are not a list of [x, y] points", path=path, element=where
         )
-    if len(ring) and _point_like(ring[0]) == _point_like(ring[-1]) != 0:
+    per_point = _point_like(ring[0]) if len(ring) else 0
+    if per_point and _point_like(ring[-1]) == per_point:
         # the fast path: one buffer of numbers (as_buffer flattens, so the count is checked;
         # a ragged middle that keeps the count is the one malformation it can miss)
-        per_point = _point_like(ring[0])
         try:
             values = np.frombuffer(ring.as_buffer(of_type="d"), dtype=np.float64)
         except (TypeError, ValueError):
@@ -294,8 +333,10 @@ def _point_like(value: Json) -> int:
 
 
 def _geojson_polygons(
-    geometry: Json, path: str, where: str, skipped: _Skipped
-) -> Iterator[BaseGeometry]:
+    geometry: Json, name: str, path: str, where: str, collected: _Rings, skipped: _Skipped
+) -> None:
+    """Add the geometry's polygons (Polygon, MultiPolygon, GeometryCollection) to
+    ``collected``; count what has no area."""
     if not isinstance(geometry, simdjson.Object) or not isinstance(geometry.get("type"), str):
         raise AnnotationError("'geometry' is not a GeoJSON geometry", path=path, element=where)
     kind = geometry["type"]
@@ -306,7 +347,7 @@ def _geojson_polygons(
                 "a GeometryCollection without 'geometries'", path=path, element=where
             )
         for member in members:
-            yield from _geojson_polygons(member, path, where, skipped)
+            _geojson_polygons(member, name, path, where, collected, skipped)
         return
     if kind not in ("Polygon", "MultiPolygon"):
         skipped.skip(f"{kind} features")
@@ -322,14 +363,7 @@ def _geojson_polygons(
         if len(shell) < 3:
             skipped.skip("polygons without an area")
             continue
-        try:
-            polygon = shapely.Polygon(shell, [h for h in holes if len(h) >= 3])
-        except (ValueError, shapely.errors.GEOSException) as exc:
-            raise AnnotationError(f"not a polygon: {exc}", path=path, element=where) from None
-        if polygon.area == 0 and _flat(shell):  # (a bow tie has area 0 too, but is repaired)
-            skipped.skip("polygons without an area")
-            continue
-        yield polygon
+        collected.add(name, shell, [h for h in holes if len(h) >= 3], where)
 
 
 # -- XML (ASAP, Aperio) ------------------------------------------------------------------------
