@@ -133,8 +133,8 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
         l0_x, l0_y = grid(meta, plan, align=cfg.align_to_storage)
         files = list(task.annotations)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            # annotations are measured while the tissue is found: both mostly run outside the
-            # GIL (GEOS, numpy, scipy, the decoder), so a slide's labels cost little wall time
+            # annotations are measured while the tissue is found: both run largely outside the
+            # GIL (GEOS, numpy, scipy, the decoder), so the second core takes part of the work
             annotating = (
                 pool.submit(
                     annotate_slide, files, cfg, meta.dimensions, l0_x, l0_y, plan.l0_footprint

@@ -30,7 +30,7 @@ import shapely
 from shapely.geometry.base import BaseGeometry
 
 from wsi_loader.index.annotations.formats import Shape
-from wsi_loader.index.annotations.overlaps import Cells, Outline, Shapes, region_areas
+from wsi_loader.index.annotations.overlaps import Cells, Outline, Shapes, expand, region_areas
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -124,13 +124,6 @@ def _edges(
     return x0, y0, x1, y1, shape_of_part[part_of_ring[ring]], sign[ring]
 
 
-def _expand(first: Ints, count: Ints) -> tuple[Ints, Ints]:
-    """For each i the integers first[i] .. first[i] + count[i] - 1, and i for each."""
-    owner = np.repeat(np.arange(len(count)), count)
-    offset = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-    return owner, first[owner] + offset
-
-
 def _pieces(geometries: Sequence[BaseGeometry], lattice: Lattice) -> _Pieces:
     x0, y0, x1, y1, shape, sign = _edges(geometries)
     xs, ys = lattice.xs, lattice.ys
@@ -141,8 +134,8 @@ def _pieces(geometries: Sequence[BaseGeometry], lattice: Lattice) -> _Pieces:
     # (parameter t along the edge; the cut point is put exactly on its line)
     crossing = np.flatnonzero((nx + ny) > 0)
     whole = np.flatnonzero((nx + ny) == 0)
-    ex, kx = _expand(np.minimum(ix0, ix1)[crossing], nx[crossing])
-    ey, ky = _expand(np.minimum(iy0, iy1)[crossing], ny[crossing])
+    ex, kx = expand(np.minimum(ix0, ix1)[crossing], nx[crossing])
+    ey, ky = expand(np.minimum(iy0, iy1)[crossing], ny[crossing])
     ex, ey = crossing[ex], crossing[ey]
     tx = (xs[kx] - x0[ex]) / (x1[ex] - x0[ex])
     ty = (ys[ky] - y0[ey]) / (y1[ey] - y0[ey])

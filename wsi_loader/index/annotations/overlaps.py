@@ -31,6 +31,13 @@ TINY = 1e-12  # relative to a cell's size: below it two outlines are taken to co
 MAX_PAIRS = 200_000  # piece pairs tested per cell; a denser cell goes to polygon overlay
 
 
+def expand(first: Ints, count: Ints) -> tuple[Ints, Ints]:
+    """For each i the integers first[i] .. first[i] + count[i] - 1, and i for each."""
+    owner = np.repeat(np.arange(len(count)), count)
+    offset = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return owner, first[owner] + offset
+
+
 @dataclass
 class Outline:
     """Oriented outline pieces of one class inside the cells to measure: endpoints relative to
@@ -116,7 +123,7 @@ def _split_at_crossings(
     in_cell = np.diff(np.r_[first_run, len(run_cell)])
     position = np.arange(len(run_cell)) - np.repeat(first_run, in_cell)
     later = np.repeat(in_cell, in_cell) - position - 1
-    a, b = _expand_pairs(later)
+    a, b = expand(np.arange(len(later)) + 1, later)  # each run with the later ones
     a_box, b_box = bounds[run_shape[a]], bounds[run_shape[b]]
     near = (
         (a_box[:, 0] <= b_box[:, 2])
@@ -137,8 +144,7 @@ def _split_at_crossings(
     dense = np.flatnonzero(pairs > MAX_PAIRS)
     keep = ~np.isin(run_cell[a], dense)
     a, b, count = a[keep], b[keep], count[keep]
-    pair = np.repeat(np.arange(len(count)), count)
-    k = np.arange(len(pair)) - np.repeat(np.cumsum(count) - count, count)  # within the pair
+    pair, k = expand(np.zeros(len(count), dtype=np.int64), count)  # k: index in the pair
     i = order[start[a[pair]] + k // length[b[pair]]]
     j = order[start[b[pair]] + k % length[b[pair]]]
     ax, ay = outline.xa[i], outline.ya[i]
@@ -180,13 +186,6 @@ def _split_at_crossings(
     sub.xa[ta == 0], sub.ya[ta == 0] = outline.xa[p][ta == 0], outline.ya[p][ta == 0]
     sub.xb[tb == 1], sub.yb[tb == 1] = outline.xb[p][tb == 1], outline.yb[p][tb == 1]
     return sub, bad, alone[p]
-
-
-def _expand_pairs(later: Ints) -> tuple[Ints, Ints]:
-    """Each i paired with i + 1 .. i + later[i]."""
-    first = np.repeat(np.arange(len(later)), later)
-    offset = np.arange(len(first)) - np.repeat(np.cumsum(later) - later, later)
-    return first, first + 1 + offset
 
 
 def _inside(
