@@ -259,3 +259,32 @@ def test_a_missing_annotations_path_is_an_error(annotated: Path) -> None:
         build_index(
             [annotated / "archive"], annotated / "idx", annotations=str(annotated / "nope"), **GRID
         )
+
+
+def test_annotations_that_match_no_slide_are_an_error_not_an_unlabelled_index(
+    annotated: Path,
+) -> None:
+    """An annotation share that is mounted but empty (or holds only other slides' files) would
+    rebuild every tile as background with exit 0: refused before anything is written."""
+    index = build(annotated, label_from="annotations")
+    before = (annotated / "idx" / "CURRENT").read_text()
+    labels = index.tile_labels().copy()
+    empty = annotated / "empty share"
+    empty.mkdir()
+    with pytest.raises(InputError, match="no annotation file matches any slide") as caught:
+        build_index(
+            [annotated / "archive"], annotated / "idx", annotations=str(empty),
+            label_from="annotations", **GRID,
+        )  # fmt: skip
+    assert "empty share" in str(caught.value)
+    others = annotated / "others"
+    others.mkdir()
+    (annotated / "annotations" / "case 2.b.xml").rename(others / "unrelated.xml")
+    with pytest.raises(InputError, match=r"1 annotation file.*unrelated\.xml"):
+        build_index(
+            [annotated / "archive"], annotated / "idx", annotations=str(others),
+            label_from="annotations", **GRID,
+        )  # fmt: skip
+    kept = SlideIndex.open(annotated / "idx")
+    assert np.array_equal(kept.tile_labels(), labels)
+    assert (annotated / "idx" / "CURRENT").read_text() == before

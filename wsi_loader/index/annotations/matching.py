@@ -70,6 +70,20 @@ def match_annotations(
                 path=source,
             )
     report.slides_without = [e.path for e in entries if e.path not in found]
+    if source is not None and not found:
+        # an empty or wrong share would relabel every tile as background, with exit 0
+        seen = report.unmatched_files
+        what = (
+            f"{len(seen)} annotation file(s) there, e.g. {', '.join(seen[:3])}"
+            if seen
+            else "no annotation file there"
+        )
+        raise InputError(
+            f"no annotation file matches any slide ({what}; files match slides by name, "
+            "'a.svs' <- 'a.geojson' or 'a.xml', or through a CSV's 'annotations' column); "
+            "nothing was written",
+            path=source,
+        )
     return found, report
 
 
