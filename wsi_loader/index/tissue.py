@@ -41,21 +41,57 @@ def otsu_threshold(values: npt.NDArray[np.floating], bins: int = 256) -> float:
 
 
 def saturation(rgb: RGBArray) -> npt.NDArray[np.float32]:
-    high = rgb.max(axis=-1).astype(np.float32)
-    low = rgb.min(axis=-1).astype(np.float32)
-    return np.where(high > 0, (high - low) / np.maximum(high, 1.0), 0.0).astype(np.float32)
+    """HSV saturation, (max - min) / max (0 for black). Channel by channel: numpy's reductions
+    over a length-3 last axis are ~10x slower than elementwise maxima of the channels."""
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    high = np.maximum(np.maximum(r, g), b)
+    low = np.minimum(np.minimum(r, g), b)
+    # high - low cannot wrap (high >= low); black has high == low == 0, so 0 / 1 == 0
+    sat: npt.NDArray[np.float32] = (high - low).astype(np.float32)
+    sat /= np.maximum(high, 1).astype(np.float32)
+    return sat
 
 
 def tissue_mask(rgb: RGBArray) -> BoolArray:
-    """Boolean tissue mask of a low-resolution RGB image."""
+    """Boolean tissue mask of a low-resolution RGB image: Otsu on saturation, a closing and an
+    opening with the 4-neighbour cross (``radius`` times each), then holes filled. The same
+    pixels as scipy.ndimage's binary_closing/opening/fill_holes (border outside = 0), in
+    ~1/5 of the time: plain shifted ANDs and ORs, and one labelling for the holes."""
     sat = saturation(rgb)
     threshold = max(otsu_threshold(sat), MIN_SATURATION)
     mask = sat > threshold
     radius = max(1, round(max(mask.shape) / 512))
-    structure = ndimage.generate_binary_structure(2, 1)
-    mask = ndimage.binary_closing(mask, structure, iterations=radius, border_value=0)
-    mask = ndimage.binary_opening(mask, structure, iterations=radius)
-    return np.asarray(ndimage.binary_fill_holes(mask), dtype=bool)
+    for grow in (True, False, False, True):  # closing (grow, shrink), opening (shrink, grow)
+        for _ in range(radius):
+            mask = _cross_step(mask, grow)
+    return _fill_holes(mask)
+
+
+def _cross_step(mask: BoolArray, grow: bool) -> BoolArray:
+    """One dilation (``grow``) or erosion by the 4-neighbour cross; outside the image is
+    background, so erosion eats into the border."""
+    h, w = mask.shape
+    padded = np.zeros((h + 2, w + 2), dtype=bool)
+    padded[1:-1, 1:-1] = mask
+    combine = np.logical_or if grow else np.logical_and
+    out = combine(mask, padded[:-2, 1:-1])
+    combine(out, padded[2:, 1:-1], out=out)
+    combine(out, padded[1:-1, :-2], out=out)
+    combine(out, padded[1:-1, 2:], out=out)
+    return out
+
+
+def _fill_holes(mask: BoolArray) -> BoolArray:
+    """The mask with every background area not 4-connected to the image's edge filled."""
+    labels, count = ndimage.label(~mask)
+    if count == 0:
+        return mask.copy()
+    edge = np.zeros(count + 1, dtype=bool)
+    for side in (labels[0], labels[-1], labels[:, 0], labels[:, -1]):
+        edge[side] = True
+    edge[0] = False  # label 0 is the mask itself
+    filled: BoolArray = ~edge[labels]
+    return filled
 
 
 Box = tuple[int, int, int, int]  # x0, y0, x1, y1 in output pixels
