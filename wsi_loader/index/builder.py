@@ -8,11 +8,12 @@ raises: a slide that cannot be indexed comes back as a failed record with the re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import traceback
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,6 +23,7 @@ from wsi_loader.config import IndexConfig, with_overrides
 from wsi_loader.errors import AnnotationError, IndexFormatError, InputError, SlideError
 from wsi_loader.index.annotations import AnnotationReport, files_digest, match_annotations
 from wsi_loader.index.annotations.formats import read_annotations
+from wsi_loader.index.annotations.regions import ReadShapes, read_shapes
 from wsi_loader.index.annotations.tiles import annotate_slide, label_names, label_tiles, to_columns
 from wsi_loader.index.geometry import grid, plan_read
 from wsi_loader.index.inputs import (
@@ -84,6 +86,20 @@ def _empty_tiles() -> TileArrays:
 
 def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
     """Index one slide. Never raises: failures come back as ``status="failed"`` records."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # the annotation files are parsed while the slide is opened, then measured while the
+        # tissue is found: labels are the longer path, so it starts first
+        reading = (
+            pool.submit(read_shapes, list(task.annotations))
+            if task.config.annotations is not None
+            else None
+        )
+        return _index_slide(task, pool, reading)
+
+
+def _index_slide(
+    task: SlideTask, pool: ThreadPoolExecutor, reading: Future[ReadShapes] | None
+) -> tuple[SlideRecord, TileArrays]:
     entry, cfg = task.entry, task.config
     record = SlideRecord(path=task.stored_path, label=entry.label, split=entry.split)
     try:
@@ -132,31 +148,35 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
         )
         l0_x, l0_y = grid(meta, plan, align=cfg.align_to_storage)
         files = list(task.annotations)
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            # annotations are measured while the tissue is found: both run largely outside the
-            # GIL (GEOS, numpy, scipy, the decoder), so the second core takes part of the work
-            annotating = (
-                pool.submit(
-                    annotate_slide, files, cfg, meta.dimensions, l0_x, l0_y, plan.l0_footprint
+        # both paths run largely outside the GIL (GEOS, numpy, the decoder), so the second
+        # core takes part of the work
+        annotating = None
+        if reading is not None:
+            parsed = reading  # the pool has one thread: the parse is done when this starts
+            annotating = pool.submit(
+                lambda: annotate_slide(
+                    files, cfg, meta.dimensions, l0_x, l0_y, plan.l0_footprint, parsed.result()
                 )
-                if cfg.annotations is not None
-                else None
             )
-            if cfg.min_tissue > 0 and len(l0_x):
-                image, mask_level = read_mask_image(reader, cfg.mask_max_size)
-                mask = tissue_mask(image)
-                tissue = tile_fractions(mask, meta.dimensions, l0_x, l0_y, plan.l0_footprint)
-                record = replace(record, mask_level=mask_level)
-            else:
-                tissue = np.ones(len(l0_x), dtype=np.float32)
-            annotated = annotating.result() if annotating is not None else None
+        if cfg.min_tissue > 0 and len(l0_x):
+            image, mask_level = read_mask_image(reader, cfg.mask_max_size)
+            mask = tissue_mask(image)
+            tissue = tile_fractions(mask, meta.dimensions, l0_x, l0_y, plan.l0_footprint)
+            record = replace(record, mask_level=mask_level)
+        else:
+            tissue = np.ones(len(l0_x), dtype=np.float32)
+        notes_digest = None
+        if annotating is not None and files:
+            with contextlib.suppress(OSError):  # the annotation thread reports the file
+                notes_digest = files_digest(files)
+        annotated = annotating.result() if annotating is not None else None
         keep = tissue >= cfg.min_tissue
         if annotated is not None:
             keep &= annotated.keep
             record = replace(
                 record,
                 annotations=files,
-                annotation_digest=files_digest(files) if files else None,
+                annotation_digest=notes_digest,
                 class_areas=annotated.areas,
             )
             for note in annotated.notes:

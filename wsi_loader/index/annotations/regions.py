@@ -62,7 +62,10 @@ def merge(polygons: Sequence[BaseGeometry]) -> BaseGeometry:
     return merged
 
 
-def read_shapes(files: Sequence[str]) -> tuple[list[Shape], list[str]]:
+ReadShapes = tuple[list[Shape], list[str]]  # the shapes and the notes of what was skipped
+
+
+def read_shapes(files: Sequence[str]) -> ReadShapes:
     """Every shape of one slide's annotation files, not yet checked for validity (see
     `formats.repair`), and the notes of what was skipped (each naming its file)."""
     shapes: list[Shape] = []

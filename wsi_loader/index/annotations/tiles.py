@@ -21,7 +21,12 @@ import shapely
 from wsi_loader.config import IndexConfig
 from wsi_loader.index.annotations.coverage import ClassCells, Lattice, assign_labels
 from wsi_loader.index.annotations.formats import Shape, repair
-from wsi_loader.index.annotations.regions import outside_note, read_shapes, repaired_notes
+from wsi_loader.index.annotations.regions import (
+    ReadShapes,
+    outside_note,
+    read_shapes,
+    repaired_notes,
+)
 
 
 @dataclass
@@ -39,9 +44,12 @@ def annotate_slide(
     l0_x: npt.NDArray[Any],
     l0_y: npt.NDArray[Any],
     footprint: float,
+    parsed: ReadShapes | None = None,
 ) -> SlideAnnotations:
-    """Coverage and filters for one slide's tiles (raises `AnnotationError` on a bad file)."""
-    shapes, notes = read_shapes(files)
+    """Coverage and filters for one slide's tiles (raises `AnnotationError` on a bad file);
+    ``parsed``: `read_shapes` of ``files`` when already read."""
+    shapes, notes = parsed if parsed is not None else read_shapes(files)
+    notes = list(notes)
     cells, shapes, repair_notes = _measure(shapes, Lattice.for_tiles(l0_x, l0_y, footprint, size))
     notes += repaired_notes(files, repair_notes)
     outside, note = outside_note(shapes, *size)
