@@ -99,6 +99,20 @@ def test_qupath_variants_multipolygons_collections_and_unclassified(tmp_path: Pa
             "not a list of [x, y] points",
         ),
         ([feature({"type": "Polygon", "coordinates": [{"x": 1}]})], "feature 0", "not a list"),
+        # numpy would read these as numbers (True as 1, "10" as 10): they are not coordinates
+        *(
+            (
+                [feature({"type": "Polygon", "coordinates": [[[0, 0], [9, 0], bad, [0, 0]]]})],
+                "feature 0",
+                "not numbers",
+            )
+            for bad in ([True, 9], ["10", 9], [None, 9], [9, False, 1])
+        ),
+        (
+            [feature({"type": "Polygon", "coordinates": [[[True, 0], [9, 0], [9, 9], [True, 0]]]})],
+            "feature 0",
+            "not numbers",
+        ),
     ],
 )
 def test_malformed_geojson_names_the_file_and_feature(

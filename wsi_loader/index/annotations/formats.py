@@ -92,8 +92,15 @@ def read_annotations(path: str) -> Parsed:
 
 # -- geometry helpers --------------------------------------------------------------------------
 def _points(values: Iterable[Any], path: str, where: str) -> np.ndarray:
+    listed = list(values)
+    for point in listed:  # numpy would take True for 1 and "10" for 10
+        odd = [v for v in point if type(v) not in (int, float, list)] if type(point) is list else []
+        if odd:
+            raise AnnotationError(
+                f"coordinates are not numbers (got {odd[0]!r})", path=path, element=where
+            )
     try:
-        array = np.asarray(list(values), dtype=np.float64)
+        array = np.asarray(listed, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise AnnotationError(
             f"coordinates are not numbers ({exc})", path=path, element=where
@@ -305,16 +312,16 @@ def _ring(ring: Json, path: str, where: str) -> np.ndarray:
         )
     per_point = _point_like(ring[0]) if len(ring) else 0
     if per_point and _point_like(ring[-1]) == per_point:
-        # the fast path: one buffer of numbers (as_buffer flattens, so the count is checked;
-        # a ragged middle that keeps the count is the one malformation it can miss)
+        # the fast path: one buffer of numbers. as_buffer refuses anything but numbers (true,
+        # null, strings) and JSON has no NaN or infinity, so only the shape is left to check:
+        # it flattens, so the count is checked; a ragged middle that keeps the count is the
+        # one malformation it can miss. The buffer owns its memory (not the parser's).
         try:
             values = np.frombuffer(ring.as_buffer(of_type="d"), dtype=np.float64)
         except (TypeError, ValueError):
             values = np.empty(0)
         if len(values) == per_point * len(ring):
-            points = values.reshape(-1, per_point)[:, :2]
-            if np.isfinite(points).all():
-                return points.copy()  # own memory: the buffer belongs to the parser
+            return values.reshape(-1, per_point)[:, :2]
     try:  # the slow path names what is wrong
         listed = ring.as_list()
     except ValueError as exc:
@@ -325,11 +332,12 @@ def _ring(ring: Json, path: str, where: str) -> np.ndarray:
 
 
 def _point_like(value: Json) -> int:
-    """2 or 3 for an [x, y] or [x, y, z] point of numbers, else 0."""
-    if not isinstance(value, simdjson.Array) or len(value) not in (2, 3):
+    """2 or 3 for a list that looks like an [x, y] or [x, y, z] point, else 0 (whether its
+    members are numbers is left to ``as_buffer``, which checks all of them at C speed)."""
+    if not isinstance(value, simdjson.Array):
         return 0
-    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-    return len(value) if numbers else 0
+    size = len(value)
+    return size if size in (2, 3) else 0
 
 
 def _geojson_polygons(
