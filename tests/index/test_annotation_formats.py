@@ -164,6 +164,27 @@ def test_malformed_xml_names_the_element(tmp_path: Path) -> None:
         read_annotations(str(path))
 
 
+def test_xml_numbers_with_decimal_commas_and_shuffled_order(tmp_path: Path) -> None:
+    # ImageScope on a German or French system writes "12,5"; ASAP lists Order out of order
+    path = tmp_path / "comma.xml"
+    vertices = "".join(f'<Vertex X="{x},5" Y="{y},25"/>' for x, y in rect(0, 0, 10, 20))
+    path.write_text(
+        '<Annotations><Annotation Id="1" Name="Tumor"><Regions><Region Id="1"><Vertices>'
+        f"{vertices}</Vertices></Region></Regions></Annotation></Annotations>"
+    )
+    (shape,) = read_annotations(str(path)).shapes
+    assert shape.geometry.bounds == (0.5, 0.25, 10.5, 20.25)
+    coordinates = [(2, 10, 20), (0, 0, 0), (3, 0, 20), (1, 10, 0)]
+    path = tmp_path / "order.xml"
+    path.write_text(
+        '<ASAP_Annotations><Annotations><Annotation PartOfGroup="Tumor"><Coordinates>'
+        + "".join(f'<Coordinate Order="{o}" X="{x}" Y="{y}"/>' for o, x, y in coordinates)
+        + "</Coordinates></Annotation></Annotations></ASAP_Annotations>"
+    )
+    (shape,) = read_annotations(str(path)).shapes
+    assert shape.geometry.area == 200 and shape.geometry.is_valid  # a rectangle, not a bow tie
+
+
 def test_entities_are_refused_never_expanded_or_fetched(tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("do not read")

@@ -410,6 +410,21 @@ def _number(element: Element, name: str, path: str, where: str) -> float:
     return value
 
 
+def _points_of(elements: list[Element], path: str, where: str) -> np.ndarray:
+    """The X, Y attributes of the elements as an (n, 2) array, in one numpy conversion (it
+    reads numbers as float() does); decimal commas, or a value that is not a finite number,
+    take `_number` per value, which reads the one and names the element of the other."""
+    texts = [(e.get("X"), e.get("Y")) for e in elements]
+    try:
+        points = np.array(texts, dtype=np.float64).reshape(-1, 2)
+    except (TypeError, ValueError):
+        points = None
+    if points is not None and np.isfinite(points).all():
+        return points
+    numbers = [(_number(e, "X", path, where), _number(e, "Y", path, where)) for e in elements]
+    return np.array(numbers, dtype=np.float64).reshape(-1, 2)
+
+
 def _asap(root: Element, path: str) -> Parsed:
     parsed, skipped = Parsed(), _Skipped()
     excluded: list[BaseGeometry] = []
@@ -419,16 +434,17 @@ def _asap(root: Element, path: str) -> Parsed:
         kind = (annotation.get("Type") or "Polygon").lower()
         coordinates = annotation.findall("Coordinates/Coordinate")
         try:
-            ordered = sorted(coordinates, key=lambda c: int(c.get("Order") or 0))
+            order = np.array([int(c.get("Order") or 0) for c in coordinates], dtype=np.int64)
         except ValueError:
             raise AnnotationError(
                 "a Coordinate Order is not a number", path=path, element=where
             ) from None
-        points = [(_number(c, "X", path, where), _number(c, "Y", path, where)) for c in ordered]
-        if kind in ("dot", "pointset", "measurement") or not points:
+        ordered = [coordinates[k] for k in np.argsort(order, kind="stable").tolist()]
+        points = _points_of(ordered, path, where)
+        if kind in ("dot", "pointset", "measurement") or not len(points):
             skipped.skip(f"ASAP {kind} annotations")
             continue
-        polygon = _ring_polygon(np.array(points), skipped, f"ASAP {kind} annotations")
+        polygon = _ring_polygon(points, skipped, f"ASAP {kind} annotations")
         if polygon is None:
             continue
         group = (annotation.get("PartOfGroup") or "").strip()
@@ -460,12 +476,7 @@ def _aperio(root: Element, path: str) -> Parsed:
         name = _aperio_name(annotation, i)
         for j, region in enumerate(annotation.findall("Regions/Region")):
             where = f"Annotation {name!r} Region {region.get('Id') or j}"
-            points = np.array(
-                [
-                    (_number(v, "X", path, where), _number(v, "Y", path, where))
-                    for v in region.findall("Vertices/Vertex")
-                ]
-            ).reshape(-1, 2)
+            points = _points_of(region.findall("Vertices/Vertex"), path, where).reshape(-1, 2)
             if region.get("Type") == "2" and len(points) >= 2:  # ellipse in a bounding box
                 polygon = _ellipse(points)
             else:
