@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import shapely
 from wsi_loader.errors import AnnotationError, InputError
 from wsi_loader.index.annotations import UNCLASSIFIED, read_annotations, read_regions
 
-from .annotation_files import Region, rect, write_aperio, write_geojson
+from .annotation_files import Region, rect, write_aperio, write_asap, write_geojson
 
 
 def feature(geometry: object, classification: object = None) -> dict[str, object]:
@@ -183,6 +184,40 @@ def test_xml_numbers_with_decimal_commas_and_shuffled_order(tmp_path: Path) -> N
     )
     (shape,) = read_annotations(str(path)).shapes
     assert shape.geometry.area == 200 and shape.geometry.is_valid  # a rectangle, not a bow tie
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-be", "utf-32"])
+@pytest.mark.parametrize(
+    ("writer", "suffix"),
+    [(write_geojson, ".geojson"), (write_asap, ".xml"), (write_aperio, ".xml")],
+)
+def test_files_with_a_byte_order_mark_or_in_utf_16_are_read(
+    tmp_path: Path, writer: Callable[[Path, list[Region]], Path], suffix: str, encoding: str
+) -> None:
+    # Notepad, PowerShell and .NET's XmlWriter start files with a byte order mark; some Windows
+    # tools write UTF-16. Such files were "not an annotation file (neither JSON nor XML)".
+    regions = [Region("Tumor", rect(0, 0, 100, 50)), Region("Stroma", rect(200, 0, 300, 10))]
+    plain = writer(tmp_path / f"plain{suffix}", regions)
+    text = plain.read_text(encoding="utf-8")
+    data = text.encode(encoding)
+    if encoding == "utf-16-be":  # the codec writes no mark: put one, as Windows tools do
+        data = "\ufeff".encode(encoding) + data
+    path = tmp_path / f"marked{suffix}"
+    path.write_bytes(data)
+    expected = [(s.name, s.geometry.area) for s in read_annotations(str(plain)).shapes]
+    assert [(s.name, s.geometry.area) for s in read_annotations(str(path)).shapes] == expected
+
+
+def test_a_utf_16_xml_declaration_and_a_broken_utf_16_file(tmp_path: Path) -> None:
+    # .NET's XmlWriter with Encoding.Unicode writes both the mark and encoding="utf-16"
+    plain = write_aperio(tmp_path / "plain.xml", [Region("Tumor", rect(0, 0, 10, 10))])
+    declared = '<?xml version="1.0" encoding="utf-16"?>\r\n' + plain.read_text()
+    path = tmp_path / "declared.xml"
+    path.write_bytes(declared.encode("utf-16"))
+    assert [s.geometry.area for s in read_annotations(str(path)).shapes] == [100.0]
+    path.write_bytes(declared.encode("utf-16")[:-1])  # cut mid-character
+    with pytest.raises(AnnotationError, match=r"declared\.xml: not UTF-16 text, although"):
+        read_annotations(str(path))
 
 
 def test_entities_are_refused_never_expanded_or_fetched(tmp_path: Path) -> None:

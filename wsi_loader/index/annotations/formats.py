@@ -24,8 +24,10 @@ separate vectorised step, so that a caller can check validity while it does othe
 
 from __future__ import annotations
 
+import codecs
 import math
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +38,7 @@ import numpy.typing as npt
 import shapely
 import simdjson
 from defusedxml import DefusedXmlException
-from defusedxml.ElementTree import parse as parse_xml
+from defusedxml.ElementTree import fromstring as xml_from_bytes
 from shapely.geometry.base import BaseGeometry
 
 from wsi_loader.errors import AnnotationError
@@ -78,16 +80,47 @@ def read_annotations(path: str) -> Parsed:
             data = fh.read()
     except OSError as exc:
         raise AnnotationError(f"cannot read: {exc.strerror or exc}", path=path) from exc
+    data = _utf8(data, path)
     head = data.lstrip()[:1]
     if head in (b"{", b"["):
         return _geojson(data, path)
     if head == b"<":
-        return _xml(path)
+        return _xml(data, path)
     raise AnnotationError(
         "not an annotation file (neither JSON nor XML: expected QuPath GeoJSON, ASAP or Aperio "
         "XML)",
         path=path,
     )
+
+
+# Windows tools (Notepad, PowerShell, .NET's XmlWriter) start text with a byte order mark, and
+# some write UTF-16. UTF-32's marks first: UTF-32-LE's begins with UTF-16-LE's.
+_BYTE_ORDER_MARKS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+_XML_ENCODING = re.compile(r"""^(\s*<\?xml[^>]*?\bencoding\s*=\s*)(["'])[^"']*\2""")
+
+
+def _utf8(data: bytes, path: str) -> bytes:
+    """The file's text as UTF-8 without a byte order mark (an XML declaration's encoding
+    rewritten to match); a file without a mark is left as it is (JSON is UTF-8, and XML
+    without a mark says its encoding in its declaration)."""
+    for mark, codec in _BYTE_ORDER_MARKS:
+        if data.startswith(mark):
+            try:
+                text = data.decode(codec)
+            except UnicodeDecodeError as exc:
+                raise AnnotationError(
+                    f"not {codec.removesuffix('-sig').upper()} text, although it starts with "
+                    f"that byte order mark ({exc.reason} at byte {exc.start})",
+                    path=path,
+                ) from None
+            return _XML_ENCODING.sub(r"\1\2UTF-8\2", text, count=1).encode("utf-8")
+    return data
 
 
 # -- geometry helpers --------------------------------------------------------------------------
@@ -375,17 +408,15 @@ def _geojson_polygons(
 
 
 # -- XML (ASAP, Aperio) ------------------------------------------------------------------------
-def _xml(path: str) -> Parsed:
+def _xml(data: bytes, path: str) -> Parsed:
     try:
-        root = parse_xml(path, forbid_dtd=True).getroot()
+        root = xml_from_bytes(data, forbid_dtd=True)
     except DefusedXmlException as exc:
         raise AnnotationError(
             f"refused: the XML declares a DTD or entities ({type(exc).__name__})", path=path
         ) from None
     except ParseError as exc:
         raise AnnotationError(f"malformed XML: {exc}", path=path) from None
-    if root is None:
-        raise AnnotationError("an XML file without a root element", path=path)
     if root.tag == "ASAP_Annotations":
         return _asap(root, path)
     if root.tag == "Annotations" and (root.find("Annotation/Regions") is not None or not len(root)):
