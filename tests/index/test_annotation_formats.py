@@ -83,10 +83,16 @@ def test_qupath_variants_multipolygons_collections_and_unclassified(tmp_path: Pa
             "feature 0",
             "not numbers",
         ),
-        (
-            [feature({"type": "Polygon", "coordinates": [[[0, 0], [1e400, 1], [4, 5]]]})],
+        (  # a number out of range (json.dumps would write 1e400 as Infinity)
+            '[{"type": "Feature", "geometry": {"type": "Polygon", '
+            '"coordinates": [[[0, 0], [1e400, 1], [4, 5]]]}}]',
             None,
-            "malformed JSON",  # a number out of range
+            "malformed JSON",
+        ),
+        (  # written by json.dumps: a bare Infinity is read as null, which is not a number
+            [feature({"type": "Polygon", "coordinates": [[[0, 0], [math.inf, 1], [4, 5]]]})],
+            "feature 0",
+            "not numbers",
         ),
         ([feature(polygon(rect(0, 0, 5, 5)), {"name": 7})], "feature 0", "is not a name"),
         (  # ragged points
@@ -217,6 +223,25 @@ def test_a_utf_16_xml_declaration_and_a_broken_utf_16_file(tmp_path: Path) -> No
     assert [s.geometry.area for s in read_annotations(str(path)).shapes] == [100.0]
     path.write_bytes(declared.encode("utf-16")[:-1])  # cut mid-character
     with pytest.raises(AnnotationError, match=r"declared\.xml: not UTF-16 text, although"):
+        read_annotations(str(path))
+
+
+def test_qupath_04_exports_with_nan_measurements_are_read(tmp_path: Path) -> None:
+    # QuPath before 0.5 (qupath#1293) and Python's json.dump write non-finite measurements as
+    # bare NaN / Infinity, which JSON does not allow; the geometry is what matters here
+    doc = [feature(polygon(rect(0, 0, 100, 50)), "Tumor")]
+    doc[0]["properties"]["measurements"] = {"Area": math.nan, "Max": math.inf, "Min": -math.inf}
+    doc[0]["properties"]["name"] = 'says "NaN" and Infinity in words'
+    doc.append(feature(polygon(rect(200, 0, 300, 10)), "Stroma"))
+    path = tmp_path / "qupath 0.4.geojson"
+    path.write_text(json.dumps(doc))  # allow_nan: writes the bare tokens
+    assert "NaN" in path.read_text() and "-Infinity" in path.read_text()
+    shapes = read_annotations(str(path)).shapes
+    assert [(s.name, s.geometry.area) for s in shapes] == [("Tumor", 5000.0), ("Stroma", 1000.0)]
+    # in coordinates they are still not numbers, and the feature is named
+    doc[1]["geometry"]["coordinates"][0][2] = [math.nan, 10]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(AnnotationError, match=r"feature 1: coordinates are not numbers"):
         read_annotations(str(path))
 
 

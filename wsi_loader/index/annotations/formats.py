@@ -244,12 +244,28 @@ def _ring_polygon(points: np.ndarray, skipped: _Skipped, what: str) -> BaseGeome
 Json = simdjson.Object | simdjson.Array | str | int | float | bool | None
 
 
+# A string, or a bare non-finite number outside strings (group 1)
+_NON_FINITE = re.compile(rb'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)')
+
+
+def _non_finite_as_null(data: bytes) -> bytes:
+    """The document with bare NaN / Infinity / -Infinity (not JSON, but what QuPath before
+    0.5 and Python's json.dump write for non-finite measurements) turned into null; text
+    inside strings is left alone. In coordinates, null is then refused as not a number."""
+    return _NON_FINITE.sub(lambda m: b"null" if m.group(1) else m.group(0), data)
+
+
 def _geojson(data: bytes, path: str) -> Parsed:
     parser = simdjson.Parser()  # one per document: a parser's values die with its next parse
     try:
         document = parser.parse(data)
     except (ValueError, RuntimeError) as exc:  # RuntimeError: nested too deep
-        raise AnnotationError(f"malformed JSON: {exc}", path=path) from None
+        if b"NaN" not in data and b"Infinity" not in data:
+            raise AnnotationError(f"malformed JSON: {exc}", path=path) from None
+        try:
+            document = parser.parse(_non_finite_as_null(data))
+        except (ValueError, RuntimeError):
+            raise AnnotationError(f"malformed JSON: {exc}", path=path) from None
     features: simdjson.Array | list[simdjson.Object]
     if isinstance(document, simdjson.Object) and document.get("type") == "FeatureCollection":
         listed = document.get("features")
