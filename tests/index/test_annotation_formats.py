@@ -134,6 +134,35 @@ def test_malformed_geojson_names_the_file_and_feature(
     assert isinstance(caught.value, InputError)
 
 
+def test_qupath_derived_classes_keep_their_whole_name(tmp_path: Path) -> None:
+    # QuPath names a derived class "Tumor: Positive". Since 0.4 it writes it as a "names" list
+    # (GsonTools.PathClassTypeAdapter); before, Gson's default wrote the parent as "parentClass"
+    # and only the last part as "name". Both read as Unclassified or "Positive" before.
+    doc = [
+        feature(polygon(rect(0, 0, 10, 10)), {"names": ["Tumor", "Positive"], "color": [1, 2, 3]}),
+        feature(
+            polygon(rect(20, 0, 30, 10)),
+            {"parentClass": {"name": "Stroma", "colorRGB": -1}, "name": "Positive", "colorRGB": -2},
+        ),
+        feature(
+            polygon(rect(40, 0, 50, 10)),
+            {"names": ["Tumor", "Positive", "CD8"], "color": [1, 2, 3]},
+        ),
+        feature(polygon(rect(60, 0, 70, 10)), {"names": ["Tumor"], "color": [1, 2, 3]}),
+    ]
+    names = [s.name for s in read_annotations(write(tmp_path / "d.geojson", doc)).shapes]
+    assert names == ["Tumor: Positive", "Stroma: Positive", "Tumor: Positive: CD8", "Tumor"]
+    doc[3]["properties"]["classification"] = {"names": ["Tumor", 7]}
+    with pytest.raises(AnnotationError, match=r"feature 3: classification .* is not a name"):
+        read_annotations(write(tmp_path / "e.geojson", doc))
+    nested: dict[str, object] = {"name": "A"}
+    for _ in range(500):  # within simdjson's depth limit, past a sane class hierarchy
+        nested = {"parentClass": nested, "name": "B"}
+    doc[3]["properties"]["classification"] = nested
+    with pytest.raises(AnnotationError, match=r"feature 3: classification nested too deep"):
+        read_annotations(write(tmp_path / "f.geojson", doc))
+
+
 def test_geojson_points_with_z_and_integer_coordinates(tmp_path: Path) -> None:
     ring = [[0, 0, 5.5], [100, 0, 5.5], [100, 50.5, 5.5], [0, 50.5, 5.5], [0, 0, 5.5]]
     doc = [feature({"type": "Polygon", "coordinates": [ring]}, "Tumor")]

@@ -47,6 +47,7 @@ UNCLASSIFIED = "Unclassified"
 ANNOTATION_SUFFIXES = (".geojson", ".json", ".xml")
 MAX_FILE_BYTES = 512 * 2**20  # a bigger "annotation" file is a mistake, not annotations
 ELLIPSE_SEGMENTS = 64
+MAX_CLASS_DEPTH = 64  # parent classes of a QuPath derived class (a hostile file nests more)
 ASAP_TUMOUR_GROUPS = frozenset({"_0", "_1"})
 ASAP_EXCLUSION_GROUPS = frozenset({"_2", "exclusion"})
 
@@ -342,15 +343,34 @@ def _qupath_class(properties: Json, path: str, where: str) -> str:
         return UNCLASSIFIED
     if not isinstance(properties, simdjson.Object):
         raise AnnotationError("'properties' is not an object", path=path, element=where)
-    value = properties.get("classification")
+    name = _class_name(properties.get("classification"), path, where)
+    return name or UNCLASSIFIED
+
+
+def _class_name(value: Json, path: str, where: str, depth: int = 0) -> str:
+    """A QuPath classification's full name ("" for none): a string (QuPath 0.1/0.2 scripts),
+    {"name": ...}, or a derived class such as "Tumor: Positive", written since QuPath 0.4 as
+    {"names": ["Tumor", "Positive"]} and before as {"parentClass": {...}, "name": "Positive"}
+    (Gson's default)."""
     if isinstance(value, simdjson.Object):
-        value = value.get("name")
-    if value is None or value == "":
-        return UNCLASSIFIED
-    if not isinstance(value, str):
-        shown = value.as_list() if isinstance(value, simdjson.Array) else value
-        raise AnnotationError(f"classification {shown!r} is not a name", path=path, element=where)
-    return value
+        names = value.get("names")
+        if value.get("name") is None and isinstance(names, simdjson.Array):
+            listed = names.as_list()
+            parts = [n for n in listed if isinstance(n, str) and n]
+            if len(parts) != len(listed):
+                raise AnnotationError(
+                    f"classification {listed!r} is not a name", path=path, element=where
+                )
+            return ": ".join(parts)
+        if depth > MAX_CLASS_DEPTH:
+            raise AnnotationError("classification nested too deep", path=path, element=where)
+        parent = _class_name(value.get("parentClass"), path, where, depth + 1)
+        own = _class_name(value.get("name"), path, where, depth + 1)
+        return f"{parent}: {own}" if parent and own else own
+    if value is None or isinstance(value, str):
+        return value or ""
+    shown = value.as_list() if isinstance(value, simdjson.Array) else value
+    raise AnnotationError(f"classification {shown!r} is not a name", path=path, element=where)
 
 
 def _ring(ring: Json, path: str, where: str) -> np.ndarray:
