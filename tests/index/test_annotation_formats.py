@@ -163,6 +163,30 @@ def test_qupath_derived_classes_keep_their_whole_name(tmp_path: Path) -> None:
         read_annotations(write(tmp_path / "f.geojson", doc))
 
 
+def test_qupath_hierarchy_exports_keep_their_child_objects(tmp_path: Path) -> None:
+    # FeatureCollection.wrap(objects, true) nests each object's children in
+    # properties.childObjects (QuPathTypeAdapters); QuPath itself reads "children" too
+    grandchild = feature(polygon(rect(2, 2, 4, 4)), "Necrosis")
+    child = feature(polygon(rect(0, 0, 10, 10)), "Tumor")
+    child["properties"]["childObjects"] = [grandchild]
+    parent = feature(polygon(rect(0, 0, 100, 100)), "Tissue")
+    parent["properties"]["childObjects"] = [child, feature(polygon(rect(50, 50, 60, 60)))]
+    other = feature(polygon(rect(200, 0, 210, 10)), "Stroma")
+    other["properties"]["children"] = [feature(polygon(rect(201, 1, 202, 2)), "Immune")]
+    shapes = read_annotations(write(tmp_path / "h.geojson", [parent, other])).shapes
+    assert sorted((s.name, s.geometry.area) for s in shapes) == [
+        ("Immune", 1.0),
+        ("Necrosis", 4.0),
+        ("Stroma", 100.0),
+        ("Tissue", 10000.0),
+        ("Tumor", 100.0),
+        (UNCLASSIFIED, 100.0),
+    ]
+    child["properties"]["childObjects"] = [{"type": "Nope"}]
+    with pytest.raises(AnnotationError, match=r"feature 0 child 0 child 0: not a GeoJSON"):
+        read_annotations(write(tmp_path / "bad.geojson", [parent]))
+
+
 def test_geojson_points_with_z_and_integer_coordinates(tmp_path: Path) -> None:
     ring = [[0, 0, 5.5], [100, 0, 5.5], [100, 50.5, 5.5], [0, 50.5, 5.5], [0, 0, 5.5]]
     doc = [feature({"type": "Polygon", "coordinates": [ring]}, "Tumor")]

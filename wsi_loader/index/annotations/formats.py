@@ -284,16 +284,27 @@ def _geojson(data: bytes, path: str) -> Parsed:
             path=path,
         )
     rings, skipped = _Rings(), _Skipped()
-    for i, feature in enumerate(features):
-        where = f"feature {i}"
-        if not isinstance(feature, simdjson.Object) or feature.get("type") != "Feature":
-            raise AnnotationError("not a GeoJSON Feature object", path=path, element=where)
-        name = _qupath_class(feature.get("properties"), path, where)
-        geometry = feature.get("geometry")
-        if geometry is None:
-            skipped.skip("features without geometry")
-            continue
-        _geojson_polygons(geometry, name, path, where, rings, skipped)
+    nests = b'"childObjects"' in data or b'"children"' in data  # spares 2 lookups a feature
+    for i, top in enumerate(features):
+        # QuPath nests child objects in properties.childObjects (or "children") when a script
+        # exports the hierarchy: a stack, so that deep nesting cannot exhaust Python's
+        stack: list[tuple[str, Json]] = [(f"feature {i}", top)]
+        while stack:
+            where, feature = stack.pop()
+            if not isinstance(feature, simdjson.Object) or feature.get("type") != "Feature":
+                raise AnnotationError("not a GeoJSON Feature object", path=path, element=where)
+            properties = feature.get("properties")
+            name = _qupath_class(properties, path, where)
+            if nests and isinstance(properties, simdjson.Object):
+                children = properties.get("childObjects") or properties.get("children")
+                if isinstance(children, simdjson.Array):
+                    nested = [(f"{where} child {j}", c) for j, c in enumerate(children)]
+                    stack.extend(reversed(nested))  # popped in file order
+            geometry = feature.get("geometry")
+            if geometry is None:
+                skipped.skip("features without geometry")
+                continue
+            _geojson_polygons(geometry, name, path, where, rings, skipped)
     return Parsed(shapes=rings.shapes(path, skipped), notes=skipped.notes())
 
 
