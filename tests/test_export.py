@@ -192,6 +192,18 @@ def test_hostile_labels_stay_inside(archive: Path, tmp_path: Path) -> None:
     assert len(set(folders.values())) == 4
 
 
+def test_label_folders_sort_as_the_labels_do() -> None:
+    # torchvision's ImageFolder numbers classes by sorted folder name; sanitising can reorder
+    # them ("Tumor: Positive" < "Tumor_A", but "Tumor_A" < "Tumor_Positive"), which would
+    # silently swap the ids of QuPath's derived classes against the index's label ids
+    labels = ["Tumor: Positive", "Tumor_A", "Stroma", "Tumor: Negative"]
+    folders = label_folders([*labels, None])
+    assert sorted(labels, key=lambda lb: folders[lb]) == sorted(labels)
+    assert all(folders[lb] == safe_component(folders[lb]) for lb in labels)  # still safe
+    plain = label_folders(["Tumor", "Stroma", None])  # in order already: names untouched
+    assert plain == {None: "unlabelled", "Stroma": "Stroma", "Tumor": "Tumor"}
+
+
 def test_cli_export(index: SlideIndex, tmp_path: Path) -> None:
     out = tmp_path / "cli"
     assert (

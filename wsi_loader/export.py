@@ -88,15 +88,21 @@ def key_component(name: str, max_length: int = 60) -> str:
 
 
 def label_folders(labels: list[str | None]) -> dict[str | None, str]:
-    """Folder per label; labels that sanitise to the same name get a short hash suffix."""
+    """Folder per label; labels that sanitise to the same name get a short hash suffix. When
+    sanitising would change the labels' sorted order (which torchvision's ImageFolder turns
+    into class ids), every folder gets its rank as a prefix, so the ids stay the index's."""
     out: dict[str | None, str] = {None: "unlabelled"}
     taken = {"unlabelled": None}
-    for label in sorted({lb for lb in labels if lb is not None}):
+    ranked = sorted({lb for lb in labels if lb is not None})
+    for label in ranked:
         folder = safe_component(label)
         if folder in taken:
             folder = f"{folder}-{hashlib.sha256(label.encode()).hexdigest()[:8]}"
         out[label] = folder
         taken[folder] = None
+    if sorted(ranked, key=lambda lb: out[lb]) != ranked:
+        width = len(str(len(ranked)))
+        out.update({lb: f"{k:0{width}d}-{out[lb]}" for k, lb in enumerate(ranked)})
     return out
 
 
