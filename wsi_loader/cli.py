@@ -145,6 +145,11 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 _READS = argparse.ArgumentParser(add_help=False)
 _READS.add_argument("--root", metavar="DIR", help="remap the slide root")
 _READS.add_argument("--split", metavar="NAME", help="only the slides of this split")
+_QUARANTINE_HELP = (
+    "the file failed reads are appended to and read from, instead of the index's "
+    "quarantine.jsonl (an index on a read-only mount)"
+)
+_READS.add_argument("--quarantine", metavar="FILE", help=_QUARANTINE_HELP)
 
 # ... of those that read tiles
 _TILES = argparse.ArgumentParser(add_help=False)
@@ -157,7 +162,7 @@ _TILES.add_argument(
 
 
 def _open_index(args: argparse.Namespace) -> SlideIndex:
-    return SlideIndex.open(args.index, root=args.root, split=args.split)
+    return SlideIndex.open(args.index, root=args.root, split=args.split, quarantine=args.quarantine)
 
 
 def _add_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -184,6 +189,7 @@ def _add_quarantine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--slide", metavar="PATH_OR_ID", help="only this slide (id, path or name)")
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
+    p.add_argument("--quarantine", metavar="FILE", help=_QUARANTINE_HELP)
 
 
 def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -206,6 +212,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--config", metavar="FILE", help="YAML config: its export section, index root")
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
     p.add_argument("--split", metavar="NAME", help="export only the slides of this split")
+    p.add_argument("--quarantine", metavar="FILE", help=_QUARANTINE_HELP)
     _config_flag(
         p, "--verify", "on resume, check finished units' files by SHA-256 (not only their sizes)"
     )
@@ -464,7 +471,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_quarantine(args: argparse.Namespace) -> int:
     from wsi_loader.dataset.quarantine import clear, retry, select
 
-    index = SlideIndex.open(args.index, root=args.root)
+    index = SlideIndex.open(args.index, root=args.root, quarantine=args.quarantine)
     if args.clear:
         kept, removed = clear(index, args.slide)
         print(f"removed {removed} records, {kept} left", file=sys.stderr)
@@ -517,6 +524,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             executor=client,
             progress=not args.no_progress,
+            quarantine=args.quarantine or config.dataset.quarantine,
         )
     print(
         f"{report.tiles} tiles -> {args.out} ({report.failed} failed, {report.quarantined} "
@@ -613,6 +621,7 @@ def cmd_features(args: argparse.Namespace) -> int:
         root=args.root,
         missing_slides=args.missing_slides,
         progress=not args.no_progress,
+        quarantine=args.quarantine,
     )
     print(
         f"{report.tiles} tiles of {report.written} slides -> {args.out} ({report.skipped} slides "

@@ -155,6 +155,12 @@ class DatasetConfig(_Strict):
     root: str | None = Field(None, description="remap the folder relative slide paths live in")
     backend: Literal["auto", "openslide", "tiff"] | None = None
     record_failures: bool = Field(True, description="append failures to the quarantine")
+    quarantine: str | None = Field(
+        None,
+        min_length=1,
+        description="file failed reads are appended to and excluded from (default: the "
+        "index's quarantine.jsonl; for an index on a read-only mount)",
+    )
 
 
 class LoaderConfig(_Strict):

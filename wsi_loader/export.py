@@ -137,6 +137,7 @@ class ExportUnit:
     verify: bool = False  # a finished unit counts only when its files hash as recorded
     rewrite: bool = False  # it has a record whose files are gone or changed: write them all
     threads: int = 1  # reading and encoding threads (PNG/WebP encoders release the GIL)
+    quarantine: str | None = None  # failed reads go here (None: the index's own)
 
 
 @dataclass
@@ -269,7 +270,9 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     # without a record, image files under their final names are complete (atomic renames)
     reuse_files = not unit.rewrite
     out = Path(unit.out)
-    index = SlideIndex.open(unit.index_path, root=unit.root, generation=unit.generation)
+    index = SlideIndex.open(
+        unit.index_path, root=unit.root, generation=unit.generation, quarantine=unit.quarantine
+    )
     reader = TileReader(index, on_error=unit.options.on_error, retries=unit.options.retries)
     rows = np.asarray(unit.rows, dtype=np.int64)
     cols, folders = index.columns, dict(unit.folders)
@@ -499,6 +502,7 @@ def export_index(
     overwrite: bool = False,
     shuffle: bool = False,
     seed: int = 0,
+    quarantine: str | os.PathLike[str] | None = None,
 ) -> ExportReport:
     """Export every tile of an index, or of one ``split`` (quarantined tiles are left out
     and listed with their reason).
@@ -513,6 +517,8 @@ def export_index(
     ``shuffle`` (with ``seed``): the export order is a seeded permutation, so every shard
     mixes tiles from many slides (a WebDataset shuffle buffer alone leaves batches from one or
     two slides when shards follow the index order); ``export.json`` reports slides per shard.
+    ``quarantine``: the file failed reads go to and quarantined tiles come from, instead of
+    the index's own (an index on a read-only mount; see `SlideIndex.open`).
 
     Resuming: a unit counts as done when its files exist with their recorded sizes (and, with
     ``verify``, SHA-256); deleted or truncated ones are written again. The export is known by
@@ -544,7 +550,7 @@ def export_index(
         index = SlideIndex.open(index, root=root)
     elif root is not None:
         index = index.view(root=root)
-    index = index.view(split=split)
+    index = index.view(split=split, quarantine=quarantine)
     readable = require_slides(index, missing_slides)
     out_path = Path(out)
     settings: dict[str, Any] = {
@@ -559,7 +565,9 @@ def export_index(
     _remove_partial_files(out_path)
     out_path.mkdir(parents=True, exist_ok=True)
     generation = str(index.meta["generation"])
-    full = SlideIndex.open(index.path, root=index.root, generation=generation)
+    full = SlideIndex.open(
+        index.path, root=index.root, generation=generation, quarantine=index.quarantine_file
+    )
 
     # The plan (which generation rows, in which order; which were left out) is fixed by the
     # first run, so units keep their contents when a resumed run sees a quarantine that grew.
@@ -608,6 +616,7 @@ def export_index(
             content=contents[i],
             verify=verify,
             threads=threads,
+            quarantine=None if index.quarantine_file is None else str(index.quarantine_file),
         )
         for i, start in enumerate(range(0, len(order), shard_size))
     ]

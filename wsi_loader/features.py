@@ -239,12 +239,14 @@ def extract(
     root: str | None = None,
     missing_slides: str = "raise",
     progress: bool = False,
+    quarantine: str | os.PathLike[str] | None = None,
 ) -> FeatureReport:
     """Features of every tile of every slide of ``index`` (``split``) into ``out``.
 
     ``model``: a spec (see `load_encoder`), an ``nn.Module`` or an `Encoder`. ``device``:
     default CUDA when available. ``dtype``: the compute precision (autocast on CUDA, and
-    bfloat16 autocast on CPU); features are stored as float32.
+    bfloat16 autocast on CPU); features are stored as float32. ``quarantine``: the file
+    failed reads go to (see `TileDataset`).
     """
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(DTYPES)}", key="dtype", value=dtype)
@@ -259,7 +261,12 @@ def extract(
         if isinstance(model, str)
         else encoder_from(model)
     )
-    options = DatasetConfig(split=split, root=root, missing_slides=missing_slides)  # type: ignore[arg-type]
+    options = DatasetConfig(
+        split=split,
+        root=root,
+        missing_slides=missing_slides,  # type: ignore[arg-type]
+        quarantine=None if quarantine is None else os.fspath(quarantine),
+    )
     view = open_for_reading(index, options)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out_path = Path(out)

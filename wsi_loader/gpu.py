@@ -46,12 +46,16 @@ def _gpu_decoder() -> Any:
     return decode_jpeg
 
 
-def decode_encoded(batch: TileBatch, device: torch.device) -> TileBatch:
+def decode_encoded(
+    batch: TileBatch, device: torch.device, unwritable: set[str] | None = None
+) -> TileBatch:
     """Decode the compressed tiles of ``batch`` into ``batch.images`` (on ``device``).
 
     A tile that fails to decode is marked not ok and appended to the quarantine, then the
     dataset's policy applies: ``fill`` (white) or ``raise`` (`TileReadError`); ``substitute``
     is refused by `make_loader` for device decoding (no reader here to read another tile).
+    A quarantine that cannot be written is said once per file in ``unwritable`` (the
+    caller's: the files already said), and decoding goes on.
     """
     if not batch.encoded:
         return batch
@@ -75,7 +79,7 @@ def decode_encoded(batch: TileBatch, device: torch.device) -> TileBatch:
             pixels = simplejpeg.decode_jpeg(batch.encoded[i] or b"", colorspace="RGB", strict=True)
             decoded[i] = torch.from_numpy(np.ascontiguousarray(pixels))
         except Exception as exc:  # corrupt compressed tile
-            _mark_failed(batch, i, f"{type(exc).__name__}: {exc}")
+            _mark_failed(batch, i, f"{type(exc).__name__}: {exc}", unwritable)
     if decoded and batch.images.device.type == "cpu":  # numpy: no intra-op thread pool
         rows = batch.images.numpy()
         for i, pixels in decoded.items():
@@ -88,7 +92,7 @@ def decode_encoded(batch: TileBatch, device: torch.device) -> TileBatch:
     return batch
 
 
-def _mark_failed(batch: TileBatch, i: int, error: str) -> None:
+def _mark_failed(batch: TileBatch, i: int, error: str, unwritable: set[str] | None = None) -> None:
     batch.ok[i] = False
     if batch.images.device.type == "cpu":
         batch.images.numpy()[i] = 255
@@ -97,18 +101,32 @@ def _mark_failed(batch: TileBatch, i: int, error: str) -> None:
     log.warning("tile row %d failed to decode: %s", int(batch.rows[i]), error)
     path = batch.slide_paths[i] if batch.slide_paths else None
     if batch.quarantine and path is not None:
-        Quarantine(batch.quarantine).append(
-            {
-                "slide_id": int(batch.slide_id[i]),
-                "path": path,
-                "fingerprint": batch.fingerprints[i] if batch.fingerprints else None,
-                "x": int(batch.x[i]),
-                "y": int(batch.y[i]),
-                "row": int(batch.rows[i]),
-                "error": error,
-                "policy": batch.on_error,
-            }
-        )
+        try:
+            Quarantine(batch.quarantine).append(
+                {
+                    "slide_id": int(batch.slide_id[i]),
+                    "path": path,
+                    "fingerprint": batch.fingerprints[i] if batch.fingerprints else None,
+                    "x": int(batch.x[i]),
+                    "y": int(batch.y[i]),
+                    "row": int(batch.rows[i]),
+                    "error": error,
+                    "policy": batch.on_error,
+                }
+            )
+        except OSError as exc:  # a read-only index: the failure is still in batch.ok
+            said = unwritable if unwritable is not None else set()
+            if batch.quarantine in said:
+                log.debug("quarantine not written: %s", exc)
+            else:
+                said.add(batch.quarantine)
+                log.warning(
+                    "cannot write the quarantine %s (%s): failed decodes are still reported "
+                    "(ok=False) but not recorded; pass quarantine=FILE to the dataset to "
+                    "record them in a file you can write (said once per file)",
+                    batch.quarantine,
+                    exc,
+                )
     if batch.on_error == "raise":
         raise TileReadError(
             f"decoding failed at level-0 ({int(batch.x[i])}, {int(batch.y[i])}): {error}",
@@ -160,6 +178,7 @@ class DeviceLoader:
             self._np_scale = self._scale.cpu().reshape(3).numpy().astype(self._np_dtype)
             self._np_shift = self._shift.cpu().reshape(3).numpy().astype(self._np_dtype)
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # constants per tile width
+        self._unwritable: set[str] = set()  # quarantine files found read-only (said once)
         self._stream = (
             torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
             if self.device.type == "cuda"
@@ -198,13 +217,13 @@ class DeviceLoader:
     def _prepare(self, batch: TileBatch | dict[str, Any]) -> dict[str, Any]:
         """Copy to the device and convert; runs on the side stream when there is one."""
         if isinstance(batch, TileBatch) and self.device.type == "cpu" and self._np_dtype:
-            moved = decode_encoded(batch, self.device)
+            moved = decode_encoded(batch, self.device, self._unwritable)
             out = moved.as_dict()
             out["image"] = self._convert_on_cpu(moved.images)
             return out
         if isinstance(batch, TileBatch):
             moved = batch.to(self.device, non_blocking=True)
-            moved = decode_encoded(moved, self.device)
+            moved = decode_encoded(moved, self.device, self._unwritable)
             out = moved.as_dict()
         else:  # default-collated dicts from a plain DataLoader(TileDataset)
             out = {

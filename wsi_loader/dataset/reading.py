@@ -33,7 +33,6 @@ from wsi_loader.errors import (
     is_transient,
 )
 from wsi_loader.index.inputs import content_key, identify
-from wsi_loader.index.quarantine import Quarantine
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.base import Prefetching, RGBArray, SlideReader, resize
 from wsi_loader.slides.pool import HandlePool
@@ -181,6 +180,7 @@ class TileReader:
         self._transient_logged: set[int] = set()
         self.on_slide: Callable[[int], None] | None = None  # told which slide is read next
         self._quarantined: set[tuple[int, int, int]] = set()
+        self._quarantine_unwritable = False
         self._paths = [index.slide_path(i) for i in range(len(index.slides))]
         self._contents = {p: s.content for p, s in zip(self._paths, index.slides, strict=True)}
         self._fingerprints = {
@@ -336,9 +336,9 @@ class TileReader:
         if not self.record_failures:
             return
         try:
-            Quarantine(os.path.join(self.index.path, "quarantine.jsonl")).append_slide(entry)
+            self.index.quarantine.append_slide(entry)
         except OSError as exc:
-            log.warning("cannot write the quarantine of %s: %s", self.index.path, exc)
+            self._unrecorded(exc)
 
     def _record(self, row: int, error: TileReadError) -> None:
         cols = self.index.columns
@@ -362,9 +362,24 @@ class TileReader:
             return
         self._quarantined.add(key)
         try:
-            Quarantine(os.path.join(self.index.path, "quarantine.jsonl")).append(entry)
-        except OSError as exc:  # a read-only index: the failure stays in self.failures
-            log.warning("cannot write the quarantine of %s: %s", self.index.path, exc)
+            self.index.quarantine.append(entry)
+        except OSError as exc:
+            self._unrecorded(exc)
+
+    def _unrecorded(self, error: OSError) -> None:
+        """A quarantine write failed (a read-only index): said once per process, since every
+        failed tile would say it again; the failures stay in the batches and `failures`."""
+        if self._quarantine_unwritable:
+            log.debug("quarantine not written: %s", error)
+            return
+        self._quarantine_unwritable = True
+        log.warning(
+            "cannot write the quarantine %s (%s): failed reads are still reported (ok=False, "
+            "dataset.failures) but not recorded; pass quarantine=FILE (--quarantine FILE) to "
+            "record them in a file you can write (said once per process)",
+            self.index.quarantine.path,
+            error,
+        )
 
     def _substitute(self, row: int, dest: RGBArray) -> int | None:
         """Read a deterministic other row of the same slide into ``dest``; its row, or None."""

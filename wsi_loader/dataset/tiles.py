@@ -51,7 +51,10 @@ def open_for_reading(
     without a label kept, dropped or refused (``unlabelled``)."""
     if isinstance(index, SlideIndex):
         index = index.view(
-            root=options.root, exclude_quarantined=options.exclude_quarantined, split=options.split
+            root=options.root,
+            exclude_quarantined=options.exclude_quarantined,
+            split=options.split,
+            quarantine=options.quarantine,
         )
     else:
         index = SlideIndex.open(
@@ -59,6 +62,7 @@ def open_for_reading(
             root=options.root,
             exclude_quarantined=options.exclude_quarantined,
             split=options.split,
+            quarantine=options.quarantine,
         )
     index = require_slides(index, options.missing_slides)
     if options.unlabelled != "keep" and index.labels_from_annotations:
@@ -128,6 +132,11 @@ class TileDataset(Dataset[Sample]):
     ``__getitems__``; see `TileReader.read`). ``None`` divides the usable cores among the
     reading processes: all of them with ``num_workers=0``, one each with one worker per core;
     fewer while other processes keep cores busy (measured, see `FreeCores`).
+
+    Failed reads are appended to the index's quarantine, or to the file ``quarantine``
+    names (an index on a read-only mount); ``exclude_quarantined`` reads the same file. When
+    it cannot be written, each process says so once and reading goes on: failures are still
+    in the batches' ``ok`` and in `failures`.
     """
 
     def __init__(
@@ -153,6 +162,7 @@ class TileDataset(Dataset[Sample]):
         backend: str | None = None,
         record_failures: bool = True,
         decode_threads: int | None = None,
+        quarantine: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_callable("transform", transform)
         _check_callable("batch_transform", batch_transform)
@@ -176,6 +186,7 @@ class TileDataset(Dataset[Sample]):
                 "backend": backend,
                 "record_failures": record_failures,
                 "decode_threads": decode_threads,
+                "quarantine": None if quarantine is None else os.fspath(quarantine),
             },
         )
         self.options = options
@@ -376,7 +387,7 @@ class TileDataset(Dataset[Sample]):
         if result.encoded is not None and any(e is not None for e in result.encoded):
             batch.encoded = result.encoded
             batch.slide_paths = [self.index.slides[int(i)].path for i in slide_id]
-            batch.quarantine = str(self.index.path / "quarantine.jsonl")
+            batch.quarantine = str(self.index.quarantine.path)
             batch.on_error = self.reader.on_error
             batch.fingerprints = [self.index.slides[int(i)].fingerprint for i in slide_id]
         return batch

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wsi_loader.errors import IndexFormatError
+from wsi_loader.errors import ConfigError, IndexFormatError
 from wsi_loader.index.quarantine import Quarantine, coords_in
 from wsi_loader.slides.storage import is_url, url_join
 
@@ -177,6 +177,7 @@ class SlideIndex:
     split: str | None = None  # the split this view holds (None: every slide)
     dropped_slides: tuple[int, ...] = ()  # slides left out of this view (missing, unlabelled)
     source_rows: npt.NDArray[np.int64] | None = None  # generation row of each row (None: same)
+    quarantine_file: Path | None = None  # where failed reads go (None: DIR/quarantine.jsonl)
     lock: GenerationLock | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -192,6 +193,7 @@ class SlideIndex:
         exclude_quarantined: bool = False,
         split: str | None = None,
         generation: str | None = None,
+        quarantine: str | os.PathLike[str] | None = None,
     ) -> SlideIndex:
         """Open an index directory.
 
@@ -199,6 +201,8 @@ class SlideIndex:
         ``exclude_quarantined`` leaves out tiles recorded in the quarantine. ``split`` keeps
         the slides of one split (the manifest's or labels file's ``split`` column).
         ``generation`` opens that generation instead of the current one (while it exists).
+        ``quarantine`` is the file failed reads are appended to and excluded from, instead of
+        DIR/quarantine.jsonl (an index on a read-only mount, or one per user).
         """
         base = Path(path)
         if generation is None:
@@ -208,7 +212,9 @@ class SlideIndex:
         else:
             gen = base / generation
         index = cls._open_generation(base, gen, root)
-        return index.view(exclude_quarantined=exclude_quarantined, split=split)
+        return index.view(
+            exclude_quarantined=exclude_quarantined, split=split, quarantine=quarantine
+        )
 
     @classmethod
     def _open_generation(
@@ -307,10 +313,14 @@ class SlideIndex:
         exclude_quarantined: bool = False,
         split: str | None = None,
         drop_slides: Iterable[int] = (),
+        quarantine: str | os.PathLike[str] | None = None,
     ) -> SlideIndex:
         """This index narrowed further: a remapped ``root``, quarantined tiles left out, only
-        the slides of ``split``, or without the slides ``drop_slides``. Views compose."""
+        the slides of ``split``, or without the slides ``drop_slides``; or with its quarantine
+        in another file (``quarantine``, see `open`). Views compose."""
         index = self if root is None else replace(self, root=root)
+        if quarantine is not None:
+            index = replace(index, quarantine_file=quarantine_file(quarantine))
         if split is not None:
             if not isinstance(split, str):
                 raise ValueError(f"split must be a string or None, got {split!r}")
@@ -415,7 +425,8 @@ class SlideIndex:
 
     @property
     def quarantine(self) -> Quarantine:
-        return Quarantine(self.path / "quarantine.jsonl")
+        """Failed reads: DIR/quarantine.jsonl, or the file the index was opened with."""
+        return Quarantine(self.quarantine_file or self.path / "quarantine.jsonl")
 
     def slide_path(self, slide_id: int) -> str:
         """Absolute path of a slide, with the root (or its remapping) applied."""
@@ -505,12 +516,30 @@ class SlideIndex:
                 for i, s in enumerate(self.slides)
                 if self.split is None or s.split == self.split
             ],
+            "quarantine_path": str(self.quarantine.path),
             "quarantine": {
                 "tiles": sum(r.get("kind", "tile") == "tile" for r in records),
                 "slides": sum(r.get("kind") == "slide" for r in records),
             },
             "quarantined": records,
         }
+
+
+def quarantine_file(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a quarantine file: absolute (workers may start elsewhere), in a folder that
+    exists (a share that is not mounted is an error now, not a warning per failed tile)."""
+    file = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+    if file.is_dir():
+        raise ConfigError(
+            f"quarantine {str(file)!r} is a folder; name a file in it", key="quarantine", value=path
+        )
+    if not file.parent.is_dir():
+        raise ConfigError(
+            f"quarantine {str(file)!r}: the folder {str(file.parent)!r} does not exist",
+            key="quarantine",
+            value=path,
+        )
+    return file
 
 
 def _load_column(
