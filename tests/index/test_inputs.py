@@ -79,3 +79,71 @@ def test_fingerprint_notices_same_size_rewrite(tmp_path: Path) -> None:
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     after = fingerprint(str(path))
     assert before[:2] == after[:2] and before[2] != after[2]
+
+
+# -- CSVs as spreadsheets write them ---------------------------------------------------------
+# Excel in German, French, Dutch... locales saves "CSV" with ';' between fields and decimal
+# commas in numbers; tab-separated text is what copying a sheet, or R's write.table, gives.
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        (
+            b"path;label;mpp\r\na.svs;tumour;0,25\r\nb.svs;normal;0.5\r\n",
+            "excel ';' + decimal comma",
+        ),
+        (b"\xef\xbb\xbfpath;label;mpp\r\na.svs;tumour;0,25\r\nb.svs;normal;0,5\r\n", "with a BOM"),
+        (b'"path";"label";"mpp"\na.svs;"tumour";"0,25"\nb.svs;"normal";0.5\n', "quoted"),
+        (b"path\tlabel\tmpp\na.svs\ttumour\t0.25\nb.svs\tnormal\t0,5\n", "tab-separated"),
+    ],
+)
+def test_manifests_from_spreadsheets_are_read(tmp_path: Path, raw: bytes, where: str) -> None:
+    manifest = tmp_path / "m.csv"
+    manifest.write_bytes(raw)
+    entries = read_manifest(str(manifest))
+    assert [(Path(e.path).name, e.label, e.mpp) for e in entries] == [
+        ("a.svs", "tumour", 0.25),
+        ("b.svs", "normal", 0.5),
+    ], where
+
+
+def test_labels_and_annotation_tables_from_spreadsheets(tmp_path: Path) -> None:
+    entries = discover([write(tmp_path / "a b.svs", "x"), write(tmp_path / "c.d.svs", "x")])
+    labels = write(tmp_path / "l.csv", "slide;label;split\na b;one;train\nc.d;two;val\n")
+    joined, _ = join_labels(entries, str(labels))
+    assert [(e.label, e.split) for e in joined] == [("one", "train"), ("two", "val")]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # a comma file keeps its meaning: '0,25' there is not a number (and never 0.25)
+        ('path,mpp\na.svs,"0,25"\n', "'mpp': '0,25' is not a number"),
+        # thousands separators are refused, not read as decimals
+        ("path;mpp\na.svs;1.000,5\n", "'mpp': '1.000,5' is not a number"),
+        ("path;mpp\na.svs;0,2,5\n", "'mpp': '0,2,5' is not a number"),
+        # no delimiter gives a known column: the error says which ones were tried
+        ("path|label\na.svs|x\n", "separated by ',', ';' or tabs"),
+    ],
+)
+def test_spreadsheet_csv_errors(tmp_path: Path, text: str, message: str) -> None:
+    manifest = write(tmp_path / "m.csv", text)
+    with pytest.raises(InputError, match=message):
+        read_manifest(str(manifest))
+
+
+def test_a_csv_in_a_windows_code_page_says_how_to_save_it(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.csv"
+    manifest.write_bytes("path,label\nré.svs,tumeur\n".encode("cp1252"))
+    with pytest.raises(InputError, match=r"not UTF-8 text.*CSV UTF-8"):
+        read_manifest(str(manifest))
+
+
+def test_column_names_are_matched_whatever_their_case(tmp_path: Path) -> None:
+    manifest = write(tmp_path / "m.csv", "Path;Label;Split;MPP\na.svs;tumour;train;0,25\n")
+    (entry,) = read_manifest(str(manifest))
+    assert (entry.label, entry.split, entry.mpp) == ("tumour", "train", 0.25)
+    entries = discover([write(tmp_path / "a.svs", "x")])
+    joined, _ = join_labels(entries, str(write(tmp_path / "l.csv", "SLIDE,Label\na,one\n")))
+    assert joined[0].label == "one"
+    with pytest.raises(InputError, match="'label' and 'Label' are the same column"):
+        read_manifest(str(write(tmp_path / "twice.csv", "path,label,Label\na.svs,x,y\n")))

@@ -23,6 +23,7 @@ import hashlib
 import io
 import os
 import posixpath
+import re
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -56,6 +57,10 @@ SLIDE_SUFFIXES = frozenset(
     }
 )
 _GLOB_CHARS = set("*?[")
+# field separators of CSVs in the wild: ',' and, from spreadsheets in locales whose decimal
+# mark is a comma, ';'; tabs from copied sheets and R's write.table
+CSV_DELIMITERS = (",", ";", "\t")
+_DECIMAL_COMMA = re.compile(r"[+-]?\d*,\d+")
 DICOM_SUFFIXES = frozenset({".dcm", ".dicom"})
 # a DICOM file: a 128-byte preamble, then these four bytes (PS3.10 section 7.1)
 DICOM_MAGIC_OFFSET, DICOM_MAGIC = 128, b"DICM"
@@ -153,11 +158,18 @@ def dicom_series_files(path: str) -> list[str]:
     )
 
 
-def _parse_float(value: str, path: str, line: int, column: str) -> float | None:
+def _parse_float(
+    value: str, path: str, line: int, column: str, decimal_comma: bool = False
+) -> float | None:
+    """A positive number; with ``decimal_comma`` (a ';' or tab separated file, as spreadsheets
+    in many locales write them) '0,25' is 0.25. Thousands separators are refused."""
     if not value.strip():
         return None
+    text = value.strip()
+    if decimal_comma and _DECIMAL_COMMA.fullmatch(text):
+        text = text.replace(",", ".")
     try:
-        number = float(value)
+        number = float(text)
     except ValueError:
         raise InputError(
             f"column {column!r}: {value!r} is not a number", path=path, line=line
@@ -189,17 +201,57 @@ def _folder_of(path: str) -> str:
     return path.rsplit("/", 1)[0] if is_url(path) else os.path.dirname(os.path.abspath(path))
 
 
-def read_csv_rows(path: str, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:
+@dataclass(frozen=True)
+class CsvTable:
+    """A CSV's rows (line number, stripped cells by stripped lower-case column name) and the
+    field separator its header was found with."""
+
+    rows: list[tuple[int, dict[str, str]]]
+    delimiter: str
+
+
+def _names(header: list[str]) -> list[str]:
+    """Column names as matched: spreadsheet users write 'Slide' and 'Label' too."""
+    return [name.lower() for name in header]
+
+
+def _delimiter(text: str, required: Sequence[str]) -> tuple[str, list[str]]:
+    """The first of `CSV_DELIMITERS` that splits the header into a required column, and that
+    header; the comma's header when none does."""
+    headers = []
+    for delimiter in CSV_DELIMITERS:
+        first = next(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter), [])
+        header = [h.strip() for h in first]
+        if any(col in _names(header) for col in required):
+            return delimiter, header
+        headers.append(header)
+    return ",", headers[0]
+
+
+def read_csv_table(path: str, required: Sequence[str]) -> CsvTable:
+    """A CSV with a header naming at least one of ``required``, separated by ',', ';' or
+    tabs (found from the header); a UTF-8 BOM is dropped. Errors name the file and line."""
     try:
         with _csv_text(path) as fh:
-            reader = csv.DictReader(fh)
-            header = [h.strip() for h in (reader.fieldnames or [])]
+            delimiter, header = _delimiter(fh.getvalue(), required)
             if not header:
                 raise InputError("empty CSV (no header row)", path=path)
-            if not any(col in header for col in required):
+            if not any(col in _names(header) for col in required):
                 raise InputError(
-                    f"header {header} has none of the required columns {list(required)}", path=path
+                    f"header {header} has none of the required columns {list(required)} "
+                    "(fields separated by ',', ';' or tabs)",
+                    path=path,
                 )
+            first: dict[str, str] = {}
+            for name in header:
+                if name.lower() in first:
+                    raise InputError(
+                        f"columns {first[name.lower()]!r} and {name!r} are the same column "
+                        "(names are matched whatever their case)",
+                        path=path,
+                    )
+                first[name.lower()] = name
+            reader = csv.DictReader(fh, delimiter=delimiter)
             rows = []
             for row in reader:
                 if None in row:
@@ -209,11 +261,17 @@ def read_csv_rows(path: str, required: Sequence[str]) -> list[tuple[int, dict[st
                         line=reader.line_num,
                     )
                 rows.append(
-                    (reader.line_num, {k.strip(): (v or "").strip() for k, v in row.items()})
+                    (
+                        reader.line_num,
+                        {k.strip().lower(): (v or "").strip() for k, v in row.items()},
+                    )
                 )
-            return rows
+            return CsvTable(rows, delimiter)
     except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text: {exc.reason}", path=path) from exc
+        raise InputError(
+            f"not UTF-8 text: {exc.reason} at byte {exc.start} (in Excel, save it as 'CSV UTF-8')",
+            path=path,
+        ) from exc
     except csv.Error as exc:
         raise InputError(f"malformed CSV: {exc}", path=path) from exc
     except OSError as exc:
@@ -222,12 +280,18 @@ def read_csv_rows(path: str, required: Sequence[str]) -> list[tuple[int, dict[st
         raise InputError(f"cannot read: {exc}", path=path) from exc
 
 
+def read_csv_rows(path: str, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:
+    """The rows of `read_csv_table`."""
+    return read_csv_table(path, required).rows
+
+
 def read_manifest(path: str) -> list[SlideEntry]:
     """Entries of a ``path,label[,split][,mpp]`` manifest."""
     folder = _folder_of(path)
     entries: list[SlideEntry] = []
     seen: dict[str, int] = {}
-    for line, row in read_csv_rows(path, ["path"]):
+    table = read_csv_table(path, ["path"])
+    for line, row in table.rows:
         if "path" not in row:
             raise InputError("the manifest needs a 'path' column", path=path)
         value = row["path"]
@@ -247,7 +311,7 @@ def read_manifest(path: str) -> list[SlideEntry]:
                 path=full,
                 label=row.get("label") or None,
                 split=row.get("split") or None,
-                mpp=_parse_float(row.get("mpp", ""), path, line, "mpp"),
+                mpp=_parse_float(row.get("mpp", ""), path, line, "mpp", table.delimiter != ","),
                 annotations=annotation_paths(row.get("annotations", ""), folder),
             )
         )
