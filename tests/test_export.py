@@ -265,14 +265,14 @@ def test_a_unit_is_complete_only_after_its_shard_is_written(
 ) -> None:
     index = build_index([archive / "good.svs"], tmp_path / "idx", level=0, min_tissue=0)
     out = tmp_path / "out"
-    real = export_module._write_atomic
+    real = export_module.write_file
 
-    def dies_writing_a_shard(path: Path, data: bytes) -> None:
+    def dies_writing_a_shard(path: Path, data: bytes, tmp: Path | None = None) -> None:
         if path.name.endswith(".tar"):
             raise KeyboardInterrupt("killed while writing the shard")
-        real(path, data)
+        real(path, data, tmp)
 
-    monkeypatch.setattr(export_module, "_write_atomic", dies_writing_a_shard)
+    monkeypatch.setattr(export_module, "write_file", dies_writing_a_shard)
     with pytest.raises(KeyboardInterrupt):
         export_index(index, out, format="webdataset", shard_size=30)
     assert not export_module._part_records(out)  # nothing marked done

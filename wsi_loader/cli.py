@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from wsi_loader.config import (
     validate,
     with_overrides,
 )
-from wsi_loader.errors import ConfigError, WsiLoaderError
+from wsi_loader.errors import ConfigError, OutputError, WsiLoaderError
 from wsi_loader.index import SlideIndex, build_index
 
 log = logging.getLogger(__name__)
@@ -662,6 +663,12 @@ COMMANDS = {
 }
 
 
+def _details(args: argparse.Namespace) -> None:
+    """With -v, the traceback of the error about to be reported in one line."""
+    if args.verbose:
+        traceback.print_exc()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -676,9 +683,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except OutputError as exc:  # a full disk: finished work is kept (written atomically)
+        _details(args)
+        print(
+            f"error: {exc}. What was finished is kept: make room (or fix the folder) and run "
+            "the same command again",
+            file=sys.stderr,
+        )
+        return 1
     except (WsiLoaderError, ValueError) as exc:  # ValueError: an option the library rejected
+        _details(args)
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the machine, not the data: a folder that went away, a full disk
+        _details(args)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -11,6 +11,7 @@ so ``except FileNotFoundError`` or ``except ValueError`` keep working.
      +-- InputError (ValueError)             bad manifest / labels CSV: path, line
      |    +-- AnnotationError                 bad annotation file: path, element
      +-- IndexFormatError                    missing, corrupt or incompatible index directory: path
+     +-- OutputError (OSError)               an output could not be written (full disk): path, errno
      +-- ForkUnsafeError                     obstore inherited through fork(): use forkserver/spawn
      +-- SlideError                          anything about one slide: path
           +-- SlideNotFoundError (FileNotFoundError)
@@ -33,6 +34,7 @@ __all__ = [
     "ForkUnsafeError",
     "IndexFormatError",
     "InputError",
+    "OutputError",
     "ResolutionError",
     "SlideChangedError",
     "SlideError",
@@ -101,6 +103,21 @@ class IndexFormatError(WsiLoaderError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         self.path = path
         super().__init__(f"{path}: {message}" if path else message)
+
+
+class OutputError(WsiLoaderError, OSError):
+    """A file could not be written: a full disk, a quota, a folder that is read-only or gone.
+    ``path`` is the file, ``errno`` the system's reason. Nothing is left half-written under
+    ``path`` (see `wsi_loader.files`), and work finished before is kept."""
+
+    def __init__(self, message: str, *, path: str, code: int | None = None) -> None:
+        self.message = f"cannot write {path}: {message}"
+        super().__init__(self.message)
+        self.path = path
+        self.errno, self.strerror, self.filename = code, message, path
+
+    def __str__(self) -> str:  # not OSError's "[Errno N] ...", which these fields would give
+        return self.message
 
 
 class SlideError(WsiLoaderError):

@@ -20,6 +20,7 @@ at the end.
 from __future__ import annotations
 
 import csv
+import errno
 import fcntl
 import hashlib
 import io
@@ -38,7 +39,8 @@ from PIL import Image
 
 from wsi_loader.config import ExportConfig, validate
 from wsi_loader.dataset.reading import TileReader, threads_per_process
-from wsi_loader.errors import ConfigError, TransientReadError
+from wsi_loader.errors import ConfigError, OutputError, TransientReadError
+from wsi_loader.files import replacing, write_file
 from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.parallel import progress_bar, run_all
@@ -161,15 +163,6 @@ def _encode(pixels: np.ndarray, options: ExportOptions) -> bytes:
     return buf.getvalue()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), 0, 0o644  # deterministic bytes
@@ -180,15 +173,20 @@ def _append_part(out: Path, record: dict[str, Any]) -> None:
     """Append a finished unit's record (after its files are in place) under an exclusive
     lock, starting on a fresh line if a killed writer left a torn one."""
     line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
-    fd = os.open(out / PARTS_FILE, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    path = out / PARTS_FILE
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            line = b"\n" + line
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line
+            if os.write(fd, line) != len(line):  # a full disk can take part of it
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        finally:
+            os.close(fd)
+    except OSError as exc:  # the unit's files are in place; it is redone on the next run
+        raise OutputError(exc.strerror or str(exc), path=str(path), code=exc.errno) from exc
 
 
 def _part_records(out: Path) -> dict[int, dict[str, Any]]:
@@ -319,7 +317,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
         if path is not None:
             if not done[i]:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                _write_atomic(path, data)
+                write_file(path, data)
             name = path.relative_to(out).as_posix()
             outputs.append((name, len(data), entry["sha256"]))
             tiles.append({**entry, "file": name, "member": ""})
@@ -370,7 +368,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
             "bytes": len(data),
             "slides": len({t["slide_id"] for t in tiles}),
         }
-        _write_atomic(out / name, data)
+        write_file(out / name, data)
         outputs.append((name, len(data), hashlib.sha256(data).hexdigest()))
     reader.close()
     record = {
@@ -583,9 +581,9 @@ def export_index(
         if options.shuffle:  # a keyed permutation, as DistributedTileSampler's
             order = order[RandomPermutation(len(order), options.seed)(np.arange(len(order)))]
         left_out = np.stack([rows[bad | unreadable], unreadable[bad | unreadable]], axis=1)
-        tmp = plan.with_name(f".plan.tmp-{os.getpid()}.npz")
-        np.savez(tmp, order=order, left_out=left_out)
-        os.replace(tmp, plan)
+        # (the temporary name ends in .npz: np.savez would add it)
+        with replacing(plan, plan.with_name(f".plan.tmp-{os.getpid()}.npz")) as tmp:
+            np.savez(tmp, order=order, left_out=left_out)
     contents = _unit_contents(full, order, shard_size)
     content = hashlib.sha256("".join(contents or ["gone"]).encode()).hexdigest()
     if resuming and _read_settings(out_path) != {**settings, "content": content}:
@@ -596,7 +594,7 @@ def export_index(
             path=str(out_path),
         )
     assert contents is not None  # a fresh plan always fits its own generation
-    _write_atomic(
+    write_file(
         out_path / SETTINGS_FILE,
         json.dumps({**settings, "content": content}, sort_keys=True).encode(),
     )
@@ -665,7 +663,7 @@ def export_index(
         "shards": shards,
         "label_folders": {str(k): v for k, v in folders},
     }
-    _write_atomic(out_path / "export.json", json.dumps(summary, indent=1, sort_keys=True).encode())
+    write_file(out_path / "export.json", json.dumps(summary, indent=1, sort_keys=True).encode())
     return report
 
 
@@ -713,8 +711,8 @@ def _export_coords(full: SlideIndex, order: np.ndarray, out: Path) -> dict[str, 
             axis=1,
         )
         path = out / names[sid]
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with h5py.File(tmp, "w") as h5:
+        buf = io.BytesIO()  # (see files.write_file)
+        with h5py.File(buf, "w") as h5:
             dataset = h5.create_dataset("coords", data=coords)
             attrs = {
                 "patch_size": int(cols["read_size"][rows[0]]),
@@ -728,7 +726,7 @@ def _export_coords(full: SlideIndex, order: np.ndarray, out: Path) -> dict[str, 
                 attrs["tile_mpp"] = float(record.tile_mpp)
             for target in (dataset, h5):
                 target.attrs.update(attrs)
-        os.replace(tmp, path)
+        write_file(path, buf.getvalue())
         data = path.read_bytes()
         outputs.append((path.name, len(data), hashlib.sha256(data).hexdigest()))
         for member, row in enumerate(rows.tolist()):
@@ -777,7 +775,7 @@ def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]])
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    _write_atomic(path, buf.getvalue().encode())
+    write_file(path, buf.getvalue().encode())
 
 
 def _unit_size(unit: ExportUnit) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import io
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from wsi_loader.dataset.loader import make_loader
 from wsi_loader.dataset.tiles import open_for_reading
 from wsi_loader.errors import ConfigError
 from wsi_loader.export import h5_file_names
+from wsi_loader.files import replacing, write_file
 from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index.table import SlideIndex, SlideRecord
 from wsi_loader.parallel import progress_bar
@@ -460,13 +462,14 @@ def _write_slide(
     }
     path = out / name
     tmp = out / f".{name}{_TMP_MARK}{socket.gethostname()}-{os.getpid()}"
-    with h5py.File(tmp, "w") as h5:
+    buf = io.BytesIO()  # (see files.write_file)
+    with h5py.File(buf, "w") as h5:
         h5.create_dataset("features", data=features)
         coords_ds = h5.create_dataset("coords", data=coords)
         for key in ("patch_size", "patch_level"):
             coords_ds.attrs[key] = attrs[key]
         h5.attrs.update(attrs)
-    os.replace(tmp, path)
+    write_file(path, buf.getvalue(), tmp)
     for x, y in xy:  # data errors of this version of the slide: left out for good
         report.failures.append({"slide": record.path, "x": x, "y": y, "reason": reasons[(x, y)]})
     report.written += 1
@@ -567,6 +570,5 @@ def _dim(path: Path) -> int:
 
 
 def _write_json(path: Path, payload: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))

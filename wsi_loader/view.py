@@ -14,6 +14,7 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -21,6 +22,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from wsi_loader.dataset.reading import TileReader
 from wsi_loader.errors import AnnotationError, TileReadError
+from wsi_loader.files import replacing
 from wsi_loader.index.annotations import read_regions
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.index.tissue import read_mask_image
@@ -82,7 +84,9 @@ class _Renders:
         return buf.getvalue()
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        self.image.save(path, "PNG")
+        """Write a PNG (whole or not at all: see `wsi_loader.files`)."""
+        with replacing(Path(path)) as tmp:
+            self.image.save(tmp, "PNG")
 
 
 def resolve_slide(index: SlideIndex, slide: str | int | None) -> int:

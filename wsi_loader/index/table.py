@@ -628,8 +628,11 @@ def exclusive_build(out: str | os.PathLike[str]) -> Iterator[None]:
                 f"another build is running into this index (pid {holder}); wait for it to finish",
                 path=str(base),
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:  # who holds the lock, for the message above; a full disk fails the build later
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            log.debug("cannot record the build's pid in %s: %s", base / BUILD_LOCK, exc)
         try:
             yield
         except BaseException:
@@ -662,12 +665,14 @@ def write_index(
     one behind, and raises `IndexFormatError` with the reason."""
     try:
         return _write_generation(out, slides, tiles, params, root, extra_meta)
-    except OSError as exc:
+    except BaseException as exc:  # an interrupt too: a partial generation holds disk space
         for partial in Path(out).glob(f".gen-*.tmp-{os.getpid()}"):
             shutil.rmtree(partial, ignore_errors=True)
+        if not isinstance(exc, OSError):
+            raise
         raise IndexFormatError(
             f"cannot write the index: {exc.strerror or exc}; the previous index (if any) is "
-            "unchanged",
+            "unchanged: make room and run the same command again",
             path=os.fspath(out),
         ) from exc
 
