@@ -448,6 +448,12 @@ def _human_summary(summary: dict[str, Any]) -> str:
         )
     if summary["labels_report"]:
         lines.append(_labels_line(summary["labels_report"]))
+    if summary["copies"]:
+        extra = sum(len(group) - 1 for group in summary["copies"])
+        lines.append(
+            f"copies: {extra} slide{' has' if extra == 1 else 's have'} the same contents as "
+            "another: " + "; ".join(" = ".join(group) for group in summary["copies"])
+        )
     lines.append(f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'level':>5} {'label':12} path")
     for s in slides:
         mpp = f"{s['mpp']:.3f}" if s["mpp"] else "-"

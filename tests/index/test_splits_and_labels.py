@@ -124,6 +124,42 @@ def test_one_slide_in_two_splits_is_refused(split_archive: Path, tmp_path: Path)
     assert not (tmp_path / "idx").exists()
 
 
+def test_copies_of_one_slide_are_reported(
+    split_archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same scan under two names (a copy, a symlink, a second download) puts the same
+    tissue in the index twice: splitting by slide id afterwards leaks it across the splits."""
+    (split_archive / "again").mkdir()
+    shutil.copy(split_archive / "p1.svs", split_archive / "again" / "p1 (1).svs")
+    (split_archive / "again" / "link.svs").symlink_to(split_archive / "p1.svs")
+    with caplog.at_level("WARNING"):
+        index = build_index([split_archive], tmp_path / "idx", level=0, min_tissue=0.0)
+    said = [r.getMessage() for r in caplog.records if "same contents" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "p1.svs" in said[0] and "p1 (1).svs" in said[0] and "link.svs" in said[0]
+    copies = index.summary()["copies"]
+    assert [sorted(Path(p).name for p in group) for group in copies] == [
+        ["link.svs", "p1 (1).svs", "p1.svs"]
+    ]
+    assert main(["info", str(index.path)]) == 0
+    # no copies: nothing said
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        plain = build_index([split_archive / "p0.svs"], tmp_path / "plain", level=0)
+    assert plain.summary()["copies"] == [] and not caplog.records
+
+
+def test_copies_line_in_info(
+    split_archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shutil.copy(split_archive / "p2.svs", split_archive / "p2_copy.svs")
+    build_index([split_archive], tmp_path / "idx", level=0, min_tissue=0.0)
+    assert main(["info", str(tmp_path / "idx")]) == 0
+    out = capsys.readouterr().out
+    assert "copies: 1 slide has the same contents as another" in out
+    assert "p2_copy.svs" in out
+
+
 def test_label_mismatches_are_reported_and_strict_is_an_error(
     split_archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -324,6 +324,29 @@ def _check_splits(records: list[SlideRecord], root: str | None) -> None:
             )
 
 
+def _copies(records: list[SlideRecord]) -> list[list[str]]:
+    """Groups of indexed slides with identical contents (a copy, a symlink, a second
+    download of one scan), and say so: each copy's tiles are in the index, so a split made
+    by slide id afterwards would put the same tissue on both sides."""
+    by_content: dict[str, list[str]] = {}
+    for record in records:
+        if record.status == "ok" and record.content is not None:
+            by_content.setdefault(record.content, []).append(record.path)
+    groups = sorted(sorted(paths) for paths in by_content.values() if len(paths) > 1)
+    if groups:
+        shown = "; ".join(" = ".join(group) for group in groups[:5])
+        more = f" and {len(groups) - 5} more groups" if len(groups) > 5 else ""
+        log.warning(
+            "%d slides have the same contents as another (copies or links of one scan): %s%s. "
+            "Each copy's tiles are in the index, so a split by slide id would put the same "
+            "tissue on both sides; remove the copies, or give them one split",
+            sum(len(group) - 1 for group in groups),
+            shown,
+            more,
+        )
+    return groups
+
+
 def _same_annotations(record: SlideRecord, files: tuple[str, ...], cfg: IndexConfig) -> bool:
     """Whether a carried-over slide's annotations are still what they were when indexed."""
     if cfg.annotations is None:
@@ -532,7 +555,7 @@ def _build(
         )
     _check_shrink(out, [record for record, _ in results], cfg.allow_shrink)
     _check_splits([record for record, _ in results], root)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"copies": _copies([record for record, _ in results])}
     if label_report is not None:
         extra["labels_report"] = label_report.as_json()
     if cfg.annotations is not None and annotation_report is not None:

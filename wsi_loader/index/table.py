@@ -493,6 +493,7 @@ class SlideIndex:
             "annotations_report": self.meta.get("annotations_report"),
             "labels_report": self.meta.get("labels_report"),
             "splits": split_counts,
+            "copies": self.meta.get("copies", []),
             "slides": [
                 {
                     "slide_id": i,
