@@ -71,3 +71,24 @@ def test_overrides_win_and_level_clears_mpp() -> None:
     with pytest.raises(ConfigError, match="'tile_size'") as info:
         with_overrides(base, source="command line", tile_size=-1)
     assert info.value.value == -1 and str(info.value).startswith("command line: ")
+
+
+def test_paths_may_start_with_a_tilde(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``remote_cache_dir: ~/.cache/...`` in the documented file does: a config file is
+    not expanded by a shell, nor is ``--labels=~/x.csv``."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "index:\n  labels: ~/labels.csv\n  root: ~/slides\n  annotations: ~/annotations\n"
+        "dataset:\n  root: ~/moved\n  quarantine: ~/q.jsonl\n"
+    )
+    config = load_config(path)
+    assert config.index.labels == str(tmp_path / "labels.csv")
+    assert config.index.root == str(tmp_path / "slides")
+    assert config.index.annotations == str(tmp_path / "annotations")
+    assert config.dataset.root == str(tmp_path / "moved")
+    assert config.dataset.quarantine == str(tmp_path / "q.jsonl")
+    assert IndexConfig(labels="~/l.csv").labels == str(tmp_path / "l.csv")
+    # URLs and names that only contain a tilde are left alone
+    assert IndexConfig(labels="s3://b/~/l.csv").labels == "s3://b/~/l.csv"
+    assert IndexConfig(labels="a~b.csv").labels == "a~b.csv"

@@ -7,12 +7,13 @@ key, the value and the file; `ConfigError` carries those as fields. YAML is read
 
 from __future__ import annotations
 
+import os
 import reprlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from wsi_loader.errors import ConfigError
 
@@ -26,6 +27,14 @@ __all__ = [
     "load_config",
     "validate",
 ]
+
+
+def _expand_home(path: str) -> str:
+    """``~/x`` as a shell would expand it: config files and ``--opt=~/x`` are not."""
+    return os.path.expanduser(path) if path.startswith("~") else path
+
+
+PathText = Annotated[str, AfterValidator(_expand_home)]  # a local path or a URL
 
 
 class _Strict(BaseModel):
@@ -46,8 +55,8 @@ class IndexConfig(_Strict):
     mask_max_size: int = Field(2048, ge=64, le=16384, description="longest side of tissue mask")
     backend: Literal["auto", "openslide", "tiff"] = "auto"
     workers: int = Field(1, ge=1, le=512)
-    root: str | None = Field(None, description="store slide paths relative to this folder")
-    labels: str | None = Field(None, description="CSV of labels joined by path or slide name")
+    root: PathText | None = Field(None, description="store slide paths relative to this folder")
+    labels: PathText | None = Field(None, description="CSV of labels joined by path or slide name")
     strict_labels: bool = Field(
         False, description="labels rows matching no slide, or unlabelled slides, are errors"
     )
@@ -55,7 +64,7 @@ class IndexConfig(_Strict):
     allow_shrink: bool = Field(
         False, description="let a rebuild drop more than half of the indexed slides"
     )
-    annotations: str | None = Field(
+    annotations: PathText | None = Field(
         None, description="region annotations: a folder, a file, or a CSV with 'annotations'"
     )
     label_from: Literal["slides", "annotations"] = Field(
@@ -152,10 +161,10 @@ class DatasetConfig(_Strict):
         description="tiles without a label (unlabelled slide, or no annotated class): keep (-1), "
         "drop, or raise",
     )
-    root: str | None = Field(None, description="remap the folder relative slide paths live in")
+    root: PathText | None = Field(None, description="remap the folder relative slide paths live in")
     backend: Literal["auto", "openslide", "tiff"] | None = None
     record_failures: bool = Field(True, description="append failures to the quarantine")
-    quarantine: str | None = Field(
+    quarantine: PathText | None = Field(
         None,
         min_length=1,
         description="file failed reads are appended to and excluded from (default: the "
