@@ -231,3 +231,83 @@ def test_coords_h5_keeps_names_with_spaces_and_accents(tmp_path: Path, make_slid
     export_index(index, tmp_path / "coords", format="coords-h5")
     slide_id = os.path.splitext("Präparat Nr.2.svs")[0]
     assert (tmp_path / "coords" / f"{slide_id}.h5").is_file()
+
+
+# A file name in Latin-1 (from an old Windows share, a zip made elsewhere): Linux keeps its
+# bytes, Python holds them as lone surrogates, and UTF-8 text cannot hold them as they are.
+LATIN1_NAME = os.fsdecode(b"biopsie caf\xe9.svs")
+
+
+@pytest.fixture
+def latin1(tmp_path: Path, make_slide: SlideFactory) -> Path:
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    try:
+        shutil.copy(make_slide(width=1024, height=768, seed=84), folder / LATIN1_NAME)
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this file system refuses names that are not UTF-8")
+    shutil.copy(make_slide(width=1024, height=768, seed=85), folder / "plain.svs")
+    return folder
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_slides_whose_names_are_not_utf8_are_exported(latin1: Path, tmp_path: Path) -> None:
+    import csv
+    import json
+
+    import h5py
+    import webdataset as wds
+
+    index = build_index([latin1], tmp_path / "idx", level=0, min_tissue=0.0)
+    odd = str(latin1 / LATIN1_NAME)
+    assert odd in {s.path for s in index.slides}
+    for fmt in ("imagefolder", "webdataset", "coords-h5"):
+        out = tmp_path / fmt
+        report = export_index(index, out, format=fmt, image_format="jpeg")
+        assert report.failed == 0
+        with open(out / "manifest.csv", encoding="utf-8", errors="surrogateescape") as fh:
+            rows = list(csv.DictReader(fh))
+        paths = {row["slide_path"] for row in rows}
+        assert odd in paths, paths  # the file's own bytes, found again by open()
+        assert all(os.path.exists(p) for p in paths)
+        summary = json.loads((out / "export.json").read_text(encoding="utf-8"))
+        assert summary["tiles"] == len(index)
+    shards = sorted(str(p) for p in (tmp_path / "webdataset").glob("shard-*.tar"))
+    slides = {meta["slide"] for meta in wds.WebDataset(shards, shardshuffle=False).decode()
+              .to_tuple("json").map(lambda t: t[0])}  # fmt: skip
+    assert odd in slides
+    h5_name = os.path.splitext(LATIN1_NAME)[0] + ".h5"
+    with h5py.File(tmp_path / "coords-h5" / h5_name, "r") as h5:  # CLAM's <slide name>.h5
+        assert len(h5["coords"]) == int((index.columns["slide_id"] == 0).sum())
+    gc.collect()
+
+
+def test_features_of_slides_whose_names_are_not_utf8(latin1: Path, tmp_path: Path) -> None:
+    import h5py
+
+    from wsi_loader.features import extract
+
+    index = build_index([latin1], tmp_path / "idx", level=0, min_tissue=0.0)
+    report = extract(index, "tests.feature_models:tiny", tmp_path / "f", workers=0)
+    assert report.written == 2 and report.failed == 0
+    h5_name = os.path.splitext(LATIN1_NAME)[0] + ".h5"
+    with h5py.File(tmp_path / "f" / h5_name, "r") as h5:
+        assert h5["features"].shape[0] == len(h5["coords"]) > 0
+    assert main(["info", str(index.path)]) == 0
+
+
+def test_info_prints_names_that_are_not_utf8_in_a_utf8_locale(latin1: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    index = build_index([latin1], tmp_path / "idx", level=0, min_tissue=0.0)
+    env = {**os.environ, "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    done = subprocess.run(
+        [sys.executable, "-m", "wsi_loader.cli", "info", str(index.path)],
+        check=False,
+        capture_output=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert os.fsencode(latin1 / LATIN1_NAME) in done.stdout  # the name's own bytes, as ls gives

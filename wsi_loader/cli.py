@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import logging
 import os
@@ -676,6 +677,10 @@ def _details(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # slide paths that are not UTF-8 (held as lone surrogates) print as their own bytes, as
+    # ls prints them, instead of failing the command in a UTF-8 locale
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="surrogateescape")
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

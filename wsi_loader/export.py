@@ -81,6 +81,17 @@ def safe_component(name: str, max_length: int = 100) -> str:
     return cleaned or "_"
 
 
+def file_text(value: str) -> str | bytes:
+    """``value`` for an HDF5 string attribute: as it is, or, for a slide path that is not
+    UTF-8 (a Latin-1 name from an old share, which Python holds as lone surrogates), its
+    bytes as the file system has them, which UTF-8 text cannot hold."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(value)
+    return value
+
+
 def key_component(name: str, max_length: int = 60) -> str:
     """A dot-free, readable name for WebDataset keys and file stems: WebDataset splits a
     member name at its first dot, so a slide named ``TCGA-...-DX1.0F7CE5A0-4D1C`` would merge
@@ -451,7 +462,10 @@ def _slide_keys(index: SlideIndex) -> np.ndarray:
     """A 64-bit identity per slide: stored path, label and split."""
     keys = [
         int.from_bytes(
-            hashlib.blake2b(f"{s.path}\0{s.label}\0{s.split}".encode(), digest_size=8).digest(),
+            hashlib.blake2b(
+                f"{s.path}\0{s.label}\0{s.split}".encode("utf-8", "surrogateescape"),
+                digest_size=8,
+            ).digest(),
             "little",
         )
         for s in index.slides
@@ -585,7 +599,9 @@ def export_index(
         with replacing(plan, plan.with_name(f".plan.tmp-{os.getpid()}.npz")) as tmp:
             np.savez(tmp, order=order, left_out=left_out)
     contents = _unit_contents(full, order, shard_size)
-    content = hashlib.sha256("".join(contents or ["gone"]).encode()).hexdigest()
+    content = hashlib.sha256(
+        "".join(contents or ["gone"]).encode("utf-8", "surrogateescape")
+    ).hexdigest()
     if resuming and _read_settings(out_path) != {**settings, "content": content}:
         raise ConfigError(
             f"{out_path} holds an export of other tiles: the index was rebuilt with different "
@@ -719,8 +735,8 @@ def _export_coords(full: SlideIndex, order: np.ndarray, out: Path) -> dict[str, 
                 "patch_level": int(cols["level"][rows[0]]),
                 "tile_size": int(full.params["tile_size"]),
                 "downsample": float(record.read_downsample or 1.0),
-                "name": Path(names[sid]).stem,
-                "slide": record.path,
+                "name": file_text(Path(names[sid]).stem),
+                "slide": file_text(record.path),
             }
             if record.tile_mpp is not None:
                 attrs["tile_mpp"] = float(record.tile_mpp)
@@ -775,7 +791,8 @@ def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]])
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    write_file(path, buf.getvalue().encode())
+    # a path that is not UTF-8 (see `file_text`) is written as the file system's own bytes
+    write_file(path, buf.getvalue().encode("utf-8", "surrogateescape"))
 
 
 def _unit_size(unit: ExportUnit) -> int:

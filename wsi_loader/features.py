@@ -43,7 +43,7 @@ from wsi_loader.config import DatasetConfig
 from wsi_loader.dataset.loader import make_loader
 from wsi_loader.dataset.tiles import open_for_reading
 from wsi_loader.errors import ConfigError
-from wsi_loader.export import h5_file_names
+from wsi_loader.export import file_text, h5_file_names
 from wsi_loader.files import replacing, write_file
 from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index.table import SlideIndex, SlideRecord
@@ -206,7 +206,7 @@ def _weights_digest(model: nn.Module) -> str:
     is other content."""
     digest = hashlib.blake2b(digest_size=16)
     for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
+        digest.update(name.encode("utf-8", "surrogateescape"))
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
 
@@ -457,7 +457,7 @@ def _write_slide(
         "mpp": float(record.tile_mpp) if record.tile_mpp else float("nan"),
         "model": encoder.spec,
         "generation": str(view.meta.get("generation")),
-        "slide": record.path,
+        "slide": file_text(record.path),
         "content": content,
     }
     path = out / name
