@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,85 @@ def test_index_workers_exit_when_the_parent_is_killed(testdata: Path, tmp_path: 
     for pid in left:
         os.kill(int(pid), signal.SIGKILL)
     assert not left, f"workers {left} outlived their parent"
+
+
+def _interrupt(
+    args: list[str], ready: Callable[[int], bool], delay: float = 0.0
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in its own process group and press Ctrl-C (SIGINT to the whole group, as
+    a terminal does) once ``ready(pid)`` and ``delay`` seconds after the start."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wsi_loader.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    while proc.poll() is None and time.monotonic() - started < 60:
+        if ready(proc.pid) and time.monotonic() - started >= delay:
+            break
+        time.sleep(0.02)
+    workers = _children(proc.pid)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"still running 30 s after Ctrl-C: {err[-2000:]}")
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [w for w in workers if _alive(w)], "workers outlived the interrupted command"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("when", ["while workers start", "while units run"])
+def test_ctrl_c_stops_a_parallel_export_cleanly_and_it_resumes(
+    testdata: Path, tmp_path: Path, when: str
+) -> None:
+    import wsi_loader as wl
+
+    index = wl.build_index(
+        [testdata / "CMU-1-Small-Region.svs"], tmp_path / "idx", level=0, tile_size=128,
+        min_tissue=0.0,
+    )  # fmt: skip
+    out = tmp_path / "export"
+    args = ["export", str(index.path), "--out", str(out), "--workers", "2", "--shard-size", "4",
+            "--no-progress"]  # fmt: skip
+    if when == "while workers start":  # the resource tracker and a worker still importing
+        done = _interrupt(args, lambda pid: len(_children(pid)) >= 2)
+    else:
+        done = _interrupt(args, lambda pid: (out / ".export-parts.jsonl").exists())
+    if done.returncode == 0:
+        pytest.skip("the export finished before Ctrl-C")
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "interrupted"
+    again = subprocess.run(
+        [sys.executable, "-m", "wsi_loader.cli", *args], cwd=REPO, capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    assert len(list(out.rglob("*.png"))) == len(index)
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_a_parallel_index_build_cleanly(testdata: Path, tmp_path: Path) -> None:
+    slides = tmp_path / "slides"
+    slides.mkdir()
+    for i in range(40):
+        os.link(testdata / "CMU-1-Small-Region.svs", slides / f"s{i}.svs")
+    args = ["index", str(slides), "--out", str(tmp_path / "idx"), "--mpp", "0.5", "--workers",
+            "2", "--no-progress"]  # fmt: skip
+    done = _interrupt(args, lambda pid: len(_children(pid)) >= 3, 0.5)
+    if done.returncode == 0:
+        pytest.skip("the build finished before Ctrl-C")
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+    assert not (tmp_path / "idx").exists()  # a first build that did not finish leaves nothing

@@ -13,7 +13,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 from tqdm import tqdm
@@ -40,6 +41,7 @@ def progress_bar(total: int, unit: str, desc: str, show: bool) -> tqdm[Any]:
 
 
 PARENT_POLL_S = 1.0
+STOP_WAIT_S = 10.0  # for a terminated worker to exit
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -84,21 +86,63 @@ def run_all(
             results.append(fn(task))
             bar.update(weight(task))
         return results
-    own = pool is None
-    pool = pool or cf.ProcessPoolExecutor(
+    if pool is not None:
+        return _run_on(pool, fn, tasks, bar, weight)
+    own = cf.ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=exit_with_parent,
         initargs=(os.getpid(),),
     )
-    done: dict[int, Result] = {}
     try:
-        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
-        for future in cf.as_completed(futures):
-            i = futures[future]
-            done[i] = future.result()
-            bar.update(weight(tasks[i]))
+        return _run_on(own, fn, tasks, bar, weight, spawning=_interrupts_ignored)
+    except BaseException:  # Ctrl-C, or a task that failed: stop now, not after running tasks
+        _stop(own)
+        raise
     finally:
-        if own:
-            pool.shutdown(cancel_futures=True)
+        own.shutdown(cancel_futures=True)
+
+
+def _run_on(
+    pool: cf.Executor,
+    fn: Callable[[Task], Result],
+    tasks: Sequence[Task],
+    bar: tqdm[Any],
+    weight: Callable[[Task], int],
+    spawning: Callable[[], AbstractContextManager[None]] = nullcontext,
+) -> list[Result]:
+    done: dict[int, Result] = {}
+    with spawning():  # a local pool starts its processes on the first submissions
+        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+    for future in cf.as_completed(futures):
+        i = futures[future]
+        done[i] = future.result()
+        bar.update(weight(tasks[i]))
     return [done[i] for i in range(len(tasks))]
+
+
+@contextmanager
+def _interrupts_ignored() -> Iterator[None]:
+    """Start worker processes with SIGINT ignored (a disposition exec keeps, and Python
+    keeps): a terminal's Ctrl-C reaches every process of the group, and workers interrupted
+    while importing printed a traceback each, or left the pool waiting forever for them.
+    The parent alone handles Ctrl-C and stops the workers (`_stop`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop(pool: cf.ProcessPoolExecutor) -> None:
+    """End the pool's processes now: its own shutdown waits for running tasks, and after an
+    interrupt it can wait forever for a worker whose shutdown message never went out."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's pid map
+    for process in processes:
+        process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.join(STOP_WAIT_S)
