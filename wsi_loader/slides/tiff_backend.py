@@ -22,6 +22,8 @@ import numpy as np
 import numpy.typing as npt
 import simplejpeg
 import tifffile
+from defusedxml import DefusedXmlException
+from defusedxml.ElementTree import fromstring as xml_from_text
 
 from wsi_loader.errors import SlideOpenError, TileReadError, WsiLoaderError
 from wsi_loader.slides.base import (
@@ -38,6 +40,20 @@ from wsi_loader.slides.storage import Range, RangeStore, RemoteBytes, is_url, re
 log = logging.getLogger(__name__)
 
 _UNIT_TO_UM = {2: 25400.0, 3: 10000.0}  # ResolutionUnit inch / centimetre -> micrometres
+# OME UnitsLength symbols -> micrometres (OME's default unit is the micrometre)
+_OME_UNIT_TO_UM = {
+    "m": 1e6,
+    "dm": 1e5,
+    "cm": 1e4,
+    "mm": 1e3,
+    "\u00b5m": 1.0,  # micro sign, the spelling OME's schema uses
+    "\u03bcm": 1.0,  # Greek mu
+    "um": 1.0,
+    "nm": 1e-3,
+    "pm": 1e-6,
+    "\u00c5": 1e-4,  # angstrom
+    "in": 25400.0,
+}
 _JPEG = 7
 _RGB, _YCBCR = 2, 6
 # What a corrupt or truncated segment raises (imagecodecs' codec errors are RuntimeErrors,
@@ -86,6 +102,28 @@ def _resolution_mpp(page: tifffile.TiffPage) -> float | None:
     if num <= 0 or den <= 0:
         return None
     return float(_UNIT_TO_UM[int(unit.value)] * den / num)
+
+
+def _ome_mpp(xml: str | None) -> float | None:
+    """MPP from an OME-XML description: the first image's ``PhysicalSizeX`` in its unit. None
+    when absent, not a length (``pixel``), or unreadable: a bad description is not a bad slide."""
+    if not xml:
+        return None
+    try:
+        root = xml_from_text(xml)
+    except (SyntaxError, ValueError, DefusedXmlException) as exc:  # ParseError is a SyntaxError
+        log.debug("OME-XML not readable (%s): no pixel size from it", exc)
+        return None
+    pixels = next((e for e in root.iter() if e.tag.rpartition("}")[2] == "Pixels"), None)
+    if pixels is None:
+        return None
+    size = pixels.get("PhysicalSizeX")
+    scale = _OME_UNIT_TO_UM.get(pixels.get("PhysicalSizeXUnit", "\u00b5m").strip())
+    try:
+        mpp = float(size) * scale if size is not None and scale is not None else None
+    except ValueError:
+        return None
+    return mpp if mpp is not None and math.isfinite(mpp) and mpp > 0 else None
 
 
 def _aperio_field(description: str, name: str) -> float | None:
@@ -311,7 +349,8 @@ class TiffReader:
                 if series.kind == "svs":
                     pages = [p for p in pages if p.is_tiled]
                 self._levels = [_Level(page) for page in pages]
-                self.meta = self._read_meta(series, pages[0])
+                ome = tif.ome_metadata if series.kind == "ome" else None
+                self.meta = self._read_meta(series, pages[0], ome)
                 if self._remote is None:
                     # our own descriptor on the file tifffile parsed (pread: no file position)
                     self._fd = os.dup(tif.filehandle.fileno())
@@ -331,11 +370,14 @@ class TiffReader:
         self.layout_bytes = sum(lv.nbytes for lv in self._levels)
 
     def _read_meta(
-        self, series: tifffile.TiffPageSeries, base_page: tifffile.TiffPage
+        self, series: tifffile.TiffPageSeries, base_page: tifffile.TiffPage, ome: str | None
     ) -> SlideMeta:
         base = self._levels[0]
         mpp = _resolution_mpp(base_page)
         source: MppSource = "tiff-resolution" if mpp is not None else "missing"
+        ome_mpp = _ome_mpp(ome)
+        if ome_mpp is not None:  # the writer's own statement; resolution tags are often 72 dpi
+            mpp, source = ome_mpp, "vendor"
         objective = None
         vendor = {"generic": "generic-tiff"}.get(series.kind, f"tiff-{series.kind}")
         if series.kind == "svs":
