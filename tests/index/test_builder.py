@@ -180,6 +180,18 @@ def test_root_makes_index_portable(archive: Path, tmp_path: Path) -> None:
     assert open_slide(reopened.slide_path(0)).meta.dimensions == (3000, 2400)
 
 
+def test_root_may_start_with_home(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # '--root=~/slides' reaches us unexpanded: bash expands '~' only at the start of a word
+    index = build_index([archive], tmp_path / "idx", root=str(archive))
+    monkeypatch.setenv("HOME", str(archive.parent))
+    reopened = SlideIndex.open(tmp_path / "idx", root=f"~/{archive.name}")
+    assert reopened.slide_path(2) == str(archive / "sub" / "b.svs")
+    assert index.view(root="~").slide_path(0) == os.path.join(str(archive.parent), "a.svs")
+    assert index.view(root="s3://b/~x").slide_path(0) == "s3://b/~x/a.svs"
+
+
 def test_labels_csv_and_manifest(archive: Path, tmp_path: Path) -> None:
     labels = tmp_path / "labels.csv"
     labels.write_text("slide,label\na,tumour\nb,normal\n")
