@@ -22,7 +22,7 @@ from tests.conftest import REPO, corrupt_rows
 from tests.feature_models import PoolLinear, tiny
 from wsi_loader.cli import main
 from wsi_loader.dataset import FeatureBagDataset, pad_bags
-from wsi_loader.errors import ConfigError
+from wsi_loader.errors import ConfigError, InputError
 from wsi_loader.features import assign_slides, extract, load_encoder
 from wsi_loader.index import SlideIndex
 
@@ -271,3 +271,52 @@ def test_a_replaced_slide_is_not_written_as_complete(index: SlideIndex, tmp_path
     assert (again.written, again.skipped, again.incomplete) == (1, 1, [])
     with h5py.File(out / "good.h5", "r") as h5:
         assert len(h5["features"]) == 80
+
+
+def _bag_files(folder: Path, names: list[str]) -> Path:
+    folder.mkdir()
+    for name in names:
+        with h5py.File(folder / f"{name}.h5", "w") as h5:
+            h5["features"] = np.zeros((3, 4), np.float32)
+            h5["coords"] = np.zeros((3, 2), np.int64)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Slide;Label\ngood;benign\ncase.1.2;tumour\n",  # a spreadsheet in a decimal-comma locale
+        "slide\tlabel\ngood\tbenign\ncase.1.2\ttumour\n",  # copied from a sheet
+        "case_id,slide_id,label\nc1,good,benign\nc2,case.1.2,tumour\n",  # CLAM's dataset CSV
+        "slide,label\ngood.svs,benign\ncase.1.2.ndpi,tumour\n",  # file names, as TRIDENT lists
+    ],
+)
+def test_feature_bag_labels_as_other_tools_write_them(tmp_path: Path, text: str) -> None:
+    folder = _bag_files(tmp_path / "bags", ["good", "case.1.2", "other"])
+    (tmp_path / "labels.csv").write_text(text)
+    bags = FeatureBagDataset(folder, labels=str(tmp_path / "labels.csv"))
+    labels = {bags[i]["slide"]: bags[i]["label"] for i in range(len(bags))}
+    assert bags.label_names == ("benign", "tumour")
+    assert labels == {"good": 0, "case.1.2": 1, "other": -1}
+
+
+def test_feature_bag_labels_errors_and_slides_without_features(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = _bag_files(tmp_path / "bags", ["good"])
+    table = tmp_path / "labels.csv"
+    table.write_text("slide,label\ngood,a\ngood,b\n")
+    with pytest.raises(InputError, match=r"labels.csv:3: .*'good'.* two different labels"):
+        FeatureBagDataset(folder, labels=str(table))
+    table.write_text("name,label\ngood,a\n")
+    with pytest.raises(InputError, match=r"labels.csv: .*required columns"):
+        FeatureBagDataset(folder, labels=str(table))
+    table.write_text("slide,diagnosis\ngood,a\n")
+    with pytest.raises(InputError, match=r"labels.csv: .*'label' column"):
+        FeatureBagDataset(folder, labels=str(table))
+    # labelled slides whose features are missing (extraction failed or not run) are said
+    table.write_text("slide,label\ngood,a\nlost 1,b\nlost.2,b\n")
+    bags = FeatureBagDataset(folder, labels=str(table))
+    assert len(bags) == 1 and bags.label_names == ("a", "b")
+    assert "2 labelled slides have no feature file" in caplog.text
+    assert "'lost 1'" in caplog.text and "'lost.2'" in caplog.text

@@ -8,8 +8,8 @@ the dataset pickles as paths and labels. `pad_bags` collates bags of different s
 
 from __future__ import annotations
 
-import csv
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,10 +20,11 @@ import torch
 from torch.utils.data import Dataset
 
 from wsi_loader.errors import ConfigError, InputError
-from wsi_loader.index.inputs import slide_name
+from wsi_loader.index.inputs import SLIDE_SUFFIXES, read_csv_table, slide_name
 from wsi_loader.index.table import SlideIndex
 
 Bag = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 class FeatureBagDataset(Dataset[Bag]):
@@ -87,6 +88,15 @@ class FeatureBagDataset(Dataset[Bag]):
                 by_name = dict(labels) if isinstance(labels, Mapping) else _read_labels(labels)
             self.label_names = tuple(sorted(set(by_name.values())))
         names = list(chosen)
+        without = sorted(set(by_name) - set(chosen))
+        if without:  # extraction failed or has not run for them: say so, or they vanish
+            shown = ", ".join(repr(n) for n in without[:5]) + (", ..." if len(without) > 5 else "")
+            log.warning(
+                "%d labelled slides have no feature file in %s, left out: %s",
+                len(without),
+                self.folder,
+                shown,
+            )
         if unlabelled == "drop":
             names = [n for n in names if n in by_name]
         if not names:
@@ -149,19 +159,28 @@ def _files_by_path(folder: Path) -> dict[str, Path]:
 
 
 def _read_labels(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Slide name -> label from a CSV with ``slide`` (or CLAM's ``slide_id``) and ``label``
+    columns, separated as spreadsheets write them. A slide's file name (``a.svs``) is its name
+    (``a``); names with other dots (``case.1.2``) are kept whole."""
     table = os.fspath(path)
-    try:
-        with open(table, newline="", encoding="utf-8-sig") as fh:
-            rows = list(csv.DictReader(fh))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(f"cannot read the labels: {exc}", path=table) from exc
-    out: dict[str, str] = {}
-    for line, row in enumerate(rows, start=2):
-        slide, label = (row.get("slide") or "").strip(), (row.get("label") or "").strip()
+    out: dict[str, tuple[str, int]] = {}
+    for line, row in read_csv_table(table, ["slide", "slide_id"]).rows:
+        if "label" not in row:
+            raise InputError("the labels file needs a 'label' column", path=table)
+        slide, label = row.get("slide") or row.get("slide_id", ""), row["label"]
         if not slide or not label:
-            raise InputError("a row needs 'slide' and 'label'", path=table, line=line)
-        out[slide] = label
-    return out
+            raise InputError("a row needs a slide and a label", path=table, line=line)
+        if Path(slide).suffix.lower() in SLIDE_SUFFIXES:
+            slide = slide[: -len(Path(slide).suffix)]
+        if slide in out and out[slide][0] != label:
+            raise InputError(
+                f"slide {slide!r} is given two different labels ({out[slide][0]!r} on line "
+                f"{out[slide][1]} and {label!r})",
+                path=table,
+                line=line,
+            )
+        out[slide] = (label, line)
+    return {slide: label for slide, (label, _) in out.items()}
 
 
 def pad_bags(items: Sequence[Bag]) -> dict[str, Any]:
