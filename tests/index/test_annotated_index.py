@@ -150,6 +150,18 @@ def test_a_manifest_annotations_column(annotated: Path) -> None:
     assert index.classes == ("Pen", "Stroma", "Tumor")
 
 
+def test_an_annotations_table_written_on_windows(annotated: Path) -> None:
+    table = annotated / "table.csv"
+    table.write_text(
+        "path,annotations\n"
+        "C:\\scans\\case 1.a.svs,annotations\\case 1.a.geojson\n"
+        "archive\\case 2.b.svs,annotations\\case 2.b.xml\n"
+    )
+    index = build_index([annotated / "archive"], annotated / "w", annotations=str(table), **GRID)
+    names = [Path(a).name for s in index.slides for a in s.annotations or []]
+    assert names == ["case 1.a.geojson", "case 2.b.xml"]
+
+
 def test_rebuilds_reread_changed_annotations_and_relabel_without_reading(
     annotated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

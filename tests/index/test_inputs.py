@@ -9,6 +9,7 @@ from wsi_loader.index.inputs import discover, fingerprint, join_labels, read_man
 
 
 def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
 
@@ -147,3 +148,44 @@ def test_column_names_are_matched_whatever_their_case(tmp_path: Path) -> None:
     assert joined[0].label == "one"
     with pytest.raises(InputError, match="'label' and 'Label' are the same column"):
         read_manifest(str(write(tmp_path / "twice.csv", "path,label,Label\na.svs,x,y\n")))
+
+
+def test_manifests_written_on_windows(tmp_path: Path) -> None:
+    """Relative paths with '\\' (Excel or pandas on Windows) name the same files here."""
+    write(tmp_path / "slides" / "case 1.svs", "x")
+    write(tmp_path / "slides" / "sub.dir" / "b.2.svs", "x")
+    write(tmp_path / "notes" / "case 1.geojson", "{}")
+    manifest = write(
+        tmp_path / "m.csv",
+        "path,label,annotations\n"
+        "slides\\case 1.svs,x,notes\\case 1.geojson\n"
+        ".\\slides\\sub.dir\\b.2.svs,y,\n",
+    )
+    entries = read_manifest(str(manifest))
+    assert [e.path for e in entries] == [
+        str(tmp_path / "slides" / "case 1.svs"),
+        str(tmp_path / "slides" / "sub.dir" / "b.2.svs"),
+    ]
+    assert entries[0].annotations == (str(tmp_path / "notes" / "case 1.geojson"),)
+
+
+def test_a_file_named_with_a_backslash_is_taken_as_it_is(tmp_path: Path) -> None:
+    write(tmp_path / "odd\\name.svs", "x")  # legal on POSIX
+    entries = read_manifest(str(write(tmp_path / "m.csv", "path\nodd\\name.svs\n")))
+    assert [e.path for e in entries] == [str(tmp_path / "odd\\name.svs")]
+
+
+@pytest.mark.parametrize("cell", ["C:\\data\\a.svs", "d:/data/a.svs", "\\\\server\\share\\a.svs"])
+def test_windows_absolute_paths_in_a_manifest_are_an_error(tmp_path: Path, cell: str) -> None:
+    manifest = write(tmp_path / "m.csv", f"path\nb.svs\n{cell}\n")
+    with pytest.raises(InputError, match=r"m.csv:3: .*a Windows path.*relative to the manifest"):
+        read_manifest(str(manifest))
+
+
+def test_labels_with_windows_paths_join_by_name(tmp_path: Path) -> None:
+    entries = discover([write(tmp_path / "a.b.svs", "x"), write(tmp_path / "c.svs", "x")])
+    labels = write(
+        tmp_path / "l.csv", "path,label\nC:\\scans\\a.b.svs,one\n\\\\nas\\scans\\c.svs,two\n"
+    )
+    joined, report = join_labels(entries, str(labels))
+    assert [e.label for e in joined] == ["one", "two"] and not report.unmatched_rows

@@ -5,7 +5,8 @@ instances (found by their ``DICM`` preamble, whatever their extension: ``.dcm``,
 none): it becomes one entry (the first instance; OpenSlide finds the rest of the series).
 A CSV manifest has a header with ``path`` and optionally ``label``, ``split``, ``mpp`` and
 ``annotations`` (annotation files of the slide, ``;``-separated);
-relative paths are relative to the manifest's folder. A labels CSV (``path`` or ``slide``,
+relative paths are relative to the manifest's folder ('\\' separates folders in those
+written on Windows). A labels CSV (``path`` or ``slide``,
 plus ``label``) is joined by absolute path first, then by slide name.
 
 URLs (``s3://bucket/prefix``, ``gs://...``, ``https://...``) work wherever a path does: a
@@ -27,7 +28,7 @@ import re
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 from wsi_loader.errors import InputError, SlideError
 from wsi_loader.slides.storage import (
@@ -61,6 +62,7 @@ _GLOB_CHARS = set("*?[")
 # mark is a comma, ';'; tabs from copied sheets and R's write.table
 CSV_DELIMITERS = (",", ";", "\t")
 _DECIMAL_COMMA = re.compile(r"[+-]?\d*,\d+")
+_WINDOWS_ABSOLUTE = re.compile(r"[A-Za-z]:[\\/]|\\\\")
 DICOM_SUFFIXES = frozenset({".dcm", ".dicom"})
 # a DICOM file: a 128-byte preamble, then these four bytes (PS3.10 section 7.1)
 DICOM_MAGIC_OFFSET, DICOM_MAGIC = 128, b"DICM"
@@ -189,12 +191,32 @@ def _csv_text(path: str) -> io.StringIO:
     return io.StringIO(data.decode("utf-8-sig"), newline="")
 
 
-def _resolve(folder: str, value: str) -> str:
-    """A manifest's path cell: a URL as it is, else relative to the manifest's folder."""
+def _windows_absolute(value: str) -> bool:
+    """``C:\\x``, ``C:/x`` or ``\\\\server\\share``: a path no POSIX machine can open."""
+    return os.sep == "/" and _WINDOWS_ABSOLUTE.match(value) is not None
+
+
+def _resolve(folder: str, value: str, table: str, line: int) -> str:
+    """A manifest's path cell: a URL as it is, else relative to the manifest's folder. On
+    POSIX, '\\' in a relative path (a CSV written on Windows) separates folders unless a
+    file is named with it; a Windows absolute path is an error naming the row."""
     value = local_path(value)
     if is_url(value) or is_url(folder):
         return url_join(folder, value)
-    return os.path.normpath(os.path.join(folder, value))
+    full = os.path.normpath(os.path.join(folder, value))
+    if (os.sep == "/" and "\\" in value) or _windows_absolute(value):
+        if os.path.lexists(full):
+            return full
+        if _windows_absolute(value):
+            raise InputError(
+                f"{value!r} is a Windows path, which cannot be opened here: list slides "
+                "relative to the manifest's folder (slides\\a.svs works) or by their path on "
+                "this machine",
+                path=table,
+                line=line,
+            )
+        full = os.path.normpath(os.path.join(folder, value.replace("\\", "/")))
+    return full
 
 
 def _folder_of(path: str) -> str:
@@ -297,7 +319,7 @@ def read_manifest(path: str) -> list[SlideEntry]:
         value = row["path"]
         if not value:
             raise InputError("empty 'path'", path=path, line=line)
-        full = _resolve(folder, value)
+        full = _resolve(folder, value, path, line)
         if full in seen:
             raise InputError(
                 f"{value!r} is listed twice (first on line {seen[full]})", path=path, line=line
@@ -312,16 +334,26 @@ def read_manifest(path: str) -> list[SlideEntry]:
                 label=row.get("label") or None,
                 split=row.get("split") or None,
                 mpp=_parse_float(row.get("mpp", ""), path, line, "mpp", table.delimiter != ","),
-                annotations=annotation_paths(row.get("annotations", ""), folder),
+                annotations=annotation_paths(row.get("annotations", ""), folder, path, line),
             )
         )
     return entries
 
 
-def annotation_paths(value: str, folder: str) -> tuple[str, ...]:
+def path_or_name(folder: str, value: str, table: str, line: int) -> tuple[str, str]:
+    """A table's ``path`` cell as ``("path", absolute path)``, or as ``("slide", name)`` when it
+    is a Windows absolute path (a table written on Windows: its folders mean nothing here,
+    its file names do)."""
+    if _windows_absolute(value) and not os.path.lexists(value):
+        return "slide", slide_name(PureWindowsPath(value).as_posix())
+    return "path", _resolve(folder, value, table, line)
+
+
+def annotation_paths(value: str, folder: str, table: str, line: int) -> tuple[str, ...]:
     """A manifest cell naming annotation files (several separated by ``;``), relative to the
-    manifest's folder."""
-    return tuple(_resolve(folder, part.strip()) for part in value.split(";") if part.strip())
+    manifest's folder (``table``, whose ``line`` errors name)."""
+    parts = [part.strip() for part in value.split(";") if part.strip()]
+    return tuple(_resolve(folder, part, table, line) for part in parts)
 
 
 def discover(inputs: Iterable[str | os.PathLike[str]]) -> list[SlideEntry]:
@@ -387,8 +419,8 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
             )
         value = (row["label"], row.get("split") or None)
         if row.get("path"):
-            table, key = by_path, _resolve(folder, row["path"])
-            shown = row["path"]
+            kind, key = path_or_name(folder, row["path"], labels_csv, line)
+            table, shown = (by_path if kind == "path" else by_name), row["path"]
         elif row.get("slide"):
             table, key, shown = by_name, row["slide"], row["slide"]
         else:

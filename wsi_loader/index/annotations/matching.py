@@ -15,7 +15,13 @@ from pathlib import Path
 
 from wsi_loader.errors import InputError
 from wsi_loader.index.annotations.formats import ANNOTATION_SUFFIXES
-from wsi_loader.index.inputs import SlideEntry, annotation_paths, read_csv_rows, slide_name
+from wsi_loader.index.inputs import (
+    SlideEntry,
+    annotation_paths,
+    path_or_name,
+    read_csv_rows,
+    slide_name,
+)
 
 
 @dataclass
@@ -119,11 +125,12 @@ def _from_csv(
     for line, row in read_csv_rows(table, ["path", "slide"]):
         if "annotations" not in row:
             raise InputError("the annotations table needs an 'annotations' column", path=table)
-        files = annotation_paths(row["annotations"], folder)
+        files = annotation_paths(row["annotations"], folder, table, line)
         if not files:
             raise InputError("empty 'annotations'", path=table, line=line)
         if row.get("path"):
-            by_path[os.path.normpath(os.path.join(folder, row["path"]))] = files
+            kind, key = path_or_name(folder, row["path"], table, line)
+            (by_path if kind == "path" else by_name)[key] = files
         elif row.get("slide"):
             by_name[row["slide"]] = files
         else:
