@@ -204,6 +204,15 @@ def test_label_folders_sort_as_the_labels_do() -> None:
     assert plain == {None: "unlabelled", "Stroma": "Stroma", "Tumor": "Tumor"}
 
 
+def test_label_folders_keep_the_index_order_of_numeric_labels() -> None:
+    # the index numbers '2' before '10'; ImageFolder sorts the folder '10' first
+    folders = label_folders(["10", "2", None])
+    assert sorted(["2", "10"], key=lambda lb: folders[lb]) == ["2", "10"]
+    # an index built before numeric order keeps its own ('10' before '2')
+    old = label_folders(["10", "2", None], order=["10", "2"])
+    assert old == {None: "unlabelled", "10": "10", "2": "2"}
+
+
 def test_cli_export(index: SlideIndex, tmp_path: Path) -> None:
     out = tmp_path / "cli"
     assert (

@@ -320,3 +320,10 @@ def test_feature_bag_labels_errors_and_slides_without_features(
     assert len(bags) == 1 and bags.label_names == ("a", "b")
     assert "2 labelled slides have no feature file" in caplog.text
     assert "'lost 1'" in caplog.text and "'lost.2'" in caplog.text
+
+
+def test_feature_bag_numeric_labels_keep_their_order(tmp_path: Path) -> None:
+    folder = _bag_files(tmp_path / "bags", ["a", "b", "c"])
+    bags = FeatureBagDataset(folder, labels={"a": "10", "b": "2", "c": "0"})
+    assert bags.label_names == ("0", "2", "10")
+    assert [bags[i]["label"] for i in range(3)] == [2, 1, 0]

@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import tarfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -42,7 +43,7 @@ from wsi_loader.dataset.reading import TileReader, threads_per_process
 from wsi_loader.errors import ConfigError, OutputError, TransientReadError
 from wsi_loader.files import replacing, write_file
 from wsi_loader.index.health import require_slides
-from wsi_loader.index.table import SlideIndex
+from wsi_loader.index.table import SlideIndex, label_order
 from wsi_loader.parallel import progress_bar, run_all
 from wsi_loader.permutation import RandomPermutation
 
@@ -100,13 +101,19 @@ def key_component(name: str, max_length: int = 60) -> str:
     return cleaned or "_"
 
 
-def label_folders(labels: list[str | None]) -> dict[str | None, str]:
-    """Folder per label; labels that sanitise to the same name get a short hash suffix. When
-    sanitising would change the labels' sorted order (which torchvision's ImageFolder turns
-    into class ids), every folder gets its rank as a prefix, so the ids stay the index's."""
+def label_folders(
+    labels: list[str | None], order: Sequence[str] | None = None
+) -> dict[str | None, str]:
+    """Folder per label; labels that sanitise to the same name get a short hash suffix.
+    ``order`` is the labels' id order (the index's label names; `label_order` by default).
+    When the folders' sorted order (which torchvision's ImageFolder turns into class ids)
+    differs from it (sanitised names, numbers: '10' < '2' as text), every folder gets its
+    rank as a prefix, so the ids stay the index's."""
     out: dict[str | None, str] = {None: "unlabelled"}
     taken = {"unlabelled": None}
-    ranked = sorted({lb for lb in labels if lb is not None})
+    present = {lb for lb in labels if lb is not None}
+    ranked = [lb for lb in order or () if lb in present]
+    ranked += label_order(present - set(ranked))
     for label in ranked:
         folder = safe_component(label)
         if folder in taken:
@@ -254,8 +261,9 @@ def tile_label(index: SlideIndex, row: int) -> str | None:
 
 
 def _label_folders(index: SlideIndex) -> dict[str | None, str]:
-    names = index.label_names if index.labels_from_annotations else None
-    return label_folders(list(names) if names else [s.label for s in index.slides])
+    if index.labels_from_annotations:
+        return label_folders(list(index.label_names), order=index.label_names)
+    return label_folders([s.label for s in index.slides], order=index.slide_label_names)
 
 
 def _tile_fields(index: SlideIndex, row: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index import builder as builder_module
 from wsi_loader.index import table as table_module
 from wsi_loader.index.quarantine import Quarantine, coords_in
+from wsi_loader.index.table import label_order
 from wsi_loader.slides import open_slide
 
 
@@ -207,6 +208,18 @@ def test_labels_csv_and_manifest(archive: Path, tmp_path: Path) -> None:
         ("y", "val", "manifest"),
     ]
     assert index.slides[1].read_level == 1
+
+
+def test_numeric_labels_keep_their_numeric_order(archive: Path, tmp_path: Path) -> None:
+    # grades or class numbers ('2', '10'): as strings '10' < '2', which gave label '10' id 0
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label\na,10\nb,2\nc,0.5\n")
+    index = build_index([archive], tmp_path / "idx", labels=str(labels))
+    assert index.label_names == ("0.5", "2", "10")
+    assert index.slide_labels().tolist() == [2, 0, 1]  # a.svs, c.tiff, sub/b.svs
+    assert label_order(["b", "10", "9"]) == ["10", "9", "b"]  # not all numbers: as text
+    assert label_order(["1e1", "1", "01"]) == ["01", "1", "1e1"]
+    assert label_order(["2", "nan", "10"]) == ["10", "2", "nan"]  # 'nan' is pandas' missing
 
 
 def test_rebuild_excludes_quarantined_tiles(archive: Path, tmp_path: Path) -> None:

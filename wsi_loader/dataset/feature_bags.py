@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from wsi_loader.errors import ConfigError, InputError
 from wsi_loader.index.inputs import SLIDE_SUFFIXES, read_csv_table, slide_name
-from wsi_loader.index.table import SlideIndex
+from wsi_loader.index.table import SlideIndex, label_order
 
 Bag = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class FeatureBagDataset(Dataset[Bag]):
             chosen = dict(files)
             if labels is not None:
                 by_name = dict(labels) if isinstance(labels, Mapping) else _read_labels(labels)
-            self.label_names = tuple(sorted(set(by_name.values())))
+            self.label_names = tuple(label_order(by_name.values()))
         names = list(chosen)
         without = sorted(set(by_name) - set(chosen))
         if without:  # extraction failed or has not run for them: say so, or they vanish

@@ -26,6 +26,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -607,6 +608,16 @@ def _current_generation(base: Path) -> Path:
 
 
 BUILD_LOCK = "build.lock"
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def label_order(labels: Iterable[str]) -> list[str]:
+    """Label names in id order: by value when every label is a number (grades, class numbers:
+    '2' before '10'), else as text. Ties ('1', '01') are broken by the text."""
+    names = set(labels)
+    if names and all(_NUMBER.fullmatch(name) for name in names):
+        return sorted(names, key=lambda name: (float(name), name))
+    return sorted(names)
 
 
 @contextmanager
@@ -709,7 +720,9 @@ def _write_generation(
         count = len(arrays["l0_x"]) if arrays else 0
         records.append(asdict(record) | {"tiles": count, "first_row": first})
         first += count
-    labels = sorted({r["label"] for r in records if r["label"] is not None and r["status"] == "ok"})
+    labels = label_order(
+        r["label"] for r in records if r["label"] is not None and r["status"] == "ok"
+    )
     # optional columns are written when every slide has them (the builder sees to that)
     optional = {
         name: dtype

@@ -27,6 +27,7 @@ from wsi_loader.index.annotations.regions import (
     read_shapes,
     repaired_notes,
 )
+from wsi_loader.index.table import label_order
 
 
 @dataclass
@@ -115,7 +116,7 @@ def label_names(classes: Sequence[str], cfg: IndexConfig) -> list[str]:
     names = set(classes) - set(cfg.exclude)
     if cfg.background_label is not None:
         names.add(cfg.background_label)
-    return sorted(names)
+    return label_order(names)
 
 
 def label_tiles(
