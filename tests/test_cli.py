@@ -142,3 +142,25 @@ def test_bench_json_on_an_index_with_bad_tiles(index, capsys: pytest.CaptureFixt
     assert result["device"]["decode"] == "cpu" and result["device_decode"]["decode"] == "device"
     assert result["device_decode"]["tiles_per_s"] > 0
     assert main(["bench", str(index.path), "--tiles", "0"]) == 2
+
+
+def test_version_names_the_libraries_a_bug_report_needs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import re
+
+    import openslide
+
+    import wsi_loader
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    declared = re.search(r'^version = "(.*)"$', pyproject, re.MULTILINE)
+    assert declared is not None and declared[1] == wsi_loader.__version__
+    assert out.startswith(f"wsi-loader {wsi_loader.__version__} ")
+    assert f"OpenSlide {openslide.__library_version__}" in out
+    for name in ("openslide-python", "tifffile", "torch", "numpy", "Python"):
+        assert f"{name} " in out

@@ -331,8 +331,33 @@ def _add_view(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def _versions() -> str:
+    """This package's version and those a bug report needs (the OpenSlide library too)."""
+    import platform
+    from importlib import metadata
+
+    import openslide
+
+    from wsi_loader import __version__
+
+    def version(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    parts = [f"OpenSlide {openslide.__library_version__}"]
+    parts += [f"{name} {version(name)}" for name in _REPORTED]
+    parts.append(f"Python {platform.python_version()}")
+    return f"wsi-loader {__version__} ({', '.join(parts)})"
+
+
+_REPORTED = ("openslide-python", "tifffile", "imagecodecs", "numpy", "torch")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wsi-loader", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_versions())
     sub = parser.add_subparsers(dest="command", required=True)
     _add_index(sub)
     _add_info(sub)
