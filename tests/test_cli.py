@@ -142,6 +142,16 @@ def test_bench_json_on_an_index_with_bad_tiles(index, capsys: pytest.CaptureFixt
     assert result["device"]["decode"] == "cpu" and result["device_decode"]["decode"] == "device"
     assert result["device_decode"]["tiles_per_s"] > 0
     assert main(["bench", str(index.path), "--tiles", "0"]) == 2
+    # a simulated model step needs a device to feed; a negative one is a typo
+    assert main(["bench", str(index.path), "--step-ms", "20"]) == 2
+    assert "--step-ms is the model step of --device" in capsys.readouterr().err
+    assert main(["bench", str(index.path), "--device", "cpu", "--step-ms", "-1"]) == 2
+
+
+def test_demo_needs_at_least_one_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--out", str(tmp_path / "d"), "--batches", "0"]) == 2
+    assert "--batches must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()  # checked before any slide is written
 
 
 def test_version_names_the_libraries_a_bug_report_needs(

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 
 SCHEDULER_TIMEOUT_S = 10
+DEFAULT_STEP_MS = 50.0  # bench --device: a mid-sized model's step per batch
 MIN_THUMBNAIL = 16  # inspect --max-size below this draws nothing useful
 
 _COMMON = argparse.ArgumentParser(add_help=False)
@@ -289,7 +290,12 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--batch-size", type=int, default=64, metavar="B")
     p.add_argument("--tiles", type=int, default=2000, metavar="N", help="tiles per measurement")
     p.add_argument("--device", metavar="D", help="also feed this device (cpu, cuda)")
-    p.add_argument("--step-ms", type=float, default=50.0, help="simulated model step per batch")
+    p.add_argument(
+        "--step-ms",
+        type=float,
+        metavar="MS",
+        help="with --device: simulated model step per batch (default 50)",
+    )
     p.add_argument(
         "--busy",
         type=int,
@@ -304,8 +310,8 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "demo", help="synthetic slides -> index -> batches, with throughput", parents=[_COMMON]
     )
-    p.add_argument("--out", default="demo", metavar="DIR")
-    p.add_argument("--batches", type=int, default=40)
+    p.add_argument("--out", default="demo", metavar="DIR", help="slides and index go here")
+    p.add_argument("--batches", type=int, default=40, metavar="N", help="batches to stream")
 
 
 def _add_view(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -577,6 +583,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--workers must be >= 0, --batch-size and --tiles >= 1", path="command line"
         )
+    if args.step_ms is not None and (args.device is None or args.step_ms < 0):
+        raise ConfigError(
+            "--step-ms is the model step of --device, in milliseconds >= 0",
+            path="command line",
+        )
     from wsi_loader.index.health import require_slides
 
     index = require_slides(_open_index(args), args.missing_slides)
@@ -586,7 +597,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         workers=sorted({0, *range(1, top + 1)}),
         device=args.device,
-        step_ms=args.step_ms,
+        step_ms=DEFAULT_STEP_MS if args.step_ms is None else args.step_ms,
         busy=args.busy,
     )
     print(json.dumps(result, indent=1) if args.json else format_table(result))

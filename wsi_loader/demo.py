@@ -16,6 +16,7 @@ import torch
 
 from wsi_loader.bench import openslide_baseline
 from wsi_loader.dataset.loader import default_workers, make_loader
+from wsi_loader.errors import ConfigError
 from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index.builder import build_index
 from wsi_loader.synthetic import SlideSpec, write_svs
@@ -28,6 +29,8 @@ SLIDES = [  # name, label, spec
 
 
 def run(out: str | os.PathLike[str], batches: int = 40, batch_size: int = 64) -> None:
+    if batches < 1 or batch_size < 1:
+        raise ConfigError("--batches must be >= 1 (and batch_size >= 1)", key="batches")
     base = Path(out)
     slides = base / "slides"
     slides.mkdir(parents=True, exist_ok=True)
