@@ -29,6 +29,14 @@ def _children(parent: int) -> list[str]:
     return found
 
 
+def _linked_slides(testdata: Path, folder: Path, count: int) -> Path:
+    """``count`` hard links to one real slide: an archive big enough to interrupt."""
+    folder.mkdir()
+    for i in range(count):
+        os.link(testdata / "CMU-1-Small-Region.svs", folder / f"s{i}.svs")
+    return folder
+
+
 def _alive(pid: str) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -38,10 +46,7 @@ def _alive(pid: str) -> bool:
 
 @pytest.mark.timeout(120)
 def test_index_workers_exit_when_the_parent_is_killed(testdata: Path, tmp_path: Path) -> None:
-    slides = tmp_path / "slides"
-    slides.mkdir()
-    for i in range(80):
-        os.link(testdata / "CMU-1-Small-Region.svs", slides / f"s{i}.svs")
+    slides = _linked_slides(testdata, tmp_path / "slides", 80)
     code = (
         "import sys, wsi_loader as wl\n"
         "wl.build_index([sys.argv[1]], sys.argv[2], mpp=0.5, workers=2, min_tissue=0.5)\n"
@@ -136,10 +141,7 @@ def test_ctrl_c_stops_a_parallel_export_cleanly_and_it_resumes(
 
 @pytest.mark.timeout(300)
 def test_ctrl_c_stops_a_parallel_index_build_cleanly(testdata: Path, tmp_path: Path) -> None:
-    slides = tmp_path / "slides"
-    slides.mkdir()
-    for i in range(40):
-        os.link(testdata / "CMU-1-Small-Region.svs", slides / f"s{i}.svs")
+    slides = _linked_slides(testdata, tmp_path / "slides", 40)
     args = ["index", str(slides), "--out", str(tmp_path / "idx"), "--mpp", "0.5", "--workers",
             "2", "--no-progress"]  # fmt: skip
     done = _interrupt(args, lambda pid: len(_children(pid)) >= 3, 0.5)
