@@ -176,3 +176,41 @@ def test_openslide_read_job_resizes_and_is_refused_once_broken(make_slide: Slide
         failing()
     assert reader.broken and reader.read_job(dest, 0, 0, 0, 256, 256) is None
     reader.close()
+
+
+def _tiled_tiff(path: Path, x_res: float, y_res: float) -> Path:
+    """A one-level 512 x 512 tiled TIFF with the given pixels per centimetre."""
+    import tifffile
+
+    pixels = np.full((512, 512, 3), 200, np.uint8)
+    tifffile.imwrite(
+        path,
+        pixels,
+        tile=(256, 256),
+        photometric="rgb",
+        compression="jpeg",
+        resolution=(x_res, y_res),
+        resolutionunit="CENTIMETER",
+    )
+    return path
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pixels_that_are_not_square_are_said(tmp_path: Path, backend: str) -> None:
+    # 0.25 um across, 0.30 um down: tiles laid out by the x MPP are 20% taller in microns
+    path = _tiled_tiff(tmp_path / "wide.tiff", 40_000, 100_000 / 3)
+    reader = open_slide(str(path), backend)
+    try:
+        assert reader.meta.mpp == pytest.approx(0.25)
+        assert reader.meta.note is not None
+        assert "pixels are not square" in reader.meta.note
+        assert "0.25 um across, 0.3 um down" in reader.meta.note
+    finally:
+        reader.close()
+    # a difference of rounding (0.25 against 0.2502) is not worth a word
+    path = _tiled_tiff(tmp_path / "square.tiff", 40_000, 39_968)
+    reader = open_slide(str(path), backend)
+    try:
+        assert reader.meta.note is None
+    finally:
+        reader.close()

@@ -29,13 +29,14 @@ def write_ome_pyramid(
     size_x: float | str | None,
     unit: str | None = None,
     resolution_um: float | None = None,
+    size_y: float | None = None,
 ) -> Path:
     """A 3-level OME-TIFF as tifffile's documented pyramid recipe writes it: the base in the
     main IFD, reduced levels in its SubIFDs, OME-XML in the first ImageDescription."""
     base = _image()
     metadata: dict[str, object] = {"axes": "YXS"}
     if size_x is not None:
-        metadata.update(PhysicalSizeX=size_x, PhysicalSizeY=size_x)
+        metadata.update(PhysicalSizeX=size_x, PhysicalSizeY=size_x if size_y is None else size_y)
     if unit is not None:
         metadata.update(PhysicalSizeXUnit=unit, PhysicalSizeYUnit=unit)
     options: dict[str, object] = dict(tile=(256, 256), compression="jpeg", photometric="rgb")
@@ -158,3 +159,13 @@ def test_ome_mpp_reads_the_first_image_with_any_schema_namespace() -> None:
         '<Image ID="Image:1"><Pixels PhysicalSizeX="12.0"/></Image></OME>'
     )
     assert _ome_mpp(xml) == pytest.approx(0.2628)
+
+
+def test_ome_pixels_that_are_not_square_are_said_in_the_index(tmp_path: Path) -> None:
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    write_ome_pyramid(folder / "tall.ome.tif", 0.25, "µm", size_y=0.3)
+    index = build_index([folder], tmp_path / "idx", mpp=0.5, tile_size=128)
+    (record,) = index.slides
+    assert record.status == "ok" and record.mpp == pytest.approx(0.25)
+    assert "pixels are not square (0.25 um across, 0.3 um down)" in (record.warning or "")

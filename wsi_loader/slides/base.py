@@ -27,6 +27,28 @@ Window = tuple[int, int, int, int, int]  # (l0_x, l0_y, level, l_w, l_h)
 MAX_PLAUSIBLE_MPP = 20.0
 
 
+NON_SQUARE = 0.01  # relative MPP difference across / down worth a word (not rounding)
+
+
+def non_square_note(mpp_x: float | None, mpp_y: float | None) -> str | None:
+    """What to say of pixels that are not square: grids and MPP follow the x axis (as
+    OpenSlide's ``mpp-x``), so a tile then covers another length down than across."""
+    if mpp_x is None or mpp_y is None or mpp_x <= 0 or mpp_y <= 0:
+        return None
+    if abs(mpp_y / mpp_x - 1) <= NON_SQUARE:
+        return None
+    return (
+        f"pixels are not square ({mpp_x:.4g} um across, {mpp_y:.4g} um down): tiles are laid "
+        f"out by the MPP across, so each covers {mpp_y / mpp_x:.3g}x its width in microns down"
+    )
+
+
+def join_notes(*notes: str | None) -> str | None:
+    """Notes joined with '; ', None when there are none."""
+    present = [n for n in notes if n]
+    return "; ".join(present) if present else None
+
+
 @dataclass(frozen=True)
 class SlideMeta:
     """What every backend reports about a slide, normalised across vendors."""

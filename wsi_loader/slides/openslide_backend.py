@@ -14,7 +14,14 @@ import numpy as np
 import openslide
 
 from wsi_loader.errors import SlideOpenError, TileReadError
-from wsi_loader.slides.base import MppSource, RGBArray, SlideMeta, resize, rgba_to_rgb
+from wsi_loader.slides.base import (
+    MppSource,
+    RGBArray,
+    SlideMeta,
+    non_square_note,
+    resize,
+    rgba_to_rgb,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,7 @@ class OpenSlideReader:
             mpp_source=source,
             objective_power=_float_property(props, openslide.PROPERTY_NAME_OBJECTIVE_POWER),
             tile_sizes=tuple(tile_sizes),
+            note=non_square_note(mpp, _float_property(props, openslide.PROPERTY_NAME_MPP_Y)),
         )
 
     def read_region(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> RGBArray:

@@ -32,7 +32,9 @@ from wsi_loader.slides.base import (
     RGBArray,
     SlideMeta,
     Window,
+    join_notes,
     l0_to_level,
+    non_square_note,
     resize,
 )
 from wsi_loader.slides.storage import Range, RangeStore, RemoteBytes, is_url, read_ahead
@@ -92,38 +94,48 @@ class SegmentCache(BytesLRU[RGBArray]):
         super().__init__(max_bytes, size=lambda pixels: pixels.nbytes)
 
 
-def _resolution_mpp(page: tifffile.TiffPage) -> float | None:
-    """MPP from the XResolution/ResolutionUnit tags, None when absent or unit-less."""
-    x_res = page.tags.get("XResolution")
+def _resolution_mpp(page: tifffile.TiffPage, axis: str = "X") -> float | None:
+    """MPP from the X/YResolution and ResolutionUnit tags, None when absent or unit-less."""
+    res = page.tags.get(f"{axis}Resolution")
     unit = page.tags.get("ResolutionUnit")
-    if x_res is None or unit is None or int(unit.value) not in _UNIT_TO_UM:
+    if res is None or unit is None or int(unit.value) not in _UNIT_TO_UM:
         return None
-    num, den = x_res.value
+    num, den = res.value
     if num <= 0 or den <= 0:
         return None
     return float(_UNIT_TO_UM[int(unit.value)] * den / num)
 
 
-def _ome_mpp(xml: str | None) -> float | None:
-    """MPP from an OME-XML description: the first image's ``PhysicalSizeX`` in its unit. None
-    when absent, not a length (``pixel``), or unreadable: a bad description is not a bad slide."""
+def _ome_mpps(xml: str | None) -> tuple[float | None, float | None]:
+    """MPP across and down from an OME-XML description: the first image's ``PhysicalSizeX``
+    and ``PhysicalSizeY`` in their units. None when absent, not a length (``pixel``), or
+    unreadable: a bad description is not a bad slide."""
     if not xml:
-        return None
+        return None, None
     try:
         root = xml_from_text(xml)
     except (SyntaxError, ValueError, DefusedXmlException) as exc:  # ParseError is a SyntaxError
         log.debug("OME-XML not readable (%s): no pixel size from it", exc)
-        return None
+        return None, None
     pixels = next((e for e in root.iter() if e.tag.rpartition("}")[2] == "Pixels"), None)
     if pixels is None:
-        return None
-    size = pixels.get("PhysicalSizeX")
-    scale = _OME_UNIT_TO_UM.get(pixels.get("PhysicalSizeXUnit", "\u00b5m").strip())
-    try:
-        mpp = float(size) * scale if size is not None and scale is not None else None
-    except ValueError:
-        return None
-    return mpp if mpp is not None and math.isfinite(mpp) and mpp > 0 else None
+        return None, None
+
+    def size(axis: str) -> float | None:
+        value = pixels.get(f"PhysicalSize{axis}")
+        scale = _OME_UNIT_TO_UM.get(pixels.get(f"PhysicalSize{axis}Unit", "\u00b5m").strip())
+        try:
+            mpp = float(value) * scale if value is not None and scale is not None else None
+        except ValueError:
+            return None
+        return mpp if mpp is not None and math.isfinite(mpp) and mpp > 0 else None
+
+    return size("X"), size("Y")
+
+
+def _ome_mpp(xml: str | None) -> float | None:
+    """The MPP across of `_ome_mpps`."""
+    return _ome_mpps(xml)[0]
 
 
 def _aperio_field(description: str, name: str) -> float | None:
@@ -373,17 +385,17 @@ class TiffReader:
         self, series: tifffile.TiffPageSeries, base_page: tifffile.TiffPage, ome: str | None
     ) -> SlideMeta:
         base = self._levels[0]
-        mpp = _resolution_mpp(base_page)
+        mpp, mpp_y = _resolution_mpp(base_page), _resolution_mpp(base_page, "Y")
         source: MppSource = "tiff-resolution" if mpp is not None else "missing"
-        ome_mpp = _ome_mpp(ome)
+        ome_mpp, ome_mpp_y = _ome_mpps(ome)
         if ome_mpp is not None:  # the writer's own statement; resolution tags are often 72 dpi
-            mpp, source = ome_mpp, "vendor"
+            mpp, mpp_y, source = ome_mpp, ome_mpp_y, "vendor"
         objective = None
         vendor = {"generic": "generic-tiff"}.get(series.kind, f"tiff-{series.kind}")
         if series.kind == "svs":
             vendor = "aperio"
             description = base_page.description or ""
-            mpp = _aperio_field(description, "MPP")
+            mpp = mpp_y = _aperio_field(description, "MPP")  # Aperio states one MPP
             source = "vendor" if mpp is not None else "missing"
             objective = _aperio_field(description, "AppMag")
         dims = tuple((lv.width, lv.height) for lv in self._levels)
@@ -400,7 +412,7 @@ class TiffReader:
             mpp_source=source,
             objective_power=objective,
             tile_sizes=tiles,
-            note=_channels_note(series, base_page),
+            note=join_notes(_channels_note(series, base_page), non_square_note(mpp, mpp_y)),
         )
 
     def _level_xy(self, level: int, l0_x: int, l0_y: int) -> tuple[int, int]:
