@@ -361,9 +361,26 @@ def _versions() -> str:
 _REPORTED = ("openslide-python", "tifffile", "imagecodecs", "numpy", "torch")
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, whose versions are looked up only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(_versions())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="wsi-loader", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=_versions())
+    parser = argparse.ArgumentParser(
+        prog="wsi-loader",
+        description="Whole-slide image tiles for training: build a tile index of an archive, "
+        "inspect it, stream or export its tiles, extract per-slide features.",
+    )
+    parser.add_argument(
+        "--version", action=_VersionAction, help="show the versions a bug report needs and exit"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_index(sub)
     _add_info(sub)
