@@ -300,3 +300,19 @@ def test_annotations_that_match_no_slide_are_an_error_not_an_unlabelled_index(
     kept = SlideIndex.open(annotated / "idx")
     assert np.array_equal(kept.tile_labels(), labels)
     assert (annotated / "idx" / "CURRENT").read_text() == before
+
+
+def test_classes_that_differ_only_in_case_are_said(
+    annotated: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # one pathologist's 'tumor' beside another's 'Tumor': two classes, probably one meant
+    write_geojson(
+        annotated / "annotations" / "case 1.a.geojson",
+        [*SHAPES, Region("tumor", rect(0, 1024, 256, 1280))],
+    )
+    with caplog.at_level(logging.WARNING):
+        index = build(annotated, label_from="annotations")
+    assert index.classes == ("Pen", "Stroma", "Tumor", "tumor")
+    assert "annotation classes that differ only in case or spacing: 'Tumor' / 'tumor'" in (
+        caplog.text
+    )

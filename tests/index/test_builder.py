@@ -15,7 +15,7 @@ from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index import builder as builder_module
 from wsi_loader.index import table as table_module
 from wsi_loader.index.quarantine import Quarantine, coords_in
-from wsi_loader.index.table import label_order
+from wsi_loader.index.table import label_order, similar_labels
 from wsi_loader.slides import open_slide
 
 
@@ -220,6 +220,23 @@ def test_numeric_labels_keep_their_numeric_order(archive: Path, tmp_path: Path) 
     assert label_order(["b", "10", "9"]) == ["10", "9", "b"]  # not all numbers: as text
     assert label_order(["1e1", "1", "01"]) == ["01", "1", "1e1"]
     assert label_order(["2", "nan", "10"]) == ["10", "2", "nan"]  # 'nan' is pandas' missing
+
+
+def test_labels_that_differ_only_in_case_or_spacing_are_said(
+    archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # two spellings of one class are two classes: a typo a model then learns to separate
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label\na,Tumor\nb,tumor\nc,Normal\n")
+    index = build_index([archive], tmp_path / "idx", labels=str(labels))
+    assert index.label_names == ("Normal", "Tumor", "tumor")  # kept as written
+    assert "labels that differ only in case or spacing: 'Tumor' / 'tumor'" in caplog.text
+    caplog.clear()
+    assert similar_labels(["High grade", "high_grade", "high-grade", "low", "Low "]) == [
+        ["High grade", "high-grade", "high_grade"],
+        ["Low ", "low"],
+    ]
+    assert similar_labels(["1", "2", "a"]) == []
 
 
 def test_rebuild_excludes_quarantined_tiles(archive: Path, tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from wsi_loader.index.table import (
     TileArrays,
     exclusive_build,
     records_by_path,
+    similar_labels,
     split_tiles,
     write_index,
 )
@@ -300,6 +301,19 @@ def _check_labels(report: LabelReport, labels: str, strict: bool) -> None:
     log.warning("%s: %s", labels, "; ".join(problems))
 
 
+def _warn_similar(names: Iterable[str], what: str) -> None:
+    """Say which labels differ only in case or spacing: kept apart, they are separate classes."""
+    groups = similar_labels(names)
+    if groups:
+        shown = "; ".join(" / ".join(repr(n) for n in group) for group in groups[:5])
+        log.warning(
+            "%s that differ only in case or spacing: %s. They are separate classes; spell "
+            "each one way if one class is meant",
+            what,
+            shown,
+        )
+
+
 def _check_splits(records: list[SlideRecord], root: str | None) -> None:
     """Splits are by slide: the same slide (a copy of one file under another name) in two
     splits is an error."""
@@ -405,6 +419,7 @@ def _label_tiles(
     """Every slide's coverage in the columns of all classes, tile labels when they come from
     the annotations, and the metadata that names them."""
     classes = sorted({c for record, _ in results for c in (record.class_areas or {})})
+    _warn_similar(classes, "annotation classes")
     names = label_names(classes, cfg) if cfg.label_from == "annotations" else []
     per_class = {c: {"slides": 0, "tiles_labelled": 0} for c in classes}
     out = []
@@ -485,6 +500,7 @@ def _build(
     if cfg.labels:
         entries, label_report = join_labels(entries, cfg.labels)
         _check_labels(label_report, cfg.labels, cfg.strict_labels)
+    _warn_similar({e.label for e in entries if e.label is not None}, "labels")
     files_of: dict[str, tuple[str, ...]] = {}
     annotation_report = None
     if cfg.annotations is not None:

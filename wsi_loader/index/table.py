@@ -611,6 +611,15 @@ BUILD_LOCK = "build.lock"
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
+def similar_labels(labels: Iterable[str]) -> list[list[str]]:
+    """Groups of distinct labels that differ only in case, spacing, '_' or '-' ('Tumor' /
+    'tumor', 'high grade' / 'high_grade'): two classes, where one was almost surely meant."""
+    groups: dict[str, set[str]] = {}
+    for name in labels:
+        groups.setdefault(re.sub(r"[\s_-]+", " ", name.casefold()).strip(), set()).add(name)
+    return sorted(sorted(group) for group in groups.values() if len(group) > 1)
+
+
 def label_order(labels: Iterable[str]) -> list[str]:
     """Label names in id order: by value when every label is a number (grades, class numbers:
     '2' before '10'), else as text. Ties ('1', '01') are broken by the text."""
