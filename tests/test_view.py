@@ -159,3 +159,25 @@ def test_mosaic_from_a_dataset_uses_its_reader(index: SlideIndex) -> None:
     assert len(ds.failures) >= len(bad)  # read through the dataset's own reader
     with pytest.raises(TypeError):
         Mosaic("not an index", 2)
+
+
+def test_views_say_what_they_show_in_their_repr(index: SlideIndex) -> None:
+    # a console, a log line or a notebook's text/plain output: not '<... at 0x7f...>', which
+    # also changed the committed notebooks on every run
+    overview = SlideOverview(index, 0, color_by="label", max_size=256)
+    name = index.slides[0].path
+    width, height = overview.image.size
+    assert repr(overview) == (
+        f"SlideOverview({name!r}, color_by='label', {width}x{height} px, "
+        f"{len(overview.cells)} tiles)"
+    )
+    bad = corrupt_rows(index)
+    TileDataset(index).__getitems__(bad.tolist())
+    mosaic = Mosaic(index, 4, status="quarantined", tile_px=32)
+    assert repr(mosaic) == f"Mosaic(4 tiles, 4 failed, {mosaic.columns} columns)"
+    summary = IndexSummary(index)
+    ok = sum(s.status == "ok" for s in index.slides)
+    assert repr(summary) == (
+        f"IndexSummary({len(index.slides)} slides, {ok} ok, {len(index.slides) - ok} failed, "
+        f"{len(index)} tiles)"
+    )

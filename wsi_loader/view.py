@@ -167,6 +167,13 @@ class SlideOverview(_Renders):
         self.cells = self._cells()
         self.image = self._draw(Image.fromarray(thumb))
 
+    def __repr__(self) -> str:
+        width, height = self.image.size
+        return (
+            f"SlideOverview({self.index.slides[self.slide_id].path!r}, "
+            f"color_by={self.color_by!r}, {width}x{height} px, {len(self.cells)} tiles)"
+        )
+
     @staticmethod
     def _thumbnail(
         reader: SlideReader, max_size: int, level: int, unreadable: list[tuple[int, int, int, int]]
@@ -400,6 +407,10 @@ class Mosaic(_Renders):
         self.columns = columns or math.ceil(math.sqrt(len(self.rows)))
         self.image = self._draw(result.pixels, tile_px)
 
+    def __repr__(self) -> str:
+        failed = int((~self.ok).sum())
+        return f"Mosaic({len(self.rows)} tiles, {failed} failed, {self.columns} columns)"
+
     def _candidates(
         self, slide: str | int | None, label: str | None, status: str | None
     ) -> np.ndarray:
@@ -480,6 +491,13 @@ class IndexSummary:
             entry["slides"] += 1
             entry["tiles"] += s["tiles"] if s["status"] == "ok" else 0
         self.quarantined: dict[str, int] = summary["quarantine"]
+
+    def __repr__(self) -> str:
+        ok = sum(r["status"] == "ok" for r in self.rows)
+        return (
+            f"IndexSummary({len(self.rows)} slides, {ok} ok, {len(self.rows) - ok} failed, "
+            f"{len(self.index)} tiles)"
+        )
 
     def __str__(self) -> str:
         lines = [" ".join(f"{c:<10}" for c in self.COLUMNS)]
