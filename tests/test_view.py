@@ -181,3 +181,15 @@ def test_views_say_what_they_show_in_their_repr(index: SlideIndex) -> None:
         f"IndexSummary({len(index.slides)} slides, {ok} ok, {len(index.slides) - ok} failed, "
         f"{len(index)} tiles)"
     )
+
+
+@pytest.mark.parametrize("tile_px", [48, 96, 160])
+def test_mosaic_captions_stay_under_their_tile(index: SlideIndex, tile_px: int) -> None:
+    # a caption wider than its tile ran into the next one ('(2560,512) 0.5um/px' at 96 px)
+    mosaic = Mosaic(index, 4, tile_px=tile_px, columns=2)
+    pixels = np.asarray(mosaic.image)
+    pad, caption = 6, 34
+    gap = pixels[:, pad + tile_px : 2 * pad + tile_px]  # between the two columns
+    assert (gap == 255).all()
+    band = pixels[pad + tile_px : pad + tile_px + caption, pad : pad + tile_px]
+    assert (band < 128).any()  # a caption is there

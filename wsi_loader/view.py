@@ -450,15 +450,23 @@ class Mosaic(_Renders):
                 )
             record = self.index.slides[int(cols["slide_id"][row])]
             mpp = f"{record.tile_mpp:.3g}um/px" if record.tile_mpp else "no MPP"
-            name = os.path.splitext(os.path.basename(record.path))[0][:22]
-            draw.text((x, y + tile_px + 2), name, fill="black", font=font)
-            draw.text(
-                (x, y + tile_px + 16),
-                f"({int(cols['l0_x'][row])},{int(cols['l0_y'][row])}) {mpp}",
-                fill="black",
-                font=font,
-            )
+            name = os.path.splitext(os.path.basename(record.path))[0]
+            where = f"({int(cols['l0_x'][row])},{int(cols['l0_y'][row])})"
+            second = f"{where} {mpp}"
+            if draw.textlength(second, font=font) > tile_px:
+                second = where  # the MPP goes first: the position finds the tile again
+            for dy, text in ((2, name), (16, second)):
+                draw.text((x, y + tile_px + dy), _fit(draw, text, font, tile_px), "black", font)
         return canvas
+
+
+def _fit(draw: ImageDraw.ImageDraw, text: str, font: Any, width: int) -> str:
+    """``text``, cut short with '…' until it is at most ``width`` pixels wide."""
+    if draw.textlength(text, font=font) <= width:
+        return text
+    while text and draw.textlength(text + "…", font=font) > width:
+        text = text[:-1]
+    return text + "…" if text else ""
 
 
 class IndexSummary:
