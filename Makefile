@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # pyproject.toml states the supported range for users.
 TORCH_DEV := torch==2.13.0
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck bench notebooks clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,13 +20,16 @@ demo: $(STAMP)
 	$(BIN)/wsi-loader demo --out demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check wsi_loader tests benchmarks
+	$(BIN)/ruff check wsi_loader tests benchmarks notebooks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy wsi_loader
 
 test: lint typecheck
 	$(BIN)/python -m pytest
+
+notebooks: $(STAMP)
+	$(BIN)/python notebooks/execute.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_index.py
