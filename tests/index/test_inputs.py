@@ -189,3 +189,11 @@ def test_labels_with_windows_paths_join_by_name(tmp_path: Path) -> None:
     )
     joined, report = join_labels(entries, str(labels))
     assert [e.label for e in joined] == ["one", "two"] and not report.unmatched_rows
+
+
+def test_labels_name_slides_by_file_name_too(tmp_path: Path) -> None:
+    # 'slide' written as the file name ('a.b.svs', as listed by ls or TRIDENT) or as the name
+    entries = discover([write(tmp_path / "a.b.svs", "x"), write(tmp_path / "c.ndpi", "x")])
+    labels = write(tmp_path / "l.csv", "slide,label\na.b.svs,one\nc,two\n")
+    joined, report = join_labels(entries, str(labels))
+    assert [e.label for e in joined] == ["one", "two"] and not report.unmatched_rows

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from wsi_loader.errors import ConfigError, InputError
-from wsi_loader.index.inputs import SLIDE_SUFFIXES, read_csv_table, slide_name
+from wsi_loader.index.inputs import name_cell, read_csv_table, slide_name
 from wsi_loader.index.table import SlideIndex, label_order
 
 Bag = dict[str, Any]
@@ -170,8 +170,7 @@ def _read_labels(path: str | os.PathLike[str]) -> dict[str, str]:
         slide, label = row.get("slide") or row.get("slide_id", ""), row["label"]
         if not slide or not label:
             raise InputError("a row needs a slide and a label", path=table, line=line)
-        if Path(slide).suffix.lower() in SLIDE_SUFFIXES:
-            slide = slide[: -len(Path(slide).suffix)]
+        slide = name_cell(slide)
         if slide in out and out[slide][0] != label:
             raise InputError(
                 f"slide {slide!r} is given two different labels ({out[slide][0]!r} on line "

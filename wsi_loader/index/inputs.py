@@ -115,6 +115,13 @@ def _is_dicom_name(path: str) -> bool:
     return Path(path).suffix.lower() in DICOM_SUFFIXES
 
 
+def name_cell(value: str) -> str:
+    """A table's slide-name cell as a slide name: a file name (``a.b.svs``, as ls or TRIDENT
+    list slides) loses its slide suffix; other dots (``case.1.2``) are part of the name."""
+    suffix = Path(value).suffix
+    return value[: -len(suffix)] if suffix and suffix.lower() in SLIDE_SUFFIXES else value
+
+
 def slide_name(path: str) -> str:
     """The name labels are joined by: the file stem, or the folder name for DICOM."""
     p = Path(path)
@@ -422,7 +429,7 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
             kind, key = path_or_name(folder, row["path"], labels_csv, line)
             table, shown = (by_path if kind == "path" else by_name), row["path"]
         elif row.get("slide"):
-            table, key, shown = by_name, row["slide"], row["slide"]
+            table, key, shown = by_name, name_cell(row["slide"]), row["slide"]
         else:
             raise InputError("a row needs 'path' or 'slide'", path=labels_csv, line=line)
         if key in table and table[key] != value:

@@ -18,6 +18,7 @@ from wsi_loader.index.annotations.formats import ANNOTATION_SUFFIXES
 from wsi_loader.index.inputs import (
     SlideEntry,
     annotation_paths,
+    name_cell,
     path_or_name,
     read_csv_rows,
     slide_name,
@@ -132,7 +133,7 @@ def _from_csv(
             kind, key = path_or_name(folder, row["path"], table, line)
             (by_path if kind == "path" else by_name)[key] = files
         elif row.get("slide"):
-            by_name[row["slide"]] = files
+            by_name[name_cell(row["slide"])] = files
         else:
             raise InputError("a row needs 'path' or 'slide'", path=table, line=line)
     used: set[str] = set()
