@@ -50,7 +50,7 @@ def test_index_then_info_json(
         == 0
     )
     err = capsys.readouterr().err
-    assert "3 slides (2 ok, 1 failed)" in err and "bad.svs" in err
+    assert "3 slides (2 ok, 1 failed; 3 indexed)" in err and "bad.svs" in err
     assert main(["info", str(out), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["schema_version"] == 1 and info["quarantined"] == []
@@ -174,3 +174,16 @@ def test_version_names_the_libraries_a_bug_report_needs(
     assert f"OpenSlide {openslide.__library_version__}" in out
     for name in ("openslide-python", "tifffile", "torch", "numpy", "Python"):
         assert f"{name} " in out
+
+
+def test_index_says_what_a_rerun_reused(
+    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["index", str(slides), "--out", str(tmp_path / "i"), "--level", "0", "--no-progress"]
+    assert main(args) == 0
+    assert "3 slides (2 ok, 1 failed; 3 indexed), " in capsys.readouterr().err
+    assert main(args) == 0
+    # the failed slide is tried again (it may have been fixed); the others are reused
+    assert "3 slides (2 ok, 1 failed; 2 unchanged, 1 indexed), " in capsys.readouterr().err
+    assert main(["info", str(tmp_path / "i"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["build"] == {"unchanged": 2, "indexed": 1}

@@ -442,9 +442,13 @@ def cmd_index(args: argparse.Namespace) -> int:
         )
     ok = [s for s in index.slides if s.status == "ok"]
     failed = len(index.slides) - len(ok)
+    build = index.meta.get("build") or {}
+    done = f"{build.get('indexed', len(index.slides))} indexed"
+    if build.get("unchanged"):
+        done = f"{build['unchanged']} unchanged, {done}"
     print(
-        f"{len(index.slides)} slides ({len(ok)} ok, {failed} failed), {len(index)} tiles -> "
-        f"{args.out}",
+        f"{len(index.slides)} slides ({len(ok)} ok, {failed} failed; {done}), {len(index)} "
+        f"tiles -> {args.out}",
         file=sys.stderr,
     )
     for s in index.slides:

@@ -571,7 +571,10 @@ def _build(
         )
     _check_shrink(out, [record for record, _ in results], cfg.allow_shrink)
     _check_splits([record for record, _ in results], root)
-    extra: dict[str, Any] = {"copies": _copies([record for record, _ in results])}
+    extra: dict[str, Any] = {
+        "copies": _copies([record for record, _ in results]),
+        "build": {"unchanged": reused, "indexed": len(tasks)},  # what this build did
+    }
     if label_report is not None:
         extra["labels_report"] = label_report.as_json()
     if cfg.annotations is not None and annotation_report is not None:

@@ -495,6 +495,7 @@ class SlideIndex:
             "labels_report": self.meta.get("labels_report"),
             "splits": split_counts,
             "copies": self.meta.get("copies", []),
+            "build": self.meta.get("build"),
             "slides": [
                 {
                     "slide_id": i,
