@@ -187,3 +187,10 @@ def test_index_says_what_a_rerun_reused(
     assert "3 slides (2 ok, 1 failed; 2 unchanged, 1 indexed), " in capsys.readouterr().err
     assert main(["info", str(tmp_path / "i"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["build"] == {"unchanged": 2, "indexed": 1}
+
+
+def test_info_names_the_label_ids(index, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    # what a training script's targets mean: ids are positions in the label names
+    assert main(["info", str(index.path)]) == 0
+    names = ", ".join(f"{i} = {n}" for i, n in enumerate(index.label_names))
+    assert f"label ids: {names}" in capsys.readouterr().out

@@ -501,6 +501,11 @@ def _human_summary(summary: dict[str, Any]) -> str:
         )
     if summary["labels_report"]:
         lines.append(_labels_line(summary["labels_report"]))
+    if summary["label_names"]:
+        from_notes = summary["label_from"] == "annotations"
+        source = " (tile labels, from the annotations)" if from_notes else ""
+        ids = ", ".join(f"{i} = {name}" for i, name in enumerate(summary["label_names"]))
+        lines.append(f"label ids{source}: {ids}")
     if summary["copies"]:
         extra = sum(len(group) - 1 for group in summary["copies"])
         lines.append(
