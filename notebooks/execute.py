@@ -8,6 +8,7 @@ is not recorded, so a rerun changes only what the code printed.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import tempfile
 from pathlib import Path
@@ -16,6 +17,12 @@ import nbclient
 import nbformat
 
 HERE = Path(__file__).resolve().parent
+
+
+def code_digest(notebook: nbformat.NotebookNode) -> str:
+    """A digest of the code cells' sources: outputs saved with it came from this code."""
+    code = [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+    return hashlib.sha256("\0".join(code).encode()).hexdigest()
 
 
 def execute(path: Path) -> nbformat.NotebookNode:
@@ -30,6 +37,7 @@ def execute(path: Path) -> nbformat.NotebookNode:
             resources={"metadata": {"path": folder}},
         )
         client.execute()
+    notebook.metadata["wsi_loader"] = {"executed_code": code_digest(notebook)}
     return notebook
 
 

@@ -28,6 +28,11 @@ def test_notebook_is_committed_executed(name: str) -> None:
     cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
     counts = [cell.get("execution_count") for cell in cells]
     assert counts == list(range(1, len(cells) + 1)), f"run 'make notebooks' ({counts})"
+    # and the outputs came from the code as it is now, not from an earlier version of a cell
+    from notebooks.execute import code_digest
+
+    executed = notebook.metadata.get("wsi_loader", {}).get("executed_code")
+    assert executed == code_digest(notebook), "a code cell changed since: run 'make notebooks'"
     check_outputs(name, notebook)
 
 
