@@ -115,7 +115,7 @@ def test_ctrl_c_stops_a_parallel_export_cleanly_and_it_resumes(
     import wsi_loader as wl
 
     index = wl.build_index(
-        [testdata / "CMU-1-Small-Region.svs"], tmp_path / "idx", level=0, tile_size=128,
+        [testdata / "CMU-1-Small-Region.svs"], tmp_path / "idx", level=0, tile_size=64,
         min_tissue=0.0,
     )  # fmt: skip
     out = tmp_path / "export"
@@ -141,7 +141,8 @@ def test_ctrl_c_stops_a_parallel_export_cleanly_and_it_resumes(
 
 @pytest.mark.timeout(300)
 def test_ctrl_c_stops_a_parallel_index_build_cleanly(testdata: Path, tmp_path: Path) -> None:
-    slides = _linked_slides(testdata, tmp_path / "slides", 40)
+    # enough slides that the build is still running when Ctrl-C comes on a fast machine
+    slides = _linked_slides(testdata, tmp_path / "slides", 300)
     args = ["index", str(slides), "--out", str(tmp_path / "idx"), "--mpp", "0.5", "--workers",
             "2", "--no-progress"]  # fmt: skip
     done = _interrupt(args, lambda pid: len(_children(pid)) >= 3, 0.5)
@@ -150,3 +151,40 @@ def test_ctrl_c_stops_a_parallel_index_build_cleanly(testdata: Path, tmp_path: P
     assert done.returncode == 130, done.stderr
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
     assert not (tmp_path / "idx").exists()  # a first build that did not finish leaves nothing
+
+
+CTRL_C_WHILE_SUBMITTING = """
+import concurrent.futures as cf, os, signal, time
+from wsi_loader import parallel
+
+real, calls = cf.ProcessPoolExecutor.submit, [0]
+
+def submit(self, *args, **kwargs):  # Ctrl-C while the tasks are handed to the pool
+    calls[0] += 1
+    if calls[0] == 5:
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(self, *args, **kwargs)
+
+if __name__ == "__main__":
+    cf.ProcessPoolExecutor.submit = submit
+    start = time.monotonic()
+    try:
+        parallel.run_all(time.sleep, [0.5] * 40, 2, None, parallel.progress_bar(40, "", "", False))
+        print(f"finished after {time.monotonic() - start:.1f} s")
+    except KeyboardInterrupt:
+        print("interrupted")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_tasks_are_submitted_is_not_lost(tmp_path: Path) -> None:
+    # workers must start with SIGINT off, but the parent must not lose a Ctrl-C meanwhile:
+    # handing 100,000 slides to the pool takes seconds, and that Ctrl-C was ignored
+    script = tmp_path / "run.py"
+    script.write_text(CTRL_C_WHILE_SUBMITTING)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.stdout.strip() == "interrupted", done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

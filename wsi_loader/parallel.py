@@ -95,7 +95,7 @@ def run_all(
         initargs=(os.getpid(),),
     )
     try:
-        return _run_on(own, fn, tasks, bar, weight, spawning=_interrupts_ignored)
+        return _run_on(own, fn, tasks, bar, weight, spawning=_interrupts_deferred)
     except BaseException:  # Ctrl-C, or a task that failed: stop now, not after running tasks
         _stop(own)
         raise
@@ -122,13 +122,25 @@ def _run_on(
 
 
 @contextmanager
-def _interrupts_ignored() -> Iterator[None]:
-    """Start worker processes with SIGINT ignored (a disposition exec keeps, and Python
-    keeps): a terminal's Ctrl-C reaches every process of the group, and workers interrupted
-    while importing printed a traceback each, or left the pool waiting forever for them.
-    The parent alone handles Ctrl-C and stops the workers (`_stop`)."""
+def _interrupts_deferred() -> Iterator[None]:
+    """Start worker processes with SIGINT off: a terminal's Ctrl-C reaches every process of
+    the group, and workers interrupted while importing printed a traceback each, or left the
+    pool waiting forever for them. The parent alone handles Ctrl-C and stops the workers
+    (`_stop`).
+
+    SIGINT is *blocked* here, not ignored: children keep the blocked mask across exec (so
+    they never see it), while the parent's Ctrl-C stays pending and is raised when this ends.
+    Ignoring it lost a Ctrl-C pressed while the tasks were handed over (seconds for a large
+    archive). Where signals cannot be blocked (Windows), it is ignored as before."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread
+        return
+    if hasattr(signal, "pthread_sigmask"):
+        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)  # a pending one fires
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
