@@ -7,7 +7,6 @@ key, the value and the file; `ConfigError` carries those as fields. YAML is read
 
 from __future__ import annotations
 
-import os
 import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,6 +15,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from wsi_loader.errors import ConfigError
+from wsi_loader.slides.storage import expand_home
 
 __all__ = [
     "BagConfig",
@@ -29,12 +29,7 @@ __all__ = [
 ]
 
 
-def _expand_home(path: str) -> str:
-    """``~/x`` as a shell would expand it: config files and ``--opt=~/x`` are not."""
-    return os.path.expanduser(path) if path.startswith("~") else path
-
-
-PathText = Annotated[str, AfterValidator(_expand_home)]  # a local path or a URL
+PathText = Annotated[str, AfterValidator(expand_home)]  # a local path or a URL
 
 
 class _Strict(BaseModel):

@@ -50,6 +50,7 @@ from wsi_loader.index.table import (
 )
 from wsi_loader.index.tissue import read_mask_image, tile_fractions, tissue_mask
 from wsi_loader.parallel import progress_bar, run_all
+from wsi_loader.slides.base import join_notes
 from wsi_loader.slides.open import open_slide
 from wsi_loader.slides.storage import is_url, remote_stat
 
@@ -145,7 +146,7 @@ def _index_slide(
             stride=plan.l_stride,
             tile_mpp=plan.tile_mpp,
             aligned=plan.aligned,
-            warning=_join(record.warning, plan.warning) if plan.warning else record.warning,
+            warning=join_notes(record.warning, plan.warning),
         )
         l0_x, l0_y = grid(meta, plan, align=cfg.align_to_storage)
         files = list(task.annotations)
@@ -181,7 +182,7 @@ def _index_slide(
                 class_areas=annotated.areas,
             )
             for note in annotated.notes:
-                record = replace(record, warning=_join(record.warning, note))
+                record = replace(record, warning=join_notes(record.warning, note))
         tiles: TileArrays = {
             "slide_id": np.zeros(int(keep.sum()), dtype=np.int32),  # set when assembled
             "l0_x": l0_x[keep].astype(np.int32),
@@ -194,11 +195,11 @@ def _index_slide(
             tiles["coverage"] = annotated.coverage[keep]
         if not len(l0_x):
             record = replace(
-                record, warning=_join(record.warning, "the slide is smaller than one tile")
+                record, warning=join_notes(record.warning, "the slide is smaller than one tile")
             )
         elif not keep.any():
             why = "min_tissue" if annotated is None else "min_tissue and the annotation filters"
-            record = replace(record, warning=_join(record.warning, f"no tile passes {why}"))
+            record = replace(record, warning=join_notes(record.warning, f"no tile passes {why}"))
         return replace(record, tiles=int(keep.sum())), tiles
     except SlideError as exc:
         return replace(record, status="failed", error=_reason(exc)), _empty_tiles()
@@ -219,10 +220,6 @@ def _reason(exc: SlideError) -> str:
     if exc.path and reason.startswith(f"{exc.path}: "):
         return reason[len(exc.path) + 2 :]
     return reason
-
-
-def _join(first: str | None, second: str) -> str:
-    return f"{first}; {second}" if first else second
 
 
 def _stored_path(path: str, root: str | None) -> str:
@@ -599,7 +596,7 @@ def _build(
                 record,
                 tiles=len(arrays["l0_x"]),
                 excluded=int(drop.sum()),
-                warning=_join(record.warning, note),
+                warning=join_notes(record.warning, note),
             )
         arrays["slide_id"] = np.full(len(arrays["l0_x"]), slide_id, dtype=np.int32)
         records.append(record)

@@ -211,19 +211,18 @@ def _resolve(folder: str, value: str, table: str, line: int) -> str:
     if is_url(value) or is_url(folder):
         return url_join(folder, value)
     full = os.path.normpath(os.path.join(folder, value))
-    if (os.sep == "/" and "\\" in value) or _windows_absolute(value):
-        if os.path.lexists(full):
-            return full
-        if _windows_absolute(value):
-            raise InputError(
-                f"{value!r} is a Windows path, which cannot be opened here: list slides "
-                "relative to the manifest's folder (slides\\a.svs works) or by their path on "
-                "this machine",
-                path=table,
-                line=line,
-            )
-        full = os.path.normpath(os.path.join(folder, value.replace("\\", "/")))
-    return full
+    written_on_windows = os.sep == "/" and ("\\" in value or _windows_absolute(value))
+    if not written_on_windows or os.path.lexists(full):
+        return full
+    if _windows_absolute(value):
+        raise InputError(
+            f"{value!r} is a Windows path, which cannot be opened here: list slides "
+            "relative to the manifest's folder (slides\\a.svs works) or by their path on "
+            "this machine",
+            path=table,
+            line=line,
+        )
+    return os.path.normpath(os.path.join(folder, value.replace("\\", "/")))
 
 
 def _folder_of(path: str) -> str:
@@ -351,7 +350,7 @@ def path_or_name(folder: str, value: str, table: str, line: int) -> tuple[str, s
     """A table's ``path`` cell as ``("path", absolute path)``, or as ``("slide", name)`` when it
     is a Windows absolute path (a table written on Windows: its folders mean nothing here,
     its file names do)."""
-    if _windows_absolute(value) and not os.path.lexists(value):
+    if _windows_absolute(value) and not os.path.lexists(os.path.join(folder, value)):
         return "slide", slide_name(PureWindowsPath(value).as_posix())
     return "path", _resolve(folder, value, table, line)
 

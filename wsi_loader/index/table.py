@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from wsi_loader.errors import ConfigError, IndexFormatError
 from wsi_loader.index.quarantine import Quarantine, coords_in
-from wsi_loader.slides.storage import is_url, url_join
+from wsi_loader.slides.storage import expand_home, is_url, url_join
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class SlideIndex:
             raise IndexFormatError(f"not a generation name: {generation!r}", path=str(base))
         else:
             gen = base / generation
-        index = cls._open_generation(base, gen, None if root is None else _expand_home(root))
+        index = cls._open_generation(base, gen, None if root is None else expand_home(root))
         return index.view(
             exclude_quarantined=exclude_quarantined, split=split, quarantine=quarantine
         )
@@ -319,7 +319,7 @@ class SlideIndex:
         """This index narrowed further: a remapped ``root``, quarantined tiles left out, only
         the slides of ``split``, or without the slides ``drop_slides``; or with its quarantine
         in another file (``quarantine``, see `open`). Views compose."""
-        index = self if root is None else replace(self, root=_expand_home(root))
+        index = self if root is None else replace(self, root=expand_home(root))
         if quarantine is not None:
             index = replace(index, quarantine_file=quarantine_file(quarantine))
         if split is not None:
@@ -583,11 +583,6 @@ def _check_columns(columns: TileArrays, slides: int, gen: Path) -> None:
                 "rebuild it",
                 path=str(gen / f"{name}.npy"),
             )
-
-
-def _expand_home(root: str) -> str:
-    """``~/x`` as a shell would expand it: ``--root=~/x`` reaches us unexpanded."""
-    return os.path.expanduser(root) if root.startswith("~") else root
 
 
 def _current_generation(base: Path) -> Path:

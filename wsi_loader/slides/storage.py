@@ -87,6 +87,12 @@ def local_path(path: str) -> str:
     return path[len("file://") :] if path.lower().startswith("file://") else path
 
 
+def expand_home(path: str) -> str:
+    """``~/x`` as a shell would expand it: YAML files and ``--opt=~/x`` reach us unexpanded.
+    URLs (which never start with '~') are unchanged."""
+    return os.path.expanduser(path) if path.startswith("~") else path
+
+
 def url_join(folder: str, name: str) -> str:
     """``name`` relative to a URL folder (absolute URLs are kept)."""
     if is_url(name):

@@ -133,11 +133,6 @@ def _ome_mpps(xml: str | None) -> tuple[float | None, float | None]:
     return size("X"), size("Y")
 
 
-def _ome_mpp(xml: str | None) -> float | None:
-    """The MPP across of `_ome_mpps`."""
-    return _ome_mpps(xml)[0]
-
-
 def _aperio_field(description: str, name: str) -> float | None:
     """A number from an Aperio ImageDescription (``...|MPP = 0.4990|AppMag = 20|...``)."""
     match = re.search(rf"\|\s*{name}\s*=\s*([0-9.]+)", description)
