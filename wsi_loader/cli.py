@@ -27,6 +27,7 @@ from wsi_loader.config import (
 )
 from wsi_loader.errors import ConfigError, OutputError, WsiLoaderError
 from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.index.builder import describe_copies
 
 log = logging.getLogger(__name__)
 
@@ -510,7 +511,7 @@ def _human_summary(summary: dict[str, Any]) -> str:
         extra = sum(len(group) - 1 for group in summary["copies"])
         lines.append(
             f"copies: {extra} slide{' has' if extra == 1 else 's have'} the same contents as "
-            "another: " + "; ".join(" = ".join(group) for group in summary["copies"])
+            "another: " + describe_copies(summary["copies"])
         )
     lines.append(f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'level':>5} {'label':12} path")
     for s in slides:

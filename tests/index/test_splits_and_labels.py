@@ -160,6 +160,30 @@ def test_copies_line_in_info(
     assert "p2_copy.svs" in out
 
 
+def test_many_copies_are_summed_up_not_listed(
+    split_archive: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # an archive copied next to itself, or hard links made for a benchmark: hundreds of
+    # names made one WARNING (and one info line) hundreds of paths long
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(40):
+        (many / f"copy {i:02d}.svs").symlink_to(split_archive / "p1.svs")
+    with caplog.at_level("WARNING"):
+        index = build_index([many], tmp_path / "idx", level=0, min_tissue=0.0)
+    said = [r.getMessage() for r in caplog.records if "same contents" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("39 slides have the same contents")
+    assert "copy 00.svs = " in said[0] and "and 37 more" in said[0]
+    assert "copy 39.svs" not in said[0]
+    assert len(index.summary()["copies"][0]) == 40  # the data keeps them all
+    assert main(["info", str(index.path)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("copies:"))
+    assert "and 37 more" in line and "copy 39.svs" not in line
+
+
 def test_label_mismatches_are_reported_and_strict_is_an_error(
     split_archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -345,17 +345,26 @@ def _copies(records: list[SlideRecord]) -> list[list[str]]:
             by_content.setdefault(record.content, []).append(record.path)
     groups = sorted(sorted(paths) for paths in by_content.values() if len(paths) > 1)
     if groups:
-        shown = "; ".join(" = ".join(group) for group in groups[:5])
-        more = f" and {len(groups) - 5} more groups" if len(groups) > 5 else ""
         log.warning(
-            "%d slides have the same contents as another (copies or links of one scan): %s%s. "
+            "%d slides have the same contents as another (copies or links of one scan): %s. "
             "Each copy's tiles are in the index, so a split by slide id would put the same "
             "tissue on both sides; remove the copies, or give them one split",
             sum(len(group) - 1 for group in groups),
-            shown,
-            more,
+            describe_copies(groups),
         )
     return groups
+
+
+def describe_copies(groups: list[list[str]], groups_shown: int = 5, names_shown: int = 3) -> str:
+    """Groups of copies as one readable line: a few names of a few groups (a copied archive
+    has thousands)."""
+
+    def group_text(group: list[str]) -> str:
+        more = f" and {len(group) - names_shown} more" if len(group) > names_shown else ""
+        return " = ".join(group[:names_shown]) + more
+
+    more = f"; and {len(groups) - groups_shown} more groups" if len(groups) > groups_shown else ""
+    return "; ".join(group_text(group) for group in groups[:groups_shown]) + more
 
 
 def _same_annotations(record: SlideRecord, files: tuple[str, ...], cfg: IndexConfig) -> bool:
