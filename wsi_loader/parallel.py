@@ -131,16 +131,25 @@ def _interrupts_deferred() -> Iterator[None]:
     SIGINT is *blocked* here, not ignored: children keep the blocked mask across exec (so
     they never see it), while the parent's Ctrl-C stays pending and is raised when this ends.
     Ignoring it lost a Ctrl-C pressed while the tasks were handed over (seconds for a large
-    archive). Where signals cannot be blocked (Windows), it is ignored as before."""
+    archive). The mask is the calling thread's only: a Ctrl-C that another thread of the
+    process takes is noted by a handler and raised here too, never inside a half-started
+    worker (which printed 'EOFError: Ran out of input'). Where signals cannot be blocked
+    (Windows), it is ignored as before."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread
         return
     if hasattr(signal, "pthread_sigmask"):
+        taken: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: taken.append(signum))
+        previous = signal.SIG_DFL if previous is None else previous  # one set outside Python
         previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             yield
         finally:
+            signal.signal(signal.SIGINT, previous)
             signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)  # a pending one fires
+            if taken:
+                signal.raise_signal(signal.SIGINT)
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
