@@ -92,3 +92,46 @@ def test_paths_may_start_with_a_tilde(tmp_path: Path, monkeypatch: pytest.Monkey
     # URLs and names that only contain a tilde are left alone
     assert IndexConfig(labels="s3://b/~/l.csv").labels == "s3://b/~/l.csv"
     assert IndexConfig(labels="a~b.csv").labels == "a~b.csv"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "lines"),
+    [
+        ("index:\n  tile_size: 256\n  mpp: 0.5\n  tile_size: 512\n", "index.tile_size", "2 and 4"),
+        # a second section replaced the whole first one: its tile_size was lost
+        (
+            "index:\n  tile_size: 512\ndataset:\n  retries: 1\nindex:\n  mpp: 0.25\n",
+            "index",
+            "1 and 5",
+        ),
+        ("index: {roi: [a], roi: [b]}\n", "index.roi", "1 and 1"),
+    ],
+)
+def test_a_key_given_twice_is_an_error(tmp_path: Path, text: str, key: str, lines: str) -> None:
+    # YAML parsers keep the last value without a word: an edit appended below an old value
+    # (or a second 'index:' section) silently changed the run
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"'{key}' is given twice \\(lines {lines}\\)") as info:
+        load_config(path)
+    assert info.value.key == key and info.value.path == str(path)
+
+
+def test_yaml_merge_keys_may_override(tmp_path: Path) -> None:
+    # '<<' merges are the one place YAML means a repeated key to override
+    path = tmp_path / "c.yaml"
+    path.write_text("index:\n  <<: {tile_size: 512, mpp: 0.25}\n  tile_size: 1024\n")
+    config = load_config(path)
+    assert (config.index.tile_size, config.index.mpp) == (1024, 0.25)
+
+
+@pytest.mark.timeout(20)
+def test_a_nest_of_aliases_is_read_in_linear_time(tmp_path: Path) -> None:
+    # 'billion laughs' in YAML: each list holds the one before ten times
+    lines = ["a0: &a0 [x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 30)
+    ]
+    path = tmp_path / "c.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match="unknown key 'a0'"):
+        load_config(path)

@@ -259,10 +259,16 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(f"cannot read config file: {exc.strerror}", path=source) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not a YAML text file (not UTF-8: {exc.reason})", path=source) from exc
+    loader = yaml.SafeLoader(text)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is not None:
+            _refuse_repeated_keys(node, (), source, set())
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {exc}", path=source) from exc
+    finally:
+        loader.dispose()
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -272,6 +278,38 @@ def load_config(path: str | Path) -> Config:
         )
     config: Config = validate(Config, data, source)
     return config
+
+
+def _refuse_repeated_keys(
+    node: yaml.Node, keys: tuple[str, ...], source: str, seen: set[int]
+) -> None:
+    """A key given twice in one mapping is an error: YAML keeps the last value without a word,
+    so a line appended below an old one, or a second ``index:`` section (which replaces the
+    whole first one), silently changed the run. ``<<`` merges may still be overridden. Each
+    node is visited once: aliases share nodes, and a nest of them would be exponential."""
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_repeated_keys(item, keys, source, seen)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first_line: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+            continue
+        key, line = str(key_node.value), key_node.start_mark.line + 1
+        dotted = ".".join((*keys, key))
+        if key in first_line:
+            raise ConfigError(
+                f"'{dotted}' is given twice (lines {first_line[key]} and {line}); "
+                "keep one (YAML would silently use the last)",
+                path=source,
+                key=dotted,
+            )
+        first_line[key] = line
+        _refuse_repeated_keys(value_node, (*keys, key), source, seen)
 
 
 def with_overrides(config: IndexConfig, source: str | None = None, **overrides: Any) -> IndexConfig:
