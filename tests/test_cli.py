@@ -194,3 +194,26 @@ def test_info_names_the_label_ids(index, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["info", str(index.path)]) == 0
     names = ", ".join(f"{i} = {n}" for i, n in enumerate(index.label_names))
     assert f"label ids: {names}" in capsys.readouterr().out
+
+
+def test_many_failed_slides_are_summed_up_and_info_lists_them(
+    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # an archive of 10,000 slides with 3% unreadable printed 300 'failed:' lines after the
+    # 300 warnings of the run; the list is for `info --failed`
+    for i in range(14):
+        (slides / f"broken {i:02d}.svs").write_text("not a slide")
+    out = tmp_path / "idx"
+    assert main(["index", str(slides), "--out", str(out), "--tile-size", "128", "--mpp", "0.5",
+                 "--no-progress"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    listed = [line for line in err.splitlines() if line.startswith("  failed: ")]
+    assert len(listed) == 10
+    assert f"  ... and 5 more failed slides: wsi-loader info {out} --failed" in err
+    assert main(["info", str(out), "--failed"]) == 0
+    shown = capsys.readouterr().out
+    assert "17 slides (2 ok, 15 failed)" in shown  # the totals stay those of the index
+    assert shown.count(" failed ") == 15 and " ok " not in shown and "s21.svs" not in shown
+    assert main(["info", str(out), "--failed", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert len(summary["slides"]) == 15 and {s["status"] for s in summary["slides"]} == {"failed"}

@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 SCHEDULER_TIMEOUT_S = 10
 DEFAULT_STEP_MS = 50.0  # bench --device: a mid-sized model's step per batch
 MIN_THUMBNAIL = 16  # inspect --max-size below this draws nothing useful
+FAILED_LISTED = 10  # index lists this many failed slides at the end; info --failed, all
 
 _COMMON = argparse.ArgumentParser(add_help=False)
 _COMMON.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
@@ -173,6 +175,9 @@ def _add_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("info", help="summarise an index", parents=[_COMMON, _READS])
     p.add_argument("index", metavar="DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--failed", action="store_true", help="list only the slides that could not be indexed"
+    )
 
 
 def _add_quarantine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -452,9 +457,14 @@ def cmd_index(args: argparse.Namespace) -> int:
         f"tiles -> {args.out}",
         file=sys.stderr,
     )
-    for s in index.slides:
-        if s.status == "failed":
-            print(f"  failed: {s.path}: {s.error}", file=sys.stderr)
+    for s in [s for s in index.slides if s.status == "failed"][:FAILED_LISTED]:
+        print(f"  failed: {s.path}: {s.error}", file=sys.stderr)
+    if failed > FAILED_LISTED:  # each was also logged as it failed; info lists them all
+        print(
+            f"  ... and {failed - FAILED_LISTED} more failed slides: "
+            f"wsi-loader info {shlex.quote(str(args.out))} --failed",
+            file=sys.stderr,
+        )
     report = index.meta.get("labels_report")
     if report:
         print(_labels_line(report), file=sys.stderr)
@@ -481,7 +491,7 @@ def _labels_line(report: dict[str, Any]) -> str:
     return "labels: " + ("; ".join(parts) if parts else "every slide matched a labels row")
 
 
-def _human_summary(summary: dict[str, Any]) -> str:
+def _human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
     slides = summary["slides"]
     ok = sum(s["status"] == "ok" for s in slides)
     q = summary["quarantine"]
@@ -515,6 +525,8 @@ def _human_summary(summary: dict[str, Any]) -> str:
         )
     lines.append(f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'level':>5} {'label':12} path")
     for s in slides:
+        if only_failed and s["status"] != "failed":
+            continue
         mpp = f"{s['mpp']:.3f}" if s["mpp"] else "-"
         level = "-" if s["read_level"] is None else str(s["read_level"])
         lines.append(
@@ -530,7 +542,12 @@ def _human_summary(summary: dict[str, Any]) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     summary = _open_index(args).summary()
-    print(json.dumps(summary, indent=1) if args.json else _human_summary(summary))
+    if args.json:
+        if args.failed:
+            summary["slides"] = [s for s in summary["slides"] if s["status"] == "failed"]
+        print(json.dumps(summary, indent=1))
+    else:
+        print(_human_summary(summary, only_failed=args.failed))
     return 0
 
 
