@@ -18,6 +18,19 @@ from wsi_loader.dataset import TileReader, reading
 from wsi_loader.dataset.reading import FreeCores, usable_cores
 from wsi_loader.errors import TileReadError
 from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.slides import pool as pool_module
+from wsi_loader.slides.base import (
+    KeepsLayout,
+    PlansReads,
+    PlansSegments,
+    Prefetching,
+    ReadsEncoded,
+    ReadsInto,
+    ReadsScaled,
+    SlideReader,
+    supports,
+)
+from wsi_loader.slides.open import open_slide
 from wsi_loader.slides.pool import HandlePool
 from wsi_loader.slides.tiff_backend import TiffReader
 
@@ -322,3 +335,42 @@ def test_free_cores_sees_other_processes_keeping_cores_busy() -> None:
         assert meter(usable_cores()) == 1
     copy = pickle.loads(pickle.dumps(meter))  # a worker measures for itself
     assert copy._last is None and copy._free is None
+
+
+class PlainReader(SlideReader):
+    """A backend with the base protocol only (read_region and close), as a new one starts."""
+
+    def __init__(self, inner: SlideReader) -> None:
+        self.inner, self.path, self.meta = inner, inner.path, inner.meta
+
+    def read_region(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> np.ndarray:
+        return self.inner.read_region(l0_x, l0_y, level, l_w, l_h)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.inner.closed
+
+
+def test_capabilities_are_found_by_protocol_and_a_plain_reader_reads_the_same(
+    index: SlideIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with (
+        open_slide(index.slide_path(0), "tiff") as raw,
+        open_slide(index.slide_path(0), "openslide") as handle,
+    ):
+        every = (ReadsInto, ReadsScaled, PlansReads, PlansSegments, ReadsEncoded, KeepsLayout,
+                 Prefetching)  # fmt: skip
+        assert all(supports(raw, capability) for capability in every)
+        assert [c for c in every if supports(handle, c)] == [PlansReads]
+        assert not any(supports(PlainReader(raw), capability) for capability in every)
+    rows = np.arange(0, len(index), 7)
+    expected = TileReader(index, record_failures=False).read(rows)
+    real_open = pool_module.open_slide
+    monkeypatch.setattr(pool_module, "open_slide", lambda *a: PlainReader(real_open(*a)))
+    for threads in (1, 2):
+        plain = TileReader(index, record_failures=False).read(rows, threads=threads)
+        assert np.array_equal(plain.ok, expected.ok)
+        assert np.array_equal(plain.pixels[plain.ok], expected.pixels[expected.ok])

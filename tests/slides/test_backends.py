@@ -23,6 +23,21 @@ def slide_path(request: pytest.FixtureRequest, make_slide: SlideFactory) -> Path
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_contract_readers_are_context_managers_and_refuse_reads_once_closed(
+    slide_path: Path, backend: str
+) -> None:
+    # `with open_slide(p) as slide:` as with openslide.OpenSlide; a read after close is the
+    # caller's bug (ValueError, as for a closed file), never a bad tile to quarantine
+    with open_slide(str(slide_path), backend) as reader:
+        assert reader.read_region(256, 256, 0, 16, 16).shape == (16, 16, 3)
+    assert reader.closed
+    with pytest.raises(ValueError, match=f"read of a closed slide: {slide_path}") as info:
+        reader.read_region(256, 256, 0, 16, 16)
+    assert not isinstance(info.value, TileReadError)
+    reader.close()  # closing twice is harmless
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_contract_metadata(slide_path: Path, backend: str) -> None:
     reader = open_slide(str(slide_path), backend)
     try:

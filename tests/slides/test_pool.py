@@ -88,7 +88,7 @@ def test_the_layout_budget_bounds_what_closed_readers_keep(make_slide: SlideFact
     for path in paths + paths:
         none_kept.get(path, "tiff")
     assert (none_kept.opened, none_kept.reopened) == (6, 0)
-    size = none_kept.get(paths[0], "tiff").layout_bytes  # type: ignore[attr-defined]
+    size = none_kept.get(paths[0], "tiff").layout_bytes()  # type: ignore[attr-defined]
     assert 0 < size < 64 * 1024  # compact: int64 offsets and counts, no tifffile page
     one_kept = HandlePool(max_open=1, layout_cache_bytes=size)
     for path in paths + paths:

@@ -34,10 +34,22 @@ from wsi_loader.errors import (
 )
 from wsi_loader.index.inputs import content_key, identify
 from wsi_loader.index.table import SlideIndex
-from wsi_loader.slides.base import Prefetching, RGBArray, SlideReader, resize
+from wsi_loader.slides.base import (
+    PlansReads,
+    PlansSegments,
+    Prefetching,
+    ReadsEncoded,
+    ReadsInto,
+    ReadsScaled,
+    RGBArray,
+    SegmentJob,
+    SegmentKey,
+    SlideReader,
+    resize,
+    supports,
+)
 from wsi_loader.slides.pool import HandlePool
 from wsi_loader.slides.storage import is_url
-from wsi_loader.slides.tiff_backend import SegmentJob, SegmentKey, TiffReader
 
 log = logging.getLogger(__name__)
 
@@ -272,9 +284,9 @@ class TileReader:
                 last = exc
                 continue
             try:
-                if size == t and hasattr(reader, "read_region_into"):
+                if size == t and supports(reader, ReadsInto):
                     reader.read_region_into(dest, x, y, level, size, size)
-                elif size != t and hasattr(reader, "read_region_scaled"):  # DCT downscaling
+                elif size != t and supports(reader, ReadsScaled):  # DCT downscaling
                     dest[...] = reader.read_region_scaled(x, y, level, size, size, t, t)
                 else:
                     dest[...] = resize(reader.read_region(x, y, level, size, size), t, t)
@@ -425,7 +437,7 @@ class TileReader:
                 reader = self.pool.peek(path, self.backend)
                 if reader is None and is_url(path) and len(by_slide) <= self.pool.open_limit:
                     reader = self.pool.get(path, self.backend, self._verify)
-                if isinstance(reader, Prefetching):
+                if supports(reader, Prefetching):
                     reader.prefetch(wanted, self.tile_size)
             except SlideError as exc:
                 log.debug("prefetch of %s skipped: %s", self._paths[slide_id], exc)
@@ -514,7 +526,7 @@ class TileReader:
         DataLoader forks its workers.
         """
         reads: dict[int, Callable[[], None]] = {}
-        segments: dict[SegmentKey, tuple[TiffReader, SegmentJob]] = {}
+        segments: dict[SegmentKey, tuple[PlansSegments, SegmentJob]] = {}
         budget = 0  # segment bytes planned: at most half the cache, so none is evicted unused
         t = self.tile_size
         # planned reads of a slide whose handle a later window evicts still need it
@@ -523,12 +535,13 @@ class TileReader:
                 slide_id, x, y, level, size = windows[i]
                 try:
                     reader = self.get_reader(slide_id)
-                    read_job = getattr(reader, "read_job", None)
-                    job = read_job(pixels[i], x, y, level, size, size) if read_job else None
+                    job = None
+                    if supports(reader, PlansReads):
+                        job = reader.read_job(pixels[i], x, y, level, size, size)
                     if job is not None:
                         reads[i] = job
-                    elif isinstance(reader, TiffReader):
-                        room = reader.cache_bytes // 2
+                    elif supports(reader, PlansSegments):
+                        room = reader.segment_cache_bytes() // 2
                         for segment in reader.segment_jobs(x, y, level, size, size, t, t):
                             if segment.key not in segments and budget + segment.nbytes <= room:
                                 segments[segment.key] = (reader, segment)
@@ -555,11 +568,9 @@ class TileReader:
             return None
         try:
             reader = self.get_reader(slide_id)
-            read_encoded = getattr(reader, "read_encoded", None)
-            if read_encoded is None:
+            if not supports(reader, ReadsEncoded):
                 return None
-            data: bytes | None = read_encoded(x, y, level, size, size)
-            return data
+            return reader.read_encoded(x, y, level, size, size)
         except SlideError:
             return None
 

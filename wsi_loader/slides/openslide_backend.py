@@ -18,6 +18,8 @@ from wsi_loader.slides.base import (
     MppSource,
     RGBArray,
     SlideMeta,
+    SlideReader,
+    closed_error,
     non_square_note,
     resize,
     rgba_to_rgb,
@@ -40,7 +42,7 @@ def _float_property(props: Mapping[str, str], key: str) -> float | None:
     return number if number > 0 else None
 
 
-class OpenSlideReader:
+class OpenSlideReader(SlideReader):
     """A `SlideReader` over one ``openslide.OpenSlide`` handle."""
 
     backend = "openslide"
@@ -86,6 +88,8 @@ class OpenSlideReader:
         )
 
     def read_region(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> RGBArray:
+        if self.closed:
+            raise closed_error(self.path)
         try:
             image = self._slide.read_region((l0_x, l0_y), level, (l_w, l_h))
         except (openslide.OpenSlideError, OSError, ValueError) as exc:

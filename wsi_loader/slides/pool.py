@@ -20,11 +20,11 @@ from contextlib import contextmanager
 
 import openslide
 
-from wsi_loader.slides.base import BytesLRU, SlideReader
+from wsi_loader.slides.base import BytesLRU, KeepsLayout, SlideReader, supports
 from wsi_loader.slides.local_copies import DEFAULT_FOLDER, DEFAULT_MAX_BYTES, LocalCopies
 from wsi_loader.slides.open import open_slide
 from wsi_loader.slides.storage import RangeStore
-from wsi_loader.slides.tiff_backend import SegmentCache, TiffReader
+from wsi_loader.slides.tiff_backend import SegmentCache
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,9 @@ class HandlePool:
         self._segments: SegmentCache | None = None
         self._holding = False
         self._retired: dict[Key, SlideReader] = {}  # evicted while holding: closed when it ends
-        self._parked: BytesLRU[TiffReader] = BytesLRU(  # closed, layout kept
-            self.layout_cache_bytes, size=lambda reader: reader.layout_bytes
+        # closed readers whose layout is kept, each with its KeepsLayout side
+        self._parked: BytesLRU[tuple[SlideReader, KeepsLayout]] = BytesLRU(
+            self.layout_cache_bytes, size=lambda parked: parked[1].layout_bytes()
         )
         self.store = RangeStore(self.prefetch_bytes)  # remote byte ranges fetched ahead
         self.opened = 0  # slides opened (parsed) by this process (for tests and stats)
@@ -137,7 +138,7 @@ class HandlePool:
         self._check_process()
         key = (path, backend)
         reader = self._readers.get(key)
-        if reader is not None and not getattr(reader, "broken", False):
+        if reader is not None and not reader.broken:
             self._readers.move_to_end(key)
             return reader
         if reader is not None:
@@ -171,19 +172,21 @@ class HandlePool:
         """The open reader of ``path``, if any; opens nothing, evicts nothing."""
         self._check_process()
         reader = self._readers.get((path, backend))
-        return None if reader is None or getattr(reader, "broken", False) else reader
+        return None if reader is None or reader.broken else reader
 
     def _close(self, key: Key, reader: SlideReader) -> None:
         """Close an evicted reader; keep a raw reader's layout for a cheap reopen."""
         reader.close()
-        if isinstance(reader, TiffReader):
-            self._parked.put(key, reader)
+        keeper = reader
+        if supports(keeper, KeepsLayout):
+            self._parked.put(key, (reader, keeper))
 
     def _unpark(self, key: Key) -> SlideReader | None:
-        reader = self._parked.pop(key)
-        if reader is None:
+        parked = self._parked.pop(key)
+        if parked is None:
             return None
-        if not reader.reopen():  # the file changed or went: parse it again
+        reader, keeper = parked
+        if not keeper.reopen():  # the file changed or went: parse it again
             return None
         self.reopened += 1
         return reader

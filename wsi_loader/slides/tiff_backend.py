@@ -15,7 +15,7 @@ import os
 import re
 import zlib
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import imagecodecs
 import numpy as np
@@ -30,8 +30,12 @@ from wsi_loader.slides.base import (
     BytesLRU,
     MppSource,
     RGBArray,
+    SegmentJob,
+    SegmentKey,
     SlideMeta,
+    SlideReader,
     Window,
+    closed_error,
     join_notes,
     l0_to_level,
     non_square_note,
@@ -69,18 +73,6 @@ _ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
 # Compressions imagecodecs decodes: none, LZW, JPEG, deflate, JPEG 2000 (Aperio), ZSTD, WebP
 RAW_COMPRESSIONS = frozenset({1, 5, 7, 8, 32946, 33003, 33005, 34712, 50000, 50001})
 DCT_SCALES = (2, 4, 8)
-
-
-SegmentKey = tuple[str, int, int, int]  # (path, level, segment index, DCT scale)
-
-
-class SegmentJob(NamedTuple):
-    """A storage segment to decode: its bytes are already read, ``decode`` uses no reader state
-    (any thread may run it) and its result goes back through `TiffReader.keep`."""
-
-    key: SegmentKey
-    nbytes: int  # decoded size, for cache budgets
-    decode: Callable[[], RGBArray]
 
 
 class SegmentCache(BytesLRU[RGBArray]):
@@ -321,7 +313,7 @@ class _Level:
         return pixels
 
 
-class TiffReader:
+class TiffReader(SlideReader):
     """A `SlideReader` over tifffile, decoding only the storage segments a window covers.
 
     ``path`` may be a URL (``s3://``, ``gs://``, ``https://``): the header is parsed through
@@ -335,7 +327,6 @@ class TiffReader:
         self, path: str, cache: SegmentCache | None = None, store: RangeStore | None = None
     ) -> None:
         self.path = path
-        self.broken = False  # tifffile errors do not latch; kept for the pool's protocol
         self._fd = -1
         self._remote: RemoteBytes | None = None
         handle: Any = path
@@ -373,8 +364,7 @@ class TiffReader:
         self._identity = _identity(os.fstat(self._fd)) if self._remote is None else None
         self._closed = False
         self._cache = cache if cache is not None else SegmentCache()
-        # memory of the parsed layout a closed reader keeps (see `HandlePool`)
-        self.layout_bytes = sum(lv.nbytes for lv in self._levels)
+        self._layout_bytes = sum(lv.nbytes for lv in self._levels)
 
     def _read_meta(
         self, series: tifffile.TiffPageSeries, base_page: tifffile.TiffPage, ome: str | None
@@ -521,6 +511,8 @@ class TiffReader:
         now and return the call that decodes them straight into ``dest``. The call uses no
         state of this reader (no file, no cache), so another thread may run it while this one
         goes on; libjpeg releases the GIL. None for any other window (see `segment_jobs`)."""
+        if self._closed:
+            raise closed_error(self.path)
         try:
             lv = self._levels[level]
             index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
@@ -550,6 +542,8 @@ class TiffReader:
         """The segment decodes a read of this window (shrunk to ``out_w`` x ``out_h``) would do
         because the cache lacks them, with their bytes read now. Run them on any thread and
         `keep` the results: the read itself then only stitches cached segments."""
+        if self._closed:
+            raise closed_error(self.path)
         try:
             l_x, l_y = self._level_xy(level, l0_x, l0_y)
             scale = self._dct_scale(l_x, l_y, level, l_w, l_h, out_w, out_h)
@@ -567,8 +561,7 @@ class TiffReader:
         """Cache a segment decoded by a `segment_jobs` job."""
         self._cache.put(key, pixels)
 
-    @property
-    def cache_bytes(self) -> int:
+    def segment_cache_bytes(self) -> int:
         """Capacity of the segment cache this reader shares with its process's other readers."""
         return self._cache.max_bytes
 
@@ -595,6 +588,8 @@ class TiffReader:
         decoded at reduced size by libjpeg (DCT scaling, ~3x cheaper than decode-and-shrink);
         otherwise the window is read at full size and resampled (bilinear).
         """
+        if self._closed:
+            raise closed_error(self.path)
         try:
             l_x, l_y = self._level_xy(level, l0_x, l0_y)
             scale = self._dct_scale(l_x, l_y, level, l_w, l_h, out_w, out_h)
@@ -609,6 +604,8 @@ class TiffReader:
         return TileReadError.for_region(self.path, l0_x, l0_y, level, l_w, l_h, exc)
 
     def read_region(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> RGBArray:
+        if self._closed:
+            raise closed_error(self.path)
         try:
             return self._read_window(l0_x, l0_y, level, l_w, l_h)
         except DATA_ERRORS as exc:  # decoders raise codec-specific types
@@ -645,6 +642,8 @@ class TiffReader:
     def read_encoded(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> bytes | None:
         """The complete JPEG stream of a window that is exactly one YCbCr JPEG storage tile
         (tables spliced in), for decoding elsewhere (GPU); None when the window is not one."""
+        if self._closed:
+            raise closed_error(self.path)
         lv = self._levels[level]
         index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
         if index is None or not lv.dct_scalable:
@@ -695,6 +694,10 @@ class TiffReader:
         fd, self._fd = getattr(self, "_fd", -1), -1
         if fd >= 0:
             os.close(fd)
+
+    def layout_bytes(self) -> int:
+        """Memory of the parsed layout a closed reader keeps (see `HandlePool`)."""
+        return self._layout_bytes
 
     def reopen(self) -> bool:
         """Open the file again, reusing the parsed layout: one ``open`` instead of tifffile's
