@@ -8,6 +8,7 @@ import torch
 
 from tests.conftest import SlideFactory, corrupt_rows
 from wsi_loader.dataset import TileBatch, TileDataset, make_loader
+from wsi_loader.errors import ConfigError
 from wsi_loader.index import SlideIndex, build_index
 
 
@@ -139,3 +140,20 @@ def test_tile_batch_pickles_metadata_by_value(index: SlideIndex) -> None:
         assert torch.equal(getattr(clone, name), getattr(batch, name)), name
     state = batch.__getstate__()
     assert isinstance(state["rows"], np.ndarray) and isinstance(state["images"], torch.Tensor)
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_dataset_spawned_workers_cannot_receive_is_said_before_they_start(
+    index: SlideIndex, context: str
+) -> None:
+    # a lambda (or a function of a notebook cell) works with fork; spawned workers got
+    # "PicklingError: ... attribute lookup <lambda> on __main__ failed" from deep in torch,
+    # after the loader started, with nothing saying which option to change
+    ds = TileDataset(index, transform=lambda image: image)
+    with pytest.raises(ConfigError, match=f"cannot be sent to '{context}' workers") as info:
+        make_loader(ds, batch_size=8, num_workers=2, multiprocessing_context=context)
+    message = str(info.value)
+    assert "transform" in message and "lambda" in message and "module-level function" in message
+    assert info.value.key == "multiprocessing_context"
+    make_loader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")  # fine there
+    make_loader(ds, batch_size=8, num_workers=0, multiprocessing_context=context)  # no workers

@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -215,6 +216,8 @@ def make_loader(
     batch_size, drop_last, decode = opts.batch_size, opts.drop_last, opts.decode
     prefetch_factor, pin_memory = opts.prefetch_factor, opts.pin_memory
     workers = default_workers() if opts.num_workers is None else opts.num_workers
+    if workers:
+        _check_sendable(tiles, context or multiprocessing.get_start_method())
     reading = None
     if workers and opts.timeout:
         reading = torch.full((workers,), -1, dtype=torch.int64)
@@ -242,3 +245,42 @@ def make_loader(
     loader.tile_sampler = sampler
     loader.reading, loader.tiles = reading, tiles
     return loader
+
+
+def _check_sendable(tiles: TileDataset, context: str) -> None:
+    """Spawned and forkserver workers receive the dataset pickled: say which part cannot be
+    (a lambda or a notebook cell's function as ``transform``) before any worker starts,
+    instead of torch's PicklingError from inside the first iteration."""
+    if context == "fork":
+        return
+    try:
+        ForkingPickler.dumps(tiles)
+    except Exception as exc:  # pickling raises PicklingError, AttributeError, TypeError...
+        parts = [
+            name
+            for name in ("transform", "batch_transform")
+            if getattr(tiles, name) is not None and not _pickles(getattr(tiles, name))
+        ]
+        culprit = " and ".join(parts) if parts else "the dataset"
+        raise ConfigError(
+            f"the dataset cannot be sent to {context!r} workers ({culprit}: "
+            f"{type(exc).__name__}: {exc}); those workers receive it pickled, and a lambda or "
+            "a function defined in a notebook cell cannot be: make it a module-level function "
+            "of an importable module (or a picklable callable object), or use "
+            "num_workers=0" + (" or multiprocessing_context='fork'" if _can_fork(tiles) else ""),
+            key="multiprocessing_context",
+            value=context,
+        ) from exc
+
+
+def _pickles(value: object) -> bool:
+    try:
+        ForkingPickler.dumps(value)
+    except Exception:  # any failure means it cannot be sent
+        return False
+    return True
+
+
+def _can_fork(tiles: TileDataset) -> bool:
+    """Whether fork is an option to suggest (not for obstore's remote slides; see above)."""
+    return "fork" in multiprocessing.get_all_start_methods() and not tiles.reader.remote
