@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import wsi_loader
+from tests.conftest import REPO
 from wsi_loader import errors
 
 EXPORTED = [
@@ -88,3 +89,16 @@ def test_slides_and_index_layers_do_not_import_torch() -> None:
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_windows_is_told_it_is_not_supported() -> None:
+    # file locks (index builds, quarantine, local copies) use fcntl: on Windows the import
+    # failed with "No module named 'fcntl'", saying nothing of the platform
+    code = "import sys; sys.platform = 'win32'; import wsi_loader"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: wsi_loader needs Linux or macOS"), done.stderr
+    assert "WSL" in last

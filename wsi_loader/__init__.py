@@ -5,7 +5,15 @@ Datasets, samplers, batches). The slides and index layers never import torch, an
 this package does not either until a torch-based name is used.
 """
 
+import sys as _sys
 import typing as _typing
+
+if _sys.platform == "win32":  # before any import that would fail with less to say
+    raise ImportError(
+        "wsi_loader needs Linux or macOS: its index builds, quarantine and local copies of "
+        "remote slides share files between processes with POSIX file locks (fcntl). On "
+        "Windows, run it in WSL2 (Windows Subsystem for Linux)"
+    )
 
 from wsi_loader.config import Config, DatasetConfig, IndexConfig, load_config
 from wsi_loader.errors import (
