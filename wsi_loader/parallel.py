@@ -162,8 +162,13 @@ def _stop(pool: cf.ProcessPoolExecutor) -> None:
     """End the pool's processes now: its own shutdown waits for running tasks, and after an
     interrupt it can wait forever for a worker whose shutdown message never went out."""
     processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's pid map
+    manager = getattr(pool, "_executor_manager_thread", None)
     for process in processes:
         process.terminate()
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.join(STOP_WAIT_S)
+    # the pool's thread sees the ended workers and closes its pipes; left running, it raced
+    # the interpreter's exit, which writes to one of them (EBADF printed at exit)
+    if manager is not None:
+        manager.join(STOP_WAIT_S)
