@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import multiprocessing
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import SlideFactory, upload
+from tests.conftest import REPO, SlideFactory, upload
 from tests.servers import delay_proxy, http_files, proxy_stats
 from wsi_loader.errors import SlideNotFoundError, SlideOpenError, TransientReadError
 from wsi_loader.slides import open_slide
@@ -141,6 +143,44 @@ def test_local_copy_cache_is_bounded_and_refetches_rewritten_objects(
         fh.write(b"0123456789")
     upload(other, second)
     assert copies.local(second) != two
+
+
+LOCAL_COPY_ON_A_FULL_DISK = """
+import resource, sys
+from wsi_loader.slides import open_slide
+from wsi_loader.slides.local_copies import LocalCopies
+from wsi_loader.errors import TransientReadError
+
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))  # the disk fills at 100 kB
+try:
+    open_slide(sys.argv[1], copies=LocalCopies(sys.argv[2]))
+except TransientReadError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_local_copy_that_cannot_be_kept_is_a_resource_error_naming_the_folder(
+    s3_endpoint: str, testdata: Path, tmp_path: Path
+) -> None:
+    # a cache folder that is not a folder (or not writable), or a full disk or quota, raised
+    # NotADirectoryError / OSError from deep inside; the slide itself is fine, so it is a
+    # resource error (reported, retried, never quarantined) that says which setting to change
+    url = upload(testdata / "test3-DAPI-2-(387).ndpi", "s3://slides/copies/a.ndpi")
+    (tmp_path / "file").write_text("not a folder")
+    folder = tmp_path / "file" / "cache"
+    with pytest.raises(TransientReadError, match="cannot keep a local copy") as info:
+        open_slide(url, copies=LocalCopies(str(folder)))
+    message = str(info.value)
+    assert str(folder) in message and "remote_cache_dir" in message and "Not a directory" in message
+    assert info.value.path == url
+    full = tmp_path / "full"
+    done = subprocess.run(
+        [sys.executable, "-c", LOCAL_COPY_ON_A_FULL_DISK, url, str(full)], cwd=REPO,
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.stdout.startswith("TransientReadError"), done.stdout + done.stderr
+    assert "File too large" in done.stdout and str(full) in done.stdout
+    assert not [p for p in full.iterdir() if not p.name.endswith(".lock")]  # no part left
 
 
 def test_missing_objects_and_unreachable_stores_are_slide_errors(

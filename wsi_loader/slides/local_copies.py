@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import PurePosixPath
 
-from wsi_loader.errors import SlideOpenError
+from wsi_loader.errors import SlideOpenError, TransientReadError, WsiLoaderError
 from wsi_loader.slides.storage import download, remote_stat, url_digest
 
 log = logging.getLogger(__name__)
@@ -73,17 +73,27 @@ class LocalCopies:
             )
         safe_suffix = suffix if re.fullmatch(r"\.[a-z0-9]{1,10}", suffix) else ""
         name = f"{url_digest(url)}-{url_digest(stat.version)}{safe_suffix}"
-        os.makedirs(self.folder, exist_ok=True)
         path = os.path.join(self.folder, name)
-        with _locked(path + ".lock"):
-            try:
-                if os.path.getsize(path) == stat.size:
-                    os.utime(path)  # most recently used
-                    return path
-            except FileNotFoundError:
-                pass
-            self._evict(room=stat.size, keep=path)
-            self._download(url, path, stat.size)
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            with _locked(path + ".lock"):
+                try:
+                    if os.path.getsize(path) == stat.size:
+                        os.utime(path)  # most recently used
+                        return path
+                except FileNotFoundError:
+                    pass
+                self._evict(room=stat.size, keep=path)
+                self._download(url, path, stat.size)
+        except WsiLoaderError:
+            raise  # the store's own faults (missing object, unreachable), said as they are
+        except OSError as exc:  # the folder's: not one, not writable, full, over quota
+            raise TransientReadError(
+                f"cannot keep a local copy of the slide ({stat.size} bytes) in {self.folder}: "
+                f"{exc.strerror or exc}; remote_cache_dir must be a writable folder with room "
+                "for it (OpenSlide reads local files only)",
+                path=url,
+            ) from exc
         return path
 
     def _download(self, url: str, path: str, size: int) -> None:
