@@ -27,6 +27,23 @@ def test_documented_default_file_equals_the_defaults() -> None:
         ("index:\n  mpp: 0.5\n  level: 1\n", "index", "either mpp or level"),
         ("dataset:\n  on_error: ignore\n", "dataset.on_error", "'fill', 'substitute' or 'raise'"),
         ("exports: {}\n", "exports", "unknown key 'exports'"),
+        # YAML keeps the last of a repeated key without a word: an edit appended below an old
+        # value, or a second 'index:' section (which replaced the whole first one)
+        (
+            "index:\n  tile_size: 256\n  mpp: 0.5\n  tile_size: 512\n",
+            "index.tile_size",
+            r"'index.tile_size' is given twice \(lines 2 and 4\)",
+        ),
+        (
+            "index:\n  tile_size: 512\ndataset:\n  retries: 1\nindex:\n  mpp: 0.25\n",
+            "index",
+            r"'index' is given twice \(lines 1 and 5\)",
+        ),
+        (
+            "index: {roi: [a], roi: [b]}\n",
+            "index.roi",
+            r"'index.roi' is given twice \(lines 1 and 1\)",
+        ),
     ],
 )
 def test_errors_name_key_value_and_file(tmp_path: Path, text: str, key: str, message: str) -> None:
@@ -92,29 +109,6 @@ def test_paths_may_start_with_a_tilde(tmp_path: Path, monkeypatch: pytest.Monkey
     # URLs and names that only contain a tilde are left alone
     assert IndexConfig(labels="s3://b/~/l.csv").labels == "s3://b/~/l.csv"
     assert IndexConfig(labels="a~b.csv").labels == "a~b.csv"
-
-
-@pytest.mark.parametrize(
-    ("text", "key", "lines"),
-    [
-        ("index:\n  tile_size: 256\n  mpp: 0.5\n  tile_size: 512\n", "index.tile_size", "2 and 4"),
-        # a second section replaced the whole first one: its tile_size was lost
-        (
-            "index:\n  tile_size: 512\ndataset:\n  retries: 1\nindex:\n  mpp: 0.25\n",
-            "index",
-            "1 and 5",
-        ),
-        ("index: {roi: [a], roi: [b]}\n", "index.roi", "1 and 1"),
-    ],
-)
-def test_a_key_given_twice_is_an_error(tmp_path: Path, text: str, key: str, lines: str) -> None:
-    # YAML parsers keep the last value without a word: an edit appended below an old value
-    # (or a second 'index:' section) silently changed the run
-    path = tmp_path / "c.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError, match=f"'{key}' is given twice \\(lines {lines}\\)") as info:
-        load_config(path)
-    assert info.value.key == key and info.value.path == str(path)
 
 
 def test_yaml_merge_keys_may_override(tmp_path: Path) -> None:

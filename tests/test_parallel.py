@@ -153,6 +153,16 @@ def test_ctrl_c_stops_a_parallel_index_build_cleanly(testdata: Path, tmp_path: P
     assert not (tmp_path / "idx").exists()  # a first build that did not finish leaves nothing
 
 
+def _run_script(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    """Run ``text`` as a script (its ``__main__`` guard is what spawned workers need)."""
+    script = tmp_path / "run.py"
+    script.write_text(text)
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+
+
 CTRL_C_WHILE_SUBMITTING = """
 import concurrent.futures as cf, os, signal, time
 from wsi_loader import parallel
@@ -217,12 +227,7 @@ def test_ctrl_c_taken_by_another_thread_waits_until_workers_are_started(tmp_path
     # a process-directed SIGINT goes to any thread that has it unblocked, and Python then runs
     # the handler in the main thread at once: a worker interrupted half-started printed
     # 'EOFError: Ran out of input', or outlived the run and failed on its unlinked semaphore
-    script = tmp_path / "run.py"
-    script.write_text(CTRL_C_AT_ANOTHER_THREAD)
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60,
-        check=False,
-    )  # fmt: skip
+    done = _run_script(tmp_path, CTRL_C_AT_ANOTHER_THREAD)
     expected = ["interrupted", "alive: []", "pool threads: []"]
     assert done.stdout.split("\n")[:3] == expected, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
@@ -232,11 +237,6 @@ def test_ctrl_c_taken_by_another_thread_waits_until_workers_are_started(tmp_path
 def test_ctrl_c_while_tasks_are_submitted_is_not_lost(tmp_path: Path) -> None:
     # workers must start with SIGINT off, but the parent must not lose a Ctrl-C meanwhile:
     # handing 100,000 slides to the pool takes seconds, and that Ctrl-C was ignored
-    script = tmp_path / "run.py"
-    script.write_text(CTRL_C_WHILE_SUBMITTING)
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60,
-        check=False,
-    )  # fmt: skip
+    done = _run_script(tmp_path, CTRL_C_WHILE_SUBMITTING)
     assert done.stdout.strip() == "interrupted", done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr

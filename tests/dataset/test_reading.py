@@ -18,18 +18,9 @@ from wsi_loader.dataset import TileReader, reading
 from wsi_loader.dataset.reading import FreeCores, usable_cores
 from wsi_loader.errors import TileReadError
 from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.slides import base
 from wsi_loader.slides import pool as pool_module
-from wsi_loader.slides.base import (
-    KeepsLayout,
-    PlansReads,
-    PlansSegments,
-    Prefetching,
-    ReadsEncoded,
-    ReadsInto,
-    ReadsScaled,
-    SlideReader,
-    supports,
-)
+from wsi_loader.slides.base import SlideReader, supports
 from wsi_loader.slides.open import open_slide
 from wsi_loader.slides.pool import HandlePool
 from wsi_loader.slides.tiff_backend import TiffReader
@@ -361,10 +352,10 @@ def test_capabilities_are_found_by_protocol_and_a_plain_reader_reads_the_same(
         open_slide(index.slide_path(0), "tiff") as raw,
         open_slide(index.slide_path(0), "openslide") as handle,
     ):
-        every = (ReadsInto, ReadsScaled, PlansReads, PlansSegments, ReadsEncoded, KeepsLayout,
-                 Prefetching)  # fmt: skip
+        every = (base.ReadsInto, base.ReadsScaled, base.PlansReads, base.PlansSegments,
+                 base.ReadsEncoded, base.KeepsLayout, base.Prefetching)  # fmt: skip
         assert all(supports(raw, capability) for capability in every)
-        assert [c for c in every if supports(handle, c)] == [PlansReads]
+        assert [c for c in every if supports(handle, c)] == [base.PlansReads]
         assert not any(supports(PlainReader(raw), capability) for capability in every)
     rows = np.arange(0, len(index), 7)
     expected = TileReader(index, record_failures=False).read(rows)
