@@ -129,3 +129,28 @@ def test_a_nest_of_aliases_is_read_in_linear_time(tmp_path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ConfigError, match="unknown key 'a0'"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("index:\n  mpp: None\n  level: 0\n", "index.mpp"),
+        # a background class named 'None' would have been made without a word
+        ("index:\n  label_from: annotations\n  background_label: None\n", "index.background_label"),
+        ("index:\n  roi: [Tumor, none]\n", "index.roi"),
+    ],
+)
+def test_python_none_in_yaml_is_refused_with_the_yaml_spelling(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    # YAML reads None as the text 'None' (its no-value is null or ~)
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="write null") as info:
+        load_config(path)
+    assert info.value.key == key and "line" in str(info.value)
+    path.write_text(text.replace("None", "'None'").replace("none", "'none'"))
+    try:
+        load_config(path)  # quoted, it is the text: whatever the option makes of it
+    except ConfigError as exc:
+        assert "write null" not in str(exc)

@@ -263,7 +263,7 @@ def load_config(path: str | Path) -> Config:
     try:
         node = loader.get_single_node()
         if node is not None:
-            _refuse_repeated_keys(node, (), source, set())
+            _check_nodes(node, (), source, set())
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {exc}", path=source) from exc
@@ -280,19 +280,36 @@ def load_config(path: str | Path) -> Config:
     return config
 
 
-def _refuse_repeated_keys(
-    node: yaml.Node, keys: tuple[str, ...], source: str, seen: set[int]
-) -> None:
-    """A key given twice in one mapping is an error: YAML keeps the last value without a word,
-    so a line appended below an old one, or a second ``index:`` section (which replaces the
-    whole first one), silently changed the run. ``<<`` merges may still be overridden. Each
-    node is visited once: aliases share nodes, and a nest of them would be exponential."""
+def _check_nodes(node: yaml.Node, keys: tuple[str, ...], source: str, seen: set[int]) -> None:
+    """Refuse what YAML accepts without a word but cannot be meant:
+
+    - a key given twice in one mapping: YAML keeps the last value, so a line appended below
+      an old one, or a second ``index:`` section (which replaces the whole first one), silently
+      changed the run (``<<`` merges may still be overridden);
+    - an unquoted ``None``: YAML reads it as the text 'None' (its no-value is ``null``), which
+      became, for example, a background class named 'None'.
+
+    Each node is visited once: aliases share nodes, and a nest of them would be exponential.
+    """
     if id(node) in seen:
         return
     seen.add(id(node))
+    dotted = ".".join(keys)
+    if isinstance(node, yaml.ScalarNode):
+        if node.style is None and node.value in ("None", "none", "NONE"):
+            raise ConfigError(
+                f"'{dotted}' is {node.value} (line {node.start_mark.line + 1}), which YAML "
+                "reads as the text 'None': write null (or ~) for no value, or quote it if you "
+                "mean the text",
+                path=source,
+                key=dotted,
+                value=node.value,
+            )
+        return
     if isinstance(node, yaml.SequenceNode):
         for item in node.value:
-            _refuse_repeated_keys(item, keys, source, seen)
+            _check_nodes(item, keys, source, seen)
+        return
     if not isinstance(node, yaml.MappingNode):
         return
     first_line: dict[str, int] = {}
@@ -309,7 +326,7 @@ def _refuse_repeated_keys(
                 key=dotted,
             )
         first_line[key] = line
-        _refuse_repeated_keys(value_node, (*keys, key), source, seen)
+        _check_nodes(value_node, (*keys, key), source, seen)
 
 
 def with_overrides(config: IndexConfig, source: str | None = None, **overrides: Any) -> IndexConfig:
