@@ -222,6 +222,23 @@ def test_numeric_labels_keep_their_numeric_order(archive: Path, tmp_path: Path) 
     assert label_order(["2", "nan", "10"]) == ["10", "2", "nan"]  # 'nan' is pandas' missing
 
 
+def test_labels_that_spell_a_missing_value_are_said(
+    archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # df["label"].astype(str).to_csv(...) writes a missing label as 'nan', R writes 'NA':
+    # each became a class of its own, trained on as if it were a diagnosis
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label\na,tumour\nb,nan\nc,NA\n")
+    index = build_index([archive], tmp_path / "idx", labels=str(labels))
+    assert index.label_names == ("NA", "nan", "tumour")  # kept: the user decides
+    assert "labels that look like a missing value" in caplog.text
+    assert "'NA' (1 slide), 'nan' (1 slide)" in caplog.text
+    caplog.clear()
+    labels.write_text("slide,label\na,tumour\nb,normal\nc,Nancy\n")
+    build_index([archive], tmp_path / "idx2", labels=str(labels))
+    assert "missing value" not in caplog.text
+
+
 def test_labels_that_differ_only_in_case_or_spacing_are_said(
     archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

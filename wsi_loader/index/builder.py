@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import traceback
+from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -311,6 +312,26 @@ def _warn_similar(names: Iterable[str], what: str) -> None:
         )
 
 
+# how pandas (astype(str)), R, Excel and SQL exports write a missing value
+MISSING_SPELLINGS = frozenset({"nan", "na", "n/a", "#n/a", "<na>", "none", "null", "nat"})
+
+
+def _warn_missing_spelt(labels: list[str]) -> None:
+    """Say which labels spell a missing value ('nan', 'NA'...): each is a class of its own,
+    which a model then learns as if it were a diagnosis. Kept: the user decides."""
+    counts = Counter(label for label in labels if label.strip().casefold() in MISSING_SPELLINGS)
+    if counts:
+        shown = ", ".join(
+            f"{label!r} ({n} slide{'s' * (n != 1)})" for label, n in sorted(counts.items())
+        )
+        log.warning(
+            "labels that look like a missing value written by pandas, R or a spreadsheet: %s. "
+            "They are classes of their own; leave slides without a label out of the labels "
+            "file",
+            shown,
+        )
+
+
 def _check_splits(records: list[SlideRecord], root: str | None) -> None:
     """Splits are by slide: the same slide (a copy of one file under another name) in two
     splits is an error."""
@@ -507,6 +528,7 @@ def _build(
         entries, label_report = join_labels(entries, cfg.labels)
         _check_labels(label_report, cfg.labels, cfg.strict_labels)
     _warn_similar({e.label for e in entries if e.label is not None}, "labels")
+    _warn_missing_spelt([e.label for e in entries if e.label is not None])
     files_of: dict[str, tuple[str, ...]] = {}
     annotation_report = None
     if cfg.annotations is not None:
