@@ -327,3 +327,19 @@ def test_feature_bag_numeric_labels_keep_their_order(tmp_path: Path) -> None:
     bags = FeatureBagDataset(folder, labels={"a": "10", "b": "2", "c": "0"})
     assert bags.label_names == ("0", "2", "10")
     assert [bags[i]["label"] for i in range(3)] == [2, 1, 0]
+
+
+def test_feature_bag_labels_are_checked_as_index_labels_are(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # CLAM's dataset CSVs are often written by pandas: two spellings of a class, or 'nan' for
+    # a slide without a label, became classes of their own here as in the index
+    folder = _bag_files(tmp_path / "bags", ["a", "b", "c", "d"])
+    table = tmp_path / "labels.csv"
+    table.write_text("case_id,slide_id,label\n1,a,Tumor\n2,b,tumor\n3,c,nan\n4,d,Normal\n")
+    bags = FeatureBagDataset(folder, labels=str(table))
+    assert bags.label_names == ("Normal", "Tumor", "nan", "tumor")  # kept as written
+    assert "labels that differ only in case or spacing: 'Tumor' / 'tumor'" in caplog.text
+    assert (
+        "labels that look like a missing value" in caplog.text and "'nan' (1 slide)" in caplog.text
+    )

@@ -21,7 +21,12 @@ from torch.utils.data import Dataset
 
 from wsi_loader.errors import ConfigError, InputError
 from wsi_loader.index.inputs import name_cell, read_csv_table, slide_name
-from wsi_loader.index.table import SlideIndex, label_order
+from wsi_loader.index.table import (
+    SlideIndex,
+    label_order,
+    warn_missing_spelt,
+    warn_similar,
+)
 
 Bag = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -86,6 +91,8 @@ class FeatureBagDataset(Dataset[Bag]):
             chosen = dict(files)
             if labels is not None:
                 by_name = dict(labels) if isinstance(labels, Mapping) else _read_labels(labels)
+                warn_similar(set(by_name.values()), "labels")
+                warn_missing_spelt(list(by_name.values()))
             self.label_names = tuple(label_order(by_name.values()))
         names = list(chosen)
         without = sorted(set(by_name) - set(chosen))

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import traceback
-from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -45,8 +44,9 @@ from wsi_loader.index.table import (
     TileArrays,
     exclusive_build,
     records_by_path,
-    similar_labels,
     split_tiles,
+    warn_missing_spelt,
+    warn_similar,
     write_index,
 )
 from wsi_loader.index.tissue import read_mask_image, tile_fractions, tissue_mask
@@ -299,39 +299,6 @@ def _check_labels(report: LabelReport, labels: str, strict: bool) -> None:
     log.warning("%s: %s", labels, "; ".join(problems))
 
 
-def _warn_similar(names: Iterable[str], what: str) -> None:
-    """Say which labels differ only in case or spacing: kept apart, they are separate classes."""
-    groups = similar_labels(names)
-    if groups:
-        shown = "; ".join(" / ".join(repr(n) for n in group) for group in groups[:5])
-        log.warning(
-            "%s that differ only in case or spacing: %s. They are separate classes; spell "
-            "each one way if one class is meant",
-            what,
-            shown,
-        )
-
-
-# how pandas (astype(str)), R, Excel and SQL exports write a missing value
-MISSING_SPELLINGS = frozenset({"nan", "na", "n/a", "#n/a", "<na>", "none", "null", "nat"})
-
-
-def _warn_missing_spelt(labels: list[str]) -> None:
-    """Say which labels spell a missing value ('nan', 'NA'...): each is a class of its own,
-    which a model then learns as if it were a diagnosis. Kept: the user decides."""
-    counts = Counter(label for label in labels if label.strip().casefold() in MISSING_SPELLINGS)
-    if counts:
-        shown = ", ".join(
-            f"{label!r} ({n} slide{'s' * (n != 1)})" for label, n in sorted(counts.items())
-        )
-        log.warning(
-            "labels that look like a missing value written by pandas, R or a spreadsheet: %s. "
-            "They are classes of their own; leave slides without a label out of the labels "
-            "file",
-            shown,
-        )
-
-
 def _check_splits(records: list[SlideRecord], root: str | None) -> None:
     """Splits are by slide: the same slide (a copy of one file under another name) in two
     splits is an error."""
@@ -446,7 +413,7 @@ def _label_tiles(
     """Every slide's coverage in the columns of all classes, tile labels when they come from
     the annotations, and the metadata that names them."""
     classes = sorted({c for record, _ in results for c in (record.class_areas or {})})
-    _warn_similar(classes, "annotation classes")
+    warn_similar(classes, "annotation classes")
     names = label_names(classes, cfg) if cfg.label_from == "annotations" else []
     per_class = {c: {"slides": 0, "tiles_labelled": 0} for c in classes}
     out = []
@@ -527,8 +494,8 @@ def _build(
     if cfg.labels:
         entries, label_report = join_labels(entries, cfg.labels)
         _check_labels(label_report, cfg.labels, cfg.strict_labels)
-    _warn_similar({e.label for e in entries if e.label is not None}, "labels")
-    _warn_missing_spelt([e.label for e in entries if e.label is not None])
+    warn_similar({e.label for e in entries if e.label is not None}, "labels")
+    warn_missing_spelt([e.label for e in entries if e.label is not None])
     files_of: dict[str, tuple[str, ...]] = {}
     annotation_report = None
     if cfg.annotations is not None:

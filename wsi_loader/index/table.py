@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -614,6 +615,39 @@ def similar_labels(labels: Iterable[str]) -> list[list[str]]:
     for name in labels:
         groups.setdefault(re.sub(r"[\s_-]+", " ", name.casefold()).strip(), set()).add(name)
     return sorted(sorted(group) for group in groups.values() if len(group) > 1)
+
+
+def warn_similar(names: Iterable[str], what: str) -> None:
+    """Say which labels differ only in case or spacing: kept apart, they are separate classes."""
+    groups = similar_labels(names)
+    if groups:
+        shown = "; ".join(" / ".join(repr(n) for n in group) for group in groups[:5])
+        log.warning(
+            "%s that differ only in case or spacing: %s. They are separate classes; spell "
+            "each one way if one class is meant",
+            what,
+            shown,
+        )
+
+
+# how pandas (astype(str)), R, Excel and SQL exports write a missing value
+MISSING_SPELLINGS = frozenset({"nan", "na", "n/a", "#n/a", "<na>", "none", "null", "nat"})
+
+
+def warn_missing_spelt(labels: list[str]) -> None:
+    """Say which labels spell a missing value ('nan', 'NA'...): each is a class of its own,
+    which a model then learns as if it were a diagnosis. Kept: the user decides."""
+    counts = Counter(label for label in labels if label.strip().casefold() in MISSING_SPELLINGS)
+    if counts:
+        shown = ", ".join(
+            f"{label!r} ({n} slide{'s' * (n != 1)})" for label, n in sorted(counts.items())
+        )
+        log.warning(
+            "labels that look like a missing value written by pandas, R or a spreadsheet: %s. "
+            "They are classes of their own; leave slides without a label out of the labels "
+            "file",
+            shown,
+        )
 
 
 def label_order(labels: Iterable[str]) -> list[str]:
