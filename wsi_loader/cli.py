@@ -491,6 +491,16 @@ def _labels_line(report: dict[str, Any]) -> str:
     return "labels: " + ("; ".join(parts) if parts else "every slide matched a labels row")
 
 
+def _counts_line(counts: dict[str, dict[str, int]], shown: int = 12) -> str:
+    """'normal 3 slides / 102 tiles, tumour 1 slide / 34 tiles' (the first ``shown``)."""
+    parts = [
+        f"{name} {c['slides']} slide{'s' * (c['slides'] != 1)} / {c['tiles']} tiles"
+        for name, c in list(counts.items())[:shown]
+    ]
+    more = f" and {len(counts) - shown} more" if len(counts) > shown else ""
+    return ", ".join(parts) + more
+
+
 def _human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
     slides = summary["slides"]
     ok = sum(s["status"] == "ok" for s in slides)
@@ -502,11 +512,19 @@ def _human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
         f"{len(slides)} slides ({ok} ok, {len(slides) - ok} failed), {summary['tiles']} tiles; "
         f"quarantine: {q['tiles']} tile and {q['slides']} slide records",
     ]
+    unit = "tiles" if summary["label_from"] == "annotations" else "slides"
+    if summary["label_counts"]:
+        lines.append("classes: " + _counts_line(summary["label_counts"]))
     if summary["splits"]:
         lines.append(
             "splits: "
             + ", ".join(
                 f"{name} {c['slides']} slides / {c['tiles']} tiles"
+                + (
+                    f" ({', '.join(f'{label} {n[unit]}' for label, n in c['labels'].items())})"
+                    if c["labels"]
+                    else ""
+                )
                 for name, c in sorted(summary["splits"].items())
             )
         )

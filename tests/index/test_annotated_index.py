@@ -77,6 +77,17 @@ def test_background_label_and_min_coverage(annotated: Path) -> None:
     assert label_of(index, tile(index, 0, 0, 0)) == "Other"  # Tumor covers 0.75 < 0.8
     assert label_of(index, tile(index, 0, 1024, 0)) == "Stroma"  # 1.0
     assert (index.tile_labels() >= 0).all()
+    # counts of tile labels: the tiles of each class, and the slides that have any
+    ids, slide_ids = index.tile_labels(), index.columns["slide_id"]
+    counts = index.label_counts()
+    for i, name in enumerate(index.label_names):
+        mine = ids == i
+        if mine.any():
+            assert counts[name] == {
+                "slides": len(np.unique(slide_ids[mine])), "tiles": int(mine.sum())
+            }  # fmt: skip
+        else:
+            assert name not in counts
 
 
 def test_roi_keeps_only_tiles_inside(annotated: Path) -> None:

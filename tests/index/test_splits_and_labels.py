@@ -245,3 +245,48 @@ def test_label_file_errors(split_archive: Path, tmp_path: Path) -> None:
         bad.write_text(text)
         with pytest.raises(InputError, match=message):
             build_index([split_archive], tmp_path / "idx", level=0, labels=str(bad))
+
+
+def test_label_counts_per_split_and_a_split_missing_a_class_is_said(
+    split_archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    # 'val' has no 'normal' slide: its metrics cannot measure that class, and nothing said so;
+    # nor did info show how the classes fall into the splits
+    index = build_index(
+        [split_archive], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.0,
+        labels=str(split_archive / "labels.csv"),
+    )  # fmt: skip
+    assert "split 'val' has no slide labelled 'normal' (train has 1)" in caplog.text
+    starts = index.slide_starts()
+    tiles = [int(starts[i + 1] - starts[i]) for i in range(3)]  # p0 tumour, p1 normal, p2 tumour
+    summary = index.summary()
+    assert summary["label_counts"] == {
+        "normal": {"slides": 1, "tiles": tiles[1]},
+        "tumour": {"slides": 2, "tiles": tiles[0] + tiles[2]},
+    }
+    assert summary["splits"]["train"]["labels"] == {
+        "normal": {"slides": 1, "tiles": tiles[1]},
+        "tumour": {"slides": 1, "tiles": tiles[0]},
+    }
+    assert summary["splits"]["val"]["labels"] == {"tumour": {"slides": 1, "tiles": tiles[2]}}
+    assert main(["info", str(index.path)]) == 0
+    shown = capsys.readouterr().out
+    assert f"classes: normal 1 slide / {tiles[1]} tiles, tumour 2 slides /" in shown
+    assert "val 1 slides / " in shown and "(tumour 1)" in shown
+    caplog.clear()
+    (split_archive / "labels.csv").write_text(
+        "slide,label,split\np0,tumour,train\np1,normal,train\np2,normal,val\n"
+    )
+    build_index(
+        [split_archive], tmp_path / "idx2", tile_size=256, level=0, min_tissue=0.0,
+        labels=str(split_archive / "labels.csv"),
+    )  # fmt: skip
+    assert "split 'val' has no slide labelled 'tumour' (train has 1)" in caplog.text
+    caplog.clear()
+    (split_archive / "labels.csv").write_text("slide,label\np0,tumour\np1,normal\np2,normal\n")
+    build_index(
+        [split_archive], tmp_path / "idx3", tile_size=256, level=0, min_tissue=0.0,
+        labels=str(split_archive / "labels.csv"),
+    )  # fmt: skip
+    assert "has no slide labelled" not in caplog.text  # no splits, nothing to compare

@@ -47,6 +47,7 @@ from wsi_loader.index.table import (
     split_tiles,
     warn_missing_spelt,
     warn_similar,
+    warn_split_gaps,
     write_index,
 )
 from wsi_loader.index.tissue import read_mask_image, tile_fractions, tissue_mask
@@ -601,6 +602,7 @@ def _build(
         tiles.append(arrays)
     params = cfg.model_dump()
     index = write_index(out, records, tiles, params, root, extra)
+    warn_split_gaps(index)
     failed = sum(r.status == "failed" for r in records)
     log.info("indexed %d slides (%d failed), %d tiles -> %s", len(records), failed, len(index), out)
     return index

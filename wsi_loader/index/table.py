@@ -447,6 +447,32 @@ class SlideIndex:
             dtype=np.int64,
         )
 
+    def label_counts(self, split: str | None = None) -> dict[str, dict[str, int]]:
+        """Slides and tiles per label name, in id order, of ``split`` when given. Slide labels:
+        the ok slides with that label and their tiles; tile labels (annotations): the tiles of
+        each class and the slides that have any. Labels with neither are left out."""
+        names = self.label_names
+        if not names:
+            return {}
+        labels = self.tile_labels()
+        slide_ids = np.asarray(self.columns["slide_id"], dtype=np.int64)
+        in_split = np.array([split is None or s.split == split for s in self.slides], dtype=bool)
+        keep = in_split[slide_ids] & (labels >= 0)
+        labels, slide_ids = labels[keep], slide_ids[keep]
+        tiles = np.bincount(labels, minlength=len(names))
+        if self.labels_from_annotations:
+            pairs = np.unique(slide_ids * len(names) + labels)
+            slides = np.bincount(pairs % len(names), minlength=len(names))
+        else:
+            per_slide = self.slide_labels()
+            ok = np.array([s.status == "ok" for s in self.slides], dtype=bool)
+            slides = np.bincount(per_slide[ok & in_split & (per_slide >= 0)], minlength=len(names))
+        return {
+            name: {"slides": int(slides[i]), "tiles": int(tiles[i])}
+            for i, name in enumerate(names)
+            if slides[i] or tiles[i]
+        }
+
     @property
     def labels_from_annotations(self) -> bool:
         return "tile_label" in self.columns
@@ -472,13 +498,15 @@ class SlideIndex:
         """The JSON object `wsi-loader info --json` prints (for this view: ``tiles`` counts
         its rows, ``split`` names its split)."""
         records = self.quarantine.read()
-        split_counts: dict[str, dict[str, int]] = {}
         starts = self.slide_starts()
+        split_counts: dict[str, dict[str, Any]] = {}
         for sid, s in enumerate(self.slides):
             if s.split is not None:
                 entry = split_counts.setdefault(s.split, {"slides": 0, "tiles": 0})
                 entry["slides"] += 1
                 entry["tiles"] += int(starts[sid + 1] - starts[sid])
+        for name, entry in split_counts.items():
+            entry["labels"] = self.label_counts(name)
         return {
             "path": str(self.path),
             "schema_version": self.schema_version,
@@ -494,6 +522,7 @@ class SlideIndex:
             "annotation_classes": list(self.classes),
             "annotations_report": self.meta.get("annotations_report"),
             "labels_report": self.meta.get("labels_report"),
+            "label_counts": self.label_counts(),
             "splits": split_counts,
             "copies": self.meta.get("copies", []),
             "build": self.meta.get("build"),
@@ -647,6 +676,35 @@ def warn_missing_spelt(labels: list[str]) -> None:
             "They are classes of their own; leave slides without a label out of the labels "
             "file",
             shown,
+        )
+
+
+def warn_split_gaps(index: SlideIndex) -> None:
+    """Say which split lacks a label another split has: its metrics cannot measure that
+    class (a validation split without a single tumour slide)."""
+    splits = index.splits()
+    if len(splits) < 2:
+        return
+    counts = {split: index.label_counts(split) for split in splits}
+    unit = "tile" if index.labels_from_annotations else "slide"
+    gaps = []
+    for split in splits:
+        for name in index.label_names:
+            others = [
+                f"{other} has {counts[other][name][unit + 's']}"
+                for other in splits
+                if other != split and name in counts[other]
+            ]
+            if name not in counts[split] and others:
+                gaps.append(
+                    f"split {split!r} has no {unit} labelled {name!r} ({', '.join(others)})"
+                )
+    if gaps:
+        more = f"; and {len(gaps) - 10} more" if len(gaps) > 10 else ""
+        log.warning(
+            "%s%s: metrics on such a split cannot measure that class",
+            "; ".join(gaps[:10]),
+            more,
         )
 
 
