@@ -270,6 +270,8 @@ def test_label_counts_per_split_and_a_split_missing_a_class_is_said(
         "tumour": {"slides": 1, "tiles": tiles[0]},
     }
     assert summary["splits"]["val"]["labels"] == {"tumour": {"slides": 1, "tiles": tiles[2]}}
+    val = SlideIndex.open(index.path, split="val")  # a view counts its own split
+    assert val.label_counts() == {"tumour": {"slides": 1, "tiles": tiles[2]}}
     assert main(["info", str(index.path)]) == 0
     shown = capsys.readouterr().out
     assert f"classes: normal 1 slide / {tiles[1]} tiles, tumour 2 slides /" in shown

@@ -450,7 +450,9 @@ class SlideIndex:
     def label_counts(self, split: str | None = None) -> dict[str, dict[str, int]]:
         """Slides and tiles per label name, in id order, of ``split`` when given. Slide labels:
         the ok slides with that label and their tiles; tile labels (annotations): the tiles of
-        each class and the slides that have any. Labels with neither are left out."""
+        each class and the slides that have any. Labels with neither are left out. A view of
+        a split counts that split."""
+        split = self.split if split is None else split
         names = self.label_names
         if not names:
             return {}
