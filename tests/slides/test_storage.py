@@ -27,6 +27,7 @@ from wsi_loader.slides.storage import (
     RemoteBytes,
     coalesce,
     is_url,
+    list_objects,
     remote_stat,
 )
 from wsi_loader.slides.tiff_backend import TiffReader
@@ -181,6 +182,34 @@ def test_a_local_copy_that_cannot_be_kept_is_a_resource_error_naming_the_folder(
     assert done.stdout.startswith("TransientReadError"), done.stdout + done.stderr
     assert "File too large" in done.stdout and str(full) in done.stdout
     assert not [p for p in full.iterdir() if not p.name.endswith(".lock")]  # no part left
+
+
+def test_missing_credentials_are_said_with_what_to_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # with no keys in the environment obstore asks the machine's instance metadata service,
+    # and its answer (a 403 from a sandbox, a refused connection, a timeout) was the message,
+    # retried three times, with a page of debug dump
+    from tests.servers import free_port
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # no one
+    monkeypatch.setenv("HOME", str(tmp_path))  # a profile, which obstore does not read
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text(
+        "[default]\naws_access_key_id = AKIAEXAMPLE\naws_secret_access_key = example\n"
+    )
+    for call in (
+        lambda: list_objects("s3://wsi-no-credentials/slides/", [".svs"]),
+        lambda: open_slide("s3://wsi-no-credentials/a.svs"),
+    ):
+        with pytest.raises(SlideOpenError, match="no credentials for this store") as info:
+            call()
+        message = str(info.value)
+        assert "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in message
+        assert "aws configure export-credentials" in message
+        assert "attempts" not in message and "Debug source" not in message
 
 
 def test_missing_objects_and_unreachable_stores_are_slide_errors(

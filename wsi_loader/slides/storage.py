@@ -140,7 +140,11 @@ class _Clients:
                 try:
                     found = from_url(root, client_options=CLIENT_OPTIONS, retry_config=RETRY_CONFIG)
                 except Exception as exc:  # an unknown scheme, a bad configuration
-                    raise SlideOpenError(f"cannot open this URL: {exc}", path=url) from exc
+                    advice = _CREDENTIALS_ADVICE.get(urlsplit(url).scheme, "")
+                    hint = f"; {advice}" if "Account must be specified" in str(exc) else ""
+                    raise SlideOpenError(
+                        f"cannot open this URL: {_short(exc)}{hint}", path=url
+                    ) from exc
                 self.stores[root] = found
             return found
 
@@ -172,11 +176,31 @@ def locate(url: str) -> tuple[Any, str]:
     return _here().store(root, url), unquote(parts.path).lstrip("/")
 
 
+# What obstore's error says when it found no credentials in the environment and asked the
+# machine's instance metadata service (AWS IMDS, GCE metadata server, Azure IMDS) instead.
+_METADATA_PATHS = (
+    "/latest/api/token",
+    "/latest/meta-data",
+    "computeMetadata",
+    "/metadata/identity",
+)
+_CREDENTIALS_ADVICE = {
+    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (obstore does not read ~/.aws "
+    'profiles; `eval "$(aws configure export-credentials --format env)"` exports a profile\'s)',
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file (or "
+    "GOOGLE_SERVICE_ACCOUNT)",
+    "az": "set AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or a SAS token)",
+}
+
+
 def _kind(exc: BaseException) -> str:
-    """ "missing", "denied", "transient" (network or server trouble), or "other"."""
+    """ "missing", "denied", "no-credentials", "transient" (network or server trouble), or
+    "other"."""
     name = type(exc).__name__
     if name == "NotFoundError" or isinstance(exc, FileNotFoundError):
         return "missing"
+    if name == "GenericError" and any(part in str(exc) for part in _METADATA_PATHS):
+        return "no-credentials"  # retrying cannot help
     if name in ("PermissionDeniedError", "UnauthenticatedError") or isinstance(
         exc, PermissionError
     ):
@@ -191,13 +215,27 @@ def retryable(exc: BaseException) -> bool:
     return _kind(exc) == "transient"
 
 
+def _short(exc: BaseException, limit: int = 500) -> str:
+    """An error's message on one line, without the debug dump obstore appends."""
+    return " ".join(str(exc).split("Debug source:")[0].split())[:limit]
+
+
 def _failure(url: str, what: str, exc: BaseException, attempts: int) -> Exception:
     kind = _kind(exc)
-    text = " ".join(str(exc).split())[:500]
+    text = _short(exc)
     if kind == "missing":
         return SlideNotFoundError("the object does not exist", path=url)
     if kind == "denied":
         return SlideOpenError(f"access denied: {text}", path=url)
+    if kind == "no-credentials":
+        scheme = urlsplit(url).scheme
+        advice = _CREDENTIALS_ADVICE.get("s3" if scheme == "s3a" else scheme, "")
+        return SlideOpenError(
+            "no credentials for this store: none in the environment, and the machine's "
+            f"instance metadata service gave none{f'; {advice}' if advice else ''} "
+            f"({type(exc).__name__}: {_short(exc, 200)})",
+            path=url,
+        )
     if kind == "transient":
         return TransientReadError(
             f"{what} failed after {attempts} attempts: {type(exc).__name__}: {text}", path=url
@@ -302,6 +340,8 @@ def list_objects(url: str, suffixes: Iterable[str]) -> list[str]:
     try:
         return sorted(with_retries(url, "listing", listing))
     except SlideOpenError as exc:
+        if parts.scheme not in ("http", "https"):
+            raise  # a bucket's own reason (credentials, access) says it all
         raise SlideOpenError(
             f"cannot list this prefix ({exc}); plain web servers cannot be listed: name the "
             "slides, or list them in a CSV manifest",
