@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +159,20 @@ def test_a_dataset_spawned_workers_cannot_receive_is_said_before_they_start(
     assert info.value.key == "multiprocessing_context"
     make_loader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")  # fine there
     make_loader(ds, batch_size=8, num_workers=0, multiprocessing_context=context)  # no workers
+
+
+def test_make_loader_leaves_the_start_method_unset(index: SlideIndex) -> None:
+    # multiprocessing.get_start_method() fixes the default as a side effect: a script that
+    # made a loader first could no longer call set_start_method
+    code = (
+        "import multiprocessing, sys\n"
+        "from wsi_loader import make_loader\n"
+        "make_loader(sys.argv[1], batch_size=8, num_workers=2)\n"
+        "multiprocessing.set_start_method('spawn')\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(index.path)], capture_output=True, text=True,
+        check=False, timeout=120,
+    )  # fmt: skip
+    assert done.stdout.strip() == "ok", done.stderr

@@ -211,13 +211,13 @@ def make_loader(
                 key="multiprocessing_context",
                 value="fork",
             )
-        if multiprocessing.get_start_method() == "fork":
+        if _start_method() == "fork":
             context = "forkserver"  # the workers start from a process that never used obstore
     batch_size, drop_last, decode = opts.batch_size, opts.drop_last, opts.decode
     prefetch_factor, pin_memory = opts.prefetch_factor, opts.pin_memory
     workers = default_workers() if opts.num_workers is None else opts.num_workers
     if workers:
-        _check_sendable(tiles, context or multiprocessing.get_start_method())
+        _check_sendable(tiles, context or _start_method())
     reading = None
     if workers and opts.timeout:
         reading = torch.full((workers,), -1, dtype=torch.int64)
@@ -245,6 +245,17 @@ def make_loader(
     loader.tile_sampler = sampler
     loader.reading, loader.tiles = reading, tiles
     return loader
+
+
+def _start_method() -> str:
+    """The start method workers will get by default, without fixing it as
+    ``multiprocessing.get_start_method()`` does (a later ``set_start_method`` would fail)."""
+    return (
+        multiprocessing.get_start_method(allow_none=True)
+        or (
+            multiprocessing.get_all_start_methods()[0]  # the first is the default
+        )
+    )
 
 
 def _check_sendable(tiles: TileDataset, context: str) -> None:
