@@ -41,7 +41,7 @@ from PIL import Image
 from wsi_loader.config import ExportConfig, validate
 from wsi_loader.dataset.reading import TileReader, threads_per_process
 from wsi_loader.errors import ConfigError, OutputError, TransientReadError
-from wsi_loader.files import replacing, write_file
+from wsi_loader.files import lock, replacing, write_file
 from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex, label_order
 from wsi_loader.parallel import progress_bar, run_all
@@ -195,7 +195,7 @@ def _append_part(out: Path, record: dict[str, Any]) -> None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            lock(fd, fcntl.LOCK_EX, path)
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 line = b"\n" + line

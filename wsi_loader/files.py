@@ -1,14 +1,22 @@
-"""Output files that appear whole or not at all.
+"""Output files that appear whole or not at all, and file locks where file systems have them.
 
 Everything the library writes under a name someone reads (index generations, exported tiles
 and shards, feature files, rendered images) is written to a temporary name next to it and
 renamed over it. When the writing fails (a full disk, a quota, an interrupt), the temporary
 file or folder is removed at once: it would otherwise hold the space the user must free, and
 the final name still holds the old version, or nothing.
+
+Processes coordinate through ``flock`` (one build per index folder, generations in use,
+quarantine appends, export parts, local copies). Some shared file systems have no locks:
+Lustre mounted without ``flock`` (a common HPC default: ENOSYS), NFS without a lock manager
+(ENOLCK). There `lock` says so once per file system and lets the work go on uncoordinated.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import logging
 import os
 import shutil
 from collections.abc import Iterator
@@ -16,6 +24,36 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from wsi_loader.errors import OutputError
+
+log = logging.getLogger(__name__)
+
+NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP})
+_said: set[int] = set()  # devices whose missing locks were said (once per process)
+
+
+def lock(fd: int, operation: int, path: str | os.PathLike[str]) -> bool:
+    """``fcntl.flock(fd, operation)``; False where the file system of ``path`` has no locks
+    (said once per file system). Other errors, and a non-blocking lock that is taken
+    (``BlockingIOError``), are raised."""
+    try:
+        fcntl.flock(fd, operation)
+    except OSError as exc:
+        if exc.errno not in NO_LOCKS:
+            raise
+        device = os.fstat(fd).st_dev
+        if device not in _said:
+            _said.add(device)
+            log.warning(
+                "file locks are not supported on the file system of %s (%s): processes that "
+                "share the index, its quarantine, exports or caches there are not coordinated "
+                "(a second build into one folder is not detected, a rebuild may delete a "
+                "generation another process still opens by name); on Lustre, mount with "
+                "the 'flock' option",
+                path,
+                exc.strerror,
+            )
+        return False
+    return True
 
 
 def temporary_name(path: Path, tag: str | None = None) -> Path:

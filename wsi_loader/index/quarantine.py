@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from wsi_loader.files import lock
+
 log = logging.getLogger(__name__)
 
 INT32 = 2**31
@@ -65,7 +67,7 @@ class Quarantine:
     def _locked(self) -> Iterator[None]:
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            lock(fd, fcntl.LOCK_EX, self.lock_path)
             yield
         finally:
             os.close(fd)  # closing releases the lock

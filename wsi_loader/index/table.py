@@ -40,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wsi_loader.errors import ConfigError, IndexFormatError
+from wsi_loader.files import lock
 from wsi_loader.index.quarantine import Quarantine, coords_in
 from wsi_loader.slides.storage import expand_home, is_url, url_join
 
@@ -133,7 +134,7 @@ class GenerationLock:
             self.fd = os.open(gen / READERS_LOCK, os.O_RDONLY)
         except FileNotFoundError:
             return
-        fcntl.flock(self.fd, fcntl.LOCK_SH)
+        lock(self.fd, fcntl.LOCK_SH, gen / READERS_LOCK)
 
     def __del__(self) -> None:
         if self.fd is not None:
@@ -148,7 +149,7 @@ def _unused(gen: Path) -> bool:
     except FileNotFoundError:
         return True
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, gen / READERS_LOCK)  # no locks: no way to know
     except BlockingIOError:
         return False
     finally:
@@ -737,7 +738,7 @@ def exclusive_build(out: str | os.PathLike[str]) -> Iterator[None]:
         ) from exc
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, base / BUILD_LOCK)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
             raise IndexFormatError(

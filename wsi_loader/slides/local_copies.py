@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 
 from wsi_loader.errors import SlideOpenError, TransientReadError, WsiLoaderError
+from wsi_loader.files import lock
 from wsi_loader.slides.storage import download, remote_stat, url_digest
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ MULTI_FILE = frozenset({".mrxs", ".vms", ".vmu", ".dcm", ".dicom"})
 def _locked(path: str) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        lock(fd, fcntl.LOCK_EX, path)
         yield
     finally:
         os.close(fd)  # releases the lock
