@@ -365,3 +365,16 @@ def test_capabilities_are_found_by_protocol_and_a_plain_reader_reads_the_same(
         plain = TileReader(index, record_failures=False).read(rows, threads=threads)
         assert np.array_equal(plain.ok, expected.ok)
         assert np.array_equal(plain.pixels[plain.ok], expected.pixels[expected.ok])
+
+
+def test_a_bad_tile_is_quarantined_once_across_processes_and_epochs(index: SlideIndex) -> None:
+    # each epoch's workers are new processes: every one appended the same bad tiles again,
+    # so after 100 epochs info counted 100 records per bad tile and the file kept growing
+    bad = corrupt_rows(index)
+    for _ in range(3):  # a new reader per epoch, as a new worker process has
+        result = TileReader(index).read(bad)
+        assert not result.ok.any()
+    records = index.quarantine.read()
+    assert sorted((r["x"], r["y"]) for r in records) == sorted(
+        (int(index.columns["l0_x"][r]), int(index.columns["l0_y"][r])) for r in bad
+    )

@@ -191,7 +191,9 @@ class TileReader:
         self.slide_faults: dict[int, str] = {}  # slide id -> reason, found by this process
         self._transient_logged: set[int] = set()
         self.on_slide: Callable[[int], None] | None = None  # told which slide is read next
-        self._quarantined: set[tuple[int, int, int]] = set()
+        # tiles in the quarantine (read when this process first records one): each epoch's
+        # workers are new processes, and a tile is recorded once, not once per epoch
+        self._quarantined: set[tuple[str, str | None, int, int]] | None = None
         self._quarantine_unwritable = False
         self._paths = [index.slide_path(i) for i in range(len(index.slides))]
         self._contents = {p: s.content for p, s in zip(self._paths, index.slides, strict=True)}
@@ -369,14 +371,31 @@ class TileReader:
             "policy": self.on_error,
         }
         self._keep(entry)
-        key = (slide_id, x, y)
-        if not self.record_failures or key in self._quarantined:
+        if not self.record_failures:
+            return
+        if self._quarantined is None:
+            self._quarantined = self._recorded_tiles()
+        record = self.index.slides[slide_id]
+        key = (record.path, record.fingerprint, x, y)
+        if key in self._quarantined:
             return
         self._quarantined.add(key)
         try:
             self.index.quarantine.append(entry)
         except OSError as exc:
             self._unrecorded(exc)
+
+    def _recorded_tiles(self) -> set[tuple[str, str | None, int, int]]:
+        """(path, fingerprint, x, y) of the tile records already in the quarantine."""
+        try:
+            records = self.index.quarantine.read()
+        except OSError:  # unreadable: then at worst a record is written twice
+            return set()
+        return {
+            (r["path"], r.get("fingerprint"), int(r["x"]), int(r["y"]))
+            for r in records
+            if r.get("kind", "tile") == "tile" and "x" in r and "y" in r and "path" in r
+        }
 
     def _unrecorded(self, error: OSError) -> None:
         """A quarantine write failed (a read-only index): said once per process, since every
