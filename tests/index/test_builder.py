@@ -222,20 +222,24 @@ def test_numeric_labels_keep_their_numeric_order(archive: Path, tmp_path: Path) 
     assert label_order(["2", "nan", "10"]) == ["10", "2", "nan"]  # 'nan' is pandas' missing
 
 
+def _labelled(archive: Path, out: Path, labels: str) -> SlideIndex:
+    """The archive indexed with a labels CSV of this text (written next to ``out``)."""
+    table = out.with_name(out.name + "-labels.csv")
+    table.write_text(labels)
+    return build_index([archive], out, labels=str(table))
+
+
 def test_labels_that_spell_a_missing_value_are_said(
     archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # df["label"].astype(str).to_csv(...) writes a missing label as 'nan', R writes 'NA':
     # each became a class of its own, trained on as if it were a diagnosis
-    labels = tmp_path / "labels.csv"
-    labels.write_text("slide,label\na,tumour\nb,nan\nc,NA\n")
-    index = build_index([archive], tmp_path / "idx", labels=str(labels))
+    index = _labelled(archive, tmp_path / "idx", "slide,label\na,tumour\nb,nan\nc,NA\n")
     assert index.label_names == ("NA", "nan", "tumour")  # kept: the user decides
     assert "labels that look like a missing value" in caplog.text
     assert "'NA' (1 slide), 'nan' (1 slide)" in caplog.text
     caplog.clear()
-    labels.write_text("slide,label\na,tumour\nb,normal\nc,Nancy\n")
-    build_index([archive], tmp_path / "idx2", labels=str(labels))
+    _labelled(archive, tmp_path / "idx2", "slide,label\na,tumour\nb,normal\nc,Nancy\n")
     assert "missing value" not in caplog.text
 
 
@@ -243,9 +247,7 @@ def test_labels_that_differ_only_in_case_or_spacing_are_said(
     archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # two spellings of one class are two classes: a typo a model then learns to separate
-    labels = tmp_path / "labels.csv"
-    labels.write_text("slide,label\na,Tumor\nb,tumor\nc,Normal\n")
-    index = build_index([archive], tmp_path / "idx", labels=str(labels))
+    index = _labelled(archive, tmp_path / "idx", "slide,label\na,Tumor\nb,tumor\nc,Normal\n")
     assert index.label_names == ("Normal", "Tumor", "tumor")  # kept as written
     assert "labels that differ only in case or spacing: 'Tumor' / 'tumor'" in caplog.text
     caplog.clear()
