@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from tests.conftest import corrupt_rows
 from wsi_loader.dataset import TileDataset, make_loader
 from wsi_loader.gpu import IMAGENET_MEAN, IMAGENET_STD, DeviceLoader
 from wsi_loader.index import SlideIndex
@@ -46,6 +47,19 @@ def test_device_decode_mode_equals_cpu_mode(index: SlideIndex) -> None:
         assert b["image"].is_contiguous()
         torch.testing.assert_close(a["image"], b["image"])
         assert torch.equal(a["ok"], b["ok"])
+
+
+def test_device_decode_quarantines_a_bad_tile_once_over_epochs(index: SlideIndex) -> None:
+    # with decode="device" the main process decodes, epoch after epoch: each failure of a
+    # corrupt tile was appended again (3 epochs: 3 records per tile)
+    loader = DeviceLoader(
+        make_loader(index, batch_size=8, num_workers=0, shuffle=False, decode="device"), "cpu"
+    )
+    for _ in range(3):
+        failed = sum(int((~batch["ok"]).sum()) for batch in loader)
+        assert failed == len(corrupt_rows(index))
+    records = index.quarantine.read()
+    assert sorted(r["row"] for r in records) == sorted(corrupt_rows(index).tolist())
 
 
 def test_plain_dataloader_dicts_work_too(index: SlideIndex) -> None:

@@ -80,6 +80,13 @@ def test_corrupt_encoded_tile_is_caught_after_the_worker(index: SlideIndex) -> N
     assert batch.ok.tolist() == [False, True]
     assert bool((batch.images[0] == 255).all())
     assert [r["row"] for r in index.quarantine.read()] == [row]
+    # the next epochs decode it again in the same (main) process: recorded once, not per epoch
+    recorded: dict[str, set[tuple[str, str | None, int, int]]] = {}
+    for _ in range(2):
+        again = TileDataset(index).read_batch([row, 0], encoded=True)
+        decode_encoded(again, torch.device("cpu"), recorded=recorded)
+        assert again.ok.tolist() == [False, True]
+    assert [r["row"] for r in index.quarantine.read()] == [row]
 
 
 def test_off_level_dct_scaling_matches_openslide_resize(

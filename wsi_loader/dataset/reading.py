@@ -33,6 +33,7 @@ from wsi_loader.errors import (
     is_transient,
 )
 from wsi_loader.index.inputs import content_key, identify
+from wsi_loader.index.quarantine import TileKey, tile_key
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.base import (
     PlansReads,
@@ -193,7 +194,7 @@ class TileReader:
         self.on_slide: Callable[[int], None] | None = None  # told which slide is read next
         # tiles in the quarantine (read when this process first records one): each epoch's
         # workers are new processes, and a tile is recorded once, not once per epoch
-        self._quarantined: set[tuple[str, str | None, int, int]] | None = None
+        self._quarantined: set[TileKey] | None = None
         self._quarantine_unwritable = False
         self._paths = [index.slide_path(i) for i in range(len(index.slides))]
         self._contents = {p: s.content for p, s in zip(self._paths, index.slides, strict=True)}
@@ -375,8 +376,7 @@ class TileReader:
             return
         if self._quarantined is None:
             self._quarantined = self._recorded_tiles()
-        record = self.index.slides[slide_id]
-        key = (record.path, record.fingerprint, x, y)
+        key = tile_key(entry)
         if key in self._quarantined:
             return
         self._quarantined.add(key)
@@ -385,17 +385,12 @@ class TileReader:
         except OSError as exc:
             self._unrecorded(exc)
 
-    def _recorded_tiles(self) -> set[tuple[str, str | None, int, int]]:
-        """(path, fingerprint, x, y) of the tile records already in the quarantine."""
+    def _recorded_tiles(self) -> set[TileKey]:
+        """The tiles already in the quarantine."""
         try:
-            records = self.index.quarantine.read()
+            return self.index.quarantine.tile_keys()
         except OSError:  # unreadable: then at worst a record is written twice
             return set()
-        return {
-            (r["path"], r.get("fingerprint"), int(r["x"]), int(r["y"]))
-            for r in records
-            if r.get("kind", "tile") == "tile" and "x" in r and "y" in r and "path" in r
-        }
 
     def _unrecorded(self, error: OSError) -> None:
         """A quarantine write failed (a read-only index): said once per process, since every

@@ -56,6 +56,14 @@ def _valid(entry: Any) -> bool:
     return fp is None or isinstance(fp, str)
 
 
+TileKey = tuple[str, "str | None", int, int]  # (path as stored, fingerprint, l0_x, l0_y)
+
+
+def tile_key(record: dict[str, Any]) -> TileKey:
+    """The identity of a tile record: the same tile of the same file."""
+    return (str(record["path"]), record.get("fingerprint"), int(record["x"]), int(record["y"]))
+
+
 class Quarantine:
     """Append-only failure log of one index directory."""
 
@@ -103,6 +111,15 @@ class Quarantine:
                     return False
             self._append_locked(self._stamped({**record, "kind": "slide"}))
             return True
+
+    def tile_keys(self) -> set[TileKey]:
+        """`tile_key` of every tile record: what a process that records failures checks first,
+        so that a tile failing again (the next epoch, a new worker) is recorded once."""
+        return {
+            tile_key(r)
+            for r in self.read()
+            if r.get("kind", "tile") == "tile" and {"path", "x", "y"} <= r.keys()
+        }
 
     def read(self) -> list[dict[str, Any]]:
         """Every valid record, oldest first (torn or invalid lines are skipped with a warning)."""
