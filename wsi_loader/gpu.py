@@ -24,7 +24,7 @@ import torch
 
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.errors import TileReadError
-from wsi_loader.index.quarantine import Quarantine, TileKey, tile_key
+from wsi_loader.index.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def decode_encoded(
     batch: TileBatch,
     device: torch.device,
     unwritable: set[str] | None = None,
-    recorded: dict[str, set[TileKey]] | None = None,
+    quarantines: dict[str, Quarantine] | None = None,
 ) -> TileBatch:
     """Decode the compressed tiles of ``batch`` into ``batch.images`` (on ``device``).
 
@@ -58,9 +58,9 @@ def decode_encoded(
     dataset's policy applies: ``fill`` (white) or ``raise`` (`TileReadError`); ``substitute``
     is refused by `make_loader` for device decoding (no reader here to read another tile).
     A quarantine that cannot be written is said once per file in ``unwritable`` (the
-    caller's: the files already said), and decoding goes on. ``recorded`` (the caller's,
-    per quarantine file: its tiles, read on the first failure) keeps a tile that fails every
-    epoch from being appended every epoch.
+    caller's: the files already said), and decoding goes on. ``quarantines`` (the caller's,
+    by file) keep the `Quarantine` objects, which know the tiles recorded: a tile that fails
+    every epoch is recorded once.
     """
     if not batch.encoded:
         return batch
@@ -84,7 +84,7 @@ def decode_encoded(
             pixels = simplejpeg.decode_jpeg(batch.encoded[i] or b"", colorspace="RGB", strict=True)
             decoded[i] = torch.from_numpy(np.ascontiguousarray(pixels))
         except Exception as exc:  # corrupt compressed tile
-            _mark_failed(batch, i, f"{type(exc).__name__}: {exc}", unwritable, recorded)
+            _mark_failed(batch, i, f"{type(exc).__name__}: {exc}", unwritable, quarantines)
     if decoded and batch.images.device.type == "cpu":  # numpy: no intra-op thread pool
         rows = batch.images.numpy()
         for i, pixels in decoded.items():
@@ -102,7 +102,7 @@ def _mark_failed(
     i: int,
     error: str,
     unwritable: set[str] | None = None,
-    recorded: dict[str, set[TileKey]] | None = None,
+    quarantines: dict[str, Quarantine] | None = None,
 ) -> None:
     batch.ok[i] = False
     if batch.images.device.type == "cpu":
@@ -122,17 +122,10 @@ def _mark_failed(
             "error": error,
             "policy": batch.on_error,
         }
-        quarantine = Quarantine(batch.quarantine)
+        kept = quarantines if quarantines is not None else {}
+        quarantine = kept.setdefault(batch.quarantine, Quarantine(batch.quarantine))
         try:
-            known = None
-            if recorded is not None:
-                known = recorded.get(batch.quarantine)
-                if known is None:
-                    known = recorded[batch.quarantine] = quarantine.tile_keys()
-            if known is None or tile_key(record) not in known:
-                quarantine.append(record)
-                if known is not None:
-                    known.add(tile_key(record))
+            quarantine.record_tile(record)
         except OSError as exc:  # a read-only index: the failure is still in batch.ok
             said = unwritable if unwritable is not None else set()
             if batch.quarantine in said:
@@ -198,7 +191,7 @@ class DeviceLoader:
             self._np_shift = self._shift.cpu().reshape(3).numpy().astype(self._np_dtype)
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # constants per tile width
         self._unwritable: set[str] = set()  # quarantine files found read-only (said once)
-        self._recorded: dict[str, set[TileKey]] = {}  # tiles each quarantine holds
+        self._quarantines: dict[str, Quarantine] = {}  # by file: they know the tiles recorded
         self._stream = (
             torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
             if self.device.type == "cuda"
@@ -237,13 +230,13 @@ class DeviceLoader:
     def _prepare(self, batch: TileBatch | dict[str, Any]) -> dict[str, Any]:
         """Copy to the device and convert; runs on the side stream when there is one."""
         if isinstance(batch, TileBatch) and self.device.type == "cpu" and self._np_dtype:
-            moved = decode_encoded(batch, self.device, self._unwritable, self._recorded)
+            moved = decode_encoded(batch, self.device, self._unwritable, self._quarantines)
             out = moved.as_dict()
             out["image"] = self._convert_on_cpu(moved.images)
             return out
         if isinstance(batch, TileBatch):
             moved = batch.to(self.device, non_blocking=True)
-            moved = decode_encoded(moved, self.device, self._unwritable, self._recorded)
+            moved = decode_encoded(moved, self.device, self._unwritable, self._quarantines)
             out = moved.as_dict()
         else:  # default-collated dicts from a plain DataLoader(TileDataset)
             out = {

@@ -12,6 +12,7 @@ from tests.conftest import SlideFactory, corrupt_rows
 from wsi_loader.dataset import TileBatch, TileDataset, make_loader
 from wsi_loader.errors import ConfigError
 from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.index.quarantine import Quarantine
 
 
 @pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
@@ -81,10 +82,10 @@ def test_corrupt_encoded_tile_is_caught_after_the_worker(index: SlideIndex) -> N
     assert bool((batch.images[0] == 255).all())
     assert [r["row"] for r in index.quarantine.read()] == [row]
     # the next epochs decode it again in the same (main) process: recorded once, not per epoch
-    recorded: dict[str, set[tuple[str, str | None, int, int]]] = {}
+    quarantines: dict[str, Quarantine] = {}
     for _ in range(2):
         again = TileDataset(index).read_batch([row, 0], encoded=True)
-        decode_encoded(again, torch.device("cpu"), recorded=recorded)
+        decode_encoded(again, torch.device("cpu"), quarantines=quarantines)
         assert again.ok.tolist() == [False, True]
     assert [r["row"] for r in index.quarantine.read()] == [row]
 

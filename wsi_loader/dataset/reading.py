@@ -33,7 +33,7 @@ from wsi_loader.errors import (
     is_transient,
 )
 from wsi_loader.index.inputs import content_key, identify
-from wsi_loader.index.quarantine import TileKey, tile_key
+from wsi_loader.index.quarantine import Quarantine
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.base import (
     PlansReads,
@@ -192,9 +192,7 @@ class TileReader:
         self.slide_faults: dict[int, str] = {}  # slide id -> reason, found by this process
         self._transient_logged: set[int] = set()
         self.on_slide: Callable[[int], None] | None = None  # told which slide is read next
-        # tiles in the quarantine (read when this process first records one): each epoch's
-        # workers are new processes, and a tile is recorded once, not once per epoch
-        self._quarantined: set[TileKey] | None = None
+        self._quarantine: Quarantine | None = None  # kept: it knows the tiles recorded
         self._quarantine_unwritable = False
         self._paths = [index.slide_path(i) for i in range(len(index.slides))]
         self._contents = {p: s.content for p, s in zip(self._paths, index.slides, strict=True)}
@@ -374,23 +372,12 @@ class TileReader:
         self._keep(entry)
         if not self.record_failures:
             return
-        if self._quarantined is None:
-            self._quarantined = self._recorded_tiles()
-        key = tile_key(entry)
-        if key in self._quarantined:
-            return
-        self._quarantined.add(key)
+        if self._quarantine is None:
+            self._quarantine = self.index.quarantine
         try:
-            self.index.quarantine.append(entry)
+            self._quarantine.record_tile(entry)
         except OSError as exc:
             self._unrecorded(exc)
-
-    def _recorded_tiles(self) -> set[TileKey]:
-        """The tiles already in the quarantine."""
-        try:
-            return self.index.quarantine.tile_keys()
-        except OSError:  # unreadable: then at worst a record is written twice
-            return set()
 
     def _unrecorded(self, error: OSError) -> None:
         """A quarantine write failed (a read-only index): said once per process, since every

@@ -70,6 +70,7 @@ class Quarantine:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self._tiles: set[TileKey] | None = None  # recorded tiles, read at the first record_tile
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -112,14 +113,22 @@ class Quarantine:
             self._append_locked(self._stamped({**record, "kind": "slide"}))
             return True
 
-    def tile_keys(self) -> set[TileKey]:
-        """`tile_key` of every tile record: what a process that records failures checks first,
-        so that a tile failing again (the next epoch, a new worker) is recorded once."""
-        return {
-            tile_key(r)
-            for r in self.read()
-            if r.get("kind", "tile") == "tile" and {"path", "x", "y"} <= r.keys()
-        }
+    def record_tile(self, record: dict[str, Any]) -> bool:
+        """`append` a tile record unless that tile is recorded already: in the file when this
+        object first looked, or by this object since. A tile that fails every epoch, in each
+        epoch's new workers, is recorded once. True when written."""
+        if self._tiles is None:
+            self._tiles = {
+                tile_key(r)
+                for r in self.read()
+                if r.get("kind", "tile") == "tile" and {"path", "x", "y"} <= r.keys()
+            }
+        key = tile_key(record)
+        if key in self._tiles:
+            return False
+        self.append(record)
+        self._tiles.add(key)
+        return True
 
     def read(self) -> list[dict[str, Any]]:
         """Every valid record, oldest first (torn or invalid lines are skipped with a warning)."""
