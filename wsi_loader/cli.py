@@ -492,9 +492,9 @@ def _labels_line(report: dict[str, Any]) -> str:
 
 
 def _counts_line(counts: dict[str, dict[str, int]], shown: int = 12) -> str:
-    """'normal 3 slides / 102 tiles, tumour 1 slide / 34 tiles' (the first ``shown``)."""
+    """'normal: 3 slides / 102 tiles, tumour: 1 slide / 34 tiles' (the first ``shown``)."""
     parts = [
-        f"{name} {c['slides']} slide{'s' * (c['slides'] != 1)} / {c['tiles']} tiles"
+        f"{name}: {c['slides']} slide{'s' * (c['slides'] != 1)} / {c['tiles']} tiles"
         for name, c in list(counts.items())[:shown]
     ]
     more = f" and {len(counts) - shown} more" if len(counts) > shown else ""
@@ -521,7 +521,7 @@ def _human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
             + ", ".join(
                 f"{name} {c['slides']} slides / {c['tiles']} tiles"
                 + (
-                    f" ({', '.join(f'{label} {n[unit]}' for label, n in c['labels'].items())})"
+                    f" ({', '.join(f'{label}: {n[unit]}' for label, n in c['labels'].items())})"
                     if c["labels"]
                     else ""
                 )

@@ -274,8 +274,8 @@ def test_label_counts_per_split_and_a_split_missing_a_class_is_said(
     assert val.label_counts() == {"tumour": {"slides": 1, "tiles": tiles[2]}}
     assert main(["info", str(index.path)]) == 0
     shown = capsys.readouterr().out
-    assert f"classes: normal 1 slide / {tiles[1]} tiles, tumour 2 slides /" in shown
-    assert "val 1 slides / " in shown and "(tumour 1)" in shown
+    assert f"classes: normal: 1 slide / {tiles[1]} tiles, tumour: 2 slides /" in shown
+    assert "val 1 slides / " in shown and "(tumour: 1)" in shown
     caplog.clear()
     (split_archive / "labels.csv").write_text(
         "slide,label,split\np0,tumour,train\np1,normal,train\np2,normal,val\n"
@@ -292,3 +292,20 @@ def test_label_counts_per_split_and_a_split_missing_a_class_is_said(
         labels=str(split_archive / "labels.csv"),
     )  # fmt: skip
     assert "has no slide labelled" not in caplog.text  # no splits, nothing to compare
+
+
+def test_counts_of_numeric_labels_read_unambiguously(
+    split_archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # grades as labels: 'classes: 2 2 slides / 57 tiles' and '(2 1, 10 1)' could not be read
+    (split_archive / "labels.csv").write_text(
+        "slide,label,split\np0,2,train\np1,10,train\np2,2,val\n"
+    )
+    index = build_index(
+        [split_archive], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.0,
+        labels=str(split_archive / "labels.csv"),
+    )  # fmt: skip
+    assert main(["info", str(index.path)]) == 0
+    shown = capsys.readouterr().out
+    assert "classes: 2: 2 slides / " in shown and ", 10: 1 slide / " in shown
+    assert "(2: 1, 10: 1)" in shown and "(2: 1)" in shown
