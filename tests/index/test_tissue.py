@@ -104,3 +104,66 @@ def test_mask_comes_from_the_lowest_level_in_chunks(make_slide: SlideFactory) ->
     assert set(spy.levels) == {3}
     assert max(image.shape[:2]) <= 128
     spy.close()
+
+
+def _single_level_jpeg_tiff(path: Path, width: int, height: int) -> Path:
+    """A tiled JPEG TIFF with no pyramid (as some converters write), a pink blob on glass."""
+    import tifffile
+
+    image = np.full((height, width, 3), 242, np.uint8)
+    image[height // 4 : height // 2, width // 4 : width * 3 // 4] = (220, 150, 190)
+    tifffile.imwrite(
+        path, image, tile=(256, 256), compression="jpeg", photometric="rgb", metadata=None
+    )
+    return path
+
+
+def _block_means(full: np.ndarray, factor: int) -> np.ndarray:
+    """The image averaged over factor x factor blocks, partial edge blocks padded with glass."""
+    h, w = full.shape[:2]
+    oh, ow = -(-h // factor), -(-w // factor)
+    padded = np.full((oh * factor, ow * factor, 3), 255.0)
+    padded[:h, :w] = full
+    means: np.ndarray = padded.reshape(oh, factor, ow, factor, 3).mean(axis=(1, 3))
+    return means
+
+
+@pytest.mark.parametrize(("max_size", "factor"), [(256, 16), (410, 10)])
+def test_a_single_level_slide_is_not_decoded_at_full_resolution_for_its_mask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_size: int, factor: int
+) -> None:
+    """A slide without a pyramid has only level 0 to find tissue on: its JPEG tiles are
+    decoded shrunk (libjpeg's DCT scaling at 1/8), not at full size and then averaged; only
+    the last few pixels of a side that is not a whole number of mask pixels are not."""
+    from wsi_loader.slides import tiff_backend
+
+    path = _single_level_jpeg_tiff(tmp_path / "flat scan.v2.tif", 4096, 3072)
+    scales: list[int] = []
+    decode = tiff_backend._Level.decode_jpeg
+
+    def spy(level: object, data: bytes, out: object = None, scale: int = 1) -> np.ndarray:
+        scales.append(scale)
+        return decode(level, data, out, scale)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tiff_backend._Level, "decode_jpeg", spy)
+    with open_slide(str(path), "tiff") as slide:
+        assert slide.meta.level_count == 1
+        image, level = read_mask_image(slide, max_size=max_size)
+    assert level == 0 and image.shape == (-(-3072 // factor), -(-4096 // factor), 3)
+    full_size = [s for s in scales if s == 1]
+    assert scales.count(8) == 12 * 16 and len(full_size) <= 12 + 16  # the last column and row
+    monkeypatch.setattr(tiff_backend._Level, "decode_jpeg", decode)
+    with open_slide(str(path), "tiff") as slide:
+        full = slide.read_region(0, 0, 0, 4096, 3072)
+    expected = _block_means(full, factor)  # the same picture as a full decode averaged down
+    assert np.abs(image - expected).max() <= 3
+    assert (tissue_mask(image) == tissue_mask(expected.round().astype(np.uint8))).mean() > 0.99
+
+
+def test_a_mask_image_with_partial_edge_blocks_is_padded_with_glass(tmp_path: Path) -> None:
+    path = _single_level_jpeg_tiff(tmp_path / "odd.tif", 1000, 700)
+    with open_slide(str(path), "tiff") as slide:
+        image, _ = read_mask_image(slide, max_size=64)  # factor 16: edges 8 and 12 px wide
+        full = slide.read_region(0, 0, 0, 1000, 700)
+    assert image.shape == (44, 63, 3)
+    assert np.abs(image - _block_means(full, 16)).max() <= 3
