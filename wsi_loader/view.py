@@ -26,7 +26,7 @@ from wsi_loader.files import replacing
 from wsi_loader.index.annotations import read_regions
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.index.tissue import read_mask_image
-from wsi_loader.slides.base import RGBArray, SlideReader
+from wsi_loader.slides.base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, RGBArray, SlideReader
 from wsi_loader.slides.open import open_slide
 
 ColorBy = Literal["tissue", "label", "status", "annotation"]
@@ -353,7 +353,7 @@ class SlideOverview(_Renders):
         if (
             record.mpp
             and record.mpp_source in ("vendor", "manifest", "tiff-resolution")
-            and record.mpp <= 20
+            and MIN_PLAUSIBLE_MPP <= record.mpp <= MAX_PLAUSIBLE_MPP
         ):
             um_per_thumb_px = record.mpp / self.scale
             length_um = _nice_length(picture.width * 0.3 * um_per_thumb_px)

@@ -56,7 +56,9 @@ def test_coarser_than_target_fails_with_advice() -> None:
     ("mpp", "source", "reason"),
     [
         (None, "missing", "no MPP"),
-        (352.8, "tiff-resolution", "not a microscope resolution"),
+        (352.8, "tiff-resolution", "not a microscope resolution.*screen DPI"),
+        # a resolution tag in pixels per micrometre written with the unit centimetre
+        (0.00025, "tiff-resolution", "finer than a light microscope.*resolution unit"),
     ],
 )
 def test_unusable_mpp_says_how_to_proceed(mpp: float | None, source: str, reason: str) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wsi_loader.errors import ResolutionError
-from wsi_loader.slides.base import SlideMeta
+from wsi_loader.slides.base import MIN_PLAUSIBLE_MPP, SlideMeta
 
 IntArray = npt.NDArray[np.int64]
 
@@ -46,6 +46,11 @@ def _mpp_reason(meta: SlideMeta, mpp: float | None) -> str:
     if mpp is None:
         return "the slide has no MPP (microns per pixel) in its metadata"
     source = _SOURCE_NAMES.get(meta.mpp_source, meta.mpp_source)
+    if mpp < MIN_PLAUSIBLE_MPP:
+        return (
+            f"its MPP {mpp:.4g} um/px (from the {source}) is finer than a light microscope "
+            "resolves (probably a wrong resolution unit)"
+        )
     return (
         f"its MPP {mpp:.4g} um/px (from the {source}) is not a microscope resolution "
         "(probably a screen DPI)"

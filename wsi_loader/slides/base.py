@@ -25,6 +25,9 @@ Window = tuple[int, int, int, int, int]  # (l0_x, l0_y, level, l_w, l_h)
 # Resolutions coarser than this are not microscope scans: they come from a screen DPI
 # (72 dpi = 352.8 um/px) written by generic image software.
 MAX_PLAUSIBLE_MPP = 20.0
+# Finer than this is beyond light microscopy (100x oil scans are ~0.1 um/px): a resolution
+# tag with the wrong unit (pixels per micrometre written as per centimetre, 10^4 off).
+MIN_PLAUSIBLE_MPP = 0.01
 
 
 NON_SQUARE = 0.01  # relative MPP difference across / down worth a word (not rounding)
@@ -76,7 +79,7 @@ class SlideMeta:
     @property
     def usable_mpp(self) -> float | None:
         """The MPP if it is a plausible microscope resolution, else None."""
-        if self.mpp is None or not (0.0 < self.mpp <= MAX_PLAUSIBLE_MPP):
+        if self.mpp is None or not (MIN_PLAUSIBLE_MPP <= self.mpp <= MAX_PLAUSIBLE_MPP):
             return None
         return self.mpp
 
