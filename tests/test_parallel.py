@@ -140,11 +140,14 @@ def test_ctrl_c_stops_a_parallel_export_cleanly_and_it_resumes(
 
 
 @pytest.mark.timeout(300)
-def test_ctrl_c_stops_a_parallel_index_build_cleanly(testdata: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("limit", [[], ["--slide-timeout", "60"]], ids=["", "slide timeout"])
+def test_ctrl_c_stops_a_parallel_index_build_cleanly(
+    testdata: Path, tmp_path: Path, limit: list[str]
+) -> None:
     # enough slides that the build is still running when Ctrl-C comes on a fast machine
     slides = _linked_slides(testdata, tmp_path / "slides", 300)
     args = ["index", str(slides), "--out", str(tmp_path / "idx"), "--mpp", "0.5", "--workers",
-            "2", "--no-progress"]  # fmt: skip
+            "2", "--no-progress", *limit]  # fmt: skip
     done = _interrupt(args, lambda pid: len(_children(pid)) >= 3, 0.5)
     if done.returncode == 0:
         pytest.skip("the build finished before Ctrl-C")
@@ -240,3 +243,45 @@ def test_ctrl_c_while_tasks_are_submitted_is_not_lost(tmp_path: Path) -> None:
     done = _run_script(tmp_path, CTRL_C_WHILE_SUBMITTING)
     assert done.stdout.strip() == "interrupted", done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def _workers_left() -> list[str]:
+    """This process's live children but multiprocessing's resource tracker (which stays)."""
+    return [
+        pid
+        for pid in _children(os.getpid())
+        if _alive(pid) and b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
+def _gave_up(task: float) -> str:
+    return f"gave up {task:g}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_task_past_its_time_limit_is_given_up_and_the_others_run(workers: int) -> None:
+    """A stuck task (a hung mount, a decoder that loops) must not stop the run: it is given up
+    after ``timeout``, its worker ended, and the tasks queued behind it, which never began,
+    run in fresh workers (not given up with it)."""
+    from wsi_loader import parallel
+
+    tasks = [0.0, 3600.0, 0.2, 3600.0, 0.0, 0.1]
+    start = time.monotonic()
+    results = parallel.run_all(
+        time.sleep, tasks, workers, None, parallel.progress_bar(6, "", "", False),
+        timeout=3.0, timed_out=_gave_up,
+    )  # fmt: skip
+    assert results == [None, "gave up 3600", None, "gave up 3600", None, None]
+    assert time.monotonic() - start < 60
+    assert not _workers_left()
+
+
+def test_a_time_limit_needs_local_workers() -> None:
+    import concurrent.futures as cf
+
+    from wsi_loader import parallel
+
+    bar = parallel.progress_bar(1, "", "", False)
+    with cf.ThreadPoolExecutor(1) as pool, pytest.raises(ValueError, match="worker processes"):
+        parallel.run_all(time.sleep, [0.0], 1, pool, bar, timeout=1.0, timed_out=_gave_up)

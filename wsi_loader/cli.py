@@ -131,6 +131,12 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     _config_flag(p, "--allow-shrink", "let a rebuild drop more than half of the indexed slides")
     p.add_argument("--workers", type=int, metavar="N", help="parallel slide workers")
+    p.add_argument(
+        "--slide-timeout",
+        type=float,
+        metavar="S",
+        help="give up a slide not done after S seconds (recorded as failed; 0: no limit)",
+    )
     p.add_argument("--backend", choices=["auto", "openslide", "tiff"])
     p.add_argument(
         "--no-align",
@@ -429,6 +435,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             "allow_shrink",
             "root",
             "workers",
+            "slide_timeout",
             "backend",
             "align_to_storage",
             "annotations",

@@ -50,6 +50,9 @@ class IndexConfig(_Strict):
     mask_max_size: int = Field(2048, ge=64, le=16384, description="longest side of tissue mask")
     backend: Literal["auto", "openslide", "tiff"] = "auto"
     workers: int = Field(1, ge=1, le=512)
+    slide_timeout: float = Field(
+        0, ge=0, description="seconds a slide may take before it is given up (0: no limit)"
+    )
     root: PathText | None = Field(None, description="store slide paths relative to this folder")
     labels: PathText | None = Field(None, description="CSV of labels joined by path or slide name")
     strict_labels: bool = Field(

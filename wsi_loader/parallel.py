@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
+import functools
 import multiprocessing
+import multiprocessing.sharedctypes
 import os
 import signal
 import sys
@@ -42,6 +44,7 @@ def progress_bar(total: int, unit: str, desc: str, show: bool) -> tqdm[Any]:
 
 PARENT_POLL_S = 1.0
 STOP_WAIT_S = 10.0  # for a terminated worker to exit
+TIMEOUT_POLL_S = 0.5  # how often the parent looks for a task past its time limit
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -73,13 +76,29 @@ def run_all(
     executor: Any,
     bar: tqdm[Any],
     weight: Callable[[Task], int] = lambda task: 1,
+    timeout: float | None = None,
+    timed_out: Callable[[Task], Result] | None = None,
 ) -> list[Result]:
     """``[fn(task) for task in tasks]``, in order: inline when ``executor`` is None and
     ``workers <= 1``, else on ``executor`` or a pool of ``workers`` spawned processes (shut
-    down, pending work cancelled, if a task raises). ``bar`` advances by ``weight(task)``."""
+    down, pending work cancelled, if a task raises). ``bar`` advances by ``weight(task)``.
+
+    With ``timeout`` (seconds), tasks run in worker processes even for one worker, and a task
+    still running after that long is given up: its result is ``timed_out(task)``, and the
+    workers are ended (a stuck process cannot be told to stop its task) and started again for
+    the tasks not done (those that were running start over)."""
     pool = as_executor(executor)
     if not tasks:
         return []
+    if timeout is not None:
+        if pool is not None:
+            raise ValueError(
+                "a time limit per task needs this machine's worker processes, not an executor "
+                "(a cluster has its own: e.g. dask's distributed.scheduler.worker-ttl)"
+            )
+        if timed_out is None:
+            raise ValueError("timeout needs timed_out, the result of a task given up")
+        return _run_timed(fn, tasks, max(1, workers), bar, weight, timeout, timed_out)
     if pool is None and workers <= 1:
         results = []
         for task in tasks:
@@ -88,12 +107,7 @@ def run_all(
         return results
     if pool is not None:
         return _run_on(pool, fn, tasks, bar, weight)
-    own = cf.ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=exit_with_parent,
-        initargs=(os.getpid(),),
-    )
+    own = _local_pool(workers)
     try:
         return _run_on(own, fn, tasks, bar, weight, spawning=_interrupts_deferred)
     except BaseException:  # Ctrl-C, or a task that failed: stop now, not after running tasks
@@ -101,6 +115,88 @@ def run_all(
         raise
     finally:
         own.shutdown(cancel_futures=True)
+
+
+def _local_pool(
+    workers: int,
+    initializer: Callable[..., None] = exit_with_parent,
+    initargs: tuple[Any, ...] = (),
+) -> cf.ProcessPoolExecutor:
+    return cf.ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=initializer,
+        initargs=(os.getpid(), *initargs),
+    )
+
+
+class _Began:
+    """In a worker process of a timed run (set by the pool's initializer): when it began each
+    task, a slot per task shared with the parent, in CLOCK_MONOTONIC seconds (one clock for
+    every process of the machine); 0 = not begun."""
+
+    slots: Any = None
+
+
+def _start_timed_worker(parent: int, began: Any) -> None:
+    exit_with_parent(parent)
+    _Began.slots = began
+
+
+def _timed_call(fn: Callable[[Task], Result], slot: int, task: Task) -> Result:
+    _Began.slots[slot] = time.monotonic()
+    return fn(task)
+
+
+def _run_timed(
+    fn: Callable[[Task], Result],
+    tasks: Sequence[Task],
+    workers: int,
+    bar: tqdm[Any],
+    weight: Callable[[Task], int],
+    timeout: float,
+    timed_out: Callable[[Task], Result],
+) -> list[Result]:
+    """`run_all` with a time limit per task (its doc). A task's time counts from when a
+    worker begins it, not from when it was handed over, so tasks queued behind a stuck one
+    are not given up with it."""
+    began = multiprocessing.sharedctypes.RawArray(ctypes.c_double, len(tasks))
+    done: dict[int, Result] = {}
+    while len(done) < len(tasks):
+        pool = _local_pool(workers, _start_timed_worker, (began,))
+        try:
+            with _interrupts_deferred():
+                futures = {
+                    pool.submit(functools.partial(_timed_call, fn, i, tasks[i])): i
+                    for i in range(len(tasks))
+                    if i not in done
+                }
+            late: list[int] = []
+            while futures and not late:
+                finished, _ = cf.wait(futures, TIMEOUT_POLL_S, cf.FIRST_COMPLETED)
+                for future in finished:
+                    i = futures.pop(future)
+                    done[i] = future.result()
+                    bar.update(weight(tasks[i]))
+                now = time.monotonic()
+                late = [
+                    i
+                    for future, i in futures.items()
+                    if began[i] and now - began[i] > timeout and not future.done()
+                ]
+            for i in late:
+                done[i] = timed_out(tasks[i])
+                bar.update(weight(tasks[i]))
+            if late:
+                _stop(pool)  # the others start over in a new pool
+                for i in futures.values():
+                    began[i] = 0.0
+        except BaseException:
+            _stop(pool)
+            raise
+        finally:
+            pool.shutdown(cancel_futures=True)
+    return [done[i] for i in range(len(tasks))]
 
 
 def _run_on(

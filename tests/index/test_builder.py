@@ -4,6 +4,7 @@ import json
 import mmap
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,63 @@ def test_bad_slides_are_recorded_not_fatal(archive: Path, tmp_path: Path) -> Non
     )
     assert by_name["gone.svs"].error == "slide file does not exist"
     assert by_name["a.svs"].status == "ok"
+
+
+# Installed in the workers through PYTHONPATH: a slide whose name says so stops answering when
+# it is opened, as one on a mount that hangs (the workers are spawned: no monkeypatch reaches
+# them).
+HANGING_SLIDE_HOOK = """
+import time
+import wsi_loader.index.builder as builder
+
+_identify = builder.identify
+
+def identify(path, *args, **kwargs):
+    if "stuck" in str(path):
+        time.sleep(3600)
+    return _identify(path, *args, **kwargs)
+
+builder.identify = identify
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_slide_that_hangs_is_given_up_after_slide_timeout_and_the_rest_indexed(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(HANGING_SLIDE_HOOK)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")])
+    )
+    shutil.copy(archive / "a.svs", archive / "stuck scan.1.svs")
+    start = time.monotonic()
+    index = build_index([archive], tmp_path / "idx", workers=workers, slide_timeout=5)
+    assert time.monotonic() - start < 120
+    by_name = {Path(s.path).name: s for s in index.slides}
+    stuck = by_name.pop("stuck scan.1.svs")
+    assert stuck.status == "failed" and stuck.tiles == 0
+    assert "not done after 5 s (slide_timeout), so given up" in (stuck.error or "")
+    assert {name: s.status for name, s in by_name.items()} == dict.fromkeys(by_name, "ok")
+    assert all(s.tiles > 0 for s in by_name.values())
+    # the same slides without the time limit: the same tiles for the others
+    monkeypatch.delenv("PYTHONPATH")
+    (archive / "stuck scan.1.svs").unlink()
+    plain = build_index([archive], tmp_path / "plain")
+    assert {Path(s.path).name: s.tiles for s in plain.slides} == {
+        name: s.tiles for name, s in by_name.items()
+    }
+
+
+def test_slide_timeout_needs_local_workers(archive: Path, tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from wsi_loader.errors import ConfigError
+
+    with ThreadPoolExecutor(1) as pool, pytest.raises(ConfigError, match="worker processes"):
+        build_index([archive], tmp_path / "idx", executor=pool, slide_timeout=5)
 
 
 def test_parallel_equals_serial(archive: Path, tmp_path: Path) -> None:

@@ -20,7 +20,13 @@ from typing import Any
 import numpy as np
 
 from wsi_loader.config import IndexConfig, with_overrides
-from wsi_loader.errors import AnnotationError, IndexFormatError, InputError, SlideError
+from wsi_loader.errors import (
+    AnnotationError,
+    ConfigError,
+    IndexFormatError,
+    InputError,
+    SlideError,
+)
 from wsi_loader.index.annotations import AnnotationReport, files_digest, match_annotations
 from wsi_loader.index.annotations.formats import read_annotations
 from wsi_loader.index.annotations.regions import ReadShapes, read_shapes
@@ -442,10 +448,31 @@ def _label_tiles(
 
 
 def _run(
-    tasks: list[SlideTask], workers: int, executor: Any, progress: bool
+    tasks: list[SlideTask], cfg: IndexConfig, executor: Any, progress: bool
 ) -> list[tuple[SlideRecord, TileArrays]]:
     with progress_bar(len(tasks), "slide", "indexing", progress and bool(tasks)) as bar:
-        return run_all(index_slide, tasks, workers, executor, bar)
+        return run_all(
+            index_slide,
+            tasks,
+            cfg.workers,
+            executor,
+            bar,
+            timeout=cfg.slide_timeout or None,
+            timed_out=_given_up,
+        )
+
+
+def _given_up(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
+    """The record of a slide not done within ``slide_timeout`` (its worker was ended)."""
+    error = (
+        f"not done after {task.config.slide_timeout:g} s (slide_timeout), so given up: the "
+        "slide is slow to open or read, or its storage stopped answering"
+    )
+    entry = task.entry
+    record = SlideRecord(
+        path=task.stored_path, label=entry.label, split=entry.split, status="failed", error=error
+    )
+    return record, _empty_tiles()
 
 
 def build_index(
@@ -467,6 +494,13 @@ def build_index(
     `SlideIndex`.
     """
     cfg = with_overrides(config or IndexConfig(), **overrides)
+    if cfg.slide_timeout and executor is not None:
+        raise ConfigError(
+            "slide_timeout needs this machine's worker processes, not an executor: a cluster "
+            "has its own limits (e.g. dask's distributed.scheduler.worker-ttl)",
+            key="slide_timeout",
+            value=cfg.slide_timeout,
+        )
     out = os.fspath(out)
     with exclusive_build(out):
         return _build(inputs, out, cfg, executor, progress)
@@ -552,7 +586,7 @@ def _build(
         _check_class_names(cfg, tasks, [s[0] for s in slots if not isinstance(s, SlideTask)])
     had_ok = previous is not None and any(r.status == "ok" for r in previous.slides)
     del previous  # releases its generation, which write_index may then delete
-    done = iter(_run(tasks, cfg.workers, executor, progress))
+    done = iter(_run(tasks, cfg, executor, progress))
     results = [next(done) if isinstance(s, SlideTask) else s for s in slots]
     results.sort(key=lambda r: r[0].path)
     for record, _ in results:
