@@ -7,12 +7,24 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_as_in_a_terminal() -> Iterator[None]:
+    """Start the commands here with SIGINT at its default, as a terminal's foreground job has
+    it: a shell ignores SIGINT in its background jobs (``make test &``, a runner started with
+    ``nohup ... &``), children inherit that, and their Ctrl-C would do nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:  # (None: a handler set outside Python)
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
 
 def _children(parent: int) -> list[str]:
