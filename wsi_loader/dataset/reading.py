@@ -267,14 +267,20 @@ class TileReader:
             )
         )
 
-    def _read_window(self, window: tuple[int, int, int, int, int], dest: RGBArray) -> None:
+    def _read_window(
+        self,
+        window: tuple[int, int, int, int, int],
+        dest: RGBArray,
+        tried: SlideError | None = None,
+    ) -> None:
         """Read one window into ``dest`` (tile_size x tile_size x 3), reopening and retrying a
         bounded number of times; raises the last error as `TileReadError`, or as
-        `TransientReadError` when it was a resource error (those are retried with backoff)."""
+        `TransientReadError` when it was a resource error (those are retried with backoff).
+        ``tried``: the error of a first attempt already made (its handle discarded)."""
         slide_id, x, y, level, size = window
         path, backend, t = self._paths[slide_id], self.backend, self.tile_size
-        last: SlideError | None = None
-        for attempt in range(self.retries + 1):
+        last: SlideError | None = tried
+        for attempt in range(0 if tried is None else 1, self.retries + 1):
             if last is not None and is_transient(last):
                 time.sleep(min(BACKOFF_S * 2**attempt, 1.0))
             try:
@@ -502,9 +508,37 @@ class TileReader:
         if threads > 1 and len(todo) > 1:
             todo = self._read_in_threads(todo, windows, result.pixels, threads)
         faulted: dict[int, SlideError] = {}  # slides of this call that could not be read
+        # The common case first: a window straight into its slot by a reader fetched once per
+        # slide (``todo`` is grouped by slide). Anything else, and a read that fails, takes
+        # `_read_into` (retries, failure policy): one place decides what a failure means.
+        # Per tile this saves ~8 us of the ~11 us the general path adds to a ~300 us decode.
+        reader, reader_of = None, -1
         for i in todo:
-            self._read_into(int(rows[i]), windows[i], i, result, faulted)
+            slide_id, x, y, level, size = windows[i]
+            tried = None
+            if size == t and slide_id not in faulted:
+                if slide_id != reader_of:
+                    reader, reader_of = self._reader_into(slide_id), slide_id
+                if reader is not None:
+                    try:
+                        reader.read_region_into(result.pixels[i], x, y, level, size, size)
+                        if self.slide_faults:  # the slide is back: a later fault is reported
+                            self.slide_faults.pop(slide_id, None)
+                        continue
+                    except SlideError as exc:
+                        self.pool.discard(self._paths[slide_id], self.backend)  # may be latched
+                        reader, reader_of, tried = None, -1, exc
+            self._read_into(int(rows[i]), windows[i], i, result, faulted, tried)
         return result
+
+    def _reader_into(self, slide_id: int) -> ReadsInto | None:
+        """The slide's reader when it reads straight into a buffer; None when it does not, or
+        cannot be had now (`_read_into` then tries again, and reports)."""
+        try:
+            reader = self.get_reader(slide_id)
+        except SlideError:
+            return None
+        return reader if supports(reader, ReadsInto) else None
 
     def _read_in_threads(
         self,
@@ -582,12 +616,13 @@ class TileReader:
         i: int,
         result: ReadResult,
         faulted: dict[int, SlideError],
+        tried: SlideError | None = None,
     ) -> None:
         slide_id = window[0]
         try:
             if slide_id in faulted:
                 raise faulted[slide_id]
-            self._read_window(window, result.pixels[i])
+            self._read_window(window, result.pixels[i], tried)
             if self.slide_faults:  # the slide is back: a later fault is reported again
                 self.slide_faults.pop(slide_id, None)
             return

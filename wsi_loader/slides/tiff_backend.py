@@ -514,19 +514,13 @@ class TiffReader(SlideReader):
         if self._closed:
             raise closed_error(self.path)
         try:
-            lv = self._levels[level]
-            index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
-            if (
-                index is None
-                or lv.jpeg_colorspace is None
-                or dest.shape != (l_h, l_w, 3)
-                or not dest.flags.c_contiguous
-                or self._cache.get((self.path, level, index, 1)) is not None
-            ):
+            index = self._whole_jpeg(dest, l0_x, l0_y, level, l_w, l_h)
+            if index is None:
                 return None
             data = self._raw(level, index)
         except DATA_ERRORS as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
+        lv = self._levels[level]
 
         def decode() -> None:
             try:
@@ -535,6 +529,22 @@ class TiffReader(SlideReader):
                 raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
         return decode
+
+    def _whole_jpeg(
+        self, dest: RGBArray, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int
+    ) -> int | None:
+        """The segment index when the window is exactly one JPEG storage tile, not in the
+        cache, that can be decoded straight into ``dest``; else None."""
+        lv = self._levels[level]
+        if lv.jpeg_colorspace is None or dest.shape != (l_h, l_w, 3) or not dest.flags.c_contiguous:
+            return None
+        if level == 0:  # (the common case: no rounding to do)
+            index = self._whole_tile(0, l0_x, l0_y, l_w, l_h)
+        else:
+            index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
+        if index is None or self._cache.get((self.path, level, index, 1)) is not None:
+            return None
+        return index
 
     def segment_jobs(
         self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, out_w: int, out_h: int
@@ -570,12 +580,14 @@ class TiffReader(SlideReader):
     ) -> None:
         """`read_region` written into ``dest``; a window that is exactly one JPEG storage tile
         not in the cache is decoded straight into ``dest`` (no intermediate copy)."""
-        decode = self.read_job(dest, l0_x, l0_y, level, l_w, l_h)
-        if decode is not None:
-            decode()
-            return
+        if self._closed:
+            raise closed_error(self.path)
         try:
-            dest[...] = self._read_window(l0_x, l0_y, level, l_w, l_h)
+            index = self._whole_jpeg(dest, l0_x, l0_y, level, l_w, l_h)
+            if index is not None:
+                self._levels[level].decode_jpeg(self._raw(level, index), out=dest)
+            else:
+                dest[...] = self._read_window(l0_x, l0_y, level, l_w, l_h)
         except DATA_ERRORS as exc:  # decoders raise codec-specific types
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
