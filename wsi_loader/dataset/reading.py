@@ -511,7 +511,7 @@ class TileReader:
         # The common case first: a window straight into its slot by a reader fetched once per
         # slide (``todo`` is grouped by slide). Anything else, and a read that fails, takes
         # `_read_into` (retries, failure policy): one place decides what a failure means.
-        # Per tile this saves ~8 us of the ~11 us the general path adds to a ~300 us decode.
+        # (read_batch of aligned JPEG tiles: 314 -> 306 us a tile, decode ~290 us.)
         reader, reader_of = None, -1
         for i in todo:
             slide_id, x, y, level, size = windows[i]
