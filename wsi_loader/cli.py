@@ -83,13 +83,13 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--root", metavar="DIR", help="store slide paths relative to this folder")
     a = p.add_argument_group(
-        "region annotations (QuPath GeoJSON, ASAP XML, Aperio XML; level-0 pixels)"
+        "region annotations (QuPath GeoJSON, ASAP, Aperio or HALO XML; level-0 pixels)"
     )
     a.add_argument(
         "--annotations",
         metavar="PATH",
         help="a folder or file matched to slides by name (slide.svs <- slide.geojson / "
-        "slide.xml), or a CSV with path|slide and 'annotations' columns",
+        "slide.xml / slide.annotations), or a CSV with path|slide and 'annotations' columns",
     )
     a.add_argument(
         "--label-from",

@@ -1,5 +1,5 @@
-"""Write the same region shapes as QuPath GeoJSON, ASAP XML and Aperio ImageScope XML, the
-way those programs lay their files out (level-0 pixel coordinates)."""
+"""Write the same region shapes as QuPath GeoJSON, ASAP XML, Aperio ImageScope XML and HALO
+``.annotations``, the way those programs lay their files out (level-0 pixel coordinates)."""
 
 from __future__ import annotations
 
@@ -102,6 +102,26 @@ def write_aperio(path: Path, regions: Sequence[Region]) -> Path:
         for i, (name, rs) in enumerate(layers.items())
     )
     path.write_text(f'<Annotations MicronsPerPixel="0.499000">{body}</Annotations>')
+    return path
+
+
+def write_halo(path: Path, regions: Sequence[Region]) -> Path:
+    """Indica Labs HALO ``.annotations`` (the layout pyhaloxml reads and writes): one layer per
+    class, ``<V X Y>`` vertices with the first repeated last, holes as NegativeROA regions."""
+    layers: dict[str, list[str]] = {}
+    for r in regions:
+        for ring, negative in [(r.shell, 0), *((h, 1) for h in r.holes)]:
+            vertices = "".join(f'<V X="{x:g}" Y="{y:g}" />' for x, y in [*ring, ring[0]])
+            layers.setdefault(r.name, []).append(
+                f'<Region Type="Polygon" HasEndcaps="0" NegativeROA="{negative}">'
+                f"<Vertices>{vertices}</Vertices><Comments /></Region>"
+            )
+    body = "".join(
+        f'<Annotation Name="{name}" Visible="True" LineColor="65280"><Regions>{"".join(rs)}'
+        "</Regions></Annotation>"
+        for name, rs in layers.items()
+    )
+    path.write_text(f"<Annotations>{body}</Annotations>")
     return path
 
 

@@ -14,7 +14,7 @@ from wsi_loader.index.annotations.formats import Shape
 from wsi_loader.index.annotations.regions import read_regions
 from wsi_loader.index.annotations.tiles import annotate_slide
 
-from .annotation_files import Region, rect, write_aperio, write_asap, write_geojson
+from .annotation_files import Region, rect, write_aperio, write_asap, write_geojson, write_halo
 
 GRID_X, GRID_Y = np.meshgrid(np.arange(0, 1024, 256), np.arange(0, 768, 256))
 SIZE = (1024, 768)
@@ -103,7 +103,7 @@ def test_labels_of_overlapping_classes_go_to_the_most_specific_region() -> None:
     assert assign_labels(coverage, names, areas, 0.5, [], never).tolist() == [0, 0, 0, -1]
 
 
-def test_the_three_formats_describing_the_same_shapes_give_the_same_coverage(tmp_path) -> None:
+def test_the_formats_describing_the_same_shapes_give_the_same_coverage(tmp_path) -> None:
     shapes = [
         Region("Tumor", rect(0, 0, 512, 512), [rect(128, 128, 384, 384)]),
         Region("Stroma", [(600, 0), (1000, 0), (600, 700)]),
@@ -113,6 +113,7 @@ def test_the_three_formats_describing_the_same_shapes_give_the_same_coverage(tmp
         "qupath-0.2": write_geojson(tmp_path / "b.geojson", shapes, old_style=True),
         "asap": write_asap(tmp_path / "c.xml", shapes),
         "aperio": write_aperio(tmp_path / "d.xml", shapes),
+        "halo": write_halo(tmp_path / "e.annotations", shapes),
     }
     results = {}
     for kind, path in files.items():

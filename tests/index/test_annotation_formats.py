@@ -18,7 +18,7 @@ import shapely
 from wsi_loader.errors import AnnotationError, InputError
 from wsi_loader.index.annotations import UNCLASSIFIED, read_annotations, read_regions
 
-from .annotation_files import Region, rect, write_aperio, write_asap, write_geojson
+from .annotation_files import Region, rect, write_aperio, write_asap, write_geojson, write_halo
 
 
 def feature(geometry: object, classification: object = None) -> dict[str, object]:
@@ -354,6 +354,45 @@ def test_aperio_ellipses_rectangles_and_layer_names(tmp_path: Path) -> None:
     assert by_name["Necrosis"].area == pytest.approx(3.14159 * 100 * 50, rel=0.01)
     assert by_name["Layer 7"].area == 100
     assert "1 Aperio regions with < 3 vertices" in " ".join(parsed.notes)
+
+
+def test_halo_rectangles_ellipses_holes_and_what_has_no_area(tmp_path: Path) -> None:
+    """HALO gives rectangles and ellipses by two opposite corners; rulers and pins have no
+    area (skipped, said); a negative region is a hole in its layer."""
+    path = tmp_path / "s.annotations"
+    path.write_text(
+        '<Annotations><Annotation Name="Tumor" Visible="True" LineColor="255"><Regions>'
+        '<Region Type="Rectangle" HasEndcaps="0" NegativeROA="0"><Vertices><V X="100" Y="200"/>'
+        '<V X="0" Y="0"/></Vertices><Comments/></Region>'
+        '<Region Type="Polygon" HasEndcaps="0" NegativeROA="1"><Vertices><V X="10" Y="10"/>'
+        '<V X="20" Y="10"/><V X="20" Y="20"/><V X="10" Y="10"/></Vertices></Region>'
+        '<Region Type="Ruler" HasEndcaps="1" NegativeROA="0"><Vertices><V X="0" Y="0"/>'
+        '<V X="50" Y="50"/></Vertices></Region></Regions></Annotation>'
+        '<Annotation Name="Necrosis" Visible="False" LineColor="0"><Regions>'
+        '<Region Type="Ellipse" HasEndcaps="0" NegativeROA="0"><Vertices><V X="0" Y="0"/>'
+        '<V X="200" Y="100"/></Vertices></Region>'
+        '<Region Type="Pin" HasEndcaps="0" NegativeROA="0"><Vertices><V X="5" Y="5"/>'
+        '</Vertices></Region></Regions></Annotation><Annotation Name="Empty" /></Annotations>'
+    )
+    parsed = read_annotations(str(path))
+    shapes = [(s.name, s.hole, s.geometry.area) for s in parsed.shapes]
+    assert shapes[:2] == [("Tumor", False, 100 * 200), ("Tumor", True, 50)]
+    assert shapes[2][:2] == ("Necrosis", False)
+    assert shapes[2][2] == pytest.approx(3.14159 * 100 * 50, rel=0.01)
+    assert len(shapes) == 3
+    assert "2 HALO rulers and pins" in " ".join(parsed.notes)
+
+
+def test_an_annotations_folder_matches_halo_files_by_slide_name(tmp_path: Path) -> None:
+    from wsi_loader.index.annotations import match_annotations
+    from wsi_loader.index.inputs import SlideEntry
+
+    (tmp_path / "notes").mkdir()
+    write_halo(tmp_path / "notes" / "case 1.annotations", [Region("Tumor", rect(0, 0, 9, 9))])
+    slide = str(tmp_path / "case 1.svs")
+    files, report = match_annotations([SlideEntry(path=slide)], str(tmp_path / "notes"))
+    assert [Path(f).name for f in files[slide]] == ["case 1.annotations"]
+    assert not report.unmatched_files
 
 
 def test_annotations_leave_no_thread_pool_spinning(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Parse region annotation files into class-named level-0 polygons.
 
-Three formats, all untrusted input (XML goes through ``defusedxml``: no entity expansion, no
+Four formats, all untrusted input (XML goes through ``defusedxml``: no entity expansion, no
 external references):
 
 - **QuPath GeoJSON** (a FeatureCollection, a bare list of Features, or one Feature): the class
@@ -15,6 +15,8 @@ external references):
   <Vertices><Vertex X Y>``. The class is the layer's ``Name`` (else its first attribute's name,
   else ``Layer <Id>``); a region with ``NegativeROA="1"`` is a hole cut out of its own layer;
   ``Type="2"`` regions are ellipses given by two corner vertices.
+- **HALO ``.annotations``** (Indica Labs): Aperio's layout with ``<V X Y>`` vertices; region
+  ``Type`` ``Polygon``, ``Rectangle`` and ``Ellipse`` (both by two opposite corners).
 
 Points, lines, arrows and rulers carry no area and are skipped (counted in the notes).
 Self-intersecting polygons are repaired with ``shapely.make_valid`` (noted; the polygon keeps
@@ -44,7 +46,7 @@ from shapely.geometry.base import BaseGeometry
 from wsi_loader.errors import AnnotationError
 
 UNCLASSIFIED = "Unclassified"
-ANNOTATION_SUFFIXES = (".geojson", ".json", ".xml")
+ANNOTATION_SUFFIXES = (".geojson", ".json", ".xml", ".annotations")  # the last: HALO's
 MAX_FILE_BYTES = 512 * 2**20  # a bigger "annotation" file is a mistake, not annotations
 ELLIPSE_SEGMENTS = 64
 MAX_CLASS_DEPTH = 64  # parent classes of a QuPath derived class (a hostile file nests more)
@@ -88,8 +90,8 @@ def read_annotations(path: str) -> Parsed:
     if head == b"<":
         return _xml(data, path)
     raise AnnotationError(
-        "not an annotation file (neither JSON nor XML: expected QuPath GeoJSON, ASAP or Aperio "
-        "XML)",
+        "not an annotation file (neither JSON nor XML: expected QuPath GeoJSON, or ASAP, Aperio "
+        "or HALO XML)",
         path=path,
     )
 
@@ -470,7 +472,7 @@ def _xml(data: bytes, path: str) -> Parsed:
         return _aperio(root, path)
     raise AnnotationError(
         f"unknown XML annotations (root element <{root.tag}>): expected ASAP "
-        "(<ASAP_Annotations>) or Aperio ImageScope (<Annotations><Annotation><Regions>)",
+        "(<ASAP_Annotations>) or Aperio ImageScope / HALO (<Annotations><Annotation><Regions>)",
         path=path,
     )
 
@@ -549,14 +551,23 @@ def _aperio_name(annotation: Element, i: int) -> str:
 
 
 def _aperio(root: Element, path: str) -> Parsed:
+    """Aperio ImageScope XML, and HALO's ``.annotations`` (the same layout, with ``<V>``
+    vertices and named region types)."""
     parsed, skipped = Parsed(), _Skipped()
     for i, annotation in enumerate(root.findall("Annotation")):
         name = _aperio_name(annotation, i)
         for j, region in enumerate(annotation.findall("Regions/Region")):
             where = f"Annotation {name!r} Region {region.get('Id') or j}"
-            points = _points_of(region.findall("Vertices/Vertex"), path, where).reshape(-1, 2)
-            if region.get("Type") == "2" and len(points) >= 2:  # ellipse in a bounding box
+            vertices = region.findall("Vertices/Vertex") or region.findall("Vertices/V")
+            points = _points_of(vertices, path, where).reshape(-1, 2)
+            kind = (region.get("Type") or "").strip()
+            if kind in ("Ruler", "Pin"):  # HALO's
+                skipped.skip("HALO rulers and pins")
+                continue
+            if kind in ("2", "Ellipse") and len(points) >= 2:  # in its bounding box
                 polygon = _ellipse(points)
+            elif kind == "Rectangle" and len(points) == 2:  # HALO's: two opposite corners
+                polygon = _box(points)
             else:
                 polygon = _ring_polygon(points, skipped, "Aperio regions with < 3 vertices")
             if polygon is None or polygon.is_empty:
@@ -565,6 +576,11 @@ def _aperio(root: Element, path: str) -> Parsed:
             parsed.shapes.append(Shape(name, polygon, hole=hole))
     parsed.notes = skipped.notes()
     return parsed
+
+
+def _box(points: np.ndarray) -> BaseGeometry | None:
+    (x0, y0), (x1, y1) = points.min(axis=0), points.max(axis=0)
+    return shapely.box(x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
 
 
 def _ellipse(points: np.ndarray) -> BaseGeometry | None:

@@ -2,9 +2,10 @@
 
 ``--annotations`` names a folder (searched recursively), one file, or a CSV with ``path`` or
 ``slide`` and an ``annotations`` column (files relative to the CSV, ``;``-separated). In a
-folder, a file matches a slide by stem: ``slide.geojson`` and ``slide.xml`` (and QuPath's
-``slide.svs.geojson``) belong to ``slide.svs``; a slide with several files gets all of them.
-A manifest's own ``annotations`` column comes first. Files that match no slide are reported.
+folder, a file matches a slide by stem: ``slide.geojson``, ``slide.xml`` and HALO's
+``slide.annotations`` (and QuPath's ``slide.svs.geojson``) belong to ``slide.svs``; a slide
+with several files gets all of them. A manifest's own ``annotations`` column comes first.
+Files that match no slide are reported.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def match_annotations(
         )
         raise InputError(
             f"no annotation file matches any slide ({what}; files match slides by name, "
-            "'a.svs' <- 'a.geojson' or 'a.xml', or through a CSV's 'annotations' column); "
+            "'a.svs' <- 'a.geojson', 'a.xml' or 'a.annotations', or through a CSV's "
+            "'annotations' column); "
             "nothing was written",
             path=source,
         )
