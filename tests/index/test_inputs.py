@@ -23,6 +23,11 @@ def write(path: Path, text: str) -> Path:
         ("path,label\na.svs,x\na.svs,y\n", "listed twice"),
         ("path,mpp\na.svs,fast\n", "'mpp': 'fast' is not a number"),
         ("path,mpp\na.svs,-1\n", "must be > 0"),
+        ("path,mpp\na.svs,inf\n", "'mpp': 'inf' is not a finite number"),
+        ("path,mpp\na.svs,1e400\n", "'mpp': '1e400' is not a finite number"),
+        # um/px 100x off (a typo, or nanometres per pixel divided the wrong way)
+        ("path,mpp\na.svs,0.0025\n", "'mpp': 0.0025 um/px is finer than a light microscope"),
+        ("path,mpp\na.svs,2500\n", "'mpp': 2500 um/px is coarser than"),
         ("path,label\na.svs,x,extra\n", "3 fields where the header has 2"),
     ],
 )

@@ -22,6 +22,7 @@ import errno
 import glob
 import hashlib
 import io
+import math
 import os
 import posixpath
 import re
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PureWindowsPath
 
 from wsi_loader.errors import InputError, SlideError
+from wsi_loader.slides.base import MIN_PLAUSIBLE_MPP
 from wsi_loader.slides.storage import (
     is_url,
     list_objects,
@@ -183,9 +185,38 @@ def _parse_float(
         raise InputError(
             f"column {column!r}: {value!r} is not a number", path=path, line=line
         ) from None
+    if not math.isfinite(number):
+        raise InputError(
+            f"column {column!r}: {value!r} is not a finite number", path=path, line=line
+        )
     if not number > 0:
         raise InputError(f"column {column!r}: {value!r} must be > 0", path=path, line=line)
     return number
+
+
+MAX_MANIFEST_MPP = 1000.0  # as the index's own target (IndexConfig.mpp)
+
+
+def _parse_mpp(value: str, path: str, line: int, decimal_comma: bool) -> float | None:
+    """A manifest's MPP: used as given (it overrides the slide's metadata), so one that is
+    no light microscope's (a typo, another unit) is an error here, not a slide indexed at a
+    resolution 100 times off."""
+    mpp = _parse_float(value, path, line, "mpp", decimal_comma)
+    if mpp is not None and mpp < MIN_PLAUSIBLE_MPP:
+        raise InputError(
+            f"column 'mpp': {mpp:g} um/px is finer than a light microscope resolves (under "
+            f"{MIN_PLAUSIBLE_MPP:g}); give microns per pixel, e.g. 0.25 for a 40x scan",
+            path=path,
+            line=line,
+        )
+    if mpp is not None and mpp > MAX_MANIFEST_MPP:
+        raise InputError(
+            f"column 'mpp': {mpp:g} um/px is coarser than {MAX_MANIFEST_MPP:g}; give microns "
+            "per pixel, e.g. 0.25 for a 40x scan",
+            path=path,
+            line=line,
+        )
+    return mpp
 
 
 def _csv_text(path: str) -> io.StringIO:
@@ -339,7 +370,7 @@ def read_manifest(path: str) -> list[SlideEntry]:
                 path=full,
                 label=row.get("label") or None,
                 split=row.get("split") or None,
-                mpp=_parse_float(row.get("mpp", ""), path, line, "mpp", table.delimiter != ","),
+                mpp=_parse_mpp(row.get("mpp", ""), path, line, table.delimiter != ","),
                 annotations=annotation_paths(row.get("annotations", ""), folder, path, line),
             )
         )
