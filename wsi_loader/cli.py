@@ -83,7 +83,8 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--root", metavar="DIR", help="store slide paths relative to this folder")
     a = p.add_argument_group(
-        "region annotations (QuPath GeoJSON, ASAP, Aperio or HALO XML; level-0 pixels)"
+        "region annotations (QuPath GeoJSON, ASAP, Aperio or HALO XML, Digital Slide Archive "
+        "JSON; level-0 pixels)"
     )
     a.add_argument(
         "--annotations",

@@ -1,5 +1,6 @@
-"""Write the same region shapes as QuPath GeoJSON, ASAP XML, Aperio ImageScope XML and HALO
-``.annotations``, the way those programs lay their files out (level-0 pixel coordinates)."""
+"""Write the same region shapes as QuPath GeoJSON, ASAP XML, Aperio ImageScope XML, HALO
+``.annotations`` and Digital Slide Archive JSON, the way those programs lay their files out
+(level-0 pixel coordinates)."""
 
 from __future__ import annotations
 
@@ -122,6 +123,28 @@ def write_halo(path: Path, regions: Sequence[Region]) -> Path:
         for name, rs in layers.items()
     )
     path.write_text(f"<Annotations>{body}</Annotations>")
+    return path
+
+
+def write_dsa(path: Path, regions: Sequence[Region], record: bool = True) -> Path:
+    """Digital Slide Archive (HistomicsUI, large_image) annotation JSON: closed polylines of
+    [x, y, z] points, not repeated at the end, with holes; the class is the element's
+    ``group``. ``record``: as the API returns an annotation ({"annotation": {...}, ...}),
+    else the bare annotation body."""
+    elements = [
+        {
+            "type": "polyline",
+            "closed": True,
+            "group": r.name,
+            "lineColor": "rgb(0,0,0)",
+            "points": [[x, y, 0] for x, y in r.shell],
+            **({"holes": [[[x, y, 0] for x, y in h] for h in r.holes]} if r.holes else {}),
+        }
+        for r in regions
+    ]
+    body = {"name": "regions", "elements": elements}
+    document = {"_id": "0" * 24, "itemId": "1" * 24, "annotation": body} if record else body
+    path.write_text(json.dumps(document))
     return path
 
 

@@ -14,7 +14,15 @@ from wsi_loader.index.annotations.formats import Shape
 from wsi_loader.index.annotations.regions import read_regions
 from wsi_loader.index.annotations.tiles import annotate_slide
 
-from .annotation_files import Region, rect, write_aperio, write_asap, write_geojson, write_halo
+from .annotation_files import (
+    Region,
+    rect,
+    write_aperio,
+    write_asap,
+    write_dsa,
+    write_geojson,
+    write_halo,
+)
 
 GRID_X, GRID_Y = np.meshgrid(np.arange(0, 1024, 256), np.arange(0, 768, 256))
 SIZE = (1024, 768)
@@ -114,6 +122,8 @@ def test_the_formats_describing_the_same_shapes_give_the_same_coverage(tmp_path)
         "asap": write_asap(tmp_path / "c.xml", shapes),
         "aperio": write_aperio(tmp_path / "d.xml", shapes),
         "halo": write_halo(tmp_path / "e.annotations", shapes),
+        "dsa": write_dsa(tmp_path / "f.json", shapes),
+        "dsa body": write_dsa(tmp_path / "g.json", shapes, record=False),
     }
     results = {}
     for kind, path in files.items():

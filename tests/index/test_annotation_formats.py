@@ -395,6 +395,89 @@ def test_an_annotations_folder_matches_halo_files_by_slide_name(tmp_path: Path) 
     assert not report.unmatched_files
 
 
+def test_digital_slide_archive_shapes_classes_and_what_has_no_area(tmp_path: Path) -> None:
+    """DSA's rectangles and ellipses are a centre, a size and a rotation (radians); circles a
+    centre and a radius. The class is the element's group, else its label, else the name of
+    its annotation. An item's annotations come as a list of records."""
+
+    def record(name: str, *elements: dict[str, object]) -> dict[str, object]:
+        return {"_id": "a" * 24, "annotation": {"name": name, "elements": list(elements)}}
+
+    path = tmp_path / "slide.json"
+    path.write_text(
+        json.dumps(
+            [
+                record(
+                    "tumour outlines",
+                    {
+                        "type": "rectangle",
+                        "center": [100, 50, 0],
+                        "width": 40,
+                        "height": 20,
+                        "rotation": math.pi / 2,
+                        "group": "Tumor",
+                    },
+                    {
+                        "type": "ellipse",
+                        "center": [500, 500, 0],
+                        "width": 200,
+                        "height": 100,
+                        "label": {"value": "Necrosis"},
+                    },
+                    {"type": "circle", "center": [900, 900, 0], "radius": 10},
+                    {"type": "point", "center": [1, 1, 0], "group": "Tumor"},
+                    {"type": "arrow", "points": [[0, 0, 0], [5, 5, 0]]},
+                    {"type": "polyline", "points": [[0, 0, 0], [9, 0, 0], [9, 9, 0]]},
+                ),
+                record(
+                    "Stroma",
+                    {
+                        "type": "polyline",
+                        "closed": True,
+                        "points": [[0, 0, 0], [10, 0, 0], [10, 10, 0]],
+                    },
+                ),
+            ]
+        )
+    )
+    parsed = read_annotations(str(path))
+    by_name = {s.name: s.geometry for s in parsed.shapes}
+    assert sorted(by_name) == ["Necrosis", "Stroma", "Tumor", "tumour outlines"]
+    assert by_name["Tumor"].area == pytest.approx(800)  # turned a quarter: 20 wide, 40 high
+    assert by_name["Tumor"].bounds == pytest.approx((90, 30, 110, 70))
+    assert by_name["Necrosis"].area == pytest.approx(math.pi * 100 * 50, rel=0.01)
+    assert by_name["tumour outlines"].area == pytest.approx(math.pi * 100, rel=0.01)
+    assert by_name["Stroma"].area == 50
+    notes = " ".join(parsed.notes)
+    assert "1 DSA point elements" in notes and "1 DSA arrow elements" in notes
+    assert "1 open DSA polylines" in notes
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"elements": [{"type": "polyline", "closed": True, "points": "no"}]}, "element 0"),
+        (
+            {
+                "elements": [
+                    {"type": "rectangle", "center": [1, 2, 0], "width": "wide", "height": 1}
+                ]
+            },
+            "'width' is not a number",
+        ),
+        ({"elements": [7]}, "not an object"),
+    ],
+)
+def test_malformed_dsa_json_names_the_element(
+    tmp_path: Path, document: object, message: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(AnnotationError, match=message) as info:
+        read_annotations(str(path))
+    assert str(path) in str(info.value)
+
+
 def test_annotations_leave_no_thread_pool_spinning(tmp_path: Path) -> None:
     """Reading and measuring annotations must not call into multi-threaded BLAS: OpenBLAS's
     threads spin for ~0.1 s after a large call, on the core that the tissue detection (or
