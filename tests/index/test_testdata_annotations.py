@@ -1,4 +1,4 @@
-"""Annotation files we wrote for the real third-party slides, in the three formats: each
+"""Annotation files we wrote for the real third-party slides, in every format: each
 tile's coverage equals the overlap computed by hand (rectangles: interval arithmetic, an
 oracle independent of shapely), whichever format describes the shapes."""
 
@@ -12,11 +12,26 @@ import pytest
 
 from wsi_loader.index import SlideIndex, build_index
 
-from .annotation_files import Region, rect, write_aperio, write_asap, write_geojson
+from .annotation_files import (
+    Region,
+    rect,
+    write_aperio,
+    write_asap,
+    write_dsa,
+    write_geojson,
+    write_halo,
+)
 
 pytestmark = pytest.mark.testdata
 
-WRITERS = {"geojson": write_geojson, "asap": write_asap, "aperio": write_aperio}
+WRITERS = {
+    "geojson": write_geojson,
+    "asap": write_asap,
+    "aperio": write_aperio,
+    "halo": write_halo,
+    "dsa": write_dsa,
+}
+SUFFIXES = {"geojson": ".geojson", "halo": ".annotations", "dsa": ".json"}
 
 
 def overlap(index: SlideIndex, box: tuple[float, float, float, float]) -> np.ndarray:
@@ -36,8 +51,7 @@ def annotate(
 ) -> SlideIndex:
     notes = tmp / kind
     notes.mkdir()
-    suffix = ".geojson" if kind == "geojson" else ".xml"
-    WRITERS[kind](notes / (Path(slide).stem + suffix), regions)
+    WRITERS[kind](notes / (Path(slide).stem + SUFFIXES.get(kind, ".xml")), regions)
     return build_index(
         [testdata / slide], tmp / f"idx-{kind}", annotations=str(notes), min_tissue=0.0, **grid
     )
