@@ -269,7 +269,7 @@ def _workers_left(before: set[str]) -> list[str]:
     ]
 
 
-def _gave_up(task: float) -> str:
+def _gave_up(task: float, why: object) -> str:
     return f"gave up {task:g}"
 
 
@@ -286,7 +286,7 @@ def test_a_task_past_its_time_limit_is_given_up_and_the_others_run(workers: int)
     start = time.monotonic()
     results = parallel.run_all(
         time.sleep, tasks, workers, None, parallel.progress_bar(6, "", "", False),
-        timeout=3.0, timed_out=_gave_up,
+        timeout=3.0, given_up=_gave_up,
     )  # fmt: skip
     assert results == [None, "gave up 3600", None, "gave up 3600", None, None]
     assert time.monotonic() - start < 60
@@ -300,4 +300,40 @@ def test_a_time_limit_needs_local_workers() -> None:
 
     bar = parallel.progress_bar(1, "", "", False)
     with cf.ThreadPoolExecutor(1) as pool, pytest.raises(ValueError, match="worker processes"):
-        parallel.run_all(time.sleep, [0.0], 1, pool, bar, timeout=1.0, timed_out=_gave_up)
+        parallel.run_all(time.sleep, [0.0], 1, pool, bar, timeout=1.0, given_up=_gave_up)
+
+
+def _sleep_or_die(task: float) -> float:
+    """Sleep ``task`` seconds; a negative task ends the worker: -15 with SIGTERM (as the
+    executor ends the others), any other with that exit status."""
+    if task == -15:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+    if task < 0:
+        os._exit(int(-task))
+    time.sleep(task)
+    return task
+
+
+def _why(task: float, why: object) -> str:
+    return f"{task:g}: {why}"
+
+
+@pytest.mark.timeout(180)
+def test_tasks_whose_worker_dies_are_given_up_and_the_others_run() -> None:
+    """A worker that dies under its task (here: exit status 3) gives that task up with how
+    it ended; one that ends as the executor ends the others (SIGTERM) cannot be told apart,
+    so the tasks that were running are retried one at a time, and only the one that kills
+    its worker alone is given up."""
+    from wsi_loader import parallel
+
+    before = set(_children(os.getpid()))
+    tasks = [0.1, -3.0, 0.2, 0.1, -15.0, 0.3]
+    results = parallel.run_all(
+        _sleep_or_die, tasks, 2, None, parallel.progress_bar(6, "", "", False),
+        given_up=_why,
+    )  # fmt: skip
+    assert results[0] == 0.1 and results[2:4] == [0.2, 0.1] and results[5] == 0.3
+    assert results[1] == "-3: GivenUp(kind='died', detail='exit status 3')"
+    assert results[4] == "-15: GivenUp(kind='died', detail='killed by SIGTERM')"
+    assert not _workers_left(before)

@@ -16,8 +16,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from tqdm import tqdm
 
@@ -69,6 +70,14 @@ def exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="wsi-parent-watch", daemon=True).start()
 
 
+class GivenUp(NamedTuple):
+    """Why `run_all` gave a task up: ``timeout`` (not done after ``detail`` seconds) or
+    ``died`` (its worker process ended under it: ``detail`` says how)."""
+
+    kind: Literal["timeout", "died"]
+    detail: str
+
+
 def run_all(
     fn: Callable[[Task], Result],
     tasks: Sequence[Task],
@@ -77,14 +86,17 @@ def run_all(
     bar: tqdm[Any],
     weight: Callable[[Task], int] = lambda task: 1,
     timeout: float | None = None,
-    timed_out: Callable[[Task], Result] | None = None,
+    given_up: Callable[[Task, GivenUp], Result] | None = None,
 ) -> list[Result]:
     """``[fn(task) for task in tasks]``, in order: inline when ``executor`` is None and
     ``workers <= 1``, else on ``executor`` or a pool of ``workers`` spawned processes (shut
     down, pending work cancelled, if a task raises). ``bar`` advances by ``weight(task)``.
 
-    With ``timeout`` (seconds), tasks run in worker processes even for one worker, and a task
-    still running after that long is given up: its result is ``timed_out(task)``, and the
+    With ``given_up``, a local pool survives its tasks: a task whose worker process dies
+    under it (killed by the out-of-memory killer, a crash in a library) has the result
+    ``given_up(task, GivenUp("died", how))``, and the tasks not done go on in a fresh pool.
+    With ``timeout`` (seconds) too, tasks run in worker processes even for one worker, and a
+    task still running after that long is given up the same way (``"timeout"``): the
     workers are ended (a stuck process cannot be told to stop its task) and started again for
     the tasks not done (those that were running start over)."""
     pool = as_executor(executor)
@@ -96,10 +108,9 @@ def run_all(
                 "a time limit per task needs this machine's worker processes, not an executor "
                 "(a cluster has its own: e.g. dask's distributed.scheduler.worker-ttl)"
             )
-        if timed_out is None:
-            raise ValueError("timeout needs timed_out, the result of a task given up")
-        return _run_timed(fn, tasks, max(1, workers), bar, weight, timeout, timed_out)
-    if pool is None and workers <= 1:
+        if given_up is None:
+            raise ValueError("timeout needs given_up, the result of a task given up")
+    if pool is None and workers <= 1 and timeout is None:
         results = []
         for task in tasks:
             results.append(fn(task))
@@ -107,6 +118,8 @@ def run_all(
         return results
     if pool is not None:
         return _run_on(pool, fn, tasks, bar, weight)
+    if given_up is not None:
+        return _run_guarded(fn, tasks, max(1, workers), bar, weight, timeout, given_up)
     own = _local_pool(workers)
     try:
         return _run_on(own, fn, tasks, bar, weight, spawning=_interrupts_deferred)
@@ -131,50 +144,86 @@ def _local_pool(
 
 
 class _Began:
-    """In a worker process of a timed run (set by the pool's initializer): when it began each
-    task, a slot per task shared with the parent, in CLOCK_MONOTONIC seconds (one clock for
-    every process of the machine); 0 = not begun."""
+    """In a worker process of a guarded run (set by the pool's initializer): a slot per task
+    shared with the parent, saying when a worker began it (CLOCK_MONOTONIC seconds, one clock
+    for every process of the machine; 0 = not begun) and which process did."""
 
-    slots: Any = None
+    at: Any = None
+    by: Any = None
 
 
-def _start_timed_worker(parent: int, began: Any) -> None:
+def _start_guarded_worker(parent: int, at: Any, by: Any) -> None:
     exit_with_parent(parent)
-    _Began.slots = began
+    _Began.at, _Began.by = at, by
 
 
-def _timed_call(fn: Callable[[Task], Result], slot: int, task: Task) -> Result:
-    _Began.slots[slot] = time.monotonic()
+def _guarded_call(fn: Callable[[Task], Result], slot: int, task: Task) -> Result:
+    _Began.by[slot] = os.getpid()
+    _Began.at[slot] = time.monotonic()
     return fn(task)
 
 
-def _run_timed(
+def _how_it_ended(exitcode: int | None) -> str:
+    if exitcode is None or exitcode >= 0:
+        return f"exit status {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    oom = ", as the kernel's out-of-memory killer does" if -exitcode == signal.SIGKILL else ""
+    return f"killed by {name}{oom}"
+
+
+MAX_FRUITLESS = 2  # pools in a row that may break with no task done or given up
+
+
+def _run_guarded(
     fn: Callable[[Task], Result],
     tasks: Sequence[Task],
     workers: int,
     bar: tqdm[Any],
     weight: Callable[[Task], int],
-    timeout: float,
-    timed_out: Callable[[Task], Result],
+    timeout: float | None,
+    given_up: Callable[[Task, GivenUp], Result],
 ) -> list[Result]:
-    """`run_all` with a time limit per task (its doc). A task's time counts from when a
-    worker begins it, not from when it was handed over, so tasks queued behind a stuck one
-    are not given up with it."""
-    began = multiprocessing.sharedctypes.RawArray(ctypes.c_double, len(tasks))
+    """`run_all` on a pool that survives its tasks (its doc). A task's time counts from when
+    a worker begins it, not from when it was handed over, so tasks queued behind a stuck one
+    are not given up with it. When a worker dies the executor ends the others (SIGTERM), so
+    the task of the worker that ended otherwise is the one given up; when none did (a worker
+    killed by a SIGTERM from outside), the tasks that were running are retried one at a time,
+    alone in a pool, where a death names its task."""
+    began_at = multiprocessing.sharedctypes.RawArray(ctypes.c_double, len(tasks))
+    began_by = multiprocessing.sharedctypes.RawArray(ctypes.c_long, len(tasks))
     done: dict[int, Result] = {}
+    suspects: list[int] = []  # tasks running when a pool broke with no culprit
+
+    def give_up(i: int, why: GivenUp) -> None:
+        done[i] = given_up(tasks[i], why)
+        bar.update(weight(tasks[i]))
+
+    fruitless = 0
     while len(done) < len(tasks):
-        pool = _local_pool(workers, _start_timed_worker, (began,))
+        before = len(done)
+        alone = suspects[0] if suspects else None
+        todo = [alone] if alone is not None else [i for i in range(len(tasks)) if i not in done]
+        pool = _local_pool(
+            1 if alone is not None else workers, _start_guarded_worker, (began_at, began_by)
+        )
+        processes: dict[int, Any] = {}
         try:
             with _interrupts_deferred():
                 futures = {
-                    pool.submit(functools.partial(_timed_call, fn, i, tasks[i])): i
-                    for i in range(len(tasks))
-                    if i not in done
+                    pool.submit(functools.partial(_guarded_call, fn, i, tasks[i])): i for i in todo
                 }
             late: list[int] = []
-            while futures and not late:
+            broken: BaseException | None = None
+            while futures and not late and broken is None:
                 finished, _ = cf.wait(futures, TIMEOUT_POLL_S, cf.FIRST_COMPLETED)
+                processes.update(getattr(pool, "_processes", None) or {})  # CPython's pid map
                 for future in finished:
+                    if isinstance(future.exception(), BrokenProcessPool):
+                        broken = future.exception()
+                        continue
                     i = futures.pop(future)
                     done[i] = future.result()
                     bar.update(weight(tasks[i]))
@@ -182,15 +231,31 @@ def _run_timed(
                 late = [
                     i
                     for future, i in futures.items()
-                    if began[i] and now - began[i] > timeout and not future.done()
+                    if timeout is not None
+                    and began_at[i]
+                    and now - began_at[i] > timeout
+                    and not future.done()
                 ]
-            for i in late:
-                done[i] = timed_out(tasks[i])
-                bar.update(weight(tasks[i]))
-            if late:
-                _stop(pool)  # the others start over in a new pool
+            if late or broken is not None:
+                running = [i for i in futures.values() if began_at[i]]
+                _stop(pool)  # the tasks not done start over in a new pool
+                for i in late:
+                    give_up(i, GivenUp("timeout", f"{timeout:g}"))
+                if broken is not None:
+                    exits = {pid: process.exitcode for pid, process in processes.items()}
+                    for i in (i for i in running if i not in done):
+                        code = exits.get(began_by[i])
+                        if code not in (None, -signal.SIGTERM) or i == alone:
+                            give_up(i, GivenUp("died", _how_it_ended(code)))
+                        elif i not in suspects:
+                            suspects.append(i)
+                    fruitless = fruitless + 1 if len(done) == before else 0
+                    if fruitless >= MAX_FRUITLESS:  # e.g. workers that die as they start
+                        raise broken
                 for i in futures.values():
-                    began[i] = 0.0
+                    began_at[i], began_by[i] = 0.0, 0
+            if alone is not None and alone in done:
+                suspects.remove(alone)
         except BaseException:
             _stop(pool)
             raise

@@ -212,6 +212,50 @@ def test_a_slide_that_hangs_is_given_up_after_slide_timeout_and_the_rest_indexed
     }
 
 
+# A slide whose name says so kills its worker process when it is opened, as the kernel's
+# out-of-memory killer does (SIGKILL), or ends it with an exit status.
+DYING_WORKER_HOOK = """
+import os, signal
+import wsi_loader.index.builder as builder
+
+_identify = builder.identify
+
+def identify(path, *args, **kwargs):
+    if "oom" in str(path):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if "exits" in str(path):
+        os._exit(3)
+    return _identify(path, *args, **kwargs)
+
+builder.identify = identify
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_slide_that_kills_its_worker_is_a_failed_row_and_the_rest_indexed(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed while it indexes a slide (out of memory, a crash in a decoder) ended
+    the whole build with BrokenProcessPool; now that slide is a failed row with the cause."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(DYING_WORKER_HOOK)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")])
+    )
+    shutil.copy(archive / "a.svs", archive / "big oom.svs")
+    shutil.copy(archive / "a.svs", archive / "z exits.svs")
+    index = build_index([archive], tmp_path / "idx", workers=2)
+    by_name = {Path(s.path).name: s for s in index.slides}
+    oom, exits = by_name.pop("big oom.svs"), by_name.pop("z exits.svs")
+    assert oom.status == exits.status == "failed"
+    assert "its worker process died while indexing it (killed by SIGKILL" in (oom.error or "")
+    assert "out-of-memory killer" in (oom.error or "")
+    assert "(exit status 3)" in (exits.error or "")
+    assert {name: s.status for name, s in by_name.items()} == dict.fromkeys(by_name, "ok")
+    assert all(s.tiles > 0 for s in by_name.values())
+
+
 def test_slide_timeout_needs_local_workers(archive: Path, tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 

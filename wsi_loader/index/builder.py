@@ -57,7 +57,7 @@ from wsi_loader.index.table import (
     write_index,
 )
 from wsi_loader.index.tissue import read_mask_image, tile_fractions, tissue_mask
-from wsi_loader.parallel import progress_bar, run_all
+from wsi_loader.parallel import GivenUp, progress_bar, run_all
 from wsi_loader.slides.base import join_notes
 from wsi_loader.slides.open import open_slide
 from wsi_loader.slides.storage import is_url, remote_stat
@@ -458,16 +458,20 @@ def _run(
             executor,
             bar,
             timeout=cfg.slide_timeout or None,
-            timed_out=_given_up,
+            given_up=_given_up,
         )
 
 
-def _given_up(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
-    """The record of a slide not done within ``slide_timeout`` (its worker was ended)."""
-    error = (
-        f"not done after {task.config.slide_timeout:g} s (slide_timeout), so given up: the "
-        "slide is slow to open or read, or its storage stopped answering"
-    )
+def _given_up(task: SlideTask, why: GivenUp) -> tuple[SlideRecord, TileArrays]:
+    """The record of a slide its worker process did not finish: not done within
+    ``slide_timeout`` (the worker was ended), or the worker died under it."""
+    if why.kind == "timeout":
+        error = (
+            f"not done after {why.detail} s (slide_timeout), so given up: the slide is slow "
+            "to open or read, or its storage stopped answering"
+        )
+    else:
+        error = f"its worker process died while indexing it ({why.detail}); not indexed"
     entry = task.entry
     record = SlideRecord(
         path=task.stored_path, label=entry.label, split=entry.split, status="failed", error=error
