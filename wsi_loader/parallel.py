@@ -5,6 +5,7 @@ progress bar. Shared by the index builder and the exporter; imports neither torc
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import ctypes
 import functools
@@ -175,6 +176,7 @@ def _how_it_ended(exitcode: int | None) -> str:
 
 
 MAX_FRUITLESS = 2  # pools in a row that may break with no task done or given up
+IN_FLIGHT_PER_WORKER = 2
 
 
 def _run_guarded(
@@ -210,11 +212,11 @@ def _run_guarded(
             1 if alone is not None else workers, _start_guarded_worker, (began_at, began_by)
         )
         processes: dict[int, Any] = {}
+        waiting = collections.deque(todo)
+        futures: dict[cf.Future[Result], int] = {}
+        limit = IN_FLIGHT_PER_WORKER * (1 if alone is not None else workers)
         try:
-            with _interrupts_deferred():
-                futures = {
-                    pool.submit(functools.partial(_guarded_call, fn, i, tasks[i])): i for i in todo
-                }
+            _hand_over(pool, fn, tasks, waiting, futures, limit)
             late: list[int] = []
             broken: BaseException | None = None
             while futures and not late and broken is None:
@@ -227,6 +229,8 @@ def _run_guarded(
                     i = futures.pop(future)
                     done[i] = future.result()
                     bar.update(weight(tasks[i]))
+                if broken is None:
+                    _hand_over(pool, fn, tasks, waiting, futures, limit)
                 now = time.monotonic()
                 late = [
                     i
@@ -262,6 +266,22 @@ def _run_guarded(
         finally:
             pool.shutdown(cancel_futures=True)
     return [done[i] for i in range(len(tasks))]
+
+
+def _hand_over(
+    pool: cf.Executor,
+    fn: Callable[[Task], Result],
+    tasks: Sequence[Task],
+    waiting: collections.deque[int],
+    futures: dict[cf.Future[Result], int],
+    limit: int,
+) -> None:
+    """Submit waiting tasks until ``limit`` are in flight: a few per worker, not all, so what
+    is polled stays small however many tasks there are, and a restart has little to cancel."""
+    with _interrupts_deferred():
+        while waiting and len(futures) < limit:
+            i = waiting.popleft()
+            futures[pool.submit(functools.partial(_guarded_call, fn, i, tasks[i]))] = i
 
 
 def _run_on(
