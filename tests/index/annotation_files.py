@@ -148,6 +148,15 @@ def write_dsa(path: Path, regions: Sequence[Region], record: bool = True) -> Pat
     return path
 
 
+# each format's writer and the file suffix its program gives it
+WRITERS = {
+    "geojson": (write_geojson, ".geojson"),
+    "asap": (write_asap, ".xml"),
+    "aperio": (write_aperio, ".xml"),
+    "halo": (write_halo, ".annotations"),
+    "dsa": (write_dsa, ".json"),
+}
+
 SHAPES = [
     Region("Tumor", rect(0, 0, 512, 512), [rect(128, 128, 384, 384)]),  # 0.75 of 4 tiles
     Region("Stroma", [(1024, 0), (1536, 0), (1024, 512)]),  # 1, 0.5, 0.5

@@ -12,26 +12,9 @@ import pytest
 
 from wsi_loader.index import SlideIndex, build_index
 
-from .annotation_files import (
-    Region,
-    rect,
-    write_aperio,
-    write_asap,
-    write_dsa,
-    write_geojson,
-    write_halo,
-)
+from .annotation_files import WRITERS, Region, rect
 
 pytestmark = pytest.mark.testdata
-
-WRITERS = {
-    "geojson": write_geojson,
-    "asap": write_asap,
-    "aperio": write_aperio,
-    "halo": write_halo,
-    "dsa": write_dsa,
-}
-SUFFIXES = {"geojson": ".geojson", "halo": ".annotations", "dsa": ".json"}
 
 
 def overlap(index: SlideIndex, box: tuple[float, float, float, float]) -> np.ndarray:
@@ -51,7 +34,8 @@ def annotate(
 ) -> SlideIndex:
     notes = tmp / kind
     notes.mkdir()
-    WRITERS[kind](notes / (Path(slide).stem + SUFFIXES.get(kind, ".xml")), regions)
+    write, suffix = WRITERS[kind]
+    write(notes / (Path(slide).stem + suffix), regions)
     return build_index(
         [testdata / slide], tmp / f"idx-{kind}", annotations=str(notes), min_tissue=0.0, **grid
     )
