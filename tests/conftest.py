@@ -99,6 +99,21 @@ def index(archive: Path, tmp_path: Path) -> SlideIndex:
     )
 
 
+@pytest.fixture
+def hook_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """Run code in every Python process started from then on (spawned workers, which no
+    monkeypatch reaches), as a ``sitecustomize`` module on ``PYTHONPATH``."""
+
+    def install(code: str) -> None:
+        hooks = tmp_path / "hooks"
+        hooks.mkdir()
+        (hooks / "sitecustomize.py").write_text(code)
+        path = os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")])
+        monkeypatch.setenv("PYTHONPATH", path)
+
+    return install
+
+
 def corrupt_rows(index: SlideIndex) -> np.ndarray:
     """Rows whose window is exactly one of the corrupt storage tiles."""
     cols = index.columns

@@ -7,6 +7,7 @@ import io
 import json
 import tarfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from tests.conftest import corrupt_rows
 from wsi_loader import export as export_module
 from wsi_loader.cli import main
 from wsi_loader.dataset import TileDataset, reading
-from wsi_loader.errors import ConfigError
+from wsi_loader.errors import ConfigError, WorkerDiedError
 from wsi_loader.export import export_index, label_folders, safe_component
 from wsi_loader.index import SlideIndex, build_index
 
@@ -159,6 +160,48 @@ def test_resume_writes_only_what_is_missing(
         assert (out / shard["file"]).read_bytes() == (
             tmp_path / "clean" / shard["file"]
         ).read_bytes()
+
+
+# In the export's worker processes: the worker of unit 1 is killed as the kernel's
+# out-of-memory killer kills (SIGKILL)
+UNIT_1_KILLS_ITS_WORKER = """
+import os, signal
+import wsi_loader.export as export
+
+_export_unit = export.export_unit
+
+def export_unit(unit):
+    if unit.number == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _export_unit(unit)
+
+export.export_unit = export_unit
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_unit_whose_worker_dies_is_said_and_the_others_are_finished(
+    archive: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    hook_workers: Callable[[str], None],
+) -> None:
+    """A dead export worker (out of memory) ended the export with BrokenProcessPool (a
+    traceback from the command); now the other units finish, the error names the unit and
+    how its worker ended, and a rerun exports only that unit."""
+    index = build_index([archive / "good.svs"], tmp_path / "idx", level=0, min_tissue=0)
+    out = tmp_path / "out"
+    hook_workers(UNIT_1_KILLS_ITS_WORKER)
+    with pytest.raises(WorkerDiedError, match=r"unit 1 .*killed by SIGKILL") as info:
+        export_index(index, out, format="webdataset", shard_size=30, workers=2)
+    assert info.value.units == [1]
+    assert "run the same export again" in str(info.value)
+    finished = sorted(p.name for p in out.glob("shard-*.tar"))
+    assert "shard-000001.tar" not in finished and len(finished) >= 2
+    monkeypatch.delenv("PYTHONPATH")
+    report = export_index(index, out, format="webdataset", shard_size=30, workers=2)
+    assert report.units_skipped == report.units - 1
+    assert report.tiles == len(index)
 
 
 def test_different_arguments_into_existing_export_is_an_error(

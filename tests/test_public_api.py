@@ -37,6 +37,7 @@ EXPORTED = [
     "TileBatch",
     "TileDataset",
     "TileReadError",
+    "WorkerDiedError",
     "WsiLoaderError",
     "build_index",
     "extract_features",

@@ -27,6 +27,7 @@ from wsi_loader.errors import (
     SlideNotFoundError,
     SlideOpenError,
     TileReadError,
+    WorkerDiedError,
     WsiLoaderError,
 )
 from wsi_loader.index import Quarantine, SlideIndex, SlideRecord, build_index
@@ -60,6 +61,7 @@ __all__ = [
     "TileBatch",
     "TileDataset",
     "TileReadError",
+    "WorkerDiedError",
     "WsiLoaderError",
     "build_index",
     "extract_features",

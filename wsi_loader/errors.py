@@ -120,6 +120,16 @@ class OutputError(WsiLoaderError, OSError):
         return self.message
 
 
+class WorkerDiedError(WsiLoaderError):
+    """A worker process died under units of work (killed by the out-of-memory killer, a crash
+    in a library). ``units`` are the units it had; what the other workers finished is kept,
+    so the same command run again does only those."""
+
+    def __init__(self, message: str, *, units: list[int]) -> None:
+        super().__init__(message)
+        self.units = units
+
+
 class SlideError(WsiLoaderError):
     """Something went wrong with one slide file."""
 

@@ -40,11 +40,11 @@ from PIL import Image
 
 from wsi_loader.config import ExportConfig, validate
 from wsi_loader.dataset.reading import TileReader, threads_per_process
-from wsi_loader.errors import ConfigError, OutputError, TransientReadError
+from wsi_loader.errors import ConfigError, OutputError, TransientReadError, WorkerDiedError
 from wsi_loader.files import lock, replacing, write_file
 from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex, label_order
-from wsi_loader.parallel import progress_bar, run_all
+from wsi_loader.parallel import GivenUp, progress_bar, run_all
 from wsi_loader.permutation import RandomPermutation
 
 log = logging.getLogger(__name__)
@@ -821,7 +821,21 @@ def _run(
                 bar.update(len(unit.rows))
         # the parts file is read here once; units never read it (it holds every manifest row)
         todo = [replace(u, rewrite=u.number in parts) for u in units if u.number not in results]
-        done = run_all(export_unit, todo, workers, executor, bar, _unit_size)
+        done = run_all(export_unit, todo, workers, executor, bar, _unit_size, given_up=_died)
         for unit, record in zip(todo, done, strict=True):
             results[unit.number] = record
+    died = [r for r in results.values() if "died" in r]
+    if died:
+        numbers = sorted(r["unit"] for r in died)
+        raise WorkerDiedError(
+            f"the worker process of export unit {', '.join(map(str, numbers))} died "
+            f"({died[0]['died']}); the other units are finished: run the same export again "
+            "to finish it (with fewer workers if memory is short)",
+            units=numbers,
+        )
     return [results[number] for number in sorted(results)]
+
+
+def _died(unit: ExportUnit, why: GivenUp) -> dict[str, Any]:
+    """The record of a unit whose worker process died under it (nothing of it is kept)."""
+    return {"unit": unit.number, "died": why.detail}

@@ -5,6 +5,7 @@ import mmap
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -164,16 +165,6 @@ def test_bad_slides_are_recorded_not_fatal(archive: Path, tmp_path: Path) -> Non
     assert by_name["a.svs"].status == "ok"
 
 
-def _hook_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str) -> None:
-    """Run ``code`` in every Python process started from now on (the spawned workers, which
-    no monkeypatch reaches), as a ``sitecustomize`` module on ``PYTHONPATH``."""
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(code)
-    path = os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")])
-    monkeypatch.setenv("PYTHONPATH", path)
-
-
 # Installed in the workers through PYTHONPATH: a slide whose name says so stops answering when
 # it is opened, as one on a mount that hangs (the workers are spawned: no monkeypatch reaches
 # them).
@@ -195,9 +186,13 @@ builder.identify = identify
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_slide_that_hangs_is_given_up_after_slide_timeout_and_the_rest_indexed(
-    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+    archive: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    hook_workers: Callable[[str], None],
+    workers: int,
 ) -> None:
-    _hook_workers(tmp_path, monkeypatch, HANGING_SLIDE_HOOK)
+    hook_workers(HANGING_SLIDE_HOOK)
     shutil.copy(archive / "a.svs", archive / "stuck scan.1.svs")
     start = time.monotonic()
     index = build_index([archive], tmp_path / "idx", workers=workers, slide_timeout=5)
@@ -238,11 +233,11 @@ builder.identify = identify
 
 @pytest.mark.timeout(300)
 def test_a_slide_that_kills_its_worker_is_a_failed_row_and_the_rest_indexed(
-    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    archive: Path, tmp_path: Path, hook_workers: Callable[[str], None]
 ) -> None:
     """A worker killed while it indexes a slide (out of memory, a crash in a decoder) ended
     the whole build with BrokenProcessPool; now that slide is a failed row with the cause."""
-    _hook_workers(tmp_path, monkeypatch, DYING_WORKER_HOOK)
+    hook_workers(DYING_WORKER_HOOK)
     shutil.copy(archive / "a.svs", archive / "big oom.svs")
     shutil.copy(archive / "a.svs", archive / "z exits.svs")
     index = build_index([archive], tmp_path / "idx", workers=2)
