@@ -217,3 +217,39 @@ def test_many_failed_slides_are_summed_up_and_info_lists_them(
     assert main(["info", str(out), "--failed", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert len(summary["slides"]) == 15 and {s["status"] for s in summary["slides"]} == {"failed"}
+
+
+def test_names_with_terminal_control_codes_are_printed_escaped(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    """Slide names and labels are untrusted: a name holding an escape sequence (here: clear
+    the screen) or a newline must not reach the terminal as such from index, info or the
+    log; it is printed escaped, and the index keeps the real name."""
+    import shutil
+
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    evil = "scan \x1b[2J\x1b]0;owned\x07.svs"
+    shutil.copy(make_slide(width=600, height=500, seed=4), folder / evil)
+    (folder / "broken\nline.svs").write_text("not a slide")
+    labels = tmp_path / "labels.csv"
+    labels.write_text(f'slide,label\n"{evil[:-4]}",tumour\x1b[31m\n')
+    out = tmp_path / "idx"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "wsi_loader.cli", *args]
+        return subprocess.run(command, capture_output=True, text=True, check=False)
+
+    built = cli("index", str(folder), "--out", str(out), "--level", "0", "--labels", str(labels))
+    shown = cli("info", str(out))
+    assert built.returncode == 0, built.stderr
+    for text in (built.stdout, built.stderr, shown.stdout, shown.stderr):
+        assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b[2J" in shown.stdout and "tumour\\x1b[31m" in shown.stdout
+    assert "broken\\nline.svs" in shown.stdout and "broken\\nline.svs" in built.stderr
+    from wsi_loader.index import SlideIndex
+
+    assert {Path(s.path).name for s in SlideIndex.open(out).slides} == {
+        evil,
+        "broken\nline.svs",
+    }

@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 import traceback
@@ -466,7 +467,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     for s in [s for s in index.slides if s.status == "failed"][:FAILED_LISTED]:
-        print(f"  failed: {s.path}: {s.error}", file=sys.stderr)
+        print(f"  failed: {one_line(s.path)}: {one_line(s.error)}", file=sys.stderr)
     if failed > FAILED_LISTED:  # each was also logged as it failed; info lists them all
         print(
             f"  ... and {failed - FAILED_LISTED} more failed slides: "
@@ -507,6 +508,33 @@ def _counts_line(counts: dict[str, dict[str, int]], shown: int = 12) -> str:
     ]
     more = f" and {len(counts) - shown} more" if len(counts) > shown else ""
     return ", ".join(parts) + more
+
+
+# C0 and C1 control characters: from a slide name or a label they could drive the terminal
+# (escape sequences that clear it, retitle it, or rewrite what was printed)
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROLS_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]  # '\x1b', '\n'
+
+
+def one_line(text: object) -> str:
+    """``text`` with every control character escaped: a value inside a line of output."""
+    return _CONTROLS.sub(_escaped, str(text))
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped but its line and tab breaks kept."""
+    return _CONTROLS_BUT_LINES.sub(_escaped, text)
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines whose untrusted parts (slide names, labels) cannot drive the terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 def _human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
@@ -557,13 +585,13 @@ def _human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
         level = "-" if s["read_level"] is None else str(s["read_level"])
         lines.append(
             f"{s['slide_id']:>4} {s['status']:7} {s['tiles']:>7} {mpp:>7} {level:>5} "
-            f"{(s['label'] or '-')[:12]:12} {s['path']}"
+            f"{one_line(s['label'] or '-')[:12]:12} {one_line(s['path'])}"
         )
         if s["error"]:
-            lines.append(f"{'':>4} error: {s['error']}")
+            lines.append(f"{'':>4} error: {one_line(s['error'])}")
         if s["warning"]:
-            lines.append(f"{'':>4} warning: {s['warning']}")
-    return "\n".join(lines)
+            lines.append(f"{'':>4} warning: {one_line(s['warning'])}")
+    return printable("\n".join(lines))
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -595,7 +623,9 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
         return 0
     for r in records:
         where = "whole slide" if r.get("kind") == "slide" else f"x={r['x']} y={r['y']}"
-        print(f"{r.get('kind', 'tile'):5} {r['path']} {where}: {r.get('error')}")
+        print(
+            f"{r.get('kind', 'tile'):5} {one_line(r['path'])} {where}: {one_line(r.get('error'))}"
+        )
     tiles = sum(r.get("kind", "tile") == "tile" for r in records)
     print(f"{tiles} tile and {len(records) - tiles} slide records", file=sys.stderr)
     return 0
@@ -789,10 +819,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.reconfigure(errors="surrogateescape")
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(_PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[handler])
     try:
         return COMMANDS[args.command](args)
     except BrokenPipeError:
@@ -803,19 +832,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OutputError as exc:  # a full disk: finished work is kept (written atomically)
         _details(args)
         print(
-            f"error: {exc}. What was finished is kept: make room (or fix the folder) and run "
-            "the same command again",
+            f"error: {printable(str(exc))}. What was finished is kept: make room (or fix the "
+            "folder) and run the same command again",
             file=sys.stderr,
         )
         return 1
     except (WsiLoaderError, ValueError) as exc:  # ValueError: an option the library rejected
         _details(args)
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except OSError as exc:  # the machine, not the data: a folder that went away, a full disk
         _details(args)
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"error: {printable(f'{where}{exc.strerror or exc}')}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
