@@ -165,7 +165,9 @@ def _guarded_call(fn: Callable[[Task], Result], slot: int, task: Task) -> Result
 
 
 def _how_it_ended(exitcode: int | None) -> str:
-    if exitcode is None or exitcode >= 0:
+    if exitcode is None:  # (a process the pool started and ended between two polls)
+        return "it ended abruptly"
+    if exitcode >= 0:
         return f"exit status {exitcode}"
     try:
         name = signal.Signals(-exitcode).name
