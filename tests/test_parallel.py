@@ -194,7 +194,10 @@ if __name__ == "__main__":
     cf.ProcessPoolExecutor.submit = submit
     start = time.monotonic()
     try:
-        parallel.run_all(time.sleep, [0.5] * 40, 2, None, parallel.progress_bar(40, "", "", False))
+        parallel.run_all(
+            time.sleep, [0.5] * 40, 2, None, parallel.progress_bar(40, "", "", False),
+            given_up=lambda task, why: why,
+        )
         print(f"finished after {time.monotonic() - start:.1f} s")
     except KeyboardInterrupt:
         print("interrupted")
@@ -224,7 +227,10 @@ if __name__ == "__main__":
     idle.start()
     multiprocessing.process.BaseProcess.start = start
     try:
-        parallel.run_all(time.sleep, [0.5] * 8, 2, None, parallel.progress_bar(8, "", "", False))
+        parallel.run_all(
+            time.sleep, [0.5] * 8, 2, None, parallel.progress_bar(8, "", "", False),
+            given_up=lambda task, why: why,
+        )
         print("finished")
     except KeyboardInterrupt:
         print("interrupted")

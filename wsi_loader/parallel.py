@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from tqdm import tqdm
@@ -86,31 +86,29 @@ def run_all(
     executor: Any,
     bar: tqdm[Any],
     weight: Callable[[Task], int] = lambda task: 1,
+    *,
+    given_up: Callable[[Task, GivenUp], Result],
     timeout: float | None = None,
-    given_up: Callable[[Task, GivenUp], Result] | None = None,
 ) -> list[Result]:
     """``[fn(task) for task in tasks]``, in order: inline when ``executor`` is None and
     ``workers <= 1``, else on ``executor`` or a pool of ``workers`` spawned processes (shut
     down, pending work cancelled, if a task raises). ``bar`` advances by ``weight(task)``.
 
-    With ``given_up``, a local pool survives its tasks: a task whose worker process dies
-    under it (killed by the out-of-memory killer, a crash in a library) has the result
+    The local pool survives its tasks: a task whose worker process dies under it (killed by
+    the out-of-memory killer, a crash in a library) has the result
     ``given_up(task, GivenUp("died", how))``, and the tasks not done go on in a fresh pool.
-    With ``timeout`` (seconds) too, tasks run in worker processes even for one worker, and a
+    With ``timeout`` (seconds), tasks run in worker processes even for one worker, and a
     task still running after that long is given up the same way (``"timeout"``): the
     workers are ended (a stuck process cannot be told to stop its task) and started again for
     the tasks not done (those that were running start over)."""
     pool = as_executor(executor)
     if not tasks:
         return []
-    if timeout is not None:
-        if pool is not None:
-            raise ValueError(
-                "a time limit per task needs this machine's worker processes, not an executor "
-                "(a cluster has its own: e.g. dask's distributed.scheduler.worker-ttl)"
-            )
-        if given_up is None:
-            raise ValueError("timeout needs given_up, the result of a task given up")
+    if timeout is not None and pool is not None:
+        raise ValueError(
+            "a time limit per task needs this machine's worker processes, not an executor "
+            "(a cluster has its own: e.g. dask's distributed.scheduler.worker-ttl)"
+        )
     if pool is None and workers <= 1 and timeout is None:
         results = []
         for task in tasks:
@@ -119,16 +117,7 @@ def run_all(
         return results
     if pool is not None:
         return _run_on(pool, fn, tasks, bar, weight)
-    if given_up is not None:
-        return _run_guarded(fn, tasks, max(1, workers), bar, weight, timeout, given_up)
-    own = _local_pool(workers)
-    try:
-        return _run_on(own, fn, tasks, bar, weight, spawning=_interrupts_deferred)
-    except BaseException:  # Ctrl-C, or a task that failed: stop now, not after running tasks
-        _stop(own)
-        raise
-    finally:
-        own.shutdown(cancel_futures=True)
+    return _run_guarded(fn, tasks, max(1, workers), bar, weight, timeout, given_up)
 
 
 def _local_pool(
@@ -292,11 +281,9 @@ def _run_on(
     tasks: Sequence[Task],
     bar: tqdm[Any],
     weight: Callable[[Task], int],
-    spawning: Callable[[], AbstractContextManager[None]] = nullcontext,
 ) -> list[Result]:
     done: dict[int, Result] = {}
-    with spawning():  # a local pool starts its processes on the first submissions
-        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+    futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
     for future in cf.as_completed(futures):
         i = futures[future]
         done[i] = future.result()
