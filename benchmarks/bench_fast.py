@@ -5,8 +5,9 @@
 ``--busy N`` measures everything while N other processes spin on a core each (a training
 machine is never idle); every ratio then compares paths under the same load.
 
-Every rate is the best of --repeats (3) passes over the same tiles. The passes of a section are
-interleaved (A B C, A B C, ...) so that a slow spell of a noisy machine hits every path alike.
+Every rate is the best of --repeats (7) passes over the same tiles. The passes of a section are
+interleaved (A B C, A B C, ...) so that a slow spell of a noisy machine hits every path alike
+(with 3 rounds the same pass swung by 20% between runs on our 2-core VM; with 7 by ~3%).
 
 1. Aligned native-resolution 256 px JPEG tiles through TileDataset (single process: per item
    with ``ds[row]``, and batches with ``read_batch``) against
@@ -347,7 +348,7 @@ def main() -> None:
         default=6000,
         help="tiles per loader epoch: the index rows in random order, repeated (steady state)",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds per section")
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved rounds per section")
     parser.add_argument("--scratch")
     parser.add_argument(
         "--real",
