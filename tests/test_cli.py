@@ -234,19 +234,35 @@ def test_names_with_terminal_control_codes_are_printed_escaped(
     (folder / "broken\nline.svs").write_text("not a slide")
     labels = tmp_path / "labels.csv"
     labels.write_text(f'slide,label\n"{evil[:-4]}",tumour\x1b[31m\n')
+    notes = tmp_path / "notes"  # an annotation class named with a colour code
+    notes.mkdir()
+    pen = {
+        "type": "Feature",
+        "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [300, 0], [300, 300], [0, 0]]]},
+        "properties": {"classification": {"name": "pen\x1b[31m"}},
+    }
+    (notes / f"{evil[:-4]}.geojson").write_text(json.dumps([pen]))
     out = tmp_path / "idx"
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "wsi_loader.cli", *args]
         return subprocess.run(command, capture_output=True, text=True, check=False)
 
-    built = cli("index", str(folder), "--out", str(out), "--level", "0", "--labels", str(labels))
+    built = cli(
+        "index", str(folder), "--out", str(out), "--level", "0", "--min-tissue", "0",
+        "--labels", str(labels), "--annotations", str(notes),
+    )  # fmt: skip
     shown = cli("info", str(out))
+    drawn = cli("inspect", str(out), "--out", str(tmp_path / "overview.png"))
     assert built.returncode == 0, built.stderr
-    for text in (built.stdout, built.stderr, shown.stdout, shown.stderr):
+    assert drawn.returncode == 0, drawn.stderr
+    for text in (built.stdout, built.stderr, shown.stdout, shown.stderr, drawn.stderr):
         assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b[2J" in shown.stdout and "tumour\\x1b[31m" in shown.stdout
     assert "broken\\nline.svs" in shown.stdout and "broken\\nline.svs" in built.stderr
+    assert "annotation classes: pen\\x1b[31m (1 slides" in built.stderr
+    # the log too: a newline in a name would start a forged log line
+    assert "cannot index" in built.stderr and "broken\nline" not in built.stderr
     from wsi_loader.index import SlideIndex
 
     assert {Path(s.path).name for s in SlideIndex.open(out).slides} == {

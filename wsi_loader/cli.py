@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _annotations_line(report: dict[str, Any]) -> str:
     classes = report.get("classes") or {}
     parts = [
-        f"{name} ({entry['slides']} slides, {entry['tiles_labelled']} tiles labelled)"
+        f"{one_line(name)} ({entry['slides']} slides, {entry['tiles_labelled']} tiles labelled)"
         for name, entry in classes.items()
     ]
     line = f"annotation classes: {', '.join(parts) or 'none'}"
@@ -495,7 +495,9 @@ def _labels_line(report: dict[str, Any]) -> str:
     ):
         count = report[f"{key}_rows" if key == "unmatched" else f"{key}_slides"]
         if count:
-            first = ", ".join(os.path.basename(str(n)) for n in report[f"{key}_examples"][:3])
+            first = ", ".join(
+                one_line(os.path.basename(str(n))) for n in report[f"{key}_examples"][:3]
+            )
             parts.append(f"{count} {what} ({first}{', ...' if count > 3 else ''})")
     return "labels: " + ("; ".join(parts) if parts else "every slide matched a labels row")
 
@@ -531,7 +533,12 @@ def printable(text: str) -> str:
 
 
 class _PrintableFormatter(logging.Formatter):
-    """Log lines whose untrusted parts (slide names, labels) cannot drive the terminal."""
+    """Log lines whose untrusted parts (slide names, labels) cannot drive the terminal, nor
+    start a line that looks like another record: a message is one line (its newlines
+    escaped); a traceback (``-v``) keeps its line breaks."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return one_line(super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
         return printable(super().format(record))
@@ -725,7 +732,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     overview = SlideOverview(index, args.slide, color_by=args.color_by, max_size=args.max_size)
     overview.save(args.out)
     print(
-        f"{args.out}: {len(overview.cells)} tiles of {index.slides[overview.slide_id].path}",
+        f"{args.out}: {len(overview.cells)} tiles of "
+        f"{one_line(index.slides[overview.slide_id].path)}",
         file=sys.stderr,
     )
     return 0
@@ -774,7 +782,10 @@ def cmd_features(args: argparse.Namespace) -> int:
     )
     if report.incomplete:
         for entry in report.incomplete:
-            print(f"  not written: {entry['slide']}: {entry['reason']}", file=sys.stderr)
+            print(
+                f"  not written: {one_line(entry['slide'])}: {one_line(entry['reason'])}",
+                file=sys.stderr,
+            )
         print("error: some slides could not be read; run the command again", file=sys.stderr)
         return 1
     return 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import traceback
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -214,7 +213,7 @@ def _index_slide(
     except AnnotationError as exc:
         return replace(record, status="failed", error=f"annotations: {exc}"), _empty_tiles()
     except Exception as exc:  # a malformed file must not stop the run
-        log.debug("indexing %s failed:\n%s", entry.path, traceback.format_exc())
+        log.debug("indexing %s failed", entry.path, exc_info=True)
         return replace(
             record, status="failed", error=f"{type(exc).__name__}: {exc}"
         ), _empty_tiles()
