@@ -7,6 +7,7 @@ import io
 import json
 import tarfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from tests.conftest import corrupt_rows
 from wsi_loader import export as export_module
 from wsi_loader.cli import main
 from wsi_loader.dataset import TileDataset, reading
-from wsi_loader.errors import ConfigError, WorkerDiedError
+from wsi_loader.errors import ConfigError, UnitsNotDoneError, UnitTimeoutError, WorkerDiedError
 from wsi_loader.export import export_index, label_folders, safe_component
 from wsi_loader.index import SlideIndex, build_index
 
@@ -202,6 +203,70 @@ def test_a_unit_whose_worker_dies_is_said_and_the_others_are_finished(
     report = export_index(index, out, format="webdataset", shard_size=30, workers=2)
     assert report.units_skipped == report.units - 1
     assert report.tiles == len(index)
+
+
+# In the export's worker processes: unit 1 hangs, as a read from a mount that stopped
+# answering does
+UNIT_1_HANGS = """
+import time
+import wsi_loader.export as export
+
+_export_unit = export.export_unit
+
+def export_unit(unit):
+    if unit.number == 1:
+        time.sleep(3600)
+    return _export_unit(unit)
+
+export.export_unit = export_unit
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_unit_that_hangs_is_given_up_after_unit_timeout_and_the_others_are_finished(
+    archive: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    hook_workers: Callable[[str], None],
+    workers: int,
+) -> None:
+    """A unit whose reads hang (a mount that stopped answering) kept the export waiting
+    forever; with unit_timeout it is given up, the other units finish, the error names it,
+    and the same export again does only that unit."""
+    index = build_index([archive / "good.svs"], tmp_path / "idx", level=0, min_tissue=0)
+    out = tmp_path / "out"
+    hook_workers(UNIT_1_HANGS)
+    start = time.monotonic()
+    with pytest.raises(UnitTimeoutError, match=r"unit 1 was not done after 5 s") as info:
+        export_index(
+            index, out, format="webdataset", shard_size=30, workers=workers, unit_timeout=5
+        )
+    assert time.monotonic() - start < 120
+    assert info.value.units == [1] and isinstance(info.value, UnitsNotDoneError)
+    assert "run the same export again" in str(info.value)
+    finished = sorted(p.name for p in out.glob("shard-*.tar"))
+    assert "shard-000001.tar" not in finished and len(finished) >= 2
+    monkeypatch.delenv("PYTHONPATH")
+    report = export_index(index, out, format="webdataset", shard_size=30, unit_timeout=5)
+    assert report.units_skipped == report.units - 1
+    assert report.tiles == len(index)
+
+
+def test_unit_timeout_is_a_flag_and_needs_local_workers(
+    index: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(1) as pool, pytest.raises(ConfigError, match="unit_timeout"):
+        export_index(index, tmp_path / "a", executor=pool, unit_timeout=5)
+    with pytest.raises(ConfigError, match="unit_timeout"):
+        export_index(index, tmp_path / "b", unit_timeout=-1)
+    code = main(["export", str(index.path), "--out", str(tmp_path / "c"), "--unit-timeout", "60",
+                 "--format", "coords-h5", "--no-progress"])  # fmt: skip
+    assert code == 0
+    settings = json.loads((tmp_path / "c" / "export.json").read_text())["settings"]
+    assert "unit_timeout" not in settings  # how long a unit may take is not what it holds
 
 
 def test_different_arguments_into_existing_export_is_an_error(

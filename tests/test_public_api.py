@@ -37,6 +37,8 @@ EXPORTED = [
     "TileBatch",
     "TileDataset",
     "TileReadError",
+    "UnitTimeoutError",
+    "UnitsNotDoneError",
     "WorkerDiedError",
     "WsiLoaderError",
     "build_index",

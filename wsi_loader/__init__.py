@@ -27,6 +27,8 @@ from wsi_loader.errors import (
     SlideNotFoundError,
     SlideOpenError,
     TileReadError,
+    UnitsNotDoneError,
+    UnitTimeoutError,
     WorkerDiedError,
     WsiLoaderError,
 )
@@ -61,6 +63,8 @@ __all__ = [
     "TileBatch",
     "TileDataset",
     "TileReadError",
+    "UnitTimeoutError",
+    "UnitsNotDoneError",
     "WorkerDiedError",
     "WsiLoaderError",
     "build_index",

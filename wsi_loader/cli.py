@@ -226,6 +226,13 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--quality", type=int, metavar="Q", help="JPEG/WebP quality")
     p.add_argument("--shard-size", type=int, metavar="N", help="tiles per shard")
     p.add_argument("--workers", type=int, metavar="N")
+    p.add_argument(
+        "--unit-timeout",
+        type=float,
+        metavar="S",
+        help="give up a unit of work (a shard) not done after S seconds; the rest finishes, "
+        "a rerun retries it (0: no limit)",
+    )
     p.add_argument("--config", metavar="FILE", help="YAML config: its export section, index root")
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
     p.add_argument("--split", metavar="NAME", help="export only the slides of this split")
@@ -650,6 +657,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             "quality",
             "shard_size",
             "workers",
+            "unit_timeout",
             "verify",
             "shuffle",
             "seed",

@@ -206,6 +206,9 @@ class ExportConfig(_Strict):
     quality: int = Field(90, ge=1, le=100)
     shard_size: int = Field(1000, ge=1)
     workers: int = Field(1, ge=1, le=512)
+    unit_timeout: float = Field(
+        0, ge=0, description="seconds a unit of work may take before it is given up (0: no limit)"
+    )
     verify: bool = Field(False, description="resume only units whose files hash as recorded")
     shuffle: bool = Field(False, description="mix tiles of many slides in every shard")
     seed: int = Field(0, description="seed of the --shuffle permutation")

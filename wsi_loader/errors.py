@@ -120,14 +120,26 @@ class OutputError(WsiLoaderError, OSError):
         return self.message
 
 
-class WorkerDiedError(WsiLoaderError):
-    """A worker process died under units of work (killed by the out-of-memory killer, a crash
-    in a library). ``units`` are the units it had; what the other workers finished is kept,
-    so the same command run again does only those."""
+class UnitsNotDoneError(WsiLoaderError):
+    """Units of work were given up (``units``); what the other workers finished is kept, so
+    the same command run again does only those. ``reasons``: why each was given up."""
 
-    def __init__(self, message: str, *, units: list[int]) -> None:
+    def __init__(
+        self, message: str, *, units: list[int], reasons: dict[int, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.units = units
+        self.reasons = reasons or {}
+
+
+class WorkerDiedError(UnitsNotDoneError):
+    """A worker process died under units of work (killed by the out-of-memory killer, a crash
+    in a library)."""
+
+
+class UnitTimeoutError(UnitsNotDoneError):
+    """Units were not done within their time limit (a read that hangs on a mount that stopped
+    answering), so their workers were ended."""
 
 
 class SlideError(WsiLoaderError):

@@ -40,7 +40,14 @@ from PIL import Image
 
 from wsi_loader.config import ExportConfig, validate
 from wsi_loader.dataset.reading import TileReader, threads_per_process
-from wsi_loader.errors import ConfigError, OutputError, TransientReadError, WorkerDiedError
+from wsi_loader.errors import (
+    ConfigError,
+    OutputError,
+    TransientReadError,
+    UnitsNotDoneError,
+    UnitTimeoutError,
+    WorkerDiedError,
+)
 from wsi_loader.files import lock, replacing, write_file
 from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex, label_order
@@ -518,6 +525,7 @@ def export_index(
     root: str | None = None,
     split: str | None = None,
     missing_slides: str = "raise",
+    unit_timeout: float = 0,
     verify: bool = False,
     overwrite: bool = False,
     shuffle: bool = False,
@@ -540,6 +548,12 @@ def export_index(
     ``quarantine``: the file failed reads go to and quarantined tiles come from, instead of
     the index's own (an index on a read-only mount; see `SlideIndex.open`).
 
+    A unit whose worker process dies under it (the out-of-memory killer) or, with
+    ``unit_timeout`` (seconds; 0: no limit), is not done in time (reads that hang on a
+    mount that stopped answering) is given up: the other units finish, then the export ends
+    with `WorkerDiedError` or `UnitTimeoutError` (both `UnitsNotDoneError`) naming those
+    units; the same export again does only them. A time limit needs local workers.
+
     Resuming: a unit counts as done when its files exist with their recorded sizes (and, with
     ``verify``, SHA-256); deleted or truncated ones are written again. The export is known by
     what it holds (each tile's slide, x, y, level, size, label, and the settings), not by the
@@ -554,10 +568,18 @@ def export_index(
             "quality": quality,
             "shard_size": shard_size,
             "workers": workers,
+            "unit_timeout": unit_timeout,
             "shuffle": shuffle,
             "seed": seed,
         },
     )
+    if checked.unit_timeout and executor is not None:
+        raise ConfigError(
+            "unit_timeout needs this machine's worker processes, not an executor: a cluster "
+            "has its own limits (e.g. dask's distributed.scheduler.worker-ttl)",
+            key="unit_timeout",
+            value=checked.unit_timeout,
+        )
     options = ExportOptions(
         format=checked.format,
         image_format=checked.image_format,
@@ -646,7 +668,7 @@ def export_index(
         units = []
         records = [_export_coords(full, order, out_path)]
     else:
-        records = _run(units, workers, executor, progress)
+        records = _run(units, workers, executor, progress, checked.unit_timeout)
     tiles = [t for r in records for t in r["tiles"]]
     failures = [f for r in records for f in r["failures"]]
     reasons = _quarantine_reasons(full)
@@ -808,7 +830,7 @@ def _unit_size(unit: ExportUnit) -> int:
 
 
 def _run(
-    units: list[ExportUnit], workers: int, executor: Any, progress: bool
+    units: list[ExportUnit], workers: int, executor: Any, progress: bool, timeout: float
 ) -> list[dict[str, Any]]:
     total = sum(len(u.rows) for u in units)
     with progress_bar(total, "tile", "exporting", progress and bool(units)) as bar:
@@ -821,21 +843,53 @@ def _run(
                 bar.update(len(unit.rows))
         # the parts file is read here once; units never read it (it holds every manifest row)
         todo = [replace(u, rewrite=u.number in parts) for u in units if u.number not in results]
-        done = run_all(export_unit, todo, workers, executor, bar, _unit_size, given_up=_died)
+        done = run_all(
+            export_unit,
+            todo,
+            workers,
+            executor,
+            bar,
+            _unit_size,
+            given_up=_given_up,
+            timeout=timeout or None,
+        )
         for unit, record in zip(todo, done, strict=True):
             results[unit.number] = record
-    died = [r for r in results.values() if "died" in r]
-    if died:
-        numbers = sorted(r["unit"] for r in died)
-        raise WorkerDiedError(
-            f"the worker process of export unit {', '.join(map(str, numbers))} died "
-            f"({died[0]['died']}); the other units are finished: run the same export again "
-            "to finish it (with fewer workers if memory is short)",
-            units=numbers,
-        )
+    given_up = {r["unit"]: r["given_up"] for r in results.values() if "given_up" in r}
+    if given_up:
+        raise _not_done(given_up)
     return [results[number] for number in sorted(results)]
 
 
-def _died(unit: ExportUnit, why: GivenUp) -> dict[str, Any]:
-    """The record of a unit whose worker process died under it (nothing of it is kept)."""
-    return {"unit": unit.number, "died": why.detail}
+def _given_up(unit: ExportUnit, why: GivenUp) -> dict[str, Any]:
+    """The record of a unit its worker did not finish (nothing of it is kept)."""
+    if why.kind == "timeout":
+        reason = f"was not done after {why.detail} s (unit_timeout), so its worker was ended"
+    else:
+        reason = f"had its worker process die under it ({why.detail})"
+    return {"unit": unit.number, "given_up": reason, "kind": why.kind}
+
+
+def _not_done(reasons: dict[int, str]) -> UnitsNotDoneError:
+    """The error that ends an export some units of which were given up."""
+    units = sorted(reasons)
+    said = "; ".join(f"export unit {u} {reasons[u]}" for u in units[:5])
+    more = f" (and {len(units) - 5} more units)" if len(units) > 5 else ""
+    timeouts = [u for u in units if "unit_timeout" in reasons[u]]
+    hint = (
+        "with fewer workers if memory is short"
+        if not timeouts
+        else "after checking the slides' storage answers, or with a larger --unit-timeout if "
+        "a unit is merely slow"
+    )
+    kind: type[UnitsNotDoneError] = UnitsNotDoneError  # some of each
+    if not timeouts:
+        kind = WorkerDiedError
+    elif len(timeouts) == len(units):
+        kind = UnitTimeoutError
+    return kind(
+        f"{said}{more}; the other units are finished: run the same export again to finish it "
+        f"({hint})",
+        units=units,
+        reasons=reasons,
+    )
