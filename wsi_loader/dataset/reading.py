@@ -426,8 +426,9 @@ class TileReader:
     def prefetch(self, rows: npt.ArrayLike) -> None:
         """Start fetching the bytes of ``rows`` in the background and return: coalesced,
         concurrent range requests for remote slides (within the pool's ``prefetch_bytes``),
-        kernel read-ahead for local raw-read files open in this process. Remote slides are
-        opened for it when the pool can hold them all; slides that cannot be opened are
+        kernel read-ahead for local raw-read files. Slides not open yet are opened for it
+        when the pool can hold them all (a reader's first call names its next batches before
+        it has read anything: skipped, they were read cold); slides that cannot be opened are
         skipped here (their reads report them)."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         if not len(rows) or rows.min() < 0 or rows.max() >= len(self.index):
@@ -442,7 +443,7 @@ class TileReader:
             path = self._paths[slide_id]
             try:
                 reader = self.pool.peek(path, self.backend)
-                if reader is None and is_url(path) and len(by_slide) <= self.pool.open_limit:
+                if reader is None and len(by_slide) <= self.pool.open_limit:
                     reader = self.pool.get(path, self.backend, self._verify)
                 if supports(reader, Prefetching):
                     reader.prefetch(wanted, self.tile_size)
@@ -491,6 +492,12 @@ class TileReader:
             raise IndexError(f"rows out of range 0..{len(self.index) - 1}")
         if self.remote:  # local reads of these rows follow at once: no read-ahead to win
             self.prefetch(rows)
+        elif ahead is not None and n > 1:
+            # a look-ahead reader's first batch, which nobody could announce: all its tiles
+            # asked of the kernel at once are read concurrently, not one by one as decoded
+            unannounced = rows[~np.isin(rows, self._announced)]
+            if len(unannounced):
+                self.prefetch(unannounced)
         if ahead is not None:
             # each batch names the next few: only rows not named by the previous call are new
             ahead = np.asarray(ahead, dtype=np.int64).reshape(-1)
