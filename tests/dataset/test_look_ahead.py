@@ -158,3 +158,36 @@ def test_batches_announced_before_their_slide_was_open_are_read_ahead(
             for kind, o, n in events[:i]
         ), f"tile bytes at {offset} read without being asked for ahead"
     assert len(reads) == 48
+
+
+def test_read_ahead_opens_only_slides_it_helps_and_evicts_none(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    """Look-ahead may open a local slide to ask for its bytes, but not one whose reads cannot
+    be asked ahead (OpenSlide's: an NDPI or MRXS open costs tens of ms for nothing), and not
+    by closing a slide this process holds (the batch being read may need it)."""
+    from wsi_loader.dataset import TileDataset
+
+    slides = [make_slide(width=1500, height=1000, seed=k) for k in (1, 2)]
+    for k, slide in enumerate(slides):
+        slide.rename(tmp_path / f"s{k}.svs")
+    index = build_index(
+        [tmp_path / "s0.svs", tmp_path / "s1.svs"], tmp_path / "idx", level=0, min_tissue=0.0
+    )
+    of = index.columns["slide_id"]
+    first, second = np.flatnonzero(of == 0)[:4], np.flatnonzero(of == 1)[:4]
+
+    full = TileDataset(index, max_open_slides=1, record_failures=False)
+    full.read_batch(first.tolist())
+    held = full.reader.pool.peek(index.slide_path(0), full.reader.backend)
+    full.reader.prefetch(second)  # the pool is full: nothing opened, nothing closed
+    assert full.reader.pool.peek(index.slide_path(0), full.reader.backend) is held
+    assert full.reader.pool.peek(index.slide_path(1), full.reader.backend) is None
+
+    openslide = TileDataset(index, backend="openslide", record_failures=False)
+    openslide.reader.prefetch(np.concatenate([first, second]))
+    assert len(openslide.reader.pool) == 0
+
+    fresh = TileDataset(index, record_failures=False)
+    fresh.reader.prefetch(np.concatenate([first, second]))  # raw-read, room: both opened
+    assert len(fresh.reader.pool) == 2

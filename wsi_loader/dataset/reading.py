@@ -426,10 +426,12 @@ class TileReader:
     def prefetch(self, rows: npt.ArrayLike) -> None:
         """Start fetching the bytes of ``rows`` in the background and return: coalesced,
         concurrent range requests for remote slides (within the pool's ``prefetch_bytes``),
-        kernel read-ahead for local raw-read files. Slides not open yet are opened for it
-        when the pool can hold them all (a reader's first call names its next batches before
-        it has read anything: skipped, they were read cold); slides that cannot be opened are
-        skipped here (their reads report them)."""
+        kernel read-ahead for local raw-read files. Slides not open yet are opened for it: a
+        remote one when the pool can hold them all; a local one indexed as raw-read while the
+        pool has room (a reader's first call names its next batches before it has read
+        anything: skipped, they were read cold), never by closing one, nor one OpenSlide reads
+        (nothing to ask ahead). Slides that cannot be opened are skipped here (their reads
+        report them)."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         if not len(rows) or rows.min() < 0 or rows.max() >= len(self.index):
             return
@@ -437,18 +439,29 @@ class TileReader:
         by_slide: dict[int, list[tuple[int, int, int, int, int]]] = {}
         for slide_id, x, y, level, size in windows:
             by_slide.setdefault(slide_id, []).append((x, y, level, size, size))
+        room = self.pool.open_limit - len(self.pool)
         for slide_id, wanted in by_slide.items():
             if slide_id in self.slide_faults:
                 continue
             path = self._paths[slide_id]
             try:
                 reader = self.pool.peek(path, self.backend)
-                if reader is None and len(by_slide) <= self.pool.open_limit:
+                if reader is None and (
+                    len(by_slide) <= self.pool.open_limit
+                    if is_url(path)
+                    else room > 0 and self._asks_ahead(slide_id)
+                ):
                     reader = self.pool.get(path, self.backend, self._verify)
+                    room -= 1
                 if supports(reader, Prefetching):
                     reader.prefetch(wanted, self.tile_size)
             except SlideError as exc:
                 log.debug("prefetch of %s skipped: %s", self._paths[slide_id], exc)
+
+    def _asks_ahead(self, slide_id: int) -> bool:
+        """Whether this process reads the slide with the raw reader, whose reads can be asked
+        of the kernel ahead (as it was indexed; not when OpenSlide is asked for)."""
+        return self.backend in ("auto", "tiff") and self.index.slides[slide_id].backend == "tiff"
 
     def read(
         self,
