@@ -144,9 +144,8 @@ def ours_pass(
 
 def pure_decode_pass(index: SlideIndex, rows: np.ndarray) -> Pass:
     """Decode the very same storage tiles from bytes already in memory into the slots of one
-    batch buffer, as the read path does (a fresh array per tile would time the allocator:
-    256 px RGB is above glibc's first mmap threshold, and whether it is mapped anew for each
-    tile depends on what ran before, which made this line swing by 20% between runs)."""
+    batch buffer, as the read path does (the issue's "into the same buffer"; a fresh array per
+    tile would add an allocation the read path does not make)."""
     cols = index.columns
     with tifffile.TiffFile(index.slide_path(0)) as tif:
         page = tif.pages.first
