@@ -24,6 +24,7 @@ EXPORTED = [
     "IndexConfig",
     "IndexFormatError",
     "InputError",
+    "LoaderTimeoutError",
     "Quarantine",
     "ResolutionError",
     "SlideBagDataset",

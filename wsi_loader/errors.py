@@ -13,6 +13,10 @@ so ``except FileNotFoundError`` or ``except ValueError`` keep working.
      +-- IndexFormatError                    missing, corrupt or incompatible index directory: path
      +-- OutputError (OSError)               an output could not be written (full disk): path, errno
      +-- ForkUnsafeError                     obstore inherited through fork(): use forkserver/spawn
+     +-- LoaderTimeoutError (TimeoutError)   no batch within a loader's timeout: slide_ids, paths
+     +-- UnitsNotDoneError                   units of an export given up: units, reasons
+     |    +-- WorkerDiedError                 their worker process died (out of memory)
+     |    +-- UnitTimeoutError                not done within unit_timeout
      +-- SlideError                          anything about one slide: path
           +-- SlideNotFoundError (FileNotFoundError)
           +-- SlideChangedError                 another file than the one indexed is there
@@ -34,6 +38,7 @@ __all__ = [
     "ForkUnsafeError",
     "IndexFormatError",
     "InputError",
+    "LoaderTimeoutError",
     "OutputError",
     "ResolutionError",
     "SlideChangedError",
@@ -42,6 +47,9 @@ __all__ = [
     "SlideOpenError",
     "TileReadError",
     "TransientReadError",
+    "UnitTimeoutError",
+    "UnitsNotDoneError",
+    "WorkerDiedError",
     "WsiLoaderError",
     "is_transient",
 ]
@@ -118,6 +126,20 @@ class OutputError(WsiLoaderError, OSError):
 
     def __str__(self) -> str:  # not OSError's "[Errno N] ...", which these fields would give
         return self.message
+
+
+class LoaderTimeoutError(WsiLoaderError, TimeoutError):
+    """No batch came within a loader's ``timeout`` (``seconds``): a read hangs (a network
+    share that stopped answering, a file that blocks). ``slide_ids`` and ``paths`` are the
+    slides its workers were reading then (empty: stuck elsewhere)."""
+
+    def __init__(
+        self, message: str, *, seconds: float, slide_ids: list[int], paths: list[str]
+    ) -> None:
+        super().__init__(message)
+        self.seconds = seconds
+        self.slide_ids = slide_ids
+        self.paths = paths
 
 
 class UnitsNotDoneError(WsiLoaderError):

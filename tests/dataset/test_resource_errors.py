@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import REPO
 from wsi_loader import SlideIndex, TileDataset, build_index
+from wsi_loader.errors import ConfigError, LoaderTimeoutError
 from wsi_loader.slides import tiff_backend
 
 
@@ -137,5 +138,18 @@ def test_a_stuck_worker_is_a_timeout_naming_its_slide(
     loader = make_loader(
         index, batch_size=len(index), num_workers=1, timeout=3, multiprocessing_context="fork"
     )
-    with pytest.raises(TimeoutError, match=r"timeout=3.*bad\.svs"):
+    with pytest.raises(LoaderTimeoutError, match=r"timeout=3.*bad\.svs") as info:
         next(iter(loader))
+    assert isinstance(info.value, TimeoutError) and info.value.seconds == 3
+    bad = [i for i, s in enumerate(index.slides) if s.path.endswith("bad.svs")]
+    assert info.value.slide_ids == bad and info.value.paths == [index.slide_path(bad[0])]
+
+
+def test_a_timeout_without_workers_is_an_error(archive: Path, tmp_path: Path) -> None:
+    """A read in the process that asked for it cannot be given up: a timeout with
+    num_workers=0 was silently ignored, so a hung read still waited forever."""
+    from wsi_loader import make_loader
+
+    index = build_index([archive], tmp_path / "idx", level=0, min_tissue=0.9)
+    with pytest.raises(ConfigError, match="timeout needs worker processes"):
+        make_loader(index, num_workers=0, timeout=5)

@@ -23,7 +23,7 @@ from wsi_loader.dataset.look_ahead import BatchPlan, LookAhead
 from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.dataset.samplers import DistributedTileSampler
 from wsi_loader.dataset.tiles import TileDataset
-from wsi_loader.errors import ConfigError
+from wsi_loader.errors import ConfigError, LoaderTimeoutError
 from wsi_loader.index.table import SlideIndex
 
 
@@ -99,11 +99,14 @@ class TileLoader(DataLoader[TileBatch]):
             except RuntimeError as exc:
                 if "timed out" not in str(exc) or self.reading is None or self.tiles is None:
                     raise
-                stuck = [int(s) for s in self.reading.tolist() if s >= 0]
-                paths = [self.tiles.index.slide_path(s) for s in sorted(set(stuck))]
-                raise TimeoutError(
+                stuck = sorted({int(s) for s in self.reading.tolist() if s >= 0})
+                paths = [self.tiles.index.slide_path(s) for s in stuck]
+                raise LoaderTimeoutError(
                     f"no batch within timeout={self.timeout} s; the workers were reading "
-                    f"{', '.join(paths) if paths else 'no slide (stuck elsewhere)'}"
+                    f"{', '.join(paths) if paths else 'no slide (stuck elsewhere)'}",
+                    seconds=self.timeout,
+                    slide_ids=stuck,
+                    paths=paths,
                 ) from exc
             yield batch
 
@@ -149,11 +152,11 @@ def make_loader(
     the rows of its next ``prefetch`` batches and requests their bytes before decoding the
     current one (range requests for slides on object storage, read-ahead for local files;
     bounded by the dataset's ``prefetch_mb``; see `wsi_loader.dataset.look_ahead`).
-    ``timeout`` (seconds, with workers): no batch for that long raises `TimeoutError` naming
-    the slides the workers were reading (a hung network share, a file that blocks) instead of
-    waiting forever. Workers of an index of remote slides start with ``forkserver`` where the
-    default is ``fork`` (obstore's runtime does not survive fork). Other keyword arguments go
-    to `TileDataset`
+    ``timeout`` (seconds; needs workers): no batch for that long raises `LoaderTimeoutError`
+    (a `TimeoutError`) naming the slides the workers were reading (a hung network share, a
+    file that blocks) instead of waiting forever. Workers of an index of remote slides start
+    with ``forkserver`` where the default is ``fork`` (obstore's runtime does not survive
+    fork). Other keyword arguments go to `TileDataset`
     (``transform``, ``batch_transform``, ``split``, ``on_error``...).
     """
     opts: LoaderConfig = validate(
@@ -216,6 +219,13 @@ def make_loader(
     batch_size, drop_last, decode = opts.batch_size, opts.drop_last, opts.decode
     prefetch_factor, pin_memory = opts.prefetch_factor, opts.pin_memory
     workers = default_workers() if opts.num_workers is None else opts.num_workers
+    if opts.timeout and not workers:
+        raise ConfigError(
+            "timeout needs worker processes (num_workers > 0): a read that hangs in this "
+            "process cannot be given up",
+            key="timeout",
+            value=opts.timeout,
+        )
     if workers:
         _check_sendable(tiles, context or _start_method())
     reading = None
