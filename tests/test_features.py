@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import h5py
@@ -343,3 +344,63 @@ def test_feature_bag_labels_are_checked_as_index_labels_are(
     assert (
         "labels that look like a missing value" in caplog.text and "'nan' (1 slide)" in caplog.text
     )
+
+
+# In every reading process: reads of good.svs hang, as on a share that stopped answering
+GOOD_HANGS = """
+import time
+from wsi_loader.slides import tiff_backend
+
+_raw = tiff_backend.TiffReader._raw
+
+def _hangs(self, level, index):
+    if self.path.endswith("good.svs"):
+        time.sleep(3600)
+    return _raw(self, level, index)
+
+tiff_backend.TiffReader._raw = _hangs
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_slide_that_hangs_is_left_for_the_next_run_after_timeout(
+    index: SlideIndex,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    hook_workers: Callable[[str], None],
+) -> None:
+    """A read that hangs kept feature extraction waiting forever. With ``timeout`` the slide
+    being read is left unwritten (incomplete, with the reason), the other slides are written
+    by fresh workers, the command says so (exit 1), and the next run does the slide."""
+    from wsi_loader.slides import tiff_backend
+
+    hook_workers(GOOD_HANGS)  # spawned or forkserver workers
+    real = tiff_backend.TiffReader._raw
+
+    def _hangs(self: tiff_backend.TiffReader, level: int, i: int) -> bytes:
+        if self.path.endswith("good.svs"):
+            time.sleep(3600)
+        return real(self, level, i)
+
+    monkeypatch.setattr(tiff_backend.TiffReader, "_raw", _hangs)  # forked workers
+    out = tmp_path / "f"
+    start = time.monotonic()
+    report = extract(index, "tests.feature_models:tiny", out, workers=1, timeout=5)
+    assert time.monotonic() - start < 150
+    good = next(s.path for s in index.slides if s.path.endswith("good.svs"))
+    assert [entry["slide"] for entry in report.incomplete] == [good]
+    assert "no batch within timeout=5 s while reading it" in report.incomplete[0]["reason"]
+    assert (out / "bad.h5").exists() and not (out / "good.h5").exists()
+    summary = json.loads((out / "features.json").read_text())
+    assert [entry["slide"] for entry in summary["incomplete"]] == [good]
+    monkeypatch.undo()  # the share answers again
+    again = extract(index, "tests.feature_models:tiny", out, workers=1, timeout=5)
+    assert (again.written, again.skipped, again.incomplete) == (1, 1, [])
+
+
+def test_features_timeout_needs_workers(index: SlideIndex, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="timeout needs worker processes"):
+        extract(index, "tests.feature_models:tiny", tmp_path / "f", workers=0, timeout=5)
+    code = main(["features", str(index.path), "--model", "tests.feature_models:tiny",
+                 "--out", str(tmp_path / "g"), "--workers", "0", "--timeout", "5"])  # fmt: skip
+    assert code == 2

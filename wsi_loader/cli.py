@@ -272,6 +272,14 @@ def _add_features(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--device", metavar="D", help="cuda, cuda:1, cpu (default: cuda if there)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     p.add_argument("--workers", type=int, metavar="N", help="DataLoader workers")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=0,
+        metavar="S",
+        help="no batch for S seconds (a read that hangs): leave the slides being read for the "
+        "next run and go on (needs workers; 0: wait forever)",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -782,6 +790,7 @@ def cmd_features(args: argparse.Namespace) -> int:
         missing_slides=args.missing_slides,
         progress=not args.no_progress,
         quarantine=args.quarantine,
+        timeout=args.timeout,
     )
     print(
         f"{report.tiles} tiles of {report.written} slides -> {args.out} ({report.skipped} slides "

@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
+import numpy.typing as npt
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -42,7 +43,7 @@ from torch.nn import functional as F  # noqa: N812
 from wsi_loader.config import DatasetConfig
 from wsi_loader.dataset.loader import make_loader
 from wsi_loader.dataset.tiles import open_for_reading
-from wsi_loader.errors import ConfigError
+from wsi_loader.errors import ConfigError, LoaderTimeoutError
 from wsi_loader.export import file_text, h5_file_names
 from wsi_loader.files import replacing, write_file
 from wsi_loader.gpu import DeviceLoader
@@ -242,13 +243,17 @@ def extract(
     missing_slides: str = "raise",
     progress: bool = False,
     quarantine: str | os.PathLike[str] | None = None,
+    timeout: float = 0,
 ) -> FeatureReport:
     """Features of every tile of every slide of ``index`` (``split``) into ``out``.
 
     ``model``: a spec (see `load_encoder`), an ``nn.Module`` or an `Encoder`. ``device``:
     default CUDA when available. ``dtype``: the compute precision (autocast on CUDA, and
     bfloat16 autocast on CPU); features are stored as float32. ``quarantine``: the file
-    failed reads go to (see `TileDataset`).
+    failed reads go to (see `TileDataset`). ``timeout`` (seconds; needs workers): when no
+    batch comes for that long (a read that hangs on a share that stopped answering), the
+    slides being read are left unwritten (``incomplete``, with the reason) and the others
+    go on in fresh workers; 0 waits forever.
     """
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(DTYPES)}", key="dtype", value=dtype)
@@ -290,24 +295,58 @@ def extract(
     model_on = encoder.model.eval().to(device)
     if device.type == "cuda":
         model_on = model_on.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    if todo:
-        rows = np.concatenate([np.arange(starts[s], starts[s + 1]) for s in todo])
-        loader = make_loader(
-            view,
-            batch_size,
-            sampler=rows.tolist(),
-            num_workers=workers,
-            pin_memory=device.type == "cuda",
-            persistent_workers=False,
-        )
-        batches = DeviceLoader(
-            loader, device, mean=encoder.mean, std=encoder.std, channels_last=True
-        )
-        with progress_bar(len(rows), "tile", "features", progress) as bar:
-            for sid, parts in _per_slide(batches, model_on, encoder, dtype, device, bar):
-                _write_slide(out_path, names[sid], view, sid, parts, encoder, content[sid], report)
+    total = int(sum(counts[s] for s in todo))
+    with progress_bar(total, "tile", "features", progress and bool(todo)) as bar:
+        while todo:
+            rows = np.concatenate([np.arange(starts[s], starts[s + 1]) for s in todo])
+            loader = make_loader(
+                view,
+                batch_size,
+                sampler=rows.tolist(),
+                num_workers=workers,
+                pin_memory=device.type == "cuda",
+                persistent_workers=False,
+                timeout=timeout,
+            )
+            batches = DeviceLoader(
+                loader, device, mean=encoder.mean, std=encoder.std, channels_last=True
+            )
+            done: set[int] = set()
+            try:
+                for sid, parts in _per_slide(batches, model_on, encoder, dtype, device, bar):
+                    _write_slide(
+                        out_path, names[sid], view, sid, parts, encoder, content[sid], report
+                    )
+                    done.add(sid)
+                todo = []
+            except LoaderTimeoutError as exc:
+                todo = _after_timeout(exc, [s for s in todo if s not in done], view, counts, report)
+                bar.n = total - int(sum(counts[s] for s in todo))  # a slide begun starts over
+                bar.refresh()
     _write_summary(out_path, view, slide_ids, names, encoder, report, rank, world)
     return report
+
+
+def _after_timeout(
+    exc: LoaderTimeoutError,
+    todo: list[int],
+    view: SlideIndex,
+    counts: npt.NDArray[np.int64],
+    report: FeatureReport,
+) -> list[int]:
+    """The slides still to do after no batch came within the timeout: the ones the workers
+    were reading are left for the next run (``incomplete``), or the first slide not done when
+    the workers were stuck elsewhere (so that every round ends at least one slide)."""
+    stuck = [s for s in exc.slide_ids if s in todo] or todo[:1]
+    for sid in stuck:
+        path = view.slides[sid].path
+        why = (
+            f"no batch within timeout={exc.seconds:g} s while reading it (a read that hangs: "
+            "is its storage answering?); not written, run again"
+        )
+        log.warning("%s: %s", path, why)
+        report.incomplete.append({"slide": path, "tiles": int(counts[sid]), "reason": why})
+    return [s for s in todo if s not in stuck]
 
 
 extract_features = extract  # the name `wsi_loader` exports
