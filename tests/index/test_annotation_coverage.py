@@ -246,3 +246,52 @@ def test_cells_where_outlines_meet_are_measured_alike_in_small_chunks(monkeypatc
     whole = cells_of(shapes).cells
     monkeypatch.setattr(coverage_module, "CHUNK_PAIRS", 50)
     np.testing.assert_array_equal(cells_of(shapes).cells, whole)
+
+
+def _detections(rng, count: int, spacing: float) -> list[Shape]:
+    """Small round outlines on a jittered grid, 3 classes, as QuPath exports cell detections
+    (several per cell of the lattice, apart from each other when ``spacing`` allows)."""
+    side = int(np.ceil(np.sqrt(count)))
+    angle = np.linspace(0, 2 * np.pi, 16, endpoint=False)
+    shapes = []
+    for i in range(count):
+        cx, cy = (i % side + 0.5) * spacing, (i // side + 0.5) * spacing
+        cx, cy = cx + rng.uniform(-3, 3), cy + rng.uniform(-3, 3)
+        radius = rng.uniform(6, 12)
+        ring = np.column_stack([cx + radius * np.cos(angle), cy + radius * np.sin(angle)])
+        shapes.append(Shape(["Tumor", "Lymphocyte", "Stroma"][i % 3], shapely.Polygon(ring)))
+    return shapes
+
+
+def test_cell_detections_apart_from_each_other_add_up_without_overlay(monkeypatch) -> None:
+    """Outlines of one class whose boxes meet no other shape of it (cell detections) are
+    measured by adding their areas, without the outline-crossing pass; where a detection lies
+    inside a larger region of its class, or two boxes meet, that pass still decides."""
+    rng = np.random.default_rng(3)
+    apart = _detections(rng, 600, spacing=40)  # 25 x 24 cells across the 1024 x 768 slide
+    asked: list[int] = []
+    original = ClassCells._overlapping
+
+    def spy(self, classes, cells):
+        asked.append(len(cells))
+        return original(self, classes, cells)
+
+    monkeypatch.setattr(ClassCells, "_overlapping", spy)
+    x, y = GRID_X.ravel(), GRID_Y.ravel()
+    boxes = shapely.box(x, y, x + 256, y + 256)
+    cells = cells_of(apart)
+    assert asked == []
+    for name in cells.names:
+        ours = tiles(cells, cells.share(name))
+        np.testing.assert_allclose(ours, _exact(apart, [name], boxes), atol=1e-6, err_msg=name)
+    # a region of one class around some detections of it, and two detections whose boxes meet
+    # (a crescent beside a disc, apart): measured exactly as before
+    crowded = [*apart, Shape("Tumor", shapely.box(300, 100, 700, 380))]
+    disc = shapely.Point(900, 700).buffer(20)
+    crescent = shapely.Point(925, 700).buffer(30).difference(shapely.Point(905, 700).buffer(26))
+    crowded += [Shape("Stroma", disc), Shape("Stroma", crescent)]
+    cells = cells_of(crowded)
+    assert sum(asked) > 0
+    for name in cells.names:
+        ours = tiles(cells, cells.share(name))
+        np.testing.assert_allclose(ours, _exact(crowded, [name], boxes), atol=1e-6, err_msg=name)
