@@ -51,7 +51,12 @@ from wsi_loader.errors import (
 from wsi_loader.files import lock, replacing, write_file
 from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex, label_order
-from wsi_loader.parallel import GivenUp, progress_bar, run_all
+from wsi_loader.parallel import (
+    GivenUp,
+    progress_bar,
+    refuse_time_limit_with_executor,
+    run_all,
+)
 from wsi_loader.permutation import RandomPermutation
 
 log = logging.getLogger(__name__)
@@ -573,13 +578,7 @@ def export_index(
             "seed": seed,
         },
     )
-    if checked.unit_timeout and executor is not None:
-        raise ConfigError(
-            "unit_timeout needs this machine's worker processes, not an executor: a cluster "
-            "has its own limits (e.g. dask's distributed.scheduler.worker-ttl)",
-            key="unit_timeout",
-            value=checked.unit_timeout,
-        )
+    refuse_time_limit_with_executor("unit_timeout", checked.unit_timeout, executor)
     options = ExportOptions(
         format=checked.format,
         image_format=checked.image_format,

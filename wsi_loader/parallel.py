@@ -23,6 +23,8 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 from tqdm import tqdm
 
+from wsi_loader.errors import ConfigError
+
 Task = TypeVar("Task")
 Result = TypeVar("Result")
 
@@ -77,6 +79,18 @@ class GivenUp(NamedTuple):
 
     kind: Literal["timeout", "died"]
     detail: str
+
+
+def refuse_time_limit_with_executor(key: str, seconds: float, executor: object | None) -> None:
+    """A time limit per task needs this machine's worker processes (`run_all` ends a stuck
+    one); with an executor it is a `ConfigError`."""
+    if seconds and executor is not None:
+        raise ConfigError(
+            f"{key} needs this machine's worker processes, not an executor: a cluster has its "
+            "own limits (e.g. dask's distributed.scheduler.worker-ttl)",
+            key=key,
+            value=seconds,
+        )
 
 
 def run_all(

@@ -21,7 +21,6 @@ import numpy as np
 from wsi_loader.config import IndexConfig, with_overrides
 from wsi_loader.errors import (
     AnnotationError,
-    ConfigError,
     IndexFormatError,
     InputError,
     SlideError,
@@ -56,7 +55,12 @@ from wsi_loader.index.table import (
     write_index,
 )
 from wsi_loader.index.tissue import read_mask_image, tile_fractions, tissue_mask
-from wsi_loader.parallel import GivenUp, progress_bar, run_all
+from wsi_loader.parallel import (
+    GivenUp,
+    progress_bar,
+    refuse_time_limit_with_executor,
+    run_all,
+)
 from wsi_loader.slides.base import join_notes
 from wsi_loader.slides.open import open_slide
 from wsi_loader.slides.storage import is_url, remote_stat
@@ -497,13 +501,7 @@ def build_index(
     `SlideIndex`.
     """
     cfg = with_overrides(config or IndexConfig(), **overrides)
-    if cfg.slide_timeout and executor is not None:
-        raise ConfigError(
-            "slide_timeout needs this machine's worker processes, not an executor: a cluster "
-            "has its own limits (e.g. dask's distributed.scheduler.worker-ttl)",
-            key="slide_timeout",
-            value=cfg.slide_timeout,
-        )
+    refuse_time_limit_with_executor("slide_timeout", cfg.slide_timeout, executor)
     out = os.fspath(out)
     with exclusive_build(out):
         return _build(inputs, out, cfg, executor, progress)
