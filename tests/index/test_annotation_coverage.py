@@ -295,3 +295,44 @@ def test_cell_detections_apart_from_each_other_add_up_without_overlay(monkeypatc
     for name in cells.names:
         ours = tiles(cells, cells.share(name))
         np.testing.assert_allclose(ours, _exact(crowded, [name], boxes), atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("shift", [0.0, 30.0])
+def test_thousands_of_outlines_stacked_in_one_cell_take_bounded_memory(shift) -> None:
+    """3,000 copies of one outline (a broken or hostile export), exact or shifted by up to
+    ``shift`` px, crossing the same cells: every outline against every other there took
+    memory in the square of the copies (1.1-1.5 GB here) and, shifted, 25 s; such cells go
+    to polygon overlay, and the copies count once."""
+    import tracemalloc
+
+    offsets = np.random.default_rng(0).uniform(0, shift, 3_000)
+    squares = [shapely.box(100.5 + d, 100.5, 300.5 + d, 150.5) for d in offsets]  # 2 tiles
+    shapes = [Shape("Tumor", square) for square in squares]
+    tracemalloc.start()
+    try:
+        cells = cells_of(shapes)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 * 2**20
+    share = tiles(cells, cells.share("Tumor"))
+    x, y = GRID_X.ravel(), GRID_Y.ravel()
+    expected = _exact(shapes, ["Tumor"], shapely.box(x, y, x + 256, y + 256))
+    np.testing.assert_allclose(share, expected, atol=1e-6)
+    assert at(share, 256, 0) > 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cells_crossed_by_too_many_outlines_are_measured_by_overlay_alike(
+    seed, monkeypatch
+) -> None:
+    """With MAX_OUTLINES at 1, every cell where outlines of a class meet goes to polygon
+    overlay (the path stacked copies take): the shares still match shapely's."""
+    monkeypatch.setattr(coverage_module, "MAX_OUTLINES", 1)
+    shapes = _random_shapes(np.random.default_rng(seed))
+    x, y = np.meshgrid(np.arange(0, 1024 - 255, 192), np.arange(0, 768 - 255, 192))
+    boxes = shapely.box(x.ravel(), y.ravel(), x.ravel() + 256, y.ravel() + 256)
+    cells = cells_of(shapes, x=x, y=y)
+    for name in cells.names:
+        ours = tiles(cells, cells.share(name), x=x, y=y)
+        np.testing.assert_allclose(ours, _exact(shapes, [name], boxes), atol=1e-6, err_msg=name)

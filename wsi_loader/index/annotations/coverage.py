@@ -30,12 +30,21 @@ import shapely
 from shapely.geometry.base import BaseGeometry
 
 from wsi_loader.index.annotations.formats import Shape
-from wsi_loader.index.annotations.overlaps import Cells, Outline, Shapes, expand, region_areas
+from wsi_loader.index.annotations.overlaps import (
+    Cells,
+    Outline,
+    Shapes,
+    expand,
+    meeting_pairs,
+    region_areas,
+)
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 EPS = 1e-9  # relative to a cell's area: below it an area is 0, above 1 - EPS it is full
 POLYGON = 3  # shapely.get_type_id of a Polygon
+FEW_TO_UNITE = 16  # geometries united pairwise; more in one unary union
+MAX_OUTLINES = 256  # outlines of a class crossing a cell that the outline pass measures
 CHUNK_PAIRS = 2_000_000  # outline piece pairs measured at once in cells where outlines meet
 
 
@@ -218,8 +227,11 @@ def _touched(pieces: _Pieces, lattice: Lattice) -> tuple[Ints, Ints, Floats]:
 
 
 def _union(geometries: Sequence[BaseGeometry]) -> BaseGeometry:
-    """The union of a few small geometries, pairwise (GEOS's unary union of two 30-vertex
-    pieces measured up to ~40x slower than a binary union)."""
+    """The union of geometries: a few pairwise (GEOS's unary union of two 30-vertex pieces
+    measured up to ~40x slower than a binary union), many at once (pairwise, each union
+    grows: 3,000 overlapping squares took 19 s)."""
+    if len(geometries) > FEW_TO_UNITE:
+        return shapely.union_all(geometries)
     return reduce(shapely.union, geometries) if geometries else shapely.Polygon()
 
 
@@ -266,35 +278,42 @@ class ClassCells:
         settled = hole_full | empty | (n_hole + np.where(body_full, 0, n_body) <= 1)
         value[hole_full | empty] = 0.0
         classes, cells = np.nonzero(~settled)
-        if len(cells):
-            # bodies whose boxes meet no other shape of their class are apart: their areas add
-            # (cell detections: thousands of small outlines of one class in a tile)
-            apart = (n_hole[classes, cells] == 0) & ~self._crowded_units(classes, cells)
-            value[classes[apart], cells[apart]] = np.minimum(body[classes[apart], cells[apart]], 1)
-            classes, cells = classes[~apart], cells[~apart]
-        if len(cells):
-            areas, degenerate = self._overlapping(classes, cells)
-            value[classes, cells] = areas / self.cell_area[cells]
-            for k, cell in zip(
-                classes[degenerate].tolist(), cells[degenerate].tolist(), strict=True
-            ):
-                # outlines running along each other: polygon overlay in that cell
-                value[k, cell] = self._in_box(k, cell).area / self.cell_area[cell]
+        # a cell crossed by more outlines of a class than MAX_OUTLINES (copies of one outline
+        # stacked by a broken or hostile export) would cost the square of them below
+        stacked = n_body[classes, cells] + n_hole[classes, cells] > MAX_OUTLINES
+        # bodies whose boxes meet no other there are apart: their areas add (cell detections:
+        # thousands of small outlines of one class in a tile)
+        apart = ~stacked & (n_hole[classes, cells] == 0)
+        apart[apart] = self._apart(classes[apart], cells[apart])
+        value[classes[apart], cells[apart]] = np.minimum(body[classes[apart], cells[apart]], 1)
+        measure = np.flatnonzero(~stacked & ~apart)
+        overlay = stacked
+        if len(measure):
+            areas, degenerate = self._overlapping(classes[measure], cells[measure])
+            value[classes[measure], cells[measure]] = areas / self.cell_area[cells[measure]]
+            overlay[measure[degenerate]] = True  # outlines running along each other
+        for k, cell in zip(classes[overlay].tolist(), cells[overlay].tolist(), strict=True):
+            value[k, cell] = self._in_box(k, cell).area / self.cell_area[cell]
         return value
 
-    def _crowded_units(self, classes: Ints, cells: Ints) -> npt.NDArray[np.bool_]:
-        """Which (class, cell) units have an outline whose bounding box meets the box of
-        another shape of the same class (anywhere: the test is only meant to be cheap)."""
-        geometries = np.asarray([s.geometry for s in self.shapes], dtype=object)
-        left, right = shapely.STRtree(geometries).query(geometries)
-        same = (left != right) & (self._klass[left] == self._klass[right])
-        crowded = np.zeros(len(geometries), dtype=bool)
-        crowded[left[same]] = True
+    def _apart(self, classes: Ints, cells: Ints) -> npt.NDArray[np.bool_]:
+        """For (class, cell) units (sorted), whether the boxes of the class's outlines crossing
+        the cell meet none of each other's (so the shapes do not overlap there)."""
+        if not len(classes):
+            return np.zeros(0, dtype=bool)
         n_cells = len(self.cell_area)
-        shapes, cells_touched = self._touching
-        mine = crowded[shapes]
-        units = self._klass[shapes[mine]] * n_cells + cells_touched[mine]
-        return np.isin(classes * n_cells + cells, units)
+        units = classes * n_cells + cells
+        shapes, touched = self._touching
+        key = self._klass[shapes] * n_cells + touched
+        at = np.minimum(np.searchsorted(units, key), len(units) - 1)
+        mine = np.flatnonzero(units[at] == key)
+        order = np.argsort(at[mine], kind="stable")
+        unit, shape = at[mine][order], shapes[mine][order]
+        bounds = shapely.bounds(np.asarray([s.geometry for s in self.shapes], dtype=object))
+        a, _ = meeting_pairs(unit, shape, bounds)
+        apart = np.ones(len(units), dtype=bool)
+        apart[unit[a]] = False
+        return apart
 
     def _overlapping(self, classes: Ints, cells: Ints) -> tuple[Floats, npt.NDArray[np.bool_]]:
         """Each class's area in the cells (sorted by class, then cell) crossed by several of

@@ -38,6 +38,25 @@ def expand(first: Ints, count: Ints) -> tuple[Ints, Ints]:
     return owner, first[owner] + offset
 
 
+def meeting_pairs(group: Ints, shape: Ints, bounds: Floats) -> tuple[Ints, Ints]:
+    """Pairs (a, b), a < b, of entries of one group (``group`` sorted: a cell) whose shapes'
+    bounding boxes meet (``bounds``: per shape). Groups of many small disjoint shapes, e.g.
+    cell detections, pair almost nothing; a group of k entries costs k^2 / 2 box tests."""
+    first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    size = np.diff(np.r_[first, len(group)])
+    position = np.arange(len(group)) - np.repeat(first, size)
+    later = np.repeat(size, size) - position - 1
+    a, b = expand(np.arange(len(later)) + 1, later)  # each entry with the later ones
+    a_box, b_box = bounds[shape[a]], bounds[shape[b]]
+    near = (
+        (a_box[:, 0] <= b_box[:, 2])
+        & (b_box[:, 0] <= a_box[:, 2])
+        & (a_box[:, 1] <= b_box[:, 3])
+        & (b_box[:, 1] <= a_box[:, 3])
+    )
+    return a[near], b[near]
+
+
 @dataclass
 class Outline:
     """Oriented outline pieces of one class inside the cells to measure: endpoints relative to
@@ -117,21 +136,7 @@ def _split_at_crossings(
     start = np.flatnonzero(np.r_[True, (cell[1:] != cell[:-1]) | (shape[1:] != shape[:-1])])
     length = np.diff(np.r_[start, len(cell)])
     run_cell, run_shape = cell[start], shape[start]
-    # pairs of runs in one cell whose shapes' boxes overlap: only their pieces can cross
-    # (cells of many small disjoint shapes, e.g. cell detections, pair almost nothing)
-    first_run = np.flatnonzero(np.r_[True, run_cell[1:] != run_cell[:-1]])
-    in_cell = np.diff(np.r_[first_run, len(run_cell)])
-    position = np.arange(len(run_cell)) - np.repeat(first_run, in_cell)
-    later = np.repeat(in_cell, in_cell) - position - 1
-    a, b = expand(np.arange(len(later)) + 1, later)  # each run with the later ones
-    a_box, b_box = bounds[run_shape[a]], bounds[run_shape[b]]
-    near = (
-        (a_box[:, 0] <= b_box[:, 2])
-        & (b_box[:, 0] <= a_box[:, 2])
-        & (a_box[:, 1] <= b_box[:, 3])
-        & (b_box[:, 1] <= a_box[:, 3])
-    )
-    a, b = a[near], b[near]
+    a, b = meeting_pairs(run_cell, run_shape, bounds)  # only their pieces can cross
     # pieces of a shape with no such neighbour in its cell lie inside no other shape there
     alone = np.ones(len(outline.cell), dtype=bool)
     partnered = np.zeros(len(start), dtype=bool)
