@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import reduce
+from functools import cached_property, reduce
 
 import numpy as np
 import numpy.typing as npt
@@ -296,6 +296,12 @@ class ClassCells:
             value[k, cell] = self._in_box(k, cell).area / self.cell_area[cell]
         return value
 
+    @cached_property
+    def _bounds(self) -> Floats:
+        """Each shape's bounding box (x0, y0, x1, y1)."""
+        bounds: Floats = shapely.bounds(np.asarray([s.geometry for s in self.shapes], dtype=object))
+        return bounds
+
     def _apart(self, classes: Ints, cells: Ints) -> npt.NDArray[np.bool_]:
         """For (class, cell) units (sorted), whether the boxes of the class's outlines crossing
         the cell meet none of each other's (so the shapes do not overlap there)."""
@@ -309,8 +315,7 @@ class ClassCells:
         mine = np.flatnonzero(units[at] == key)
         order = np.argsort(at[mine], kind="stable")
         unit, shape = at[mine][order], shapes[mine][order]
-        bounds = shapely.bounds(np.asarray([s.geometry for s in self.shapes], dtype=object))
-        a, _ = meeting_pairs(unit, shape, bounds)
+        a, _ = meeting_pairs(unit, shape, self._bounds)
         apart = np.ones(len(units), dtype=bool)
         apart[unit[a]] = False
         return apart
@@ -335,7 +340,8 @@ class ClassCells:
         )
         bounds = np.unique(np.r_[0, ends + 1, len(units)].clip(0, len(units)))
         areas, degenerate = np.zeros(len(units)), np.zeros(len(units), dtype=bool)
-        shapes = Shapes([s.geometry for s in self.shapes], self._hole, self._klass)
+        geometries = [s.geometry for s in self.shapes]
+        shapes = Shapes(geometries, self._hole, self._klass, self._bounds)
         for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
             chunk = slice(np.searchsorted(at, lo), np.searchsorted(at, hi))
             some, part = mine[chunk], at[chunk] - lo

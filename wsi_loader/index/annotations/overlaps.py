@@ -74,11 +74,12 @@ class Shapes:
     """All shapes of a slide for the tests here: prepared geometries, hole flags, classes,
     bounding boxes and a spatial index (built once, used by every chunk of cells)."""
 
-    def __init__(self, geometries: Sequence[BaseGeometry], hole: Bools, klass: Ints) -> None:
+    def __init__(
+        self, geometries: Sequence[BaseGeometry], hole: Bools, klass: Ints, bounds: Floats
+    ) -> None:
         self.geometries = np.asarray(geometries, dtype=object)
         shapely.prepare(self.geometries)
-        self.hole, self.klass = hole, klass
-        self.bounds = shapely.bounds(self.geometries)
+        self.hole, self.klass, self.bounds = hole, klass, bounds
         self.tree = shapely.STRtree(self.geometries)
 
 
