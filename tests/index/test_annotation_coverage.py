@@ -191,17 +191,23 @@ def _exact(shapes: list[Shape], names: list[str], boxes) -> np.ndarray:
     return shapely.area(shapely.intersection(region, boxes)) / 256**2
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_random_overlapping_shapes_with_holes_match_shapely(seed) -> None:
-    rng = np.random.default_rng(seed)
-    shapes = _random_shapes(rng)
-    # tiles on a grid with overlap (stride 192 < 256), so cells are smaller than tiles
+def _each_class_matches_shapely(shapes: list[Shape]):
+    """Every class's tile shares against shapely's, on tiles that overlap (stride 192 < 256,
+    so cells are smaller than tiles); returns the cells, the grid and the tile boxes."""
     x, y = np.meshgrid(np.arange(0, 1024 - 255, 192), np.arange(0, 768 - 255, 192))
     boxes = shapely.box(x.ravel(), y.ravel(), x.ravel() + 256, y.ravel() + 256)
     cells = cells_of(shapes, x=x, y=y)
     for name in cells.names:
         ours = tiles(cells, cells.share(name), x=x, y=y)
         np.testing.assert_allclose(ours, _exact(shapes, [name], boxes), atol=1e-6, err_msg=name)
+    return cells, x, y, boxes
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_overlapping_shapes_with_holes_match_shapely(seed) -> None:
+    rng = np.random.default_rng(seed)
+    shapes = _random_shapes(rng)
+    cells, x, y, boxes = _each_class_matches_shapely(shapes)
     together = tiles(cells, cells.union(cells.names), x=x, y=y)
     np.testing.assert_allclose(together, _exact(shapes, cells.names, boxes), atol=1e-6)
     areas = cells.areas()
@@ -329,10 +335,4 @@ def test_cells_crossed_by_too_many_outlines_are_measured_by_overlay_alike(
     """With MAX_OUTLINES at 1, every cell where outlines of a class meet goes to polygon
     overlay (the path stacked copies take): the shares still match shapely's."""
     monkeypatch.setattr(coverage_module, "MAX_OUTLINES", 1)
-    shapes = _random_shapes(np.random.default_rng(seed))
-    x, y = np.meshgrid(np.arange(0, 1024 - 255, 192), np.arange(0, 768 - 255, 192))
-    boxes = shapely.box(x.ravel(), y.ravel(), x.ravel() + 256, y.ravel() + 256)
-    cells = cells_of(shapes, x=x, y=y)
-    for name in cells.names:
-        ours = tiles(cells, cells.share(name), x=x, y=y)
-        np.testing.assert_allclose(ours, _exact(shapes, [name], boxes), atol=1e-6, err_msg=name)
+    _each_class_matches_shapely(_random_shapes(np.random.default_rng(seed)))
