@@ -131,6 +131,14 @@ def _add_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="F",
         help="share of an --exclude class a kept tile may overlap (0: any overlap drops it)",
     )
+    a.add_argument(
+        "--annotation-objects",
+        type=_names,
+        metavar="T[,T]",
+        help="QuPath object types read from GeoJSON exports: annotation, detection (with "
+        "cells and tiles), cell, tile, tma_core (default: all; an export of all objects "
+        "holds the cell detections too)",
+    )
     _config_flag(p, "--allow-shrink", "let a rebuild drop more than half of the indexed slides")
     p.add_argument("--workers", type=int, metavar="N", help="parallel slide workers")
     p.add_argument(
@@ -463,6 +471,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             "roi",
             "exclude",
             "max_excluded",
+            "annotation_objects",
         )
     }
     config = with_overrides(config, source="command line", **overrides)

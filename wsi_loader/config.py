@@ -85,6 +85,13 @@ class IndexConfig(_Strict):
     max_excluded: float = Field(
         0.0, ge=0, lt=1, description="share of an excluded class a kept tile may overlap"
     )
+    annotation_objects: list[Literal["annotation", "detection", "cell", "tile", "tma_core"]] = (
+        Field(
+            default_factory=list,
+            description="QuPath object types read from GeoJSON (detection takes cells and "
+            "tiles too; none named: all)",
+        )
+    )
 
     @model_validator(mode="after")
     def _mpp_or_level(self) -> IndexConfig:
@@ -102,6 +109,7 @@ class IndexConfig(_Strict):
                 ("label_from: annotations", self.label_from == "annotations"),
                 ("roi", bool(self.roi)),
                 ("exclude", bool(self.exclude)),
+                ("annotation_objects", bool(self.annotation_objects)),
             )
             if used
         ]

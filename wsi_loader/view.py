@@ -239,7 +239,8 @@ class SlideOverview(_Renders):
         if not record.annotations:
             return []
         try:
-            regions = read_regions(record.annotations, record.width, record.height)
+            objects = self.index.params.get("annotation_objects") or ()  # as indexed
+            regions = read_regions(record.annotations, record.width, record.height, objects)
         except (AnnotationError, OSError) as exc:  # the files changed since indexing
             self.outline_error = str(exc)
             return []

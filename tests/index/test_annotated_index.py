@@ -327,3 +327,57 @@ def test_classes_that_differ_only_in_case_are_said(
     assert "annotation classes that differ only in case or spacing: 'Tumor' / 'tumor'" in (
         caplog.text
     )
+
+
+def test_annotation_objects_choose_the_qupath_objects_that_are_regions(
+    annotated: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from wsi_loader.cli import main
+    from wsi_loader.view import SlideOverview
+
+    # an export of all objects: the annotations, and cell detections of a class of their own
+    path = annotated / "annotations" / "case 1.a.geojson"
+    doc = json.loads(path.read_text())
+    cell = json.loads(json.dumps(doc["features"][0]))
+    cell["geometry"]["coordinates"] = [[[1000, 1000], [1100, 1000], [1100, 1100], [1000, 1000]]]
+    cell["properties"] = {"objectType": "cell", "classification": {"name": "Immune cells"}}
+    doc["features"].append(cell)
+    path.write_text(json.dumps(doc))
+    args = ["index", str(annotated / "archive"), "--out", str(annotated / "idx")]
+    args += ["--tile-size", "256", "--level", "0", "--min-tissue", "0", "--no-progress"]
+    args += ["--annotations", str(annotated / "annotations"), "--label-from", "annotations"]
+    assert main(args) == 0
+    assert "case 1.a.geojson: 1 cell QuPath objects were read as regions" in caplog.text
+    everything = SlideIndex.open(annotated / "idx")
+    assert everything.classes == ("Immune cells", "Pen", "Stroma", "Tumor")
+    assert any(name == "Immune cells" for name, _ in SlideOverview(everything, 0)._outlines())
+
+    calls: list[str] = []
+    real = builder_module.index_slide
+
+    def counting(task: builder_module.SlideTask) -> object:
+        calls.append(Path(task.entry.path).name)
+        return real(task)
+
+    monkeypatch.setattr(builder_module, "index_slide", counting)
+    caplog.clear()
+    assert main([*args, "--annotation-objects", "annotation"]) == 0
+    assert "case 1.a.geojson: 1 cell QuPath objects were left out" in caplog.text
+    annotations_only = SlideIndex.open(annotated / "idx")
+    assert len(calls) == 3  # which objects are regions changes the coverage: every slide re-read
+    assert annotations_only.classes == ("Pen", "Stroma", "Tumor")
+    assert annotations_only.params["annotation_objects"] == ["annotation"]
+    np.testing.assert_array_equal(annotations_only.coverage, everything.coverage[:, 1:])
+    # the overview draws what the index measured
+    assert all(n != "Immune cells" for n, _ in SlideOverview(annotations_only, 0)._outlines())
+    # a type QuPath does not have is a clear error
+    from wsi_loader.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="annotation_objects"):
+        build(annotated, annotation_objects=["nucleus"])
+    capsys.readouterr()
+    assert main([*args, "--annotation-objects", "nuclei"]) == 2
+    assert "annotation_objects" in capsys.readouterr().err

@@ -545,3 +545,59 @@ def test_a_small_file_of_tangled_outlines_is_measured_in_bounded_time(tmp_path: 
     assert float(out.stdout) == pytest.approx(
         shapely.make_valid(shapely.Polygon(ring), method="structure").area
     )
+
+
+def qupath_object(kind: str, ring: list[tuple[float, float]], name: str) -> dict[str, object]:
+    """A feature as QuPath 0.3+ exports it, with its object type."""
+    made = feature(polygon(ring), {"name": name})
+    made["properties"]["objectType"] = kind  # type: ignore[index]
+    return made
+
+
+def test_qupath_object_types_are_said_and_can_be_chosen(tmp_path: Path) -> None:
+    # "Export objects as GeoJSON" with "All objects" writes the cell detections beside the
+    # pathologist's annotations: they are read as regions of their classes, and the notes say so
+    region = qupath_object("annotation", rect(0, 0, 100, 100), "Tumor")
+    region["properties"]["childObjects"] = [qupath_object("cell", rect(1, 1, 3, 3), "Tumor")]
+    doc = [
+        region,
+        qupath_object("cell", rect(200, 0, 203, 3), "Lymphocyte"),
+        qupath_object("detection", rect(210, 0, 213, 3), "Lymphocyte"),
+        qupath_object("tile", rect(300, 0, 350, 50), "Stroma"),
+        qupath_object("tma_core", rect(400, 0, 500, 100), UNCLASSIFIED),
+        # QuPath 0.2 named the type in the feature's id
+        {**feature(polygon(rect(600, 0, 610, 10)), "Necrosis"), "id": "PathAnnotationObject"},
+        {**feature(polygon(rect(620, 0, 622, 2)), "Necrosis"), "id": "PathCellObject"},
+    ]
+    path = write(tmp_path / "all objects.geojson", doc)
+
+    def read(*objects: str) -> tuple[list[tuple[str, float]], str]:
+        parsed = read_annotations(path, objects)
+        return sorted((s.name, s.geometry.area) for s in parsed.shapes), " ".join(parsed.notes)
+
+    shapes, notes = read()
+    assert len(shapes) == 8
+    assert "3 cell, 1 detection, 1 tile, 1 tma_core QuPath objects were read as regions" in notes
+    shapes, notes = read("annotation")
+    assert shapes == [("Necrosis", 100.0), ("Tumor", 10000.0)]
+    assert "3 cell, 1 detection, 1 tile, 1 tma_core QuPath objects were left out" in notes
+    assert "were read as regions" not in notes
+    shapes, _ = read("detection")  # cells and tiles are detections, as in QuPath
+    assert shapes == [
+        ("Lymphocyte", 9.0),
+        ("Lymphocyte", 9.0),
+        ("Necrosis", 4.0),
+        ("Stroma", 2500.0),
+        ("Tumor", 4.0),
+    ]
+    shapes, notes = read("cell", "tma_core")
+    assert [n for n, _ in shapes] == ["Lymphocyte", "Necrosis", "Tumor", UNCLASSIFIED]
+    assert notes == (
+        "2 annotation, 1 detection, 1 tile QuPath objects were left out (annotation_objects)"
+    )
+    # files without object types (other tools' GeoJSON, the XML formats) are read whole
+    plain = write(tmp_path / "plain.geojson", [feature(polygon(rect(0, 0, 5, 5)), "Tumor")])
+    assert len(read_annotations(plain, ["annotation"]).shapes) == 1
+    assert not read_annotations(plain, ["annotation"]).notes
+    with pytest.raises(ValueError, match=r"unknown QuPath object type\(s\) \['nucleus'\]"):
+        read_annotations(path, ["nucleus"])

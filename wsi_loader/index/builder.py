@@ -82,6 +82,7 @@ GRID_PARAMS = (
     "roi",
     "exclude",
     "max_excluded",
+    "annotation_objects",  # which QuPath objects are regions
 )
 
 
@@ -103,7 +104,7 @@ def index_slide(task: SlideTask) -> tuple[SlideRecord, TileArrays]:
         # the annotation files are parsed while the slide is opened, then measured while the
         # tissue is found: labels are the longer path, so it starts first
         reading = (
-            pool.submit(read_shapes, list(task.annotations))
+            pool.submit(read_shapes, list(task.annotations), task.config.annotation_objects)
             if task.config.annotations is not None
             else None
         )
@@ -405,7 +406,8 @@ def _check_class_names(
         found.update(record.class_areas or {})
     for file in sorted({f for task in tasks for f in task.annotations}):
         try:
-            found.update(shape.name for shape in read_annotations(file).shapes)
+            parsed = read_annotations(file, cfg.annotation_objects)
+            found.update(shape.name for shape in parsed.shapes)
         except AnnotationError:
             continue
     for option, names in named.items():

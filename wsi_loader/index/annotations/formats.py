@@ -6,7 +6,9 @@ external references):
 - **QuPath GeoJSON** (a FeatureCollection, a bare list of Features, or one Feature): the class
   is ``properties.classification.name`` (or the older plain ``properties.classification``
   string); Polygon (holes kept), MultiPolygon and GeometryCollection; objects without a class
-  are ``Unclassified`` (QuPath's own name for them).
+  are ``Unclassified`` (QuPath's own name for them). A reader may keep only some QuPath
+  object types (``objectType``: annotation, detection, cell, tile, tma_core); how many
+  objects other than annotations were read or left out is noted.
 - **ASAP XML** (Camelyon16/17): ``<Annotation PartOfGroup=...>`` with ``<Coordinate Order X Y>``.
   The group is the class, with Camelyon16's convention: groups ``_0`` and ``_1`` are ``Tumor``,
   and ``_2`` (or a group named ``Exclusion``) are non-tumour areas cut out of the file's other
@@ -58,6 +60,16 @@ MAX_CACHED_CLASSES = 10_000  # classification texts whose names are kept while a
 MAX_CLASS_DEPTH = 64  # parent classes of a QuPath derived class (a hostile file nests more)
 ASAP_TUMOUR_GROUPS = frozenset({"_0", "_1"})
 ASAP_EXCLUSION_GROUPS = frozenset({"_2", "exclusion"})
+# QuPath's object types (``properties.objectType`` since QuPath 0.3; the feature's ``id`` in
+# 0.2). Cells and tiles are detections, as in QuPath (getDetectionObjects returns them too).
+QUPATH_OBJECT_TYPES = ("annotation", "detection", "cell", "tile", "tma_core")
+_QUPATH_02_IDS = {
+    "PathAnnotationObject": "annotation",
+    "PathDetectionObject": "detection",
+    "PathCellObject": "cell",
+    "PathTileObject": "tile",
+    "TMACoreObject": "tma_core",
+}
 
 
 @dataclass
@@ -76,9 +88,28 @@ class Parsed:
     notes: list[str] = field(default_factory=list)
 
 
-def read_annotations(path: str) -> Parsed:
+def object_types(kinds: Iterable[str]) -> frozenset[str]:
+    """The QuPath object types that ``kinds`` select ("detection" takes cells and tiles too);
+    a ValueError names an unknown one."""
+    unknown = sorted(set(kinds) - set(QUPATH_OBJECT_TYPES))
+    if unknown:
+        raise ValueError(
+            f"unknown QuPath object type(s) {unknown}: choose from {list(QUPATH_OBJECT_TYPES)}"
+        )
+    selected = set(kinds)
+    if "detection" in selected:
+        selected |= {"cell", "tile"}
+    return frozenset(selected)
+
+
+def read_annotations(path: str, objects: Iterable[str] = ()) -> Parsed:
     """The shapes of one annotation file, its format told by its contents (JSON or which XML
-    root element). Raises `AnnotationError` naming the file and the element at fault."""
+    root element). Raises `AnnotationError` naming the file and the element at fault.
+
+    ``objects``: the QuPath object types whose features count (`QUPATH_OBJECT_TYPES`; none
+    named: all). Features without a type (other tools' GeoJSON) and the regions of the other
+    formats always count."""
+    wanted = object_types(objects) if objects else None
     try:
         size = os.stat(path).st_size
         if size > MAX_FILE_BYTES:
@@ -92,7 +123,7 @@ def read_annotations(path: str) -> Parsed:
     data = _utf8(data, path)
     head = data.lstrip()[:1]
     if head in (b"{", b"["):
-        return _geojson(data, path)
+        return _geojson(data, path, wanted)
     if head == b"<":
         return _xml(data, path)
     raise AnnotationError(
@@ -264,7 +295,7 @@ def _non_finite_as_null(data: bytes) -> bytes:
     return _NON_FINITE.sub(lambda m: b"null" if m.group(1) else m.group(0), data)
 
 
-def _geojson(data: bytes, path: str) -> Parsed:
+def _geojson(data: bytes, path: str, wanted: frozenset[str] | None = None) -> Parsed:
     parser = simdjson.Parser()  # one per document: a parser's values die with its next parse
     try:
         document = parser.parse(data)
@@ -294,9 +325,10 @@ def _geojson(data: bytes, path: str) -> Parsed:
             "Features (or Digital Slide Archive annotations, with 'elements')",
             path=path,
         )
-    rings, skipped = _Rings(), _Skipped()
+    rings, skipped, types = _Rings(), _Skipped(), _ObjectTypes(wanted)
     class_names: dict[object, str] = {}
     nests = b'"childObjects"' in data or b'"children"' in data  # spares 2 lookups a feature
+    typed = b'"objectType"' in data or b'Object"' in data  # QuPath 0.3+, or 0.2's ids
     for i, top in enumerate(features):
         # QuPath nests child objects in properties.childObjects (or "children") when a script
         # exports the hierarchy: a stack, so that deep nesting cannot exhaust Python's
@@ -306,18 +338,64 @@ def _geojson(data: bytes, path: str) -> Parsed:
             if not isinstance(feature, simdjson.Object) or feature.get("type") != "Feature":
                 raise AnnotationError("not a GeoJSON Feature object", path=path, element=where)
             properties = feature.get("properties")
-            name = _qupath_class(properties, path, where, class_names)
             if nests and isinstance(properties, simdjson.Object):
                 children = properties.get("childObjects") or properties.get("children")
                 if isinstance(children, simdjson.Array):
                     nested = [(f"{where} child {j}", c) for j, c in enumerate(children)]
                     stack.extend(reversed(nested))  # popped in file order
+            if typed and not types.counts(_object_type(feature, properties)):
+                continue
+            name = _qupath_class(properties, path, where, class_names)
             geometry = feature.get("geometry")
             if geometry is None:
                 skipped.skip("features without geometry")
                 continue
             _geojson_polygons(geometry, name, path, where, rings, skipped)
-    return Parsed(shapes=rings.shapes(path, skipped), notes=skipped.notes())
+    return Parsed(shapes=rings.shapes(path, skipped), notes=skipped.notes() + types.notes())
+
+
+def _object_type(feature: simdjson.Object, properties: Json) -> str | None:
+    """The feature's QuPath object type, None when it has none (not a QuPath export)."""
+    kind = properties.get("objectType") if isinstance(properties, simdjson.Object) else None
+    if isinstance(kind, str):
+        return kind
+    old = feature.get("id")  # QuPath 0.2; a UUID since 0.4
+    return _QUPATH_02_IDS.get(old) if isinstance(old, str) else None
+
+
+class _ObjectTypes:
+    """Which QuPath objects count (``wanted``; None: all), and how many of each type other
+    than annotations were counted or left out, for the notes: a user who exported "all
+    objects" learns that cell detections became regions of their classes."""
+
+    def __init__(self, wanted: frozenset[str] | None) -> None:
+        self.wanted = wanted
+        self.kept: dict[str, int] = {}
+        self.left: dict[str, int] = {}
+
+    def counts(self, kind: str | None) -> bool:
+        if kind is None or (kind == "annotation" and self.wanted is None):
+            return True
+        keep = self.wanted is None or kind in self.wanted
+        tally = self.kept if keep else self.left
+        tally[kind] = tally.get(kind, 0) + 1
+        return keep
+
+    def notes(self) -> list[str]:
+        notes = []
+        kept = {k: n for k, n in self.kept.items() if k != "annotation"}
+        if kept and self.wanted is None:
+            notes.append(
+                f"{_tally(kept)} QuPath objects were read as regions of their classes, like "
+                "the annotations (--annotation-objects annotation reads annotations only)"
+            )
+        if self.left:
+            notes.append(f"{_tally(self.left)} QuPath objects were left out (annotation_objects)")
+        return notes
+
+
+def _tally(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
 
 
 class _Rings:

@@ -65,13 +65,14 @@ def merge(polygons: Sequence[BaseGeometry]) -> BaseGeometry:
 ReadShapes = tuple[list[Shape], list[str]]  # the shapes and the notes of what was skipped
 
 
-def read_shapes(files: Sequence[str]) -> ReadShapes:
+def read_shapes(files: Sequence[str], objects: Sequence[str] = ()) -> ReadShapes:
     """Every shape of one slide's annotation files, not yet checked for validity (see
-    `formats.repair`), and the notes of what was skipped (each naming its file)."""
+    `formats.repair`), and the notes of what was skipped (each naming its file).
+    ``objects``: the QuPath object types read (`read_annotations`)."""
     shapes: list[Shape] = []
     notes: list[str] = []
     for path in files:
-        parsed = read_annotations(path)
+        parsed = read_annotations(path, objects)
         shapes.extend(parsed.shapes)
         notes.extend(f"{path}: {note}" for note in parsed.notes)
     return shapes, notes
@@ -103,9 +104,12 @@ def outside_note(shapes: Sequence[Shape], width: int, height: int) -> tuple[list
     )
 
 
-def read_regions(files: Sequence[str], width: int | None, height: int | None) -> SlideRegions:
-    """Parse and merge the annotation files of one slide; with the slide's size, clip to it."""
-    shapes, notes = read_shapes(files)
+def read_regions(
+    files: Sequence[str], width: int | None, height: int | None, objects: Sequence[str] = ()
+) -> SlideRegions:
+    """Parse and merge the annotation files of one slide; with the slide's size, clip to it.
+    ``objects``: the QuPath object types read (`read_annotations`)."""
+    shapes, notes = read_shapes(files, objects)
     fixed = repair(shapes)
     shapes = fixed.shapes
     notes += repaired_notes(files, fixed.notes)
