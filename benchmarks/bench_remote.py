@@ -10,7 +10,7 @@ ranged GET) in a small asyncio server, not moto: moto spends ~60 ms of CPU per r
 request to a 60 MB object, on the same two cores as the reader, so a benchmark through it
 measures moto. Every pass runs in a fresh process (its own S3 client, reaching the bucket
 through ``AWS_ENDPOINT_URL``, as a user's job does), reads the same random aligned 256 px
-tiles with 2 DataLoader workers, batch 64, and is timed after its first batch (worker
+tiles with 2 DataLoader workers (--workers), batch 64, and is timed after its first batch (worker
 start-up, slide open). Passes are interleaved and repeated (--repeats, 4, best of: a pass is
 under half a second, and with 2 the cold/warm ratio of one build ranged 0.86-0.99x).
 
@@ -53,7 +53,7 @@ S3_ENV = {
 }
 URL = "s3://bench/slide.svs"
 BATCH = 64
-WORKERS = 2
+WORKERS = 2  # DataLoader workers per pass (--workers)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -65,7 +65,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 # -- one pass, in a fresh process --------------------------------------------------------------
-def child(kind: str, index_dir: str, rows_file: str, url: str) -> dict[str, float]:
+def child(
+    kind: str, index_dir: str, rows_file: str, url: str, workers: str = str(WORKERS)
+) -> dict[str, float]:
     import multiprocessing
 
     import torch
@@ -78,7 +80,7 @@ def child(kind: str, index_dir: str, rows_file: str, url: str) -> dict[str, floa
     index = SlideIndex.open(index_dir)
     if kind == "ours":
         loader: Any = make_loader(
-            index, batch_size=BATCH, sampler=rows, num_workers=WORKERS, record_failures=False
+            index, batch_size=BATCH, sampler=rows, num_workers=int(workers), record_failures=False
         )
     else:
         import tiffslide
@@ -99,7 +101,9 @@ def child(kind: str, index_dir: str, rows_file: str, url: str) -> dict[str, floa
                 pixels = self.slide.read_region((x, y), 0, (256, 256), as_array=True)
                 return {"image": torch.from_numpy(np.ascontiguousarray(pixels[..., :3]))}
 
-        loader = DataLoader(TiffslideTiles(), batch_size=BATCH, sampler=rows, num_workers=WORKERS)
+        loader = DataLoader(
+            TiffslideTiles(), batch_size=BATCH, sampler=rows, num_workers=int(workers)
+        )
     iterator = iter(loader)
     next(iterator)  # workers started, slide opened
     pids = [p.pid for p in multiprocessing.active_children() if p.pid]
@@ -127,7 +131,7 @@ def tile_bytes(slide: Path, index: Any, rows: np.ndarray) -> int:
 
 
 def run_pass(
-    kind: str, index_dir: Path, rows_file: Path, url: str, endpoint: str | None
+    kind: str, index_dir: Path, rows_file: Path, url: str, endpoint: str | None, workers: int
 ) -> dict[str, float]:
     env = {**os.environ, **S3_ENV, "PYTHONPATH": str(REPO)}
     if endpoint:
@@ -137,7 +141,7 @@ def run_pass(
         "print(json.dumps(child(*sys.argv[1:])))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code, kind, str(index_dir), str(rows_file), url],
+        [sys.executable, "-c", code, kind, str(index_dir), str(rows_file), url, str(workers)],
         env=env, capture_output=True, text=True, cwd=REPO, check=False, timeout=1200,
     )  # fmt: skip
     if result.returncode:
@@ -167,6 +171,13 @@ def main() -> None:
     parser.add_argument("--peer-tiles", type=int, default=512, help="tiles per tiffslide pass")
     parser.add_argument("--latencies", default="0,5,20", help="ms per request, comma-separated")
     parser.add_argument("--repeats", type=int, default=4, help="interleaved rounds, best of")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=WORKERS,
+        help="DataLoader workers per pass; 1 leaves a core of this 2-core machine to the "
+        "network client and the emulated bucket",
+    )
     parser.add_argument("--scratch")
     args = parser.parse_args()
     latencies = [float(v) for v in args.latencies.split(",")]
@@ -228,9 +239,9 @@ def measure(
 
     for _ in range(args.repeats):
         warm_page_cache(slide)
-        keep("local warm", run_pass("ours", local_dir, rows_file, URL, None))
+        keep("local warm", run_pass("ours", local_dir, rows_file, URL, None, args.workers))
         drop_page_cache(slide)
-        keep("local cold", run_pass("ours", local_dir, rows_file, URL, None))
+        keep("local cold", run_pass("ours", local_dir, rows_file, URL, None, args.workers))
         warm_page_cache(slide)
         for ms, server in servers.items():
             for kind, rows, name, tiles_used in (
@@ -240,7 +251,7 @@ def measure(
                 stat_file = stats.with_suffix(f".{ms:g}.json")
                 before = proxy_stats(server, stat_file)
                 server_cpu = cpu_seconds(server.proc.pid)
-                result = run_pass(kind, remote_dir, rows, URL, server.url)
+                result = run_pass(kind, remote_dir, rows, URL, server.url, args.workers)
                 after = proxy_stats(server, stat_file)
                 server_cpu = cpu_seconds(server.proc.pid) - server_cpu
                 tiles = result["tiles"] + BATCH  # the counters include the first batch
