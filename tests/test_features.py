@@ -404,3 +404,25 @@ def test_features_timeout_needs_workers(index: SlideIndex, tmp_path: Path) -> No
     code = main(["features", str(index.path), "--model", "tests.feature_models:tiny",
                  "--out", str(tmp_path / "g"), "--workers", "0", "--timeout", "5"])  # fmt: skip
     assert code == 2
+
+
+@pytest.mark.parametrize("spec", ["torchvision:resnet18", "timm:resnet18"])
+def test_a_torchvision_that_cannot_load_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec: str
+) -> None:
+    # pip's torchvision wheel on a CPU build of torch fails on import ("operator
+    # torchvision::nms does not exist"), and timm imports torchvision: a RuntimeError, not an
+    # ImportError, which reached the user as a traceback
+    package = tmp_path / "torchvision"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")\n'
+    )
+    timm = tmp_path / "timm"
+    timm.mkdir()
+    (timm / "__init__.py").write_text("import torchvision\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("torchvision", "torchvision.models", "timm"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(ConfigError, match=r"cannot be imported.*torchvision::nms does not exist"):
+        load_encoder(spec)

@@ -103,13 +103,27 @@ def load_encoder(spec: str) -> Encoder:
     return _callable(kind, name, spec)
 
 
+def _import_failed(package: str, spec: str, exc: BaseException) -> ConfigError:
+    """A ConfigError for a model package that is missing or does not load: pip's torchvision
+    wheel on a CPU build of torch (or another torch version) fails on import with a
+    RuntimeError, and timm imports torchvision."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name == package:
+        extra = "'wsi_loader[gpu]'" if package == "torchvision" else package
+        return ConfigError(f"{spec} needs {package} (pip install {extra})", key="model", value=spec)
+    return ConfigError(
+        f"{spec}: {package} cannot be imported ({type(exc).__name__}: {exc}); a torchvision "
+        f"built for another torch than this one ({torch.__version__}) fails this way: install "
+        "the torchvision release made for it, from the same index as torch",
+        key="model",
+        value=spec,
+    )
+
+
 def _torchvision(name: str, spec: str) -> Encoder:
     try:
         from torchvision.models import get_model, get_model_weights
-    except ImportError as exc:
-        raise ConfigError(
-            f"{spec} needs torchvision (pip install 'wsi_loader[gpu]')", key="model", value=spec
-        ) from exc
+    except Exception as exc:  # missing, or built for another torch (a RuntimeError)
+        raise _import_failed("torchvision", spec, exc) from exc
     try:
         weights = get_model_weights(name).DEFAULT
     except (ValueError, KeyError, AttributeError) as exc:
@@ -142,8 +156,8 @@ def _torchvision(name: str, spec: str) -> Encoder:
 def _timm(name: str, spec: str) -> Encoder:
     try:
         import timm  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise ConfigError(f"{spec} needs timm (pip install timm)", key="model", value=spec) from exc
+    except Exception as exc:  # missing, or its torchvision built for another torch
+        raise _import_failed("timm", spec, exc) from exc
     try:
         model = timm.create_model(name, pretrained=True, num_classes=0)
     except Exception as exc:  # unknown name, no network for the weights...
