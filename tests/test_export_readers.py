@@ -210,15 +210,49 @@ def test_coords_h5_is_read_like_clam_reads_it(dotted: Path, tmp_path: Path) -> N
 
 
 def test_hugging_face_imagefolder_reads_the_labels(dotted: Path, tmp_path: Path) -> None:
-    """Runs where `datasets` is installed (it is not in the CI extras: ~400 MB with pyarrow)."""
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     index = build_index(
         [dotted], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(dotted / "labels.csv")
     )
     export_index(index, tmp_path / "out", shard_size=5)
-    ds = datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "out"), split="train")
+    ds = datasets.load_dataset(
+        "imagefolder",
+        data_dir=str(tmp_path / "out"),
+        split="train",
+        cache_dir=str(tmp_path / "hf-cache"),
+    )
     assert ds.num_rows == len(index)
     assert ds.features["label"].names == ["normal", "tumour"]
+
+
+def test_hugging_face_reads_the_webdataset_export_by_its_card(
+    dotted: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Hugging Face's WebDataset reader types each JSON field from the first 5 samples
+    # (datasets#7549): when those have no label (an unlabelled slide first, or tiles no
+    # annotation covers), the first string label later failed the load ("Couldn't cast array
+    # of type string to null"). The export's dataset card (README.md) states the types.
+    import datasets
+
+    (dotted / "labels.csv").write_text("path,label\ncase.v2.final.svs,normal\n")
+    index = build_index(
+        [dotted], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(dotted / "labels.csv")
+    )
+    out = tmp_path / "wds"
+    export_index(index, out, format="webdataset", image_format="jpeg", shard_size=6)
+    ds = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf-cache"))
+    assert ds.num_rows == len(index)
+    metas = ds["json"]
+    assert metas[0]["slide_label"] is None and metas[0]["label"] is None
+    assert {m["slide_label"] for m in metas} == {None, "normal"}
+    assert sorted(m["row"] for m in metas) == list(range(len(index)))
+    assert ds[0]["jpg"].size == (256, 256)
+    # a README.md put there by someone after the export is kept by the next run
+    (out / "README.md").write_text("my notes\n")
+    export_index(index, out, format="webdataset", image_format="jpeg", shard_size=6)
+    assert (out / "README.md").read_text() == "my notes\n"
+    assert "README.md" in caplog.text and "not written" in caplog.text
 
 
 def test_coords_h5_keeps_names_with_spaces_and_accents(tmp_path: Path, make_slide) -> None:  # type: ignore[no-untyped-def]

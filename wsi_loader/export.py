@@ -14,7 +14,7 @@ arguments, or an index rebuilt with other tiles, into a folder holding an export
 (``overwrite`` replaces it). ``manifest.csv`` (one row per exported tile, with its split and the
 SHA-256 of the stored bytes), ``failures.csv`` (tiles not exported and why: quarantined
 before, or failed now) and ``export.json`` (arguments, source index and counts) are written
-at the end.
+at the end, and for WebDataset shards the dataset card (``README.md``, `dataset_card`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from PIL import Image
 
 from wsi_loader.config import ExportConfig, validate
 from wsi_loader.dataset.reading import TileReader, threads_per_process
+from wsi_loader.dataset_card import CARD_FILE, is_ours, write_card
 from wsi_loader.errors import (
     ConfigError,
     OutputError,
@@ -473,6 +474,8 @@ def _clear_export(out: Path) -> None:
     for name in (PARTS_FILE, SETTINGS_FILE, PLAN_FILE, "manifest.csv", "failures.csv"):
         (out / name).unlink(missing_ok=True)
     (out / "export.json").unlink(missing_ok=True)
+    if is_ours(out):
+        (out / CARD_FILE).unlink(missing_ok=True)
     for folder in sorted(out.rglob("*"), reverse=True):  # class folders left empty
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
@@ -709,6 +712,9 @@ def export_index(
         "label_folders": {str(k): v for k, v in folders},
     }
     write_file(out_path / "export.json", json.dumps(summary, indent=1, sort_keys=True).encode())
+    if options.format == "webdataset":
+        ext = "jpg" if options.image_format == "jpeg" else options.image_format
+        write_card(out_path, ext, list(index.classes) if index.coverage is not None else [])
     return report
 
 
