@@ -44,13 +44,13 @@ SAMPLE_FIELDS = {
 def card_text(image_ext: str, classes: Sequence[str]) -> str:
     """The card of shards whose samples are ``KEY.<image_ext>`` and ``KEY.json`` (with a
     ``coverage`` object of ``classes`` when the index has annotation classes)."""
-    fields: list[dict[str, object]] = [
-        {"name": name, "dtype": dtype} for name, dtype in sorted(SAMPLE_FIELDS.items())
-    ]
+    types: dict[str, dict[str, object]] = {
+        name: {"dtype": dtype} for name, dtype in SAMPLE_FIELDS.items()
+    }
     if classes:
-        coverage = [{"name": name, "dtype": "float64"} for name in classes]
-        fields.append({"name": "coverage", "struct": coverage})
-        fields.sort(key=lambda f: str(f["name"]))  # the order json.dumps(sort_keys) writes
+        types["coverage"] = {"struct": [{"name": name, "dtype": "float64"} for name in classes]}
+    # in the order json.dumps(sort_keys=True) writes them
+    fields = [{"name": name, **spec} for name, spec in sorted(types.items())]
     card = {
         "configs": [
             {
@@ -70,7 +70,7 @@ def card_text(image_ext: str, classes: Sequence[str]) -> str:
     front = yaml.safe_dump(card, sort_keys=False, allow_unicode=True)
     return (
         f"---\n{front}---\n\n"
-        "Tiles exported by wsi_loader as WebDataset shards: `KEY.{ext}` (the tile) and "
+        f"Tiles exported by wsi_loader as WebDataset shards: `KEY.{image_ext}` (the tile) and "
         "`KEY.json` (its slide, level-0 position, level, label, slide label, split and, for "
         "annotated indexes, class coverage). `manifest.csv` lists every tile, `failures.csv` "
         "those not exported, `export.json` the arguments and counts. Load with "
@@ -78,7 +78,7 @@ def card_text(image_ext: str, classes: Sequence[str]) -> str:
         "Every tile is in the one `train` split of this card; the `split` field holds the "
         "index's own split.\n\n"
         f"{MARK}\n"
-    ).replace("{ext}", image_ext)
+    )
 
 
 def is_ours(out: Path) -> bool:

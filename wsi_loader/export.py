@@ -152,6 +152,11 @@ class ExportOptions:
     on_error: str = "fill"
     retries: int = 2
 
+    @property
+    def image_ext(self) -> str:
+        """The file extension of the exported images (a WebDataset sample's field name)."""
+        return "jpg" if self.image_format == "jpeg" else self.image_format
+
 
 @dataclass(frozen=True)
 class ExportUnit:
@@ -306,7 +311,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     reader = TileReader(index, on_error=unit.options.on_error, retries=unit.options.retries)
     rows = np.asarray(unit.rows, dtype=np.int64)
     cols, folders = index.columns, dict(unit.folders)
-    ext = "jpg" if unit.options.image_format == "jpeg" else unit.options.image_format
+    ext = unit.options.image_ext
 
     def key_of(row: int) -> str:
         sid = int(cols["slide_id"][row])
@@ -713,8 +718,8 @@ def export_index(
     }
     write_file(out_path / "export.json", json.dumps(summary, indent=1, sort_keys=True).encode())
     if options.format == "webdataset":
-        ext = "jpg" if options.image_format == "jpeg" else options.image_format
-        write_card(out_path, ext, list(index.classes) if index.coverage is not None else [])
+        classes = list(index.classes) if index.coverage is not None else []
+        write_card(out_path, options.image_ext, classes)
     return report
 
 

@@ -37,6 +37,20 @@ def annotated(tmp_path: Path, make_slide: SlideFactory) -> Path:
     return annotated_archive(tmp_path, make_slide(width=2048, height=1536, seed=3))
 
 
+@pytest.fixture
+def indexed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the slides the builder indexes (reads), in order."""
+    calls: list[str] = []
+    real = builder_module.index_slide
+
+    def counting(task: builder_module.SlideTask) -> object:
+        calls.append(Path(task.entry.path).name)
+        return real(task)
+
+    monkeypatch.setattr(builder_module, "index_slide", counting)
+    return calls
+
+
 def build(root: Path, out: str = "idx", **options: object) -> SlideIndex:
     return build_index(
         [root / "archive"], root / out, annotations=str(root / "annotations"), **GRID, **options
@@ -174,16 +188,9 @@ def test_an_annotations_table_written_on_windows(annotated: Path) -> None:
 
 
 def test_rebuilds_reread_changed_annotations_and_relabel_without_reading(
-    annotated: Path, monkeypatch: pytest.MonkeyPatch
+    annotated: Path, indexed: list[str]
 ) -> None:
-    calls: list[str] = []
-    real = builder_module.index_slide
-
-    def counting(task: builder_module.SlideTask) -> object:
-        calls.append(Path(task.entry.path).name)
-        return real(task)
-
-    monkeypatch.setattr(builder_module, "index_slide", counting)
+    calls = indexed
     first = build(annotated, label_from="annotations")
     assert len(calls) == 3
     calls.clear()
@@ -331,7 +338,7 @@ def test_classes_that_differ_only_in_case_are_said(
 
 def test_annotation_objects_choose_the_qupath_objects_that_are_regions(
     annotated: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    indexed: list[str],
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -355,14 +362,8 @@ def test_annotation_objects_choose_the_qupath_objects_that_are_regions(
     assert everything.classes == ("Immune cells", "Pen", "Stroma", "Tumor")
     assert any(name == "Immune cells" for name, _ in SlideOverview(everything, 0)._outlines())
 
-    calls: list[str] = []
-    real = builder_module.index_slide
-
-    def counting(task: builder_module.SlideTask) -> object:
-        calls.append(Path(task.entry.path).name)
-        return real(task)
-
-    monkeypatch.setattr(builder_module, "index_slide", counting)
+    calls = indexed
+    calls.clear()  # the build above read every slide
     caplog.clear()
     assert main([*args, "--annotation-objects", "annotation"]) == 0
     assert "case 1.a.geojson: 1 cell QuPath objects were left out" in caplog.text

@@ -37,7 +37,7 @@ import codecs
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from xml.etree.ElementTree import Element, ParseError
@@ -88,7 +88,7 @@ class Parsed:
     notes: list[str] = field(default_factory=list)
 
 
-def object_types(kinds: Iterable[str]) -> frozenset[str]:
+def object_types(kinds: Collection[str]) -> frozenset[str]:
     """The QuPath object types that ``kinds`` select ("detection" takes cells and tiles too);
     a ValueError names an unknown one."""
     unknown = sorted(set(kinds) - set(QUPATH_OBJECT_TYPES))
@@ -102,7 +102,7 @@ def object_types(kinds: Iterable[str]) -> frozenset[str]:
     return frozenset(selected)
 
 
-def read_annotations(path: str, objects: Iterable[str] = ()) -> Parsed:
+def read_annotations(path: str, objects: Collection[str] = ()) -> Parsed:
     """The shapes of one annotation file, its format told by its contents (JSON or which XML
     root element). Raises `AnnotationError` naming the file and the element at fault.
 
@@ -218,8 +218,7 @@ class _Skipped:
     def notes(self) -> list[str]:
         if not self.kinds:
             return []
-        kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items()))
-        return [f"regions without an area were skipped: {kinds}"]
+        return [f"regions without an area were skipped: {_tally(self.kinds)}"]
 
 
 def repair(shapes: list[Shape], valid: npt.NDArray[np.bool_] | None = None) -> Parsed:
@@ -370,24 +369,27 @@ class _ObjectTypes:
 
     def __init__(self, wanted: frozenset[str] | None) -> None:
         self.wanted = wanted
-        self.kept: dict[str, int] = {}
-        self.left: dict[str, int] = {}
+        self.read: dict[str, int] = {}  # with every type wanted: those other than annotations
+        self.left: dict[str, int] = {}  # with some types wanted: those left out
 
     def counts(self, kind: str | None) -> bool:
-        if kind is None or (kind == "annotation" and self.wanted is None):
+        if kind is None:
             return True
-        keep = self.wanted is None or kind in self.wanted
-        tally = self.kept if keep else self.left
-        tally[kind] = tally.get(kind, 0) + 1
-        return keep
+        if self.wanted is None:
+            if kind != "annotation":
+                self.read[kind] = self.read.get(kind, 0) + 1
+            return True
+        if kind in self.wanted:
+            return True
+        self.left[kind] = self.left.get(kind, 0) + 1
+        return False
 
     def notes(self) -> list[str]:
         notes = []
-        kept = {k: n for k, n in self.kept.items() if k != "annotation"}
-        if kept and self.wanted is None:
+        if self.read:
             notes.append(
-                f"{_tally(kept)} QuPath objects were read as regions of their classes, like "
-                "the annotations (--annotation-objects annotation reads annotations only)"
+                f"{_tally(self.read)} QuPath objects were read as regions of their classes, "
+                "like the annotations (--annotation-objects annotation reads annotations only)"
             )
         if self.left:
             notes.append(f"{_tally(self.left)} QuPath objects were left out (annotation_objects)")
@@ -395,6 +397,7 @@ class _ObjectTypes:
 
 
 def _tally(counts: dict[str, int]) -> str:
+    """``{"cell": 3, "tile": 1}`` -> "3 cell, 1 tile"."""
     return ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
 
 
