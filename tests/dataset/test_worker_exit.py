@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import pytest
 from torch.utils.data import DataLoader, Dataset
 
 import wsi_loader.dataset.tiles  # noqa: F401 (what a worker holding a TileDataset imports)
@@ -57,3 +60,54 @@ def test_spawned_worker_frees_what_its_queue_holds_before_it_exits(tmp_path: Pat
     made = _markers(tmp_path, "made", worker.pid)
     assert len(made) >= 4  # the prefetched items were all in flight
     assert _markers(tmp_path, "freed", worker.pid) == made
+
+
+MODULE_LEVEL_LOADER = """
+import sys
+import wsi_loader as wl
+from wsi_loader.synthetic import SlideSpec, write_svs
+
+if __name__ == "__main__":
+    context, persistent, stop_early = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
+    write_svs("a.svs", SlideSpec(width=2000, height=1500, seed=1))
+    index = wl.build_index(["a.svs"], "idx", tile_size=256, level=0, min_tissue=0.1)
+    # at module level: alive until the interpreter ends, as in a script or a notebook
+    loader = wl.make_loader(
+        index, batch_size=4, num_workers=2, multiprocessing_context=context,
+        persistent_workers=persistent,
+    )
+    for epoch in range(2):
+        for batch in loader:
+            pass
+    if stop_early:  # an iterator left in the middle of an epoch, still referenced
+        held = iter(loader)
+        next(held)
+    print("done")
+"""
+
+
+@pytest.mark.parametrize(
+    ("context", "persistent", "stop_early"),
+    [("fork", True, False), ("spawn", True, False), ("fork", False, True)],
+)
+def test_workers_alive_at_exit_leave_no_temporary_files(
+    tmp_path: Path, context: str, persistent: bool, stop_early: bool
+) -> None:
+    """A loader still holding workers when the script ends (persistent workers, or an
+    iterator left in the middle of an epoch): the workers are stopped before multiprocessing
+    kills them at exit, so each one removes its temporary folder (torch hands batches over
+    through a socket there)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(MODULE_LEVEL_LOADER)
+    env = {**os.environ, "TMPDIR": str(temp)}
+    done = subprocess.run(
+        [sys.executable, str(script), context, str(int(persistent)), str(int(stop_early))],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "done"
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    left = sorted(str(p.relative_to(temp)) for p in temp.rglob("*"))
+    assert left == [], done.stderr[-3000:]

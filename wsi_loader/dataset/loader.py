@@ -7,8 +7,12 @@ batch through the worker queue, no per-item collate.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import multiprocessing
+import multiprocessing.util  # its exit handler must be registered before ours (see below)
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -71,6 +75,27 @@ class BatchReads(Dataset[TileBatch]):
             slots[slot] = -1
 
 
+# Iterators of ours whose worker processes may still run: persistent workers, or an epoch left
+# in the middle by a caller still holding its iterator (a script's or notebook's global).
+_RUNNING: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _stop_workers_at_exit() -> None:
+    """Stop the workers of iterators still alive as the interpreter ends, the way torch does
+    when an iterator is deleted (each worker told to stop, then joined). Without it,
+    multiprocessing's own exit handler, which runs after ours (atexit is last in, first out),
+    kills them with SIGTERM, and each leaves a ``pymp-*`` folder with a socket in the temporary
+    directory (torch hands batches over through it), one per worker and run."""
+    for iterator in list(_RUNNING):
+        stop = getattr(iterator, "_shutdown_workers", None)
+        if stop is not None:
+            with contextlib.suppress(Exception):  # as in torch's __del__: the process ends
+                stop()
+
+
+atexit.register(_stop_workers_at_exit)
+
+
 def default_workers() -> int:
     """One worker per core the process may use, at most 8."""
     return max(0, min(usable_cores(), 8))
@@ -91,6 +116,8 @@ class TileLoader(DataLoader[TileBatch]):
 
     def __iter__(self) -> Iterator[TileBatch]:  # type: ignore[override]
         iterator = super().__iter__()
+        if self.num_workers:
+            _RUNNING.add(iterator)
         while True:
             try:
                 batch = next(iterator)
