@@ -27,6 +27,7 @@ from wsi_loader.dataset.look_ahead import BatchPlan, LookAhead
 from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.dataset.samplers import DistributedTileSampler
 from wsi_loader.dataset.tiles import TileDataset
+from wsi_loader.dataset.worker_exit import parent_temp_folder, use_parent_temp_folder
 from wsi_loader.errors import ConfigError, LoaderTimeoutError
 from wsi_loader.index.table import SlideIndex
 
@@ -41,8 +42,10 @@ class BatchReads(Dataset[TileBatch]):
         encoded: bool = False,
         buffers: BufferRing | None = None,
         reading: torch.Tensor | None = None,
+        temp_folder: str | None = None,
     ) -> None:
         self.tiles = tiles
+        self.temp_folder = temp_folder  # the parent's, shared by the workers
         self.encoded = encoded
         self.buffers = buffers
         # shared memory: the slide each worker is reading (-1: none), so a timeout can say
@@ -56,6 +59,7 @@ class BatchReads(Dataset[TileBatch]):
         if isinstance(rows, BatchPlan):
             rows, ahead = rows
         worker = get_worker_info()
+        use_parent_temp_folder(self.temp_folder)
         if self.reading is None or worker is None:
             return self.tiles.read_batch(
                 rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead
@@ -80,6 +84,14 @@ class BatchReads(Dataset[TileBatch]):
 _RUNNING: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
+def _shutdown(iterator: Any) -> None:
+    """Stop a DataLoader iterator's workers as torch does when the iterator is deleted."""
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if stop is not None:
+        with contextlib.suppress(Exception):  # as in torch's __del__: nothing to tell anyone
+            stop()
+
+
 def _stop_workers_at_exit() -> None:
     """Stop the workers of iterators still alive as the interpreter ends, the way torch does
     when an iterator is deleted (each worker told to stop, then joined). Without it,
@@ -87,10 +99,7 @@ def _stop_workers_at_exit() -> None:
     kills them with SIGTERM, and each leaves a ``pymp-*`` folder with a socket in the temporary
     directory (torch hands batches over through it), one per worker and run."""
     for iterator in list(_RUNNING):
-        stop = getattr(iterator, "_shutdown_workers", None)
-        if stop is not None:
-            with contextlib.suppress(Exception):  # as in torch's __del__: the process ends
-                stop()
+        _shutdown(iterator)
 
 
 atexit.register(_stop_workers_at_exit)
@@ -113,11 +122,20 @@ class TileLoader(DataLoader[TileBatch]):
     tile_sampler: Sampler[int] | Iterable[int]
     reading: torch.Tensor | None = None  # see BatchReads.reading
     tiles: TileDataset | None = None
+    _stopper: weakref.finalize[Any, Any] | None = None
 
     def __iter__(self) -> Iterator[TileBatch]:  # type: ignore[override]
         iterator = super().__iter__()
         if self.num_workers:
             _RUNNING.add(iterator)
+        if self.num_workers and self.persistent_workers and self._stopper is None:
+            # the persistent workers stop when this loader goes. Why not leave it to the
+            # iterator's __del__: a loader in a reference cycle is freed by the garbage
+            # collector, which first runs the finalizers of its queues; the iterator then
+            # tells its workers to stop through a closed queue, waits 5 s for each, and
+            # kills them. Held here, the iterator and its queues outlive the loader.
+            self._stopper = weakref.finalize(self, _shutdown, iterator)
+            self._stopper.atexit = False  # _stop_workers_at_exit does it, in the right order
         while True:
             try:
                 batch = next(iterator)
@@ -266,6 +284,7 @@ def make_loader(
             # enough for the batches queued per worker, the one in use and one being released
             buffers=BufferRing(prefetch_factor + 4) if reuse_buffers else None,
             reading=reading,
+            temp_folder=parent_temp_folder() if workers else None,
         ),
         batch_size=None,
         sampler=LookAhead(

@@ -1,4 +1,5 @@
-"""A spawned DataLoader worker waits for its result queue to drain before the interpreter ends.
+"""How DataLoader workers end cleanly: a spawned worker waits for its result queue to drain
+before the interpreter ends, and workers keep their temporary files in the parent's folder.
 
 Why: a multiprocessing queue hands each result to a daemon "feeder" thread, which pickles it and
 then drops the last reference, so the batch's tensors are freed in that thread. torch releases
@@ -18,6 +19,9 @@ Importing this module registers the handler once per process.
 from __future__ import annotations
 
 import atexit
+import multiprocessing
+import multiprocessing.util
+import os
 import threading
 import time
 
@@ -39,3 +43,27 @@ def let_queue_feeders_finish(timeout: float = JOIN_TIMEOUT_S) -> None:
 
 
 atexit.register(let_queue_feeders_finish)
+
+
+def parent_temp_folder() -> str:
+    """This process's multiprocessing temporary folder (created now if need be; removed when
+    this process ends), for its DataLoader workers to share (`use_parent_temp_folder`)."""
+    return multiprocessing.util.get_temp_dir()
+
+
+def use_parent_temp_folder(folder: str | None) -> None:
+    """In a DataLoader worker: put the worker's multiprocessing temporary files (the socket
+    through which torch hands each batch's storage to the parent) in the parent's folder.
+
+    Why: a worker that creates its own ``pymp-*`` folder removes it only when it ends
+    normally; one ended by SIGTERM (multiprocessing's exit handler, torch's shutdown after its
+    5 s join, a loader collected as garbage) leaves it behind, one folder per worker and run.
+    The parent's folder goes when the parent ends, whatever happened to its workers. A forked
+    worker already shares it (inherited); a spawned one learns it here, before its first
+    batch is sent. A worker that made its own folder already keeps it."""
+    if folder is None or get_worker_info() is None:
+        return
+    # multiprocessing.util.get_temp_dir keeps the folder in the process's _config
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    if config.get("tempdir") is None and os.path.isdir(folder):
+        config["tempdir"] = folder
