@@ -67,18 +67,18 @@ import atexit
 import gc
 import sys
 
-killed = []  # workers ended by SIGTERM (terminate), said by the last exit handler to run
-atexit.register(lambda: print("killed", killed))  # registered first: runs last
-
 import multiprocessing.process
 
+killed = []  # workers ended by SIGTERM (terminate), said by the last exit handler to run
 terminate = multiprocessing.process.BaseProcess.terminate
 
 def spy(process):
     killed.append(process.name)
     terminate(process)
 
-multiprocessing.process.BaseProcess.terminate = spy
+if __name__ == "__main__":  # not in spawned workers, which import this script too
+    atexit.register(lambda: print("killed", killed, flush=True))  # registered first: runs last
+    multiprocessing.process.BaseProcess.terminate = spy
 
 import wsi_loader as wl
 from wsi_loader.synthetic import SlideSpec, write_svs
