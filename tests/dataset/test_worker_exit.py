@@ -133,3 +133,127 @@ def test_workers_alive_at_exit_leave_no_temporary_files(
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     left = sorted(str(p.relative_to(temp)) for p in temp.rglob("*"))
     assert left == [], done.stderr[-3000:]
+
+
+INTERRUPTED_LOOP = """
+import os
+import signal
+import sys
+import time
+
+import wsi_loader as wl
+from wsi_loader.synthetic import SlideSpec, write_svs
+
+if __name__ == "__main__":
+    write_svs("a.svs", SlideSpec(width=2000, height=1500, seed=1))
+    index = wl.build_index(["a.svs"], "idx", tile_size=256, level=0, min_tissue=0.1)
+    loader = wl.make_loader(
+        index, batch_size=4, num_workers=2, multiprocessing_context=sys.argv[1]
+    )
+    try:
+        for n, batch in enumerate(loader):
+            if n == 2:
+                # Ctrl-C in a terminal, or a notebook's interrupt button: SIGINT to the group
+                os.killpg(os.getpgid(0), signal.SIGINT)
+                time.sleep(30)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    for epoch in range(2):  # the loop run again, with the same loader
+        tiles = sum(len(batch.ok) for batch in loader)
+        print("epoch", tiles, "of", len(index), flush=True)
+"""
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_an_interrupted_loop_can_run_again(tmp_path: Path, context: str) -> None:
+    """Interrupting a training loop (the stop button of a notebook, Ctrl-C in IPython) signals
+    the whole process group. The persistent workers must not take it: the loop is run again
+    with the same loader (torch said "DataLoader worker (pid(s) ...) exited unexpectedly")."""
+    script = tmp_path / "loop.py"
+    script.write_text(INTERRUPTED_LOOP)
+    done = subprocess.run(
+        [sys.executable, str(script), context],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        start_new_session=True,  # a group of its own, as a terminal's job or a kernel has
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "interrupted"
+    tiles = int(lines[1].split()[3])
+    assert lines[1:] == [f"epoch {tiles} of {tiles}"] * 2
+
+
+KERNEL_SESSION = '''
+import threading
+
+from jupyter_client.manager import start_new_kernel
+
+SETUP = """
+import wsi_loader as wl
+from wsi_loader.synthetic import SlideSpec, write_svs
+
+write_svs("a.svs", SlideSpec(width=2000, height=1500, seed=1))
+index = wl.build_index(["a.svs"], "idx", tile_size=256, level=0, min_tissue=0.1)
+loader = wl.make_loader(index, batch_size=4, num_workers=2)
+"""
+LOOP = """
+import time
+for epoch in range(100):
+    for batch in loader:
+        time.sleep(0.05)
+"""
+AGAIN = """
+for epoch in range(2):
+    print("epoch", sum(len(batch.ok) for batch in loader), "of", len(index))
+"""
+
+manager, client = start_new_kernel(kernel_name="python3")
+
+
+def run(code):
+    out = []
+    reply = client.execute_interactive(
+        code, timeout=240, output_hook=lambda m: out.append(m["content"].get("text", ""))
+    )
+    return reply["content"]["status"], "".join(out)
+
+
+try:
+    print("setup", run(SETUP)[0], flush=True)
+    interrupt = threading.Timer(3, manager.interrupt_kernel)
+    interrupt.start()
+    print("loop", run(LOOP)[0], flush=True)  # error: KeyboardInterrupt
+    interrupt.join()
+    status, printed = run(AGAIN)
+    print("again", status, flush=True)
+    print(printed, end="", flush=True)
+finally:
+    client.stop_channels()
+    manager.shutdown_wait_time = 20.0  # the grace before a kill (front ends give 5 s)
+    manager.shutdown_kernel()  # a shutdown request, then the kill
+'''
+
+
+@pytest.mark.slow
+def test_a_notebook_kernel_interrupts_and_shuts_down_cleanly(tmp_path: Path) -> None:
+    """In a Jupyter kernel: the interrupt button stops the loop and the same loader runs
+    again; shutting the kernel down (as a front end does: a request, then a kill after a
+    grace period) stops the workers, and nothing is left in the temporary folder. Before,
+    ipykernel waited ~30 s for the dead workers nobody reaped and was killed first."""
+    pytest.importorskip("jupyter_client")
+    pytest.importorskip("ipykernel")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    script = tmp_path / "session.py"
+    script.write_text(KERNEL_SESSION)
+    env = {**os.environ, "TMPDIR": str(temp), "JUPYTER_PLATFORM_DIRS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[:3] == ["setup ok", "loop error", "again ok"], done.stdout
+    tiles = int(lines[3].split()[3])
+    assert lines[3:] == [f"epoch {tiles} of {tiles}"] * 2
+    assert sorted(p.name for p in temp.glob("pymp-*")) == []

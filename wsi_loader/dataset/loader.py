@@ -27,7 +27,11 @@ from wsi_loader.dataset.look_ahead import BatchPlan, LookAhead
 from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.dataset.samplers import DistributedTileSampler
 from wsi_loader.dataset.tiles import TileDataset
-from wsi_loader.dataset.worker_exit import parent_temp_folder, use_parent_temp_folder
+from wsi_loader.dataset.worker_exit import (
+    leave_parent_process_group,
+    parent_temp_folder,
+    use_parent_temp_folder,
+)
 from wsi_loader.errors import ConfigError, LoaderTimeoutError
 from wsi_loader.index.table import SlideIndex
 
@@ -297,6 +301,7 @@ def make_loader(
         persistent_workers=persistent_workers and workers > 0,
         multiprocessing_context=context if workers else None,
         timeout=opts.timeout if workers else 0,
+        worker_init_fn=leave_parent_process_group if workers else None,
     )
     loader.tile_sampler = sampler
     loader.reading, loader.tiles = reading, tiles

@@ -1,5 +1,6 @@
 """How DataLoader workers end cleanly: a spawned worker waits for its result queue to drain
-before the interpreter ends, and workers keep their temporary files in the parent's folder.
+before the interpreter ends, workers keep their temporary files in the parent's folder, and
+they leave their parent's process group, so only their parent ends them.
 
 Why: a multiprocessing queue hands each result to a daemon "feeder" thread, which pickles it and
 then drops the last reference, so the batch's tensors are freed in that thread. torch releases
@@ -19,6 +20,7 @@ Importing this module registers the handler once per process.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
 import multiprocessing.util
 import os
@@ -67,3 +69,21 @@ def use_parent_temp_folder(folder: str | None) -> None:
     config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
     if config.get("tempdir") is None and os.path.isdir(folder):
         config["tempdir"] = folder
+
+
+def leave_parent_process_group(worker_id: int) -> None:
+    """`make_loader`'s ``worker_init_fn``: the worker becomes a process group of its own.
+
+    Why: a signal for the whole group reached the workers too. A notebook's interrupt button
+    (ipykernel signals its process group) or Ctrl-C in IPython ended them with SIGINT (torch's
+    worker loop returns on KeyboardInterrupt), and the same loader's next epoch failed with
+    "DataLoader worker (pid(s) ...) exited unexpectedly". And at shutdown ipykernel sends
+    SIGTERM to every child in its group and waits until none is left; a dead worker that
+    nobody reaps is still listed, so the kernel waited ~30 s and was then killed by its front
+    end, before any exit handler ran (the temporary folder stayed behind). A child in a group
+    of its own is left alone (ipykernel's rule). Only its parent ends it: torch when the
+    iterator goes, `loader._stop_workers_at_exit` at exit, and torch's watchdog in the worker
+    (within 5 s) if the parent dies."""
+    if hasattr(os, "setpgid"):
+        with contextlib.suppress(OSError):  # already a group or session leader
+            os.setpgid(0, 0)
