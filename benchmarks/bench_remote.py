@@ -2,6 +2,7 @@
 local file, and tiffslide over fsspec (the peer that reads remote slides) at the same latencies.
 
     .venv/bin/python benchmarks/bench_remote.py [--tiles 2048] [--latencies 0,5,20] [--scratch DIR]
+        [--workers 2] [--reader-cpus 0 --bucket-cpus 1]
 
 Set-up, all on 127.0.0.1 (tests/servers.py): one S3 endpoint per latency serving a synthetic
 20k x 15k Aperio slide as ``s3://bench/slide.svs``, answering every request that many ms late
@@ -22,7 +23,9 @@ under half a second, and with 2 the cold/warm ratio of one build ranged 0.86-0.9
 Requests per tile and bytes fetched per byte used are counted at the endpoint (responses with
 their headers) against the compressed tile bytes the pass needs. CPU columns: the pass's own
 processes, and the endpoint's: on this 2-core machine the emulated bucket runs on the same
-cores as the reader, which a real bucket does not.
+cores as the reader, which a real bucket does not. ``--reader-cpus 0 --bucket-cpus 1
+--workers 1`` keeps them apart (every pass, local ones included, on core 0; the buckets on
+core 1): the comparison a machine with a remote bucket makes.
 """
 
 from __future__ import annotations
@@ -131,7 +134,13 @@ def tile_bytes(slide: Path, index: Any, rows: np.ndarray) -> int:
 
 
 def run_pass(
-    kind: str, index_dir: Path, rows_file: Path, url: str, endpoint: str | None, workers: int
+    kind: str,
+    index_dir: Path,
+    rows_file: Path,
+    url: str,
+    endpoint: str | None,
+    workers: int,
+    cpus: set[int] | None = None,
 ) -> dict[str, float]:
     env = {**os.environ, **S3_ENV, "PYTHONPATH": str(REPO)}
     if endpoint:
@@ -143,6 +152,7 @@ def run_pass(
     result = subprocess.run(
         [sys.executable, "-c", code, kind, str(index_dir), str(rows_file), url, str(workers)],
         env=env, capture_output=True, text=True, cwd=REPO, check=False, timeout=1200,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
     )  # fmt: skip
     if result.returncode:
         raise RuntimeError(f"{kind} pass failed:\n{result.stderr[-3000:]}")
@@ -178,8 +188,19 @@ def main() -> None:
         help="DataLoader workers per pass; 1 leaves a core of this 2-core machine to the "
         "network client and the emulated bucket",
     )
+    parser.add_argument(
+        "--reader-cpus",
+        help="run every pass on these cores only (e.g. 0), its workers included",
+    )
+    parser.add_argument(
+        "--bucket-cpus",
+        help="run the emulated buckets on these cores only (e.g. 1): with --reader-cpus, a "
+        "bucket that does not take the reader's cores, as a real one does not",
+    )
     parser.add_argument("--scratch")
     args = parser.parse_args()
+    args.reader_cpus = _cpus(args.reader_cpus)
+    args.bucket_cpus = _cpus(args.bucket_cpus)
     latencies = [float(v) for v in args.latencies.split(",")]
 
     from wsi_loader.index import build_index
@@ -208,6 +229,8 @@ def main() -> None:
             ctx = s3_files(scratch / "bucket", ms, stats.with_suffix(f".{ms:g}.json"))
             servers[ms] = ctx.__enter__()
             contexts.append(ctx)
+            if args.bucket_cpus:
+                os.sched_setaffinity(servers[ms].proc.pid, args.bucket_cpus)
         os.environ.update(S3_ENV, AWS_ENDPOINT_URL=servers[latencies[0]].url)
         remote = build_index([URL], scratch / "remote", **options)
         assert np.array_equal(remote.columns["l0_x"], local.columns["l0_x"])
@@ -216,6 +239,17 @@ def main() -> None:
         for ctx in contexts:
             ctx.__exit__(None, None, None)
     report(results, latencies)
+
+
+def _cpus(text: str | None) -> set[int] | None:
+    """ "0,2-3" -> {0, 2, 3}."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 def measure(
@@ -231,6 +265,7 @@ def measure(
     rows_file, peer_file = scratch / "rows.npy", scratch / "peer_rows.npy"
     slide = scratch / "slide.svs"
     best: dict[str, dict[str, float]] = {}
+    cpus = args.reader_cpus
 
     def keep(name: str, result: dict[str, float]) -> None:
         old = best.get(name)
@@ -239,9 +274,9 @@ def measure(
 
     for _ in range(args.repeats):
         warm_page_cache(slide)
-        keep("local warm", run_pass("ours", local_dir, rows_file, URL, None, args.workers))
+        keep("local warm", run_pass("ours", local_dir, rows_file, URL, None, args.workers, cpus))
         drop_page_cache(slide)
-        keep("local cold", run_pass("ours", local_dir, rows_file, URL, None, args.workers))
+        keep("local cold", run_pass("ours", local_dir, rows_file, URL, None, args.workers, cpus))
         warm_page_cache(slide)
         for ms, server in servers.items():
             for kind, rows, name, tiles_used in (
@@ -251,7 +286,7 @@ def measure(
                 stat_file = stats.with_suffix(f".{ms:g}.json")
                 before = proxy_stats(server, stat_file)
                 server_cpu = cpu_seconds(server.proc.pid)
-                result = run_pass(kind, remote_dir, rows, URL, server.url, args.workers)
+                result = run_pass(kind, remote_dir, rows, URL, server.url, args.workers, cpus)
                 after = proxy_stats(server, stat_file)
                 server_cpu = cpu_seconds(server.proc.pid) - server_cpu
                 tiles = result["tiles"] + BATCH  # the counters include the first batch
