@@ -139,6 +139,7 @@ INTERRUPTED_LOOP = """
 import os
 import signal
 import sys
+import threading
 import time
 
 import wsi_loader as wl
@@ -150,12 +151,16 @@ if __name__ == "__main__":
     loader = wl.make_loader(
         index, batch_size=4, num_workers=2, multiprocessing_context=sys.argv[1]
     )
+    # Ctrl-C in a terminal, or a notebook's interrupt button: SIGINT to the process group
+    interrupt = threading.Timer(0.2, os.killpg, (os.getpgid(0), signal.SIGINT))
     try:
+        if sys.argv[2] == "starting":  # while the workers start (spawned ones import torch)
+            interrupt.start()
         for n, batch in enumerate(loader):
-            if n == 2:
-                # Ctrl-C in a terminal, or a notebook's interrupt button: SIGINT to the group
-                os.killpg(os.getpgid(0), signal.SIGINT)
-                time.sleep(30)
+            if n == 2 and sys.argv[2] == "mid-epoch":
+                interrupt.start()
+            time.sleep(0.1)
+        time.sleep(30)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
     for epoch in range(2):  # the loop run again, with the same loader
@@ -164,15 +169,18 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_an_interrupted_loop_can_run_again(tmp_path: Path, context: str) -> None:
+@pytest.mark.parametrize(
+    ("context", "when"),
+    [("fork", "mid-epoch"), ("spawn", "mid-epoch"), ("fork", "starting"), ("spawn", "starting")],
+)
+def test_an_interrupted_loop_can_run_again(tmp_path: Path, context: str, when: str) -> None:
     """Interrupting a training loop (the stop button of a notebook, Ctrl-C in IPython) signals
     the whole process group. The persistent workers must not take it: the loop is run again
     with the same loader (torch said "DataLoader worker (pid(s) ...) exited unexpectedly")."""
     script = tmp_path / "loop.py"
     script.write_text(INTERRUPTED_LOOP)
     done = subprocess.run(
-        [sys.executable, str(script), context],
+        [sys.executable, str(script), context, when],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
         start_new_session=True,  # a group of its own, as a terminal's job or a kernel has
     )  # fmt: skip

@@ -30,6 +30,7 @@ from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.dataset.worker_exit import (
     leave_parent_process_group,
     parent_temp_folder,
+    sigint_held_for_new_workers,
     use_parent_temp_folder,
 )
 from wsi_loader.errors import ConfigError, LoaderTimeoutError
@@ -127,6 +128,11 @@ class TileLoader(DataLoader[TileBatch]):
     reading: torch.Tensor | None = None  # see BatchReads.reading
     tiles: TileDataset | None = None
     _stopper: weakref.finalize[Any, Any] | None = None
+
+    def _get_iterator(self) -> Any:
+        # where torch starts worker processes (each epoch, or once for persistent workers)
+        with sigint_held_for_new_workers():
+            return super()._get_iterator()
 
     def __iter__(self) -> Iterator[TileBatch]:  # type: ignore[override]
         iterator = super().__iter__()

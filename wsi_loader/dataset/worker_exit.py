@@ -24,8 +24,10 @@ import contextlib
 import multiprocessing
 import multiprocessing.util
 import os
+import signal
 import threading
 import time
+from collections.abc import Iterator
 
 from torch.utils.data import get_worker_info
 
@@ -71,8 +73,34 @@ def use_parent_temp_folder(folder: str | None) -> None:
         config["tempdir"] = folder
 
 
+@contextlib.contextmanager
+def sigint_held_for_new_workers() -> Iterator[None]:
+    """While this thread starts worker processes, SIGINT is held for them: blocked (pending,
+    not lost, for this process; forked workers inherit the mask) and, in the main thread,
+    ignored (spawned workers inherit that across exec; Python then installs no handler).
+    Why: a spawned worker imports torch for a second or two before it can leave the group
+    (`leave_parent_process_group`), and an interrupt in that time ended it. Only around the
+    start (milliseconds): a held Ctrl-C must not wait on the workers' work."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)  # None: not set from Python, left alone
+        if handler is not None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # blocked, so one sent now waits
+    try:
+        yield
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def leave_parent_process_group(worker_id: int) -> None:
-    """`make_loader`'s ``worker_init_fn``: the worker becomes a process group of its own.
+    """`make_loader`'s ``worker_init_fn``: the worker becomes a process group of its own and
+    ignores SIGINT.
 
     Why: a signal for the whole group reached the workers too. A notebook's interrupt button
     (ipykernel signals its process group) or Ctrl-C in IPython ended them with SIGINT (torch's
@@ -83,7 +111,11 @@ def leave_parent_process_group(worker_id: int) -> None:
     end, before any exit handler ran (the temporary folder stayed behind). A child in a group
     of its own is left alone (ipykernel's rule). Only its parent ends it: torch when the
     iterator goes, `loader._stop_workers_at_exit` at exit, and torch's watchdog in the worker
-    (within 5 s) if the parent dies."""
+    (within 5 s) if the parent dies. A SIGINT held while the worker started
+    (`sigint_held_for_new_workers`) was meant for the parent and is dropped."""
     if hasattr(os, "setpgid"):
         with contextlib.suppress(OSError):  # already a group or session leader
             os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a pending one too
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
