@@ -171,7 +171,13 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize(
     ("context", "when"),
-    [("fork", "mid-epoch"), ("spawn", "mid-epoch"), ("fork", "starting"), ("spawn", "starting")],
+    [
+        ("fork", "mid-epoch"),
+        ("spawn", "mid-epoch"),
+        ("fork", "starting"),
+        ("spawn", "starting"),
+        ("forkserver", "starting"),
+    ],
 )
 def test_an_interrupted_loop_can_run_again(tmp_path: Path, context: str, when: str) -> None:
     """Interrupting a training loop (the stop button of a notebook, Ctrl-C in IPython) signals
