@@ -14,6 +14,7 @@ import multiprocessing.util  # its exit handler must be registered before ours (
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -28,10 +29,9 @@ from wsi_loader.dataset.reading import usable_cores
 from wsi_loader.dataset.samplers import DistributedTileSampler
 from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.dataset.worker_exit import (
-    leave_parent_process_group,
     parent_temp_folder,
     sigint_held_for_new_workers,
-    use_parent_temp_folder,
+    start_worker,
 )
 from wsi_loader.errors import ConfigError, LoaderTimeoutError
 from wsi_loader.index.table import SlideIndex
@@ -47,10 +47,8 @@ class BatchReads(Dataset[TileBatch]):
         encoded: bool = False,
         buffers: BufferRing | None = None,
         reading: torch.Tensor | None = None,
-        temp_folder: str | None = None,
     ) -> None:
         self.tiles = tiles
-        self.temp_folder = temp_folder  # the parent's, shared by the workers
         self.encoded = encoded
         self.buffers = buffers
         # shared memory: the slide each worker is reading (-1: none), so a timeout can say
@@ -64,7 +62,6 @@ class BatchReads(Dataset[TileBatch]):
         if isinstance(rows, BatchPlan):
             rows, ahead = rows
         worker = get_worker_info()
-        use_parent_temp_folder(self.temp_folder)
         if self.reading is None or worker is None:
             return self.tiles.read_batch(
                 rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead
@@ -294,7 +291,6 @@ def make_loader(
             # enough for the batches queued per worker, the one in use and one being released
             buffers=BufferRing(prefetch_factor + 4) if reuse_buffers else None,
             reading=reading,
-            temp_folder=parent_temp_folder() if workers else None,
         ),
         batch_size=None,
         sampler=LookAhead(
@@ -307,7 +303,7 @@ def make_loader(
         persistent_workers=persistent_workers and workers > 0,
         multiprocessing_context=context if workers else None,
         timeout=opts.timeout if workers else 0,
-        worker_init_fn=leave_parent_process_group if workers else None,
+        worker_init_fn=partial(start_worker, temp_folder=parent_temp_folder()) if workers else None,
     )
     loader.tile_sampler = sampler
     loader.reading, loader.tiles = reading, tiles

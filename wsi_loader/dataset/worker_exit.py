@@ -51,7 +51,7 @@ atexit.register(let_queue_feeders_finish)
 
 def parent_temp_folder() -> str:
     """This process's multiprocessing temporary folder (created now if need be; removed when
-    this process ends), for its DataLoader workers to share (`use_parent_temp_folder`)."""
+    this process ends), for its DataLoader workers to share (`start_worker`)."""
     return multiprocessing.util.get_temp_dir()
 
 
@@ -79,7 +79,7 @@ def sigint_held_for_new_workers() -> Iterator[None]:
     not lost, for this process; forked workers inherit the mask) and, in the main thread,
     ignored (spawned workers inherit that across exec; Python then installs no handler).
     Why: a spawned worker imports torch for a second or two before it can leave the group
-    (`leave_parent_process_group`), and an interrupt in that time ended it. Only around the
+    (`start_worker`), and an interrupt in that time ended it. Only around the
     start (milliseconds): a held Ctrl-C must not wait on the workers' work."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
@@ -98,9 +98,16 @@ def sigint_held_for_new_workers() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def leave_parent_process_group(worker_id: int) -> None:
-    """`make_loader`'s ``worker_init_fn``: the worker becomes a process group of its own and
-    ignores SIGINT.
+def start_worker(worker_id: int, temp_folder: str | None = None) -> None:
+    """`make_loader`'s ``worker_init_fn`` (``temp_folder`` bound to `parent_temp_folder`):
+    what a worker sets up once, before its first batch."""
+    use_parent_temp_folder(temp_folder)
+    leave_parent_process_group()
+
+
+def leave_parent_process_group() -> None:
+    """In a new worker (`start_worker`): it becomes a process group of its own and ignores
+    SIGINT.
 
     Why: a signal for the whole group reached the workers too. A notebook's interrupt button
     (ipykernel signals its process group) or Ctrl-C in IPython ended them with SIGINT (torch's
