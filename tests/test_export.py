@@ -21,8 +21,9 @@ from wsi_loader import export as export_module
 from wsi_loader.cli import main
 from wsi_loader.dataset import TileDataset, reading
 from wsi_loader.errors import ConfigError, UnitsNotDoneError, UnitTimeoutError, WorkerDiedError
-from wsi_loader.export import export_index, label_folders, safe_component
+from wsi_loader.export import export_index, label_folders
 from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.naming import safe_component
 
 
 def manifest(out: Path, name: str = "manifest.csv") -> list[dict[str, str]]:

@@ -10,7 +10,8 @@ from tests.conftest import corrupt_rows
 from wsi_loader.cli import main
 from wsi_loader.dataset import TileDataset
 from wsi_loader.index import SlideIndex
-from wsi_loader.view import STATUS_COLOURS, IndexSummary, Mosaic, SlideOverview, resolve_slide
+from wsi_loader.index.lookup import resolve_slide
+from wsi_loader.view import STATUS_COLOURS, IndexSummary, Mosaic, SlideOverview
 
 
 def test_overview_cells_sit_where_the_index_says(index: SlideIndex) -> None:

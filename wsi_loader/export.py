@@ -52,6 +52,7 @@ from wsi_loader.errors import (
 from wsi_loader.files import lock, replacing, write_file
 from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex, label_order
+from wsi_loader.naming import file_text, h5_file_names, key_component, safe_component
 from wsi_loader.parallel import (
     GivenUp,
     progress_bar,
@@ -87,31 +88,6 @@ MANIFEST_COLUMNS = (
     "sha256",
 )
 FAILURE_COLUMNS = ("row", "slide_id", "slide_path", "x", "y", "level", "reason")
-
-
-def safe_component(name: str, max_length: int = 100) -> str:
-    """A path component that cannot escape its folder: only ``[A-Za-z0-9._-]``, no leading dot."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip(".")[:max_length]
-    return cleaned or "_"
-
-
-def file_text(value: str) -> str | bytes:
-    """``value`` for an HDF5 string attribute: as it is, or, for a slide path that is not
-    UTF-8 (a Latin-1 name from an old share, which Python holds as lone surrogates), its
-    bytes as the file system has them, which UTF-8 text cannot hold."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return os.fsencode(value)
-    return value
-
-
-def key_component(name: str, max_length: int = 60) -> str:
-    """A dot-free, readable name for WebDataset keys and file stems: WebDataset splits a
-    member name at its first dot, so a slide named ``TCGA-...-DX1.0F7CE5A0-4D1C`` would merge
-    all its tiles into one sample."""
-    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "_", name)[:max_length].strip("_")
-    return cleaned or "_"
 
 
 def label_folders(
@@ -721,26 +697,6 @@ def export_index(
         classes = list(index.classes) if index.coverage is not None else []
         write_card(out_path, options.image_ext, classes)
     return report
-
-
-def h5_file_names(index: SlideIndex, slide_ids: list[int]) -> dict[int, str]:
-    """``<slide name>.h5`` per slide, as CLAM and TRIDENT name them (the file stem; the folder
-    for DICOM); a name taken twice gets the slide id."""
-    from wsi_loader.index.inputs import slide_name
-
-    names: dict[int, str] = {}
-    taken: set[str] = set()
-    for sid in slide_ids:
-        name = slide_name(index.slides[sid].path)
-        # the exact name (spaces, accents): CLAM looks for <slide name>.h5, so a sanitised
-        # name is a slide it never finds; only names that could escape or hide are changed
-        unsafe = name in ("", ".", "..") or name.startswith(".") or "/" in name or "\0" in name
-        stem = safe_component(name, 200) if unsafe or len(os.fsencode(name)) > 200 else name
-        if stem in taken:
-            stem = f"{stem}-s{sid}"
-        taken.add(stem)
-        names[sid] = f"{stem}.h5"
-    return names
 
 
 def _export_coords(full: SlideIndex, order: np.ndarray, out: Path) -> dict[str, Any]:

@@ -44,10 +44,10 @@ from wsi_loader.config import DatasetConfig
 from wsi_loader.dataset.loader import make_loader
 from wsi_loader.dataset.tiles import open_for_reading
 from wsi_loader.errors import ConfigError, LoaderTimeoutError
-from wsi_loader.export import file_text, h5_file_names
 from wsi_loader.files import replacing, write_file
 from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index.table import SlideIndex, SlideRecord
+from wsi_loader.naming import file_text, h5_file_names
 from wsi_loader.parallel import progress_bar
 
 log = logging.getLogger(__name__)

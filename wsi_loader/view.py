@@ -24,6 +24,7 @@ from wsi_loader.dataset.reading import TileReader
 from wsi_loader.errors import AnnotationError, TileReadError
 from wsi_loader.files import replacing
 from wsi_loader.index.annotations import read_regions
+from wsi_loader.index.lookup import resolve_slide
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.index.tissue import read_mask_image
 from wsi_loader.slides.base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, RGBArray, SlideReader
@@ -87,25 +88,6 @@ class _Renders:
         """Write a PNG (whole or not at all: see `wsi_loader.files`)."""
         with replacing(Path(path)) as tmp:
             self.image.save(tmp, "PNG")
-
-
-def resolve_slide(index: SlideIndex, slide: str | int | None) -> int:
-    """A slide id from an id, a stored path, a file name or a stem; the first ok slide if None."""
-    if slide is None:
-        for i, record in enumerate(index.slides):
-            if record.status == "ok" and record.tiles:
-                return i
-        raise ValueError("the index has no slide with tiles")
-    if isinstance(slide, int) or (isinstance(slide, str) and slide.isdigit()):
-        sid = int(slide)
-        if not 0 <= sid < len(index.slides):
-            raise ValueError(f"slide id {sid} out of range 0..{len(index.slides) - 1}")
-        return sid
-    for i, record in enumerate(index.slides):
-        name = os.path.basename(record.path)
-        if slide in (record.path, index.slide_path(i), name, os.path.splitext(name)[0]):
-            return i
-    raise ValueError(f"no slide {slide!r} in the index")
 
 
 @dataclass(frozen=True)

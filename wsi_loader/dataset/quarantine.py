@@ -14,6 +14,7 @@ import numpy as np
 
 from wsi_loader.dataset.reading import TileReader
 from wsi_loader.errors import SlideError, TileReadError
+from wsi_loader.index.lookup import resolve_slide
 from wsi_loader.index.table import SlideIndex
 
 log = logging.getLogger(__name__)
@@ -29,8 +30,6 @@ def _slide_path(index: SlideIndex, slide: str | None) -> str | None:
     """The stored path of the slide ``slide`` names (id, path, file name or stem)."""
     if slide is None:
         return None
-    from wsi_loader.view import resolve_slide
-
     return index.slides[resolve_slide(index, slide)].path
 
 

@@ -1,0 +1,160 @@
+"""What the commands share: parent parsers of common options, index opening, a Dask client,
+and printing of untrusted text (slide names, labels) so that it cannot drive the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import re
+from collections.abc import Iterator
+from typing import Any, TypeAlias
+
+from wsi_loader.errors import ConfigError
+from wsi_loader.index import SlideIndex
+
+SCHEDULER_TIMEOUT_S = 10
+
+# argparse's action is generic only to type checkers, hence the string
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+COMMON = argparse.ArgumentParser(add_help=False)
+COMMON.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+
+
+# options of every command that reads an index
+READS = argparse.ArgumentParser(add_help=False)
+READS.add_argument("--root", metavar="DIR", help="remap the slide root")
+READS.add_argument("--split", metavar="NAME", help="only the slides of this split")
+
+
+QUARANTINE_HELP = (
+    "the file failed reads are appended to and read from, instead of the index's "
+    "quarantine.jsonl (an index on a read-only mount)"
+)
+READS.add_argument("--quarantine", metavar="FILE", help=QUARANTINE_HELP)
+
+# ... of those that read tiles
+TILES = argparse.ArgumentParser(add_help=False)
+TILES.add_argument(
+    "--missing-slides",
+    choices=["raise", "exclude"],
+    default="raise",
+    help="slides that cannot be read: stop (default) or leave them out with a warning",
+)
+
+
+def config_flag(p: argparse.ArgumentParser, name: str, text: str) -> None:
+    """A flag that sets its config key to True when given; absent, the config file decides."""
+    p.add_argument(name, action="store_const", const=True, help=text)
+
+
+def class_names(value: str) -> list[str]:
+    """A comma-separated list of class names."""
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"no class names in {value!r}")
+    return names
+
+
+def open_index(args: argparse.Namespace) -> SlideIndex:
+    return SlideIndex.open(args.index, root=args.root, split=args.split, quarantine=args.quarantine)
+
+
+@contextlib.contextmanager
+def dask_client(address: str | None) -> Iterator[Any]:
+    """A Dask Client on ``address`` for the duration of a command (None without one)."""
+    if not address:
+        yield None
+        return
+    try:
+        from dask.distributed import Client
+    except ImportError as exc:
+        raise ConfigError(
+            "--scheduler needs dask: pip install 'wsi_loader[dask]'", path="command line"
+        ) from exc
+    try:
+        client = Client(address, timeout=SCHEDULER_TIMEOUT_S)  # type: ignore[no-untyped-call]
+    except (OSError, TimeoutError) as exc:
+        raise ConfigError(
+            f"cannot reach the Dask scheduler {address} within {SCHEDULER_TIMEOUT_S} s: {exc}",
+            path="command line",
+            key="scheduler",
+            value=address,
+        ) from exc
+    with client:
+        yield client
+
+
+def init_distributed() -> None:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR...)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def labels_line(report: dict[str, Any]) -> str:
+    """One line on how the labels CSV matched (counts and first names)."""
+    parts = []
+    for key, what in (
+        ("unmatched", "labels rows match no slide"),
+        ("unlabelled", "slides have no label"),
+    ):
+        count = report[f"{key}_rows" if key == "unmatched" else f"{key}_slides"]
+        if count:
+            first = ", ".join(
+                one_line(os.path.basename(str(n))) for n in report[f"{key}_examples"][:3]
+            )
+            parts.append(f"{count} {what} ({first}{', ...' if count > 3 else ''})")
+    return "labels: " + ("; ".join(parts) if parts else "every slide matched a labels row")
+
+
+def counts_line(counts: dict[str, dict[str, int]], shown: int = 12) -> str:
+    """'normal: 3 slides / 102 tiles, tumour: 1 slide / 34 tiles' (the first ``shown``)."""
+    parts = [
+        f"{name}: {c['slides']} slide{'s' * (c['slides'] != 1)} / {c['tiles']} tiles"
+        for name, c in list(counts.items())[:shown]
+    ]
+    more = f" and {len(counts) - shown} more" if len(counts) > shown else ""
+    return ", ".join(parts) + more
+
+
+# C0 and C1 control characters: from a slide name or a label they could drive the terminal
+# (escape sequences that clear it, retitle it, or rewrite what was printed)
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+_CONTROLS_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]  # '\x1b', '\n'
+
+
+def one_line(text: object) -> str:
+    """``text`` with every control character escaped: a value inside a line of output."""
+    return _CONTROLS.sub(_escaped, str(text))
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped but its line and tab breaks kept."""
+    return _CONTROLS_BUT_LINES.sub(_escaped, text)
+
+
+class PrintableFormatter(logging.Formatter):
+    """Log lines whose untrusted parts (slide names, labels) cannot drive the terminal, nor
+    start a line that looks like another record: a message is one line (its newlines
+    escaped); a traceback (``-v``) keeps its line breaks."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return one_line(super().formatMessage(record))
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))

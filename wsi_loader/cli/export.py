@@ -1,0 +1,104 @@
+"""`wsi-loader export`: tiles to image folders, WebDataset shards or CLAM coordinates."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from wsi_loader.cli.common import (
+    COMMON,
+    QUARANTINE_HELP,
+    TILES,
+    Subparsers,
+    config_flag,
+    dask_client,
+)
+from wsi_loader.config import Config, ExportConfig, load_config, validate
+from wsi_loader.index import SlideIndex
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write tiles to image folders or WebDataset tar shards",
+        parents=[COMMON, TILES],
+    )
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument(
+        "--format",
+        choices=["imagefolder", "webdataset", "coords-h5"],
+        help="coords-h5: one HDF5 of level-0 coordinates per slide (CLAM/TRIDENT layout)",
+    )
+    p.add_argument("--image-format", choices=["png", "jpeg", "webp"])
+    p.add_argument("--quality", type=int, metavar="Q", help="JPEG/WebP quality")
+    p.add_argument("--shard-size", type=int, metavar="N", help="tiles per shard")
+    p.add_argument("--workers", type=int, metavar="N")
+    p.add_argument(
+        "--unit-timeout",
+        type=float,
+        metavar="S",
+        help="give up a unit of work (a shard) not done after S seconds; the rest finishes, "
+        "a rerun retries it (0: no limit)",
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML config: its export section, index root")
+    p.add_argument("--root", metavar="DIR", help="remap the slide root")
+    p.add_argument("--split", metavar="NAME", help="export only the slides of this split")
+    p.add_argument("--quarantine", metavar="FILE", help=QUARANTINE_HELP)
+    config_flag(
+        p, "--verify", "on resume, check finished units' files by SHA-256 (not only their sizes)"
+    )
+    config_flag(p, "--shuffle", "mix tiles of many slides in every shard (a seeded permutation)")
+    p.add_argument("--seed", type=int, metavar="N", help="seed of --shuffle (default 0)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an export in --out made from other tiles or with other arguments",
+    )
+    p.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on a Dask cluster")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from wsi_loader.export import export_index
+
+    config = load_config(args.config) if args.config else Config()
+    flags = {
+        key: getattr(args, key)
+        for key in (
+            "format",
+            "image_format",
+            "quality",
+            "shard_size",
+            "workers",
+            "unit_timeout",
+            "verify",
+            "shuffle",
+            "seed",
+        )
+        if getattr(args, key) is not None
+    }
+    options: ExportConfig = validate(
+        ExportConfig, {**config.export.model_dump(), **flags}, "command line", "export"
+    )
+    index = SlideIndex.open(args.index, root=args.root or config.index.root)
+    with dask_client(args.scheduler) as client:
+        report = export_index(
+            index,
+            args.out,
+            **options.model_dump(),
+            split=args.split,
+            missing_slides=args.missing_slides,
+            overwrite=args.overwrite,
+            executor=client,
+            progress=not args.no_progress,
+            quarantine=args.quarantine or config.dataset.quarantine,
+        )
+    print(
+        f"{report.tiles} tiles -> {args.out} ({report.failed} failed, {report.quarantined} "
+        f"quarantined: see failures.csv; {report.units_skipped}/{report.units} units were "
+        "already complete)",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,210 @@
+"""`wsi-loader index`: build or update a slide index."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Any
+
+from wsi_loader.cli.common import (
+    COMMON,
+    Subparsers,
+    class_names,
+    config_flag,
+    dask_client,
+    labels_line,
+    one_line,
+)
+from wsi_loader.config import IndexConfig, load_config, with_overrides
+from wsi_loader.index import build_index
+
+FAILED_LISTED = 10  # index lists this many failed slides at the end; info --failed, all
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "index",
+        help="build or update a slide index",
+        parents=[COMMON],
+        description="Find tissue, lay a tile grid and record tile coordinates.",
+    )
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="slide files, folders (searched recursively), globs or CSV manifests",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="index directory")
+    p.add_argument("--config", metavar="FILE", help="YAML config (see configs/index.yaml)")
+    p.add_argument("--tile-size", type=int, metavar="PX", help="tile edge in output pixels")
+    res = p.add_mutually_exclusive_group()
+    res.add_argument("--mpp", type=float, metavar="UM_PER_PX", help="target resolution")
+    res.add_argument("--level", type=int, metavar="N", help="read this level (no MPP needed)")
+    p.add_argument("--mpp-tolerance", type=float, metavar="F", help="accepted relative MPP error")
+    p.add_argument("--min-tissue", type=float, metavar="F", help="minimum tissue fraction 0..1")
+    p.add_argument("--stride", type=int, metavar="PX", help="grid step in output pixels")
+    p.add_argument("--labels", metavar="CSV", help="labels CSV joined by path or slide name")
+    config_flag(
+        p, "--strict-labels", "labels rows matching no slide, or slides without a label, are errors"
+    )
+    p.add_argument("--root", metavar="DIR", help="store slide paths relative to this folder")
+    a = p.add_argument_group(
+        "region annotations (QuPath GeoJSON, ASAP, Aperio or HALO XML, Digital Slide Archive "
+        "JSON; level-0 pixels)"
+    )
+    a.add_argument(
+        "--annotations",
+        metavar="PATH",
+        help="a folder or file matched to slides by name (slide.svs <- slide.geojson / "
+        "slide.xml / slide.annotations), or a CSV with path|slide and 'annotations' columns",
+    )
+    a.add_argument(
+        "--label-from",
+        choices=["slides", "annotations"],
+        help="a tile's label: its slide's (default) or the annotated class covering it",
+    )
+    a.add_argument(
+        "--min-coverage",
+        type=float,
+        metavar="F",
+        help="share of a tile a class must cover to label it, or to be in --roi (0.5)",
+    )
+    a.add_argument(
+        "--background-label",
+        metavar="NAME",
+        help="label of tiles no class covers enough (default: unlabelled, -1)",
+    )
+    a.add_argument(
+        "--class-priority",
+        type=class_names,
+        metavar="C[,C]",
+        help="when classes overlap on a tile, the first listed labels it (default: the "
+        "smallest region on the slide)",
+    )
+    a.add_argument(
+        "--roi", type=class_names, metavar="C[,C]", help="keep only tiles inside these classes"
+    )
+    a.add_argument(
+        "--exclude",
+        type=class_names,
+        metavar="C[,C]",
+        help="drop tiles overlapping these classes (pen marks, folds)",
+    )
+    a.add_argument(
+        "--max-excluded",
+        type=float,
+        metavar="F",
+        help="share of an --exclude class a kept tile may overlap (0: any overlap drops it)",
+    )
+    a.add_argument(
+        "--annotation-objects",
+        type=class_names,
+        metavar="T[,T]",
+        help="QuPath object types read from GeoJSON exports: annotation, detection (with "
+        "cells and tiles), cell, tile, tma_core (default: all; an export of all objects "
+        "holds the cell detections too)",
+    )
+    config_flag(p, "--allow-shrink", "let a rebuild drop more than half of the indexed slides")
+    p.add_argument("--workers", type=int, metavar="N", help="parallel slide workers")
+    p.add_argument(
+        "--slide-timeout",
+        type=float,
+        metavar="S",
+        help="give up a slide not done after S seconds (recorded as failed; 0: no limit)",
+    )
+    p.add_argument("--backend", choices=["auto", "openslide", "tiff"])
+    p.add_argument(
+        "--no-align",
+        dest="align_to_storage",
+        action="store_const",
+        const=False,
+        help="centre the grid instead of starting it on storage-tile corners",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--scheduler",
+        metavar="tcp://HOST:PORT",
+        help="run on a Dask distributed cluster (pip install 'wsi_loader[dask]')",
+    )
+    p.set_defaults(run=run)
+
+
+def annotations_line(report: dict[str, Any]) -> str:
+    classes = report.get("classes") or {}
+    parts = [
+        f"{one_line(name)} ({entry['slides']} slides, {entry['tiles_labelled']} tiles labelled)"
+        for name, entry in classes.items()
+    ]
+    line = f"annotation classes: {', '.join(parts) or 'none'}"
+    if report.get("unmatched_files"):
+        line += f"; {report['unmatched_files']} annotation files matched no slide"
+    if report.get("slides_without_annotations"):
+        line += f"; {report['slides_without_annotations']} slides have no annotation file"
+    return line
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config).index if args.config else IndexConfig()
+    overrides: dict[str, Any] = {
+        key: getattr(args, key)
+        for key in (
+            "tile_size",
+            "mpp",
+            "level",
+            "mpp_tolerance",
+            "min_tissue",
+            "stride",
+            "labels",
+            "strict_labels",
+            "allow_shrink",
+            "root",
+            "workers",
+            "slide_timeout",
+            "backend",
+            "align_to_storage",
+            "annotations",
+            "label_from",
+            "min_coverage",
+            "background_label",
+            "class_priority",
+            "roi",
+            "exclude",
+            "max_excluded",
+            "annotation_objects",
+        )
+    }
+    config = with_overrides(config, source="command line", **overrides)
+    with dask_client(args.scheduler) as client:
+        index = build_index(
+            args.paths, args.out, config, progress=not args.no_progress, executor=client
+        )
+    ok = [s for s in index.slides if s.status == "ok"]
+    failed = len(index.slides) - len(ok)
+    build = index.meta.get("build") or {}
+    done = f"{build.get('indexed', len(index.slides))} indexed"
+    if build.get("unchanged"):
+        done = f"{build['unchanged']} unchanged, {done}"
+    print(
+        f"{len(index.slides)} slides ({len(ok)} ok, {failed} failed; {done}), {len(index)} "
+        f"tiles -> {args.out}",
+        file=sys.stderr,
+    )
+    for s in [s for s in index.slides if s.status == "failed"][:FAILED_LISTED]:
+        print(f"  failed: {one_line(s.path)}: {one_line(s.error)}", file=sys.stderr)
+    if failed > FAILED_LISTED:  # each was also logged as it failed; info lists them all
+        print(
+            f"  ... and {failed - FAILED_LISTED} more failed slides: "
+            f"wsi-loader info {shlex.quote(str(args.out))} --failed",
+            file=sys.stderr,
+        )
+    report = index.meta.get("labels_report")
+    if report:
+        print(labels_line(report), file=sys.stderr)
+    annotated = index.meta.get("annotations_report")
+    if annotated:
+        print(annotations_line(annotated), file=sys.stderr)
+    if not ok:
+        print("error: no slide could be indexed", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,97 @@
+"""`wsi-loader info`: summarise an index (a table, or --json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from wsi_loader.cli.common import (
+    COMMON,
+    READS,
+    Subparsers,
+    counts_line,
+    labels_line,
+    one_line,
+    open_index,
+    printable,
+)
+from wsi_loader.index.builder import describe_copies
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser("info", help="summarise an index", parents=[COMMON, READS])
+    p.add_argument("index", metavar="DIR")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--failed", action="store_true", help="list only the slides that could not be indexed"
+    )
+    p.set_defaults(run=run)
+
+
+def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
+    slides = summary["slides"]
+    ok = sum(s["status"] == "ok" for s in slides)
+    q = summary["quarantine"]
+    split = f", split {summary['split']!r}" if summary["split"] else ""
+    lines = [
+        f"index {summary['path']} (schema {summary['schema_version']}, "
+        f"{summary['generation']}{split})",
+        f"{len(slides)} slides ({ok} ok, {len(slides) - ok} failed), {summary['tiles']} tiles; "
+        f"quarantine: {q['tiles']} tile and {q['slides']} slide records",
+    ]
+    unit = "tiles" if summary["label_from"] == "annotations" else "slides"
+    if summary["label_counts"]:
+        lines.append("classes: " + counts_line(summary["label_counts"]))
+    if summary["splits"]:
+        lines.append(
+            "splits: "
+            + ", ".join(
+                f"{name} {c['slides']} slides / {c['tiles']} tiles"
+                + (
+                    f" ({', '.join(f'{label}: {n[unit]}' for label, n in c['labels'].items())})"
+                    if c["labels"]
+                    else ""
+                )
+                for name, c in sorted(summary["splits"].items())
+            )
+        )
+    if summary["labels_report"]:
+        lines.append(labels_line(summary["labels_report"]))
+    if summary["label_names"]:
+        from_notes = summary["label_from"] == "annotations"
+        source = " (tile labels, from the annotations)" if from_notes else ""
+        ids = ", ".join(f"{i} = {name}" for i, name in enumerate(summary["label_names"]))
+        lines.append(f"label ids{source}: {ids}")
+    if summary["copies"]:
+        extra = sum(len(group) - 1 for group in summary["copies"])
+        lines.append(
+            f"copies: {extra} slide{' has' if extra == 1 else 's have'} the same contents as "
+            "another: " + describe_copies(summary["copies"])
+        )
+    lines.append(f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'level':>5} {'label':12} path")
+    for s in slides:
+        if only_failed and s["status"] != "failed":
+            continue
+        mpp = f"{s['mpp']:.3f}" if s["mpp"] else "-"
+        level = "-" if s["read_level"] is None else str(s["read_level"])
+        lines.append(
+            f"{s['slide_id']:>4} {s['status']:7} {s['tiles']:>7} {mpp:>7} {level:>5} "
+            f"{one_line(s['label'] or '-')[:12]:12} {one_line(s['path'])}"
+        )
+        if s["error"]:
+            lines.append(f"{'':>4} error: {one_line(s['error'])}")
+        if s["warning"]:
+            lines.append(f"{'':>4} warning: {one_line(s['warning'])}")
+    return printable("\n".join(lines))
+
+
+def run(args: argparse.Namespace) -> int:
+    summary = open_index(args).summary()
+    if args.json:
+        if args.failed:
+            summary["slides"] = [s for s in summary["slides"] if s["status"] == "failed"]
+        print(json.dumps(summary, indent=1))
+    else:
+        print(human_summary(summary, only_failed=args.failed))
+    return 0

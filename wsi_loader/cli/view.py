@@ -1,0 +1,72 @@
+"""`wsi-loader inspect` and `mosaic`: pictures of what an index holds."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from wsi_loader.cli.common import COMMON, READS, Subparsers, one_line, open_index
+from wsi_loader.errors import ConfigError
+
+MIN_THUMBNAIL = 16  # inspect --max-size below this draws nothing useful
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "inspect", help="draw a slide's tile grid over its thumbnail", parents=[COMMON, READS]
+    )
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--out", required=True, metavar="FILE.png")
+    p.add_argument("--slide", metavar="PATH_OR_ID", help="slide id, path or name (first ok slide)")
+    p.add_argument(
+        "--color-by", choices=["tissue", "label", "status", "annotation"], default="tissue"
+    )
+    p.add_argument("--max-size", type=int, default=1024, help="longest side of the thumbnail")
+    p.set_defaults(run=run_inspect)
+    p = sub.add_parser(
+        "mosaic", help="a grid of sampled tiles with captions", parents=[COMMON, READS]
+    )
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--out", required=True, metavar="FILE.png")
+    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--slide", metavar="PATH_OR_ID")
+    p.add_argument("--label")
+    p.add_argument("--status", choices=["ok", "quarantined"])
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=run_mosaic)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from wsi_loader.view import SlideOverview
+
+    if args.max_size < MIN_THUMBNAIL:
+        raise ConfigError(
+            f"--max-size must be at least {MIN_THUMBNAIL} pixels, got {args.max_size}",
+            path="command line",
+            key="max_size",
+            value=args.max_size,
+        )
+    index = open_index(args)
+    overview = SlideOverview(index, args.slide, color_by=args.color_by, max_size=args.max_size)
+    overview.save(args.out)
+    print(
+        f"{args.out}: {len(overview.cells)} tiles of "
+        f"{one_line(index.slides[overview.slide_id].path)}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def run_mosaic(args: argparse.Namespace) -> int:
+    from wsi_loader.view import Mosaic
+
+    index = open_index(args)
+    mosaic = Mosaic(
+        index, args.n, slide=args.slide, label=args.label, status=args.status, seed=args.seed
+    )
+    mosaic.save(args.out)
+    print(
+        f"{args.out}: {len(mosaic.rows)} tiles ({int((~mosaic.ok).sum())} failed to read)",
+        file=sys.stderr,
+    )
+    return 0
