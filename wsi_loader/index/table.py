@@ -74,29 +74,29 @@ class SlideRecord:
 
     path: str
     status: str = "ok"  # "ok" | "failed"
-    error: str | None = None
-    warning: str | None = None
-    label: str | None = None
-    split: str | None = None
-    size: int | None = None
-    mtime_ns: int | None = None
-    fingerprint: str | None = None
+    error: str | None = None  # why a failed slide could not be indexed
+    warning: str | None = None  # notes on an ok slide (repaired annotations, excluded tiles...)
+    label: str | None = None  # from the manifest or labels CSV
+    split: str | None = None  # train / val / test..., from the same
+    size: int | None = None  # bytes (a DICOM series: all its files)
+    mtime_ns: int | None = None  # newest modification time of its files
+    fingerprint: str | None = None  # names, sizes, mtimes and head/tail bytes (identify)
     content: str | None = None  # size and head/tail digest, without name or mtime (content_key)
-    backend: str | None = None
-    vendor: str | None = None
-    width: int | None = None
+    backend: str | None = None  # "openslide" | "tiff": the reader that indexed it
+    vendor: str | None = None  # OpenSlide's vendor name, or the TIFF flavour
+    width: int | None = None  # level-0 pixels
     height: int | None = None
-    level_count: int | None = None
-    mpp: float | None = None
-    mpp_source: str | None = None
+    level_count: int | None = None  # pyramid levels the reader sees
+    mpp: float | None = None  # level-0 microns per pixel as used
+    mpp_source: str | None = None  # where mpp came from (vendor, manifest, tiff-resolution...)
     objective_power: float | None = None
-    read_level: int | None = None
-    read_downsample: float | None = None
-    read_size: int | None = None
+    read_level: int | None = None  # the level tiles are read from
+    read_downsample: float | None = None  # that level's downsample from level 0
+    read_size: int | None = None  # window edge read, in read-level pixels
     stride: int | None = None  # grid step in read-level pixels
-    tile_mpp: float | None = None
-    aligned: bool | None = None
-    mask_level: int | None = None
+    tile_mpp: float | None = None  # the resolution tiles are delivered at
+    aligned: bool | None = None  # grid starts on storage-tile corners
+    mask_level: int | None = None  # the level the tissue mask was computed on
     tiles: int = 0
     first_row: int = 0
     excluded: int = 0  # quarantined tiles left out when this slide was indexed
@@ -768,6 +768,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@contextmanager
+def _no_partial_generation(out: str | os.PathLike[str]) -> Iterator[None]:
+    """A write that fails (a full disk, an interrupt) removes its partial generation, which
+    holds disk space; a system error becomes `IndexFormatError` with the reason."""
+    try:
+        yield
+    except BaseException as exc:
+        for partial in Path(out).glob(f".gen-*.tmp-{os.getpid()}"):
+            shutil.rmtree(partial, ignore_errors=True)
+        if not isinstance(exc, OSError):
+            raise
+        raise IndexFormatError(
+            f"cannot write the index: {exc.strerror or exc}; the previous index (if any) is "
+            "unchanged: make room and run the same command again",
+            path=os.fspath(out),
+        ) from exc
+
+
 def write_index(
     out: str | os.PathLike[str],
     slides: Sequence[SlideRecord],
@@ -780,30 +798,22 @@ def write_index(
 
     A write that fails (a full disk) leaves the previous generation current and no partial
     one behind, and raises `IndexFormatError` with the reason."""
-    try:
-        return _write_generation(out, slides, tiles, params, root, extra_meta)
-    except BaseException as exc:  # an interrupt too: a partial generation holds disk space
-        for partial in Path(out).glob(f".gen-*.tmp-{os.getpid()}"):
-            shutil.rmtree(partial, ignore_errors=True)
-        if not isinstance(exc, OSError):
-            raise
-        raise IndexFormatError(
-            f"cannot write the index: {exc.strerror or exc}; the previous index (if any) is "
-            "unchanged: make room and run the same command again",
-            path=os.fspath(out),
-        ) from exc
+    with _no_partial_generation(out):
+        base = Path(out)
+        name = _write_generation(base, slides, tiles, params, root, extra_meta)
+        _remove_stale(base, keep=name)
+        return SlideIndex.open(base)
 
 
 def _write_generation(
-    out: str | os.PathLike[str],
+    base: Path,
     slides: Sequence[SlideRecord],
     tiles: Sequence[TileArrays],
     params: Mapping[str, Any],
     root: str | None,
-    extra_meta: Mapping[str, Any] | None = None,
-) -> SlideIndex:
-    """Write a new generation atomically. ``tiles[i]`` holds slide i's columns (any length)."""
-    base = Path(out)
+    extra_meta: Mapping[str, Any] | None,
+) -> str:
+    """`write_index`'s work: the new generation, made current; returns its name."""
     base.mkdir(parents=True, exist_ok=True)
     previous = None
     if (base / CURRENT).exists():
@@ -861,8 +871,7 @@ def _write_generation(
     pointer_tmp.write_text(name + "\n", encoding="utf-8")
     os.replace(pointer_tmp, base / CURRENT)
     _fsync_dir(base)
-    _remove_stale(base, keep=name)
-    return SlideIndex.open(base)
+    return name
 
 
 def _remove_stale(base: Path, keep: str) -> None:
