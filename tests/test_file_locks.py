@@ -16,7 +16,6 @@ import pytest
 from tests.conftest import corrupt_rows
 from wsi_loader import SlideIndex, TileDataset, build_index, files
 from wsi_loader.export import export_index
-from wsi_loader.slides.local_copies import _locked
 
 
 @pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP])
@@ -38,7 +37,7 @@ def test_everything_works_without_file_locks_and_says_so_once(
     assert not result.ok.any() and len(opened.quarantine.read()) == 2  # appended
     report = export_index(opened, tmp_path / "export", workers=1)
     assert report.tiles + report.failed + report.quarantined == len(opened)  # all accounted
-    with _locked(str(tmp_path / "copy.lock")):
+    with files.locked(str(tmp_path / "copy.lock")):
         pass
     said = [r for r in caplog.records if "file locks" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in said]  # one file system, said once

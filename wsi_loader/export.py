@@ -20,8 +20,6 @@ at the end, and for WebDataset shards the dataset card (``README.md``, `dataset_
 from __future__ import annotations
 
 import csv
-import errno
-import fcntl
 import hashlib
 import io
 import json
@@ -49,7 +47,7 @@ from wsi_loader.errors import (
     UnitTimeoutError,
     WorkerDiedError,
 )
-from wsi_loader.files import lock, replacing, write_file
+from wsi_loader.files import append_line, locked, replacing, write_file
 from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex, label_order
 from wsi_loader.naming import file_text, h5_file_names, key_component, safe_component
@@ -184,19 +182,10 @@ def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def _append_part(out: Path, record: dict[str, Any]) -> None:
     """Append a finished unit's record (after its files are in place) under an exclusive
     lock, starting on a fresh line if a killed writer left a torn one."""
-    line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
     path = out / PARTS_FILE
     try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        try:
-            lock(fd, fcntl.LOCK_EX, path)
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = b"\n" + line
-            if os.write(fd, line) != len(line):  # a full disk can take part of it
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        finally:
-            os.close(fd)
+        with locked(path):
+            append_line(path, record)
     except OSError as exc:  # the unit's files are in place; it is redone on the next run
         raise OutputError(exc.strerror or str(exc), path=str(path), code=exc.errno) from exc
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 from wsi_loader.errors import OutputError
 
@@ -54,6 +56,36 @@ def lock(fd: int, operation: int, path: str | os.PathLike[str]) -> bool:
             )
         return False
     return True
+
+
+@contextmanager
+def locked(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the file ``path`` (created if missing, never through a
+    symlink) for the block; closing the descriptor releases it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        lock(fd, fcntl.LOCK_EX, path)
+        yield
+    finally:
+        os.close(fd)
+
+
+def append_line(path: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
+    """Append ``record`` to the JSON-lines file ``path`` as one line, with one ``write``
+    (``O_APPEND``, never through a symlink). The caller holds `locked` on the file or on a
+    lock file beside it, so lines from several processes never interleave. A writer killed
+    mid-line leaves a torn last line: this one then starts on a fresh line, and readers skip
+    the torn one. A short write (a full disk) raises OSError (ENOSPC)."""
+    line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        if os.write(fd, line) != len(line):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+    finally:
+        os.close(fd)
 
 
 def temporary_name(path: Path, tag: str | None = None) -> Path:

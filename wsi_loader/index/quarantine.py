@@ -20,20 +20,18 @@ hold valid values, so one bad record never hides the others.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from wsi_loader.files import lock
+from wsi_loader.files import append_line, locked
 
 log = logging.getLogger(__name__)
 
@@ -72,45 +70,25 @@ class Quarantine:
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self._tiles: set[TileKey] | None = None  # recorded tiles, read at the first record_tile
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        try:
-            lock(fd, fcntl.LOCK_EX, self.lock_path)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
-
-    def _append_locked(self, entry: dict[str, Any]) -> None:
-        line = (json.dumps(entry, sort_keys=True) + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = b"\n" + line  # a torn record from a killed writer: start afresh
-            os.write(fd, line)
-        finally:
-            os.close(fd)
-
     @staticmethod
     def _stamped(record: dict[str, Any]) -> dict[str, Any]:
         return {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), **record}
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one tile record (at least ``slide_id``, ``path``, ``x``, ``y``, ``error``)."""
-        with self._locked():
-            self._append_locked(self._stamped({"kind": "tile", **record}))
+        with locked(self.lock_path):
+            append_line(self.path, self._stamped({"kind": "tile", **record}))
 
     def append_slide(self, record: dict[str, Any]) -> bool:
         """Append a slide record (``path``, ``fingerprint``, ``error``) unless one for the same
         path and fingerprint is already there (from another worker); True when written."""
-        with self._locked():
+        with locked(self.lock_path):
             for old in self.slide_records():
                 if old["path"] == record["path"] and old.get("fingerprint") == record.get(
                     "fingerprint"
                 ):
                     return False
-            self._append_locked(self._stamped({**record, "kind": "slide"}))
+            append_line(self.path, self._stamped({**record, "kind": "slide"}))
             return True
 
     def record_tile(self, record: dict[str, Any]) -> bool:
@@ -162,7 +140,7 @@ class Quarantine:
     def rewrite(self, keep: Callable[[dict[str, Any]], bool]) -> tuple[int, int]:
         """Keep only the records ``keep`` accepts (atomically, under the writers' lock);
         returns (kept, removed). Invalid lines are dropped."""
-        with self._locked():
+        with locked(self.lock_path):
             records = self.read()
             kept = [r for r in records if keep(r)]
             if len(kept) == len(records) and self.path.exists():

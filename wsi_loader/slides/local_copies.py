@@ -13,16 +13,14 @@ the URL and of the object's version (ETag), so a rewritten object is fetched aga
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import re
 import tempfile
-from collections.abc import Iterator
 from pathlib import PurePosixPath
 
 from wsi_loader.errors import SlideOpenError, TransientReadError, WsiLoaderError
-from wsi_loader.files import lock
+from wsi_loader.files import locked
 from wsi_loader.slides.storage import download, remote_stat, url_digest
 
 log = logging.getLogger(__name__)
@@ -31,16 +29,6 @@ DEFAULT_FOLDER = "~/.cache/wsi_loader/slides"
 DEFAULT_MAX_BYTES = 100 * 2**30
 # formats made of several files: one object cannot be opened on its own
 MULTI_FILE = frozenset({".mrxs", ".vms", ".vmu", ".dcm", ".dicom"})
-
-
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    try:
-        lock(fd, fcntl.LOCK_EX, path)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 class LocalCopies:
@@ -77,7 +65,7 @@ class LocalCopies:
         path = os.path.join(self.folder, name)
         try:
             os.makedirs(self.folder, exist_ok=True)
-            with _locked(path + ".lock"):
+            with locked(path + ".lock"):
                 try:
                     if os.path.getsize(path) == stat.size:
                         os.utime(path)  # most recently used
@@ -117,7 +105,7 @@ class LocalCopies:
 
     def _evict(self, room: int, keep: str) -> None:
         """Remove least recently used copies until ``room`` more bytes fit."""
-        with _locked(os.path.join(self.folder, ".evict.lock")):
+        with locked(os.path.join(self.folder, ".evict.lock")):
             copies = []
             for entry in os.scandir(self.folder):
                 if entry.name.startswith(".") or entry.name.endswith(".lock"):
