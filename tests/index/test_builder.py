@@ -392,7 +392,13 @@ def test_open_rejects_bad_directories(tmp_path: Path, archive: Path) -> None:
 def test_coords_in_matches_exact_pairs() -> None:
     x = np.array([0, 512, 512, -256, 2**31 - 1, 1], dtype=np.int32)
     y = np.array([0, 0, 512, 512, 7, 0], dtype=np.int32)
+    level = np.array([0, 0, 1, 1, 2, 0], dtype=np.int16)
     # (1, 2**32) is outside int32: it must not alias the tile (1, 0)
-    wanted = {(512, 0), (-256, 512), (2**31 - 1, 7), (0, 512), (1, 2**32), (2**40, 0)}
-    assert coords_in(x, y, wanted).tolist() == [False, True, False, True, True, False]
-    assert not coords_in(x, y, set()).any() and len(coords_in(x[:0], y[:0], wanted)) == 0
+    wanted = {(512, 0, 0), (-256, 512, 1), (2**31 - 1, 7, 2), (0, 512, 0), (1, 2**32, 0)}
+    wanted |= {(2**40, 0, 0)}
+    assert coords_in(x, y, level, wanted).tolist() == [False, True, False, True, True, False]
+    # the level must match too; a record without a level matches every level
+    assert not coords_in(x, y, level, {(512, 0, 1), (-256, 512, 0)}).any()
+    assert coords_in(x, y, level, {(512, 0, None)}).tolist() == [False, True] + [False] * 4
+    assert not coords_in(x, y, level, set()).any()
+    assert len(coords_in(x[:0], y[:0], level[:0], wanted)) == 0

@@ -62,11 +62,21 @@ def retry(index: SlideIndex, slide: str | None = None, retries: int = 2) -> tupl
             if stale:  # recorded on an older version of the slide
                 fixed.add(_identity(record))
                 continue
+            level = record.get("level")
+            level = (current.read_level or 0) if level is None else level
+            if record.get("kind") != "slide" and level >= (current.level_count or 1):
+                log.warning(
+                    "%s: a quarantined tile at level %d, which the slide lacks (levels 0..%d): "
+                    "left as it is",
+                    record["path"],
+                    level,
+                    (current.level_count or 1) - 1,
+                )
+                continue
             try:
                 if record.get("kind") == "slide":
                     reader.get_reader(sid)
                 else:
-                    level = int(record.get("level", current.read_level or 0))
                     size = int(current.read_size or reader.tile_size)
                     reader.read_window(sid, int(record["x"]), int(record["y"]), level, size, tile)
             except (TileReadError, SlideError) as exc:

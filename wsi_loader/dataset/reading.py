@@ -355,7 +355,7 @@ class TileReader:
         if not self.record_failures:
             return
         try:
-            self.index.quarantine.append_slide(entry)
+            self._kept_quarantine().append_slide(entry)
         except OSError as exc:
             self._unrecorded(exc)
 
@@ -378,12 +378,17 @@ class TileReader:
         self._keep(entry)
         if not self.record_failures:
             return
-        if self._quarantine is None:
-            self._quarantine = self.index.quarantine
         try:
-            self._quarantine.record_tile(entry)
+            self._kept_quarantine().record_tile(entry)
         except OSError as exc:
             self._unrecorded(exc)
+
+    def _kept_quarantine(self) -> Quarantine:
+        """One Quarantine object per reader: it remembers the records it has seen, so a
+        failure recorded already is not read from the file again."""
+        if self._quarantine is None:
+            self._quarantine = self.index.quarantine
+        return self._quarantine
 
     def _unrecorded(self, error: OSError) -> None:
         """A quarantine write failed (a read-only index): said once per process, since every

@@ -624,7 +624,9 @@ def _build(
     records, tiles = [], []
     for slide_id, (found, found_tiles) in enumerate(results):
         record, arrays = found, dict(found_tiles)
-        drop = coords_in(arrays["l0_x"], arrays["l0_y"], quarantined.get(record.path, set()))
+        drop = coords_in(
+            arrays["l0_x"], arrays["l0_y"], arrays["level"], quarantined.get(record.path, set())
+        )
         if drop.any():
             arrays = {k: v[~drop] for k, v in arrays.items()}
             note = f"{int(drop.sum())} quarantined tiles excluded"

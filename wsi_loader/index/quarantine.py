@@ -36,30 +36,75 @@ from wsi_loader.files import append_line, locked
 log = logging.getLogger(__name__)
 
 INT32 = 2**31
+INT16 = 2**15  # the index's level column is int16
 
 
-def _valid(entry: Any) -> bool:
-    """A record whose fields have the types and ranges readers rely on."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-        return False
-    if entry.get("kind", "tile") == "slide":
-        return True
-    if entry.get("kind", "tile") != "tile":
-        return False
-    for key in ("x", "y"):
+def _int(low: int, high: int) -> Callable[[Any], bool]:
+    """A check for a JSON integer (not a bool, not a float) with ``low <= value < high``."""
+    return lambda v: type(v) is int and low <= v < high
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+# Every field some reader of the quarantine uses, and what it must hold (None: absent is
+# fine). Tile records need ``x`` and ``y``; a record that fails a check is skipped whole.
+_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "path": _text,
+    "fingerprint": _text,
+    "error": _text,
+    "time": _text,
+    "policy": _text,
+    "pid": _int(0, 2**63),
+    "slide_id": _int(0, INT32),
+    "row": _int(0, 2**63),
+    "x": _int(-INT32, INT32),
+    "y": _int(-INT32, INT32),
+    "level": _int(0, INT16),
+}
+_REQUIRED = {"tile": ("path", "x", "y"), "slide": ("path",)}
+
+
+def invalid_field(entry: Any) -> str | None:
+    """Why a parsed line is not a usable record (the field at fault and its value), or None
+    when every field has the type and range its readers rely on."""
+    if not isinstance(entry, dict):
+        return "not an object"
+    kind = entry.get("kind", "tile")
+    if kind not in _REQUIRED:
+        return f"kind: {kind!r} is not 'tile' or 'slide'"
+    for key in _REQUIRED[kind]:
+        if key not in entry:
+            return f"{key}: missing"
+    for key, check in _FIELDS.items():
         value = entry.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or not -INT32 <= value < INT32:
-            return False
-    fp = entry.get("fingerprint")
-    return fp is None or isinstance(fp, str)
+        if value is not None and not check(value):
+            return f"{key}: {_short(value)} is out of range or of the wrong type"
+    return None
 
 
-TileKey = tuple[str, "str | None", int, int]  # (path as stored, fingerprint, l0_x, l0_y)
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+Coords = tuple[int, int, "int | None"]  # l0_x, l0_y, level (None: a record without one)
+TileAt = tuple[str, int, int, "int | None"]  # the same, with the slide's path as stored
+# (path as stored, fingerprint, l0_x, l0_y, level; None: a record that names no level)
+TileKey = tuple[str, "str | None", int, int, "int | None"]
 
 
 def tile_key(record: dict[str, Any]) -> TileKey:
-    """The identity of a tile record: the same tile of the same file."""
-    return (str(record["path"]), record.get("fingerprint"), int(record["x"]), int(record["y"]))
+    """The identity of a tile record: the same tile (position and level) of the same file."""
+    level = record.get("level")
+    return (
+        str(record["path"]),
+        record.get("fingerprint"),
+        int(record["x"]),
+        int(record["y"]),
+        None if level is None else int(level),
+    )
 
 
 class Quarantine:
@@ -69,6 +114,7 @@ class Quarantine:
         self.path = Path(path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self._tiles: set[TileKey] | None = None  # recorded tiles, read at the first record_tile
+        self._slides = _SlideRecords()  # recorded slides, read as the file grows
 
     @staticmethod
     def _stamped(record: dict[str, Any]) -> dict[str, Any]:
@@ -81,14 +127,17 @@ class Quarantine:
 
     def append_slide(self, record: dict[str, Any]) -> bool:
         """Append a slide record (``path``, ``fingerprint``, ``error``) unless one for the same
-        path and fingerprint is already there (from another worker); True when written."""
+        path and fingerprint is already there (from another worker); True when written.
+
+        Each call reads only what was appended since this object's last call (the whole file
+        again after a rewrite replaced it): when a mount disappears, every worker records
+        every slide, and re-reading the file per record made that quadratic."""
+        key = (str(record["path"]), record.get("fingerprint"))
         with locked(self.lock_path):
-            for old in self.slide_records():
-                if old["path"] == record["path"] and old.get("fingerprint") == record.get(
-                    "fingerprint"
-                ):
-                    return False
+            if key in self._slides.update(self.path):
+                return False
             append_line(self.path, self._stamped({**record, "kind": "slide"}))
+            self._slides.keys.add(key)
             return True
 
     def record_tile(self, record: dict[str, Any]) -> bool:
@@ -125,8 +174,11 @@ class Quarantine:
                     "%s:%d: skipping a torn quarantine record (not valid JSON)", self.path, number
                 )
                 continue
-            if not _valid(entry):
-                log.warning("%s:%d: skipping an invalid quarantine record", self.path, number)
+            why = invalid_field(entry)
+            if why is not None:
+                log.warning(
+                    "%s:%d: skipping an invalid quarantine record (%s)", self.path, number, why
+                )
                 continue
             records.append(entry)
         return records
@@ -154,26 +206,24 @@ class Quarantine:
             os.replace(tmp, self.path)
             return len(kept), len(records) - len(kept)
 
-    def keys(self, fingerprints: dict[str, str] | None = None) -> set[tuple[str, int, int]]:
-        """(stored slide path, l0_x, l0_y) of every quarantined tile. With ``fingerprints``
-        (stored path -> the slide's current fingerprint), records taken from another version
-        of a slide are left out."""
+    def keys(self, fingerprints: dict[str, str] | None = None) -> set[TileAt]:
+        """(stored slide path, l0_x, l0_y, level or None) of every quarantined tile. With
+        ``fingerprints`` (stored path -> the slide's current fingerprint), records taken from
+        another version of a slide are left out."""
         out = set()
         for entry in self.tile_records():
             path, recorded = entry["path"], entry.get("fingerprint")
             current = fingerprints.get(path) if fingerprints else None
             if recorded is not None and current is not None and recorded != current:
                 continue
-            out.add((path, int(entry["x"]), int(entry["y"])))
+            out.add((path, *tile_key(entry)[2:]))
         return out
 
-    def coords_by_path(
-        self, fingerprints: dict[str, str] | None = None
-    ) -> dict[str, set[tuple[int, int]]]:
-        """Quarantined (l0_x, l0_y) per stored slide path (see `keys`)."""
-        out: dict[str, set[tuple[int, int]]] = {}
-        for path, x, y in self.keys(fingerprints):
-            out.setdefault(path, set()).add((x, y))
+    def coords_by_path(self, fingerprints: dict[str, str] | None = None) -> dict[str, set[Coords]]:
+        """Quarantined (l0_x, l0_y, level or None) per stored slide path (see `keys`)."""
+        out: dict[str, set[Coords]] = {}
+        for path, x, y, level in self.keys(fingerprints):
+            out.setdefault(path, set()).add((x, y, level))
         return out
 
 
@@ -181,19 +231,66 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a valid number")
 
 
+class _SlideRecords:
+    """The (path, fingerprint) of the slide records of a quarantine file, kept up to date by
+    reading only the bytes appended since the last look. A file replaced since (a rewrite:
+    another inode) or shorter than what was read is read again from the start."""
+
+    def __init__(self) -> None:
+        self.keys: set[tuple[str, str | None]] = set()
+        self.file: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
+        self.read_to = 0  # bytes of it parsed: whole lines only
+
+    def update(self, path: Path) -> set[tuple[str, str | None]]:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            self.keys, self.file, self.read_to = set(), None, 0
+            return self.keys
+        try:
+            st = os.fstat(fd)
+            if self.file != (st.st_dev, st.st_ino) or st.st_size < self.read_to:
+                self.keys, self.file, self.read_to = set(), (st.st_dev, st.st_ino), 0
+            data = os.pread(fd, st.st_size - self.read_to, self.read_to)
+        finally:
+            os.close(fd)
+        whole = data.rfind(b"\n") + 1  # a torn last line is parsed once it is ended
+        for line in data[:whole].splitlines():
+            if b'"slide"' not in line:  # tile records: most lines, no parse needed
+                continue
+            try:
+                entry = json.loads(line, parse_constant=_reject_constant)
+            except (ValueError, RecursionError):
+                continue  # read() says so
+            if invalid_field(entry) is None and entry.get("kind") == "slide":
+                self.keys.add((entry["path"], entry.get("fingerprint")))
+        self.read_to += whole
+        return self.keys
+
+
 def coords_in(
     l0_x: npt.NDArray[np.integer[Any]],
     l0_y: npt.NDArray[np.integer[Any]],
-    coords: set[tuple[int, int]],
+    level: npt.NDArray[np.integer[Any]],
+    coords: set[Coords],
 ) -> npt.NDArray[np.bool_]:
-    """Boolean per tile: is (l0_x, l0_y) one of ``coords`` (int32 coordinates)."""
+    """Boolean per tile: is (l0_x, l0_y, level) one of ``coords`` (int32 coordinates; a
+    level of None matches the position at every level)."""
+    found = np.zeros(len(l0_x), dtype=bool)
     if not coords or not len(l0_x):
-        return np.zeros(len(l0_x), dtype=bool)
-    wanted = np.array(
-        [xy for xy in sorted(coords) if all(-INT32 <= v < INT32 for v in xy)], dtype=np.int64
-    ).reshape(-1, 2)
-    # one int64 key per (x, y): a sorted lookup, not a tiles x coords comparison matrix
-    return np.isin(_xy_key(l0_x, l0_y), _xy_key(wanted[:, 0], wanted[:, 1]))
+        return found
+    by_level: dict[int | None, list[tuple[int, int]]] = {}
+    for x, y, at in coords:
+        if -INT32 <= x < INT32 and -INT32 <= y < INT32:
+            by_level.setdefault(at, []).append((x, y))
+    tiles = _xy_key(l0_x, l0_y)
+    levels = np.asarray(level)
+    for at, positions in by_level.items():  # a few levels at most: one pass each
+        wanted = np.array(sorted(positions), dtype=np.int64).reshape(-1, 2)
+        # one int64 key per (x, y): a sorted lookup, not a tiles x coords comparison matrix
+        hit = np.isin(tiles, _xy_key(wanted[:, 0], wanted[:, 1]))
+        found |= hit if at is None else hit & (levels == at)
+    return found
 
 
 def _xy_key(x: npt.ArrayLike, y: npt.ArrayLike) -> npt.NDArray[np.int64]:

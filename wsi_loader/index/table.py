@@ -375,8 +375,9 @@ class SlideIndex:
 
     def quarantined_mask(self) -> npt.NDArray[np.bool_]:
         """Boolean per row: is this tile in the quarantine (a tile record matched by slide path,
-        x, y, and recorded for this version of the slide: records of a slide whose fingerprint
-        has changed since, and slide-level records, leave its tiles in)."""
+        x, y and level (any level for a record without one), and recorded for this version of
+        the slide: records of a slide whose fingerprint has changed since, and slide-level
+        records, leave its tiles in)."""
         by_path = self.quarantine.coords_by_path(
             {s.path: s.fingerprint for s in self.slides if s.fingerprint}
         )
@@ -388,9 +389,8 @@ class SlideIndex:
             coords = by_path.get(record.path)
             if coords:
                 rows = slice(int(starts[sid]), int(starts[sid + 1]))
-                mask[rows] = coords_in(
-                    self.columns["l0_x"][rows], self.columns["l0_y"][rows], coords
-                )
+                x, y = self.columns["l0_x"][rows], self.columns["l0_y"][rows]
+                mask[rows] = coords_in(x, y, self.columns["level"][rows], coords)
         return mask
 
     def __getstate__(self) -> dict[str, Any]:
