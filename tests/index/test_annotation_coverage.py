@@ -336,3 +336,77 @@ def test_cells_crossed_by_too_many_outlines_are_measured_by_overlay_alike(
     overlay (the path stacked copies take): the shares still match shapely's."""
     monkeypatch.setattr(coverage_module, "MAX_OUTLINES", 1)
     _each_class_matches_shapely(_random_shapes(np.random.default_rng(seed)))
+
+
+def test_a_polygon_exported_twice_is_measured_once(tmp_path) -> None:
+    """Two copies of one valid outline run along each other everywhere, so their cells go
+    to polygon overlay. Clipped with shapely.clip_by_rect (which may return invalid output)
+    the union of the copies failed with a GEOS TopologyException, failing the slide."""
+    ring = [(64, 448), (0, 64), (64, 256), (192, 64)]
+    path = write_geojson(tmp_path / "s.geojson", [Region("Tumor", ring), Region("Tumor", ring)])
+    x, y = GRID_X.ravel(), GRID_Y.ravel()
+    result = annotate_slide([str(path)], IndexConfig(tile_size=256), SIZE, x, y, 256)
+    expected = _exact(
+        [Shape("Tumor", shapely.Polygon(ring))], ["Tumor"], shapely.box(x, y, x + 256, y + 256)
+    )
+    np.testing.assert_allclose(result.coverage[:, 0], expected, atol=1e-6)
+    assert result.areas == {"Tumor": pytest.approx(shapely.Polygon(ring).area)}
+
+
+def test_repeated_vertices_and_a_duplicated_triangle(tmp_path) -> None:
+    """A polygon with repeated vertices (valid to GEOS) and a triangle exported twice: a
+    TopologyException failed the whole slide."""
+    outline = [(64, 448), (0, 64), (0, 64), (64, 256), (192, 64), (192, 64)]
+    triangle = [(0, 64), (64, 256), (192, 64)]
+    regions = [Region("Tumor", outline), Region("Tumor", triangle), Region("Tumor", triangle)]
+    path = write_geojson(tmp_path / "s.geojson", regions)
+    x, y = GRID_X.ravel(), GRID_Y.ravel()
+    result = annotate_slide([str(path)], IndexConfig(tile_size=256), SIZE, x, y, 256)
+    shapes = [Shape("Tumor", shapely.Polygon(r.shell)) for r in regions]
+    expected = _exact(shapes, ["Tumor"], shapely.box(x, y, x + 256, y + 256))
+    np.testing.assert_allclose(result.coverage[:, 0], expected, atol=1e-6)
+
+
+def _degenerate_shapes(rng: np.random.Generator) -> list[Shape]:
+    """Outlines as broken or careless exports write them: the same outline two or three
+    times (its vertices rotated or reversed), repeated vertices, triangles, vertices and
+    centres on the tile lines (collinear edges along them), holes; two classes."""
+    shapes = []
+    for i in range(int(rng.integers(1, 5))):
+        n = 3 if rng.random() < 0.3 else int(rng.integers(4, 30))
+        cx, cy = rng.uniform(0, 1024), rng.uniform(0, 768)
+        if rng.random() < 0.3:
+            cx, cy = round(cx / 128) * 128, round(cy / 128) * 128
+        angle = np.sort(rng.uniform(0, 2 * np.pi, n))
+        radius = rng.uniform(20, 400) * rng.uniform(0.5, 1.0, n)
+        ring = np.column_stack([cx + radius * np.cos(angle), cy + radius * np.sin(angle)])
+        if rng.random() < 0.3:
+            ring = np.round(ring / 64) * 64
+        if rng.random() < 0.4:
+            k = int(rng.integers(0, len(ring)))
+            ring = np.insert(ring, k, ring[k], axis=0)
+        hole = bool(rng.random() < 0.15)
+        for copy in range(int(rng.choice([1, 2, 2, 3]))):
+            points = ring
+            if copy and rng.random() < 0.5:
+                points = np.roll(points, int(rng.integers(1, len(points))), axis=0)
+            if rng.random() < 0.4:
+                points = points[::-1]
+            geometry = shapely.Polygon(points)
+            if geometry.is_valid and geometry.area > 0:
+                shapes.append(Shape(["Tumor", "Stroma"][i % 2], geometry, hole=hole))
+    return shapes
+
+
+def test_degenerate_outlines_match_shapely_in_600_random_cases() -> None:
+    """A seeded fuzz against shapely's exact intersection areas: with cells clipped by
+    shapely.clip_by_rect it found 7 wrong in these 600 (3 shares off by up to 0.16, 4
+    TopologyExceptions)."""
+    wrong = []
+    for seed in range(600):
+        shapes = _degenerate_shapes(np.random.default_rng(seed))
+        try:
+            _each_class_matches_shapely(shapes)
+        except (AssertionError, shapely.errors.GEOSException) as exc:
+            wrong.append(f"seed {seed}: {str(exc).strip().splitlines()[0][:80]}")
+    assert wrong == []

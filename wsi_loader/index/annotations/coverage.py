@@ -15,7 +15,7 @@ from the per-shape areas: a shape that covers the cell decides it; a cell crosse
 outline takes that shape's area. Cells crossed by two or more outlines of one class (and
 covered by none; ~130 of 4,700 in the benchmark above) are measured by `overlaps`, which
 keeps the outline pieces that bound the class there; where outlines run along each other, a
-polygon overlay (shapely, clipped to that cell alone) decides.
+polygon overlay (shapely's intersection with that cell alone) decides.
 """
 
 from __future__ import annotations
@@ -379,13 +379,16 @@ class ClassCells:
         crossing = shapes[np.searchsorted(cells, cell) : np.searchsorted(cells, cell, "right")]
         name = self.names[k]
         mine = [self.shapes[i] for i in crossing.tolist() if self.shapes[i].name == name]
-        clip = shapely.clip_by_rect
-        bodies = (
-            shapely.box(*box)
-            if self._body_full[k, cell]
-            else _union([clip(s.geometry, *box) for s in mine if not s.hole])
-        )
-        holes = [clip(s.geometry, *box) for s in mine if s.hole]
+        square = shapely.box(*box)
+
+        def clipped(hole: bool) -> list[BaseGeometry]:
+            # an overlay, not shapely.clip_by_rect: that may return invalid polygons (copies
+            # of an outline, repeated vertices), whose union is then wrong or a GEOS error
+            found = [s.geometry for s in mine if s.hole == hole]
+            return list(shapely.intersection(np.asarray(found, dtype=object), square))
+
+        bodies = square if self._body_full[k, cell] else _union(clipped(hole=False))
+        holes = clipped(hole=True)
         return shapely.difference(bodies, _union(holes)) if holes else bodies
 
     def areas(self) -> dict[str, float]:
