@@ -410,3 +410,25 @@ def test_degenerate_outlines_match_shapely_in_600_random_cases() -> None:
         except (AssertionError, shapely.errors.GEOSException) as exc:
             wrong.append(f"seed {seed}: {str(exc).strip().splitlines()[0][:80]}")
     assert wrong == []
+
+
+@pytest.mark.parametrize(
+    "outline",
+    [
+        [(-1e18, -1e18), (1e18, -1e18), (1e18, 1e18), (-1e18, 1e18)],
+        [(-1e18, -1e18), (1e18, -1e18), (0.0, 1e18)],
+    ],
+)
+def test_a_huge_outline_around_the_slide_covers_every_tile(tmp_path, outline) -> None:
+    """An outline with vertices at +-1e18 around the slide: its edges were cut at the lattice
+    lines in float64, with an error far beyond a pixel, and it covered 11 of 77 tiles; the
+    shapes are clipped to the slide first."""
+    width, height = 3000, 2000
+    x, y = np.meshgrid(np.arange(0, width - 255, 256), np.arange(0, height - 255, 256))
+    path = write_geojson(tmp_path / "s.geojson", [Region("Tumor", outline)])
+    result = annotate_slide(
+        [str(path)], IndexConfig(tile_size=256), (width, height), x.ravel(), y.ravel(), 256
+    )
+    assert result.coverage[:, 0].tolist() == [1.0] * x.size
+    assert result.areas == {"Tumor": pytest.approx(width * height)}
+    assert any("reach outside the 3000 x 2000 slide" in note for note in result.notes)

@@ -29,7 +29,7 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
 
-from wsi_loader.index.annotations.formats import Shape
+from wsi_loader.index.annotations.formats import Shape, polygonal
 from wsi_loader.index.annotations.overlaps import (
     Cells,
     Outline,
@@ -235,12 +235,39 @@ def _union(geometries: Sequence[BaseGeometry]) -> BaseGeometry:
     return reduce(shapely.union, geometries) if geometries else shapely.Polygon()
 
 
+def _within(shapes: Sequence[Shape], lattice: Lattice) -> list[Shape]:
+    """The shapes clipped to the lattice (the slide, and tiles reaching past its border),
+    those wholly outside left out. An outline with vertices far away (+-1e18) would otherwise
+    be cut at the lattice lines in float64 with an error far beyond a pixel: such an outline
+    around a slide covered 11 of its 77 tiles."""
+    if not shapes:
+        return []
+    geometries = np.asarray([s.geometry for s in shapes], dtype=object)
+    x0, x1, y0, y1 = lattice.xs[0], lattice.xs[-1], lattice.ys[0], lattice.ys[-1]
+    b = shapely.bounds(geometries)
+    outside = (b[:, 0] < x0) | (b[:, 1] < y0) | (b[:, 2] > x1) | (b[:, 3] > y1)
+    if not outside.any():
+        return list(shapes)
+    clipped = geometries.copy()
+    clipped[outside] = shapely.intersection(geometries[outside], shapely.box(x0, y0, x1, y1))
+    kept = []
+    for shape, part, moved in zip(shapes, clipped, outside.tolist(), strict=True):
+        if not moved:
+            kept.append(shape)
+            continue
+        inside = polygonal(part)  # an intersection may add lines or points
+        if not inside.is_empty and inside.area > 0:
+            kept.append(Shape(shape.name, inside, shape.hole))
+    return kept
+
+
 class ClassCells:
     """One slide's shapes on a lattice: per class, the exact area it covers in every cell."""
 
     def __init__(self, shapes: Sequence[Shape], lattice: Lattice) -> None:
         self.lattice = lattice
-        self.names = sorted({s.name for s in shapes})
+        self.names = sorted({s.name for s in shapes})  # a class wholly outside still counts
+        shapes = _within(shapes, lattice)
         self.shapes = list(shapes)
         n_classes, cells = len(self.names), lattice.shape[0] * lattice.shape[1]
         self.cell_area = lattice.cell_area().ravel()

@@ -94,8 +94,9 @@ def outside_note(shapes: Sequence[Shape], width: int, height: int) -> tuple[list
     if not out.any():
         return [], None
     names = sorted({bodies[i].name for i in np.flatnonzero(out)})
+    slide = shapely.box(0, 0, width, height)
     lost = sum(
-        bodies[i].geometry.area - shapely.clip_by_rect(bodies[i].geometry, 0, 0, width, height).area
+        bodies[i].geometry.area - shapely.intersection(bodies[i].geometry, slide).area
         for i in np.flatnonzero(out)
     )
     return names, (
@@ -128,7 +129,10 @@ def read_regions(
         for name in outside:
             if name not in classes:
                 continue
-            clipped = polygonal(shapely.clip_by_rect(classes[name], 0, 0, width, height))
+            # an intersection: shapely.clip_by_rect may return invalid polygons
+            clipped = polygonal(
+                shapely.intersection(classes[name], shapely.box(0, 0, width, height))
+            )
             if clipped.is_empty or clipped.area == 0:
                 notes.append(f"class {name!r} lies entirely outside the slide")
                 del classes[name]
