@@ -382,3 +382,20 @@ def test_annotation_objects_choose_the_qupath_objects_that_are_regions(
     capsys.readouterr()
     assert main([*args, "--annotation-objects", "nuclei"]) == 2
     assert "annotation_objects" in capsys.readouterr().err
+
+
+def test_more_classes_in_all_than_an_index_holds_is_an_error(
+    annotated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each file may stay under the limit while the slides together pass it: the index's
+    classes are the columns of its coverage. Nothing is written then."""
+    from wsi_loader.index.annotations import formats
+
+    monkeypatch.setattr(formats, "MAX_CLASSES", 4)  # SHAPES has 3 classes
+    notes = annotated / "annotations"
+    write_geojson(notes / "case 1.a.geojson", [*SHAPES, Region("Other 1", rect(0, 0, 99, 99))])
+    (notes / "case 3.c.svs.xml").unlink()
+    write_geojson(notes / "case 3.c.geojson", [*SHAPES, Region("Other 3", rect(0, 0, 99, 99))])
+    with pytest.raises(InputError, match="5 annotation classes in all, more than the 4"):
+        build(annotated)
+    assert not (annotated / "idx").exists()

@@ -17,6 +17,7 @@ import shapely
 
 from wsi_loader.errors import AnnotationError, InputError
 from wsi_loader.index.annotations import UNCLASSIFIED, read_annotations, read_regions
+from wsi_loader.index.annotations.formats import MAX_CLASS_NAME, MAX_CLASSES
 
 from .annotation_files import Region, rect, write_aperio, write_asap, write_geojson, write_halo
 
@@ -601,3 +602,56 @@ def test_qupath_object_types_are_said_and_can_be_chosen(tmp_path: Path) -> None:
     assert not read_annotations(plain, ["annotation"]).notes
     with pytest.raises(ValueError, match=r"unknown QuPath object type\(s\) \['nucleus'\]"):
         read_annotations(path, ["nucleus"])
+
+
+def test_a_class_name_past_the_limit_is_refused_in_a_short_message(tmp_path: Path) -> None:
+    """A 48 MB class name filled stderr with 50 MB (the notes and warnings that name
+    classes) and meta.json with 150 MB. Names are bounded; the error shows its start."""
+    name = "Tumor " + "x" * 2_000_000
+    path = write_geojson(tmp_path / "s.geojson", [Region(name, rect(0, 0, 10, 10))])
+    with pytest.raises(AnnotationError) as caught:
+        read_annotations(str(path))
+    message = str(caught.value)
+    assert f"a class name of {len(name):,} characters" in message and str(path) in message
+    assert f"at most {MAX_CLASS_NAME}" in message and "'Tumor xxx" in message
+    assert len(message) < 500
+    ok = write_geojson(tmp_path / "ok.geojson", [Region("T" * MAX_CLASS_NAME, rect(0, 0, 9, 9))])
+    assert read_annotations(str(ok)).shapes[0].name == "T" * MAX_CLASS_NAME
+
+
+def test_a_classification_that_is_not_a_name_is_shown_short(tmp_path: Path) -> None:
+    document = {
+        "type": "Feature",
+        "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [9, 0], [9, 9], [0, 0]]]},
+        "properties": {"classification": {"name": ["x" * 1_000_000]}},
+    }
+    path = tmp_path / "s.geojson"
+    path.write_text(json.dumps(document))
+    with pytest.raises(AnnotationError, match="is not a name") as caught:
+        read_annotations(str(path))
+    assert len(str(caught.value)) < 500
+
+
+def test_more_classes_than_an_index_holds_are_refused(tmp_path: Path) -> None:
+    """100,000 classes (one square each) took 24 s and 1.96 GB to index: every class is a
+    coverage column of every tile. A file with more than MAX_CLASSES is an error saying so."""
+    regions = [Region(f"class {i}", rect(i, 0, i + 1, 1)) for i in range(MAX_CLASSES + 1)]
+    path = write_geojson(tmp_path / "s.geojson", regions)
+    with pytest.raises(AnnotationError) as caught:
+        read_annotations(str(path))
+    assert f"{MAX_CLASSES + 1:,} classes, more than the {MAX_CLASSES:,}" in str(caught.value)
+    assert read_annotations(str(write_geojson(tmp_path / "ok.geojson", regions[1:])))
+
+
+def test_the_files_of_one_slide_together_stay_within_the_classes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wsi_loader.index.annotations import formats, read_shapes
+
+    monkeypatch.setattr(formats, "MAX_CLASSES", 3)
+    a = write_geojson(tmp_path / "a.geojson", [Region(n, rect(0, 0, 9, 9)) for n in "AB"])
+    b = write_geojson(tmp_path / "b.geojson", [Region(n, rect(0, 0, 9, 9)) for n in "CD"])
+    assert len(read_shapes([str(a)])[0]) == 2
+    with pytest.raises(AnnotationError, match="4 classes, more than the 3") as caught:
+        read_shapes([str(a), str(b)])
+    assert str(a) in str(caught.value) and str(b) in str(caught.value)

@@ -25,8 +25,8 @@ from wsi_loader.errors import (
     InputError,
     SlideError,
 )
-from wsi_loader.index.annotations import AnnotationReport, files_digest, match_annotations
-from wsi_loader.index.annotations.formats import read_annotations
+from wsi_loader.index.annotations import AnnotationReport, files_digest, formats, match_annotations
+from wsi_loader.index.annotations.formats import read_annotations, shorten
 from wsi_loader.index.annotations.regions import ReadShapes, read_shapes
 from wsi_loader.index.annotations.tiles import annotate_slide, label_names, label_tiles, to_columns
 from wsi_loader.index.geometry import grid, plan_read
@@ -425,6 +425,12 @@ def _label_tiles(
     """Every slide's coverage in the columns of all classes, tile labels when they come from
     the annotations, and the metadata that names them."""
     classes = sorted({c for record, _ in results for c in (record.class_areas or {})})
+    if len(classes) > formats.MAX_CLASSES:  # each slide's are within it; all of them are not
+        raise InputError(
+            f"{len(classes):,} annotation classes in all, more than the {formats.MAX_CLASSES:,} "
+            f"an index holds (each class is a coverage column of every tile), e.g. "
+            f"{', '.join(shorten(c) for c in classes[:5])}; nothing was written"
+        )
     warn_similar(classes, "annotation classes")
     names = label_names(classes, cfg) if cfg.label_from == "annotations" else []
     per_class = {c: {"slides": 0, "tiles_labelled": 0} for c in classes}

@@ -58,6 +58,11 @@ MAX_FILE_BYTES = 512 * 2**20  # a bigger "annotation" file is a mistake, not ann
 ELLIPSE_SEGMENTS = 64
 MAX_CACHED_CLASSES = 10_000  # classification texts whose names are kept while a file is read
 MAX_CLASS_DEPTH = 64  # parent classes of a QuPath derived class (a hostile file nests more)
+# Class names end up in notes, warnings, meta.json and the label ids of every output, and every
+# class is a coverage column of every tile of the index: a 48 MB name filled stderr with 50 MB,
+# 100,000 classes took 24 s and 1.96 GB. Real projects have tens of classes.
+MAX_CLASS_NAME = 256  # characters
+MAX_CLASSES = 1_000  # of one file, one slide, and of an index
 ASAP_TUMOUR_GROUPS = frozenset({"_0", "_1"})
 ASAP_EXCLUSION_GROUPS = frozenset({"_2", "exclusion"})
 # QuPath's object types (``properties.objectType`` since QuPath 0.3; the feature's ``id`` in
@@ -123,14 +128,41 @@ def read_annotations(path: str, objects: Collection[str] = ()) -> Parsed:
     data = _utf8(data, path)
     head = data.lstrip()[:1]
     if head in (b"{", b"["):
-        return _geojson(data, path, wanted)
+        return check_classes(_geojson(data, path, wanted), path)
     if head == b"<":
-        return _xml(data, path)
+        return check_classes(_xml(data, path), path)
     raise AnnotationError(
         "not an annotation file (neither JSON nor XML: expected QuPath GeoJSON, or ASAP, Aperio "
         "or HALO XML)",
         path=path,
     )
+
+
+def check_classes(parsed: Parsed, path: str) -> Parsed:
+    """``parsed`` when its class names and their number are within `MAX_CLASS_NAME` and
+    `MAX_CLASSES`; else an `AnnotationError` that says so (``path``: the file or files)."""
+    names = {shape.name for shape in parsed.shapes}
+    longest = max(names, key=len, default="")
+    if len(longest) > MAX_CLASS_NAME:
+        raise AnnotationError(
+            f"a class name of {len(longest):,} characters ({shorten(longest)}): class names "
+            f"are at most {MAX_CLASS_NAME} characters",
+            path=path,
+        )
+    if len(names) > MAX_CLASSES:
+        raise AnnotationError(
+            f"{len(names):,} classes, more than the {MAX_CLASSES:,} an index holds (each "
+            "class is a coverage column of every tile); class names are meant to be few "
+            "(Tumor, Stroma...), not one per object",
+            path=path,
+        )
+    return parsed
+
+
+def shorten(value: object, limit: int = 40) -> str:
+    """``repr(value)``, cut to about ``limit`` characters (a value in a message)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # Windows tools (Notepad, PowerShell, .NET's XmlWriter) start text with a byte order mark, and
@@ -170,7 +202,7 @@ def _points(values: Iterable[Any], path: str, where: str) -> np.ndarray:
         odd = [v for v in point if type(v) not in (int, float, list)] if type(point) is list else []
         if odd:
             raise AnnotationError(
-                f"coordinates are not numbers (got {odd[0]!r})", path=path, element=where
+                f"coordinates are not numbers (got {shorten(odd[0])})", path=path, element=where
             )
     try:
         array = np.asarray(listed, dtype=np.float64)
@@ -475,7 +507,7 @@ def _class_name(value: object, path: str, where: str, depth: int = 0) -> str:
             parts = [n for n in names if isinstance(n, str) and n]
             if len(parts) != len(names):
                 raise AnnotationError(
-                    f"classification {names!r} is not a name", path=path, element=where
+                    f"classification {shorten(names)} is not a name", path=path, element=where
                 )
             return ": ".join(parts)
         if depth > MAX_CLASS_DEPTH:
@@ -485,7 +517,9 @@ def _class_name(value: object, path: str, where: str, depth: int = 0) -> str:
         return f"{parent}: {own}" if parent and own else own
     if value is None or isinstance(value, str):
         return value or ""
-    raise AnnotationError(f"classification {value!r} is not a name", path=path, element=where)
+    raise AnnotationError(
+        f"classification {shorten(value)} is not a name", path=path, element=where
+    )
 
 
 def _ring(ring: Json, path: str, where: str) -> np.ndarray:
@@ -595,7 +629,7 @@ def _dsa(bodies: list[simdjson.Object], path: str) -> Parsed:
         elements = body.get("elements")
         assert isinstance(elements, simdjson.Array)  # (what made it a body)
         for j, element in enumerate(elements):
-            where = f"annotation {i}{f' ({title!r})' if title else ''} element {j}"
+            where = f"annotation {i}{f' ({shorten(title)})' if title else ''} element {j}"
             if not isinstance(element, simdjson.Object):
                 raise AnnotationError("an element is not an object", path=path, element=where)
             kind = element.get("type")
@@ -696,7 +730,7 @@ def _number(element: Element, name: str, path: str, where: str) -> float:
         value = math.nan
     if not math.isfinite(value):
         raise AnnotationError(
-            f"<{element.tag}> has no numeric {name} (got {text!r})", path=path, element=where
+            f"<{element.tag}> has no numeric {name} (got {shorten(text)})", path=path, element=where
         )
     return value
 
@@ -721,7 +755,7 @@ def _asap(root: Element, path: str) -> Parsed:
     excluded: list[BaseGeometry] = []
     for i, annotation in enumerate(root.iter("Annotation")):
         label = annotation.get("Name") or str(i)
-        where = f"Annotation {i} ({label!r})"
+        where = f"Annotation {i} ({shorten(label)})"
         kind = (annotation.get("Type") or "Polygon").lower()
         coordinates = annotation.findall("Coordinates/Coordinate")
         try:
@@ -768,7 +802,7 @@ def _aperio(root: Element, path: str) -> Parsed:
     for i, annotation in enumerate(root.findall("Annotation")):
         name = _aperio_name(annotation, i)
         for j, region in enumerate(annotation.findall("Regions/Region")):
-            where = f"Annotation {name!r} Region {region.get('Id') or j}"
+            where = f"Annotation {shorten(name)} Region {region.get('Id') or j}"
             vertices = region.findall("Vertices/Vertex") or region.findall("Vertices/V")
             points = _points_of(vertices, path, where).reshape(-1, 2)
             kind = (region.get("Type") or "").strip()

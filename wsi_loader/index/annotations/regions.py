@@ -17,7 +17,14 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from shapely.geometry.base import BaseGeometry
 
-from wsi_loader.index.annotations.formats import Shape, polygonal, read_annotations, repair
+from wsi_loader.index.annotations.formats import (
+    Parsed,
+    Shape,
+    check_classes,
+    polygonal,
+    read_annotations,
+    repair,
+)
 
 
 @dataclass
@@ -75,6 +82,8 @@ def read_shapes(files: Sequence[str], objects: Sequence[str] = ()) -> ReadShapes
         parsed = read_annotations(path, objects)
         shapes.extend(parsed.shapes)
         notes.extend(f"{path}: {note}" for note in parsed.notes)
+    if len(files) > 1:  # each file is within the limits; together they may not be
+        check_classes(Parsed(shapes), ", ".join(files))
     return shapes, notes
 
 
