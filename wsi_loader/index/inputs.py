@@ -130,6 +130,13 @@ def slide_name(path: str) -> str:
     return p.parent.name if _is_dicom_name(path) or is_dicom(path) else p.stem
 
 
+def slide_folder(path: str) -> tuple[str, ...]:
+    """The folders a slide is in, as path parts (a DICOM slide: those of its series folder,
+    whose name is the slide's name)."""
+    p = Path(path)
+    return (p.parent.parent if _is_dicom_name(path) or is_dicom(path) else p.parent).parts
+
+
 def _scan_folder(folder: Path) -> list[str]:
     """Slide files under ``folder``; symlinked sub-folders are followed, each real folder once
     (a link back up the tree is not a loop)."""

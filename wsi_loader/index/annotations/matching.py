@@ -2,10 +2,12 @@
 
 ``--annotations`` names a folder (searched recursively), one file, or a CSV with ``path`` or
 ``slide`` and an ``annotations`` column (files relative to the CSV, ``;``-separated). In a
-folder, a file matches a slide by stem: ``slide.geojson``, ``slide.xml`` and HALO's
+folder, a file matches a slide by name: ``slide.geojson``, ``slide.xml`` and HALO's
 ``slide.annotations`` (and QuPath's ``slide.svs.geojson``) belong to ``slide.svs``; a slide
-with several files gets all of them. A manifest's own ``annotations`` column comes first.
-Files that match no slide are reported.
+with several files gets all of them. Where slides in different folders share a name, the
+file's folders (relative to the annotations folder) decide: ``ann/a/case.geojson`` belongs to
+``a/case.svs``; a file that could still belong to several slides is an error naming them.
+A manifest's own ``annotations`` column comes first. Files that match no slide are reported.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from wsi_loader.index.inputs import (
     name_cell,
     path_or_name,
     read_csv_rows,
+    slide_folder,
     slide_name,
 )
 
@@ -69,8 +72,9 @@ def match_annotations(
         if source.lower().endswith(".csv") and os.path.isfile(source):
             _from_csv(entries, source, found, report)
         elif os.path.isdir(source) or os.path.isfile(source):
-            files = _annotation_files(source) if os.path.isdir(source) else [source]
-            _by_stem(entries, [os.path.abspath(f) for f in files], found, report)
+            folder = os.path.abspath(source) if os.path.isdir(source) else None
+            files = _annotation_files(source) if folder else [source]
+            _by_path_then_name(entries, [os.path.abspath(f) for f in files], folder, found, report)
         else:
             raise InputError(
                 "the annotations path does not exist (a folder, a file, or a CSV with an "
@@ -96,24 +100,59 @@ def match_annotations(
     return found, report
 
 
-def _by_stem(
+def _by_path_then_name(
     entries: list[SlideEntry],
     files: list[str],
+    folder: str | None,
     found: dict[str, tuple[str, ...]],
     report: AnnotationReport,
 ) -> None:
-    by_stem: dict[str, list[str]] = {}
-    for file in files:
-        by_stem.setdefault(Path(file).stem, []).append(file)
-    used: set[str] = set()
+    """Each file to the slide it names, by relative path first: a file whose folders under
+    ``folder`` end the folder path of one slide of its name is that slide's (``ann/a/case.geojson``
+    belongs to ``.../a/case.svs``, not ``.../b/case.svs``). A file no slide's folders fit is
+    matched by name alone, when exactly one slide has the name and no file matched that slide
+    by path. A file that fits several slides equally is an `InputError` naming them."""
+    by_name: dict[str, list[SlideEntry]] = {}
     for entry in entries:
-        if entry.path in found:
-            continue
-        mine = sorted({f for key in _keys(entry.path) for f in by_stem.get(key, [])})
-        if mine:
-            found[entry.path] = tuple(mine)
-            used.update(mine)
-    report.unmatched_files = [f for f in files if f not in used]
+        if entry.path not in found:  # a manifest's own column comes first
+            for key in dict.fromkeys(_keys(entry.path)):
+                by_name.setdefault(key, []).append(entry)
+    mine: dict[str, list[str]] = {}
+    by_name_only: list[tuple[str, list[SlideEntry]]] = []
+    for file in files:
+        candidates = by_name.get(Path(file).stem, [])
+        folders = Path(os.path.relpath(file, folder)).parent.parts if folder else ()
+        fitting = [e for e in candidates if _ends_with(slide_folder(e.path), folders)]
+        if len(fitting) > 1:
+            raise _ambiguous(file, fitting)
+        if fitting:
+            mine.setdefault(fitting[0].path, []).append(file)
+        elif candidates:
+            by_name_only.append((file, candidates))
+    for file, candidates in by_name_only:
+        if len(candidates) > 1:
+            raise _ambiguous(file, candidates)
+        if candidates[0].path not in mine:
+            mine.setdefault(candidates[0].path, []).append(file)
+    unpaired = set(files)
+    for path, own in mine.items():
+        found[path] = tuple(sorted(own))
+        unpaired -= set(own)
+    report.unmatched_files = [f for f in files if f in unpaired]
+
+
+def _ends_with(parts: tuple[str, ...], tail: tuple[str, ...]) -> bool:
+    return not tail or parts[-len(tail) :] == tail
+
+
+def _ambiguous(file: str, slides: list[SlideEntry]) -> InputError:
+    shown = ", ".join(e.path for e in slides[:5]) + (", ..." if len(slides) > 5 else "")
+    return InputError(
+        f"the annotation file matches {len(slides)} slides by name ({shown}): ambiguous. "
+        "Put it in a folder named as its slide's folder (ann/a/case.geojson for a/case.svs), "
+        "or list it in a CSV with 'path' and 'annotations' columns",
+        path=file,
+    )
 
 
 def _from_csv(
@@ -138,6 +177,13 @@ def _from_csv(
             by_name[name_cell(row["slide"])] = files
         else:
             raise InputError("a row needs 'path' or 'slide'", path=table, line=line)
+    named: dict[str, list[SlideEntry]] = {}  # slides a row may name (not matched by path)
+    for entry in entries:
+        if entry.path not in found and entry.path not in by_path:
+            named.setdefault(slide_name(entry.path), []).append(entry)
+    for name, slides in named.items():
+        if name in by_name and len(slides) > 1:
+            raise _ambiguous(";".join(by_name[name]), slides)
     used: set[str] = set()
     for entry in entries:
         if entry.path in found:
