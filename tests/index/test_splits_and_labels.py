@@ -309,3 +309,24 @@ def test_counts_of_numeric_labels_read_unambiguously(
     shown = capsys.readouterr().out
     assert "classes: 2: 2 slides / " in shown and ", 10: 1 slide / " in shown
     assert "(2: 1, 10: 1)" in shown and "(2: 1)" in shown
+
+
+def test_a_split_view_leaves_out_slides_without_a_split(
+    split_archive: Path, tmp_path: Path
+) -> None:
+    """A slide the labels file gives no split belongs to no split: `open(split=...)` must not
+    admit it (a mutant that did survived every other test)."""
+    (split_archive / "labels.csv").write_text(
+        "slide,label,split\np0,tumour,train\np1,normal,\np2,tumour,val\n"
+    )
+    index = build_index(
+        [split_archive], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.0,
+        labels=str(split_archive / "labels.csv"),
+    )  # fmt: skip
+    unsplit = next(i for i, s in enumerate(index.slides) if s.path.endswith("p1.svs"))
+    assert index.slides[unsplit].split is None and index.splits() == ["train", "val"]
+    for split in ("train", "val"):
+        view = SlideIndex.open(index.path, split=split)
+        assert unsplit not in set(view.columns["slide_id"].tolist())
+        assert {index.slides[i].split for i in view.columns["slide_id"].tolist()} == {split}
+        assert len(TileDataset(index.path, split=split)) == len(view)
