@@ -311,6 +311,30 @@ def test_counts_of_numeric_labels_read_unambiguously(
     assert "(2: 1, 10: 1)" in shown and "(2: 1)" in shown
 
 
+def test_slides_labelled_by_the_manifest_are_not_reported_unlabelled(
+    split_archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A manifest with labels and a labels file for some of its slides: the others keep the
+    manifest's label. They were reported as '2 slides have no label'."""
+    manifest = tmp_path / "manifest.csv"
+    rows = "".join(f"{split_archive}/p{i}.svs,normal\n" for i in range(3))
+    manifest.write_text("path,label\n" + rows)
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label\np0,tumour\n")
+    index = build_index([manifest], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(labels))
+    assert [s.label for s in index.slides] == ["tumour", "normal", "normal"]
+    assert "have no label" not in caplog.text
+    assert index.meta["labels_report"]["unlabelled_slides"] == 0
+    # a slide with no label from either is still reported
+    manifest.write_text("path,label\n" + rows.replace(",normal\n", ",\n", 1))
+    rebuilt = build_index([manifest], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(labels))
+    assert rebuilt.meta["labels_report"]["unlabelled_slides"] == 0  # p0: from the labels file
+    manifest.write_text("path,label\n" + "".join(f"{split_archive}/p{i}.svs,\n" for i in (1, 2)))
+    caplog.clear()
+    build_index([manifest], tmp_path / "idx2", level=0, min_tissue=0.0, labels=str(labels))
+    assert "2 slides have no label (p1.svs, p2.svs)" in caplog.text
+
+
 def test_a_split_view_leaves_out_slides_without_a_split(
     split_archive: Path, tmp_path: Path
 ) -> None:

@@ -444,9 +444,9 @@ def discover(inputs: Iterable[str | os.PathLike[str]]) -> list[SlideEntry]:
 def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideEntry], LabelReport]:
     """Fill each entry's label (and split) from a labels CSV; manifest labels are overridden.
 
-    Returns the entries and a `LabelReport` (rows that matched no slide, slides without a
-    label). A row with an empty label, or a slide given two different labels or splits, is an
-    `InputError`.
+    Returns the entries and a `LabelReport` (rows that matched no slide, slides left without a
+    label: in neither the labels CSV nor the manifest). A row with an empty label, or a slide
+    given two different labels or splits, is an `InputError`.
     """
     folder = _folder_of(labels_csv)
     by_path: dict[str, tuple[str, str | None]] = {}
@@ -490,7 +490,7 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
                 hit = table[key]
                 used.add((kind, key))
                 break
-        if hit is None:
+        if hit is None and entry.label is None:  # a manifest's label stays the label
             report.unlabelled_slides.append(entry.path)
         out.append(replace(entry, label=hit[0], split=hit[1] or entry.split) if hit else entry)
     report.unmatched_rows = [name for key, name in row_name.items() if key not in used]
