@@ -24,7 +24,10 @@ def slides(tmp_path: Path, make_slide: SlideFactory) -> Path:
 
 
 def test_index_then_info_json(
-    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    slides: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     out = tmp_path / "idx"
     assert (
@@ -50,7 +53,7 @@ def test_index_then_info_json(
         == 0
     )
     err = capsys.readouterr().err
-    assert "3 slides (2 ok, 1 failed; 3 indexed)" in err and "bad.svs" in err
+    assert "3 slides (2 ok, 1 failed; 3 indexed)" in err and "bad.svs" in caplog.text
     assert main(["info", str(out), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["schema_version"] == 1 and info["quarantined"] == []
@@ -200,16 +203,13 @@ def test_many_failed_slides_are_summed_up_and_info_lists_them(
     slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # an archive of 10,000 slides with 3% unreadable printed 300 'failed:' lines after the
-    # 300 warnings of the run; the list is for `info --failed`
+    # 300 warnings of the run; the full list is for `info --failed`
     for i in range(14):
         (slides / f"broken {i:02d}.svs").write_text("not a slide")
     out = tmp_path / "idx"
     assert main(["index", str(slides), "--out", str(out), "--tile-size", "128", "--mpp", "0.5",
                  "--no-progress"]) == 0  # fmt: skip
-    err = capsys.readouterr().err
-    listed = [line for line in err.splitlines() if line.startswith("  failed: ")]
-    assert len(listed) == 10
-    assert f"  ... and 5 more failed slides: wsi-loader info {out} --failed" in err
+    capsys.readouterr()  # what the build says of them: tests/cli/test_index.py
     assert main(["info", str(out), "--failed"]) == 0
     shown = capsys.readouterr().out
     assert "17 slides (2 ok, 15 failed)" in shown  # the totals stay those of the index

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from typing import Any
 
@@ -18,8 +17,6 @@ from wsi_loader.cli.common import (
 )
 from wsi_loader.config import IndexConfig, load_config, with_overrides
 from wsi_loader.index import build_index
-
-FAILED_LISTED = 10  # index lists this many failed slides at the end; info --failed, all
 
 
 def register(sub: Subparsers) -> None:
@@ -185,19 +182,12 @@ def run(args: argparse.Namespace) -> int:
     done = f"{build.get('indexed', len(index.slides))} indexed"
     if build.get("unchanged"):
         done = f"{build['unchanged']} unchanged, {done}"
+    # the failed slides and their reasons were said by the build's warnings, once
     print(
         f"{len(index.slides)} slides ({len(ok)} ok, {failed} failed; {done}), {len(index)} "
         f"tiles -> {args.out}",
         file=sys.stderr,
     )
-    for s in [s for s in index.slides if s.status == "failed"][:FAILED_LISTED]:
-        print(f"  failed: {one_line(s.path)}: {one_line(s.error)}", file=sys.stderr)
-    if failed > FAILED_LISTED:  # each was also logged as it failed; info lists them all
-        print(
-            f"  ... and {failed - FAILED_LISTED} more failed slides: "
-            f"wsi-loader info {shlex.quote(str(args.out))} --failed",
-            file=sys.stderr,
-        )
     report = index.meta.get("labels_report")
     if report:
         print(labels_line(report), file=sys.stderr)

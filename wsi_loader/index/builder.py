@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -271,6 +272,7 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     return index
 
 
+FAILED_SAID = 10  # failed slides said one by one at the end of a build; the rest are counted
 SHRINK_LIMIT = 0.5  # a rebuild may lose at most this share of the indexed slides unasked
 
 
@@ -308,6 +310,25 @@ def _check_labels(report: LabelReport, labels: str, strict: bool) -> None:
     if strict:
         raise InputError("; ".join(problems) + " (strict_labels is set)", path=labels)
     log.warning("%s: %s", labels, "; ".join(problems))
+
+
+def _say_failures(records: list[SlideRecord], out: str) -> None:
+    """One WARNING per failed slide up to `FAILED_SAID`, one for the rest (an archive with
+    3% unreadable slides has hundreds; `wsi-loader info DIR --failed` lists them all), and
+    one per slide indexed with a warning."""
+    failed = [r for r in records if r.status == "failed"]
+    for record in failed[:FAILED_SAID]:
+        log.warning("cannot index %s: %s", record.path, record.error)
+    if len(failed) > FAILED_SAID:
+        log.warning(
+            "... and %d more slides could not be indexed (all of them: wsi-loader info %s "
+            "--failed, or the failed records of SlideIndex.slides)",
+            len(failed) - FAILED_SAID,
+            shlex.quote(out),
+        )
+    for record in records:
+        if record.status != "failed" and record.warning:
+            log.warning("%s: %s", record.path, record.warning)
 
 
 def _check_splits(records: list[SlideRecord], root: str | None) -> None:
@@ -598,11 +619,7 @@ def _build(
     done = iter(_run(tasks, cfg, executor, progress))
     results = [next(done) if isinstance(s, SlideTask) else s for s in slots]
     results.sort(key=lambda r: r[0].path)
-    for record, _ in results:
-        if record.status == "failed":
-            log.warning("cannot index %s: %s", record.path, record.error)
-        elif record.warning:
-            log.warning("%s: %s", record.path, record.warning)
+    _say_failures([record for record, _ in results], out)
     if had_ok and not any(record.status == "ok" for record, _ in results):
         raise InputError(
             f"no slide could be indexed, so the index in {out} was left as it is "
