@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from typing import Any
 
 from wsi_loader.cli.common import (
@@ -17,6 +18,7 @@ from wsi_loader.cli.common import (
     printable,
 )
 from wsi_loader.index.builder import describe_copies
+from wsi_loader.index.health import problem_kind, slide_problems
 
 
 def register(sub: Subparsers) -> None:
@@ -26,19 +28,31 @@ def register(sub: Subparsers) -> None:
     p.add_argument(
         "--failed", action="store_true", help="list only the slides that could not be indexed"
     )
+    p.epilog = (
+        "Each indexed slide is checked (one stat, or one request for objects in a store): "
+        "one deleted since shows as missing, one rewritten or truncated as changed."
+    )
     p.set_defaults(run=run)
+
+
+def _state(slide: dict[str, Any]) -> str:
+    """A slide's status as indexed, or what is wrong with it now (missing, changed...)."""
+    problem = slide.get("problem")
+    return str(slide["status"]) if problem is None else problem_kind(problem)
 
 
 def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
     slides = summary["slides"]
-    ok = sum(s["status"] == "ok" for s in slides)
+    states = Counter(_state(s) for s in slides)
+    now = "".join(f", {states[k]} {k}" for k in ("missing", "changed", "unreadable") if states[k])
     q = summary["quarantine"]
     split = f", split {summary['split']!r}" if summary["split"] else ""
     lines = [
         f"index {summary['path']} (schema {summary['schema_version']}, "
         f"{summary['generation']}{split})",
-        f"{len(slides)} slides ({ok} ok, {len(slides) - ok} failed), {summary['tiles']} tiles; "
-        f"quarantine: {q['tiles']} tile and {q['slides']} slide records",
+        f"{len(slides)} slides ({states['ok']} ok, {states['failed']} failed{now}), "
+        f"{summary['tiles']} tiles; quarantine: {q['tiles']} tile and {q['slides']} slide "
+        "records",
     ]
     unit = "tiles" if summary["label_from"] == "annotations" else "slides"
     if summary["label_counts"]:
@@ -76,18 +90,27 @@ def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
         mpp = f"{s['mpp']:.3f}" if s["mpp"] else "-"
         level = "-" if s["read_level"] is None else str(s["read_level"])
         lines.append(
-            f"{s['slide_id']:>4} {s['status']:7} {s['tiles']:>7} {mpp:>7} {level:>5} "
+            f"{s['slide_id']:>4} {_state(s):7} {s['tiles']:>7} {mpp:>7} {level:>5} "
             f"{one_line(s['label'] or '-')[:12]:12} {one_line(s['path'])}"
         )
         if s["error"]:
             lines.append(f"{'':>4} error: {one_line(s['error'])}")
+        if s.get("problem"):
+            lines.append(f"{'':>4} problem: {one_line(s['problem'])}")
         if s["warning"]:
             lines.append(f"{'':>4} warning: {one_line(s['warning'])}")
     return printable("\n".join(lines))
 
 
 def run(args: argparse.Namespace) -> int:
-    summary = open_index(args).summary()
+    index = open_index(args)
+    summary = index.summary()
+    # whether the indexed slides are still there as indexed: a stat each (a request each,
+    # concurrent, for objects in a store)
+    indexed = [s["slide_id"] for s in summary["slides"] if s["status"] == "ok"]
+    problems = slide_problems(index, indexed)
+    for s in summary["slides"]:
+        s["problem"] = problems.get(s["slide_id"])
     if args.json:
         if args.failed:
             summary["slides"] = [s for s in summary["slides"] if s["status"] == "failed"]

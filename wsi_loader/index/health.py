@@ -15,7 +15,7 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
-from wsi_loader.errors import SlideError, SlideNotFoundError
+from wsi_loader.errors import SlideChangedError, SlideError, SlideNotFoundError
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.storage import is_url, remote_stat
 
@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 OnMissing = Literal["raise", "exclude"]
 ON_MISSING: tuple[str, ...] = ("raise", "exclude")
 SHOWN = 5  # missing slides named in messages
+CHANGED = "changed since indexing"
+DOES_NOT_EXIST = "does not exist"
 
 
 def slide_problem(index: SlideIndex, slide_id: int) -> str | None:
@@ -35,7 +37,7 @@ def slide_problem(index: SlideIndex, slide_id: int) -> str | None:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return "does not exist"
+        return DOES_NOT_EXIST
     except OSError as exc:
         return f"cannot be read ({exc.strerror})"
     if not stat.S_ISREG(st.st_mode):
@@ -44,7 +46,7 @@ def slide_problem(index: SlideIndex, slide_id: int) -> str | None:
         return "cannot be read (permission denied)"
     series = path.lower().endswith((".dcm", ".dicom"))  # the recorded size is the series'
     if record.size is not None and not series and st.st_size != record.size:
-        return f"changed since indexing ({st.st_size} bytes, indexed {record.size}); rebuild"
+        return f"{CHANGED} ({st.st_size} bytes, indexed {record.size})"
     return None
 
 
@@ -52,12 +54,12 @@ def _object_problem(url: str, size: int | None) -> str | None:
     try:
         stat = remote_stat(url)
     except SlideNotFoundError:
-        return "does not exist"
+        return DOES_NOT_EXIST
     except SlideError as exc:
         reason = str(exc)
         return f"cannot be reached ({reason.removeprefix(url + ': ')})"
     if size is not None and stat.size != size:
-        return f"changed since indexing ({stat.size} bytes, indexed {size}); rebuild"
+        return f"{CHANGED} ({stat.size} bytes, indexed {size})"
     return None
 
 
@@ -67,41 +69,50 @@ def slides_in_use(index: SlideIndex) -> list[int]:
     return [sid for sid in range(len(index.slides)) if starts[sid + 1] > starts[sid]]
 
 
-def require_slides(index: SlideIndex, on_missing: str = "raise") -> SlideIndex:
-    """Check that every slide with rows in ``index`` can be read; raise `SlideNotFoundError`
-    (``on_missing="raise"``) or return a view without those slides, with a WARNING listing them
-    (``"exclude"``)."""
-    if on_missing not in ON_MISSING:
-        raise ValueError(f"missing_slides must be one of {ON_MISSING}, got {on_missing!r}")
-    in_use = slides_in_use(index)
-    remote = [sid for sid in in_use if is_url(index.slide_path(sid))]
+def slide_problems(index: SlideIndex, slide_ids: list[int]) -> dict[int, str]:
+    """`slide_problem` of each slide of ``slide_ids`` that has one (remote slides checked
+    concurrently: one round trip each)."""
+    remote = [sid for sid in slide_ids if is_url(index.slide_path(sid))]
     found: dict[int, str | None] = {}
-    if remote:  # one round trip each: run them together
+    if remote:
         with ThreadPoolExecutor(min(32, len(remote)), thread_name_prefix="wsi-stat") as pool:
             found = dict(
                 zip(remote, pool.map(lambda s: slide_problem(index, s), remote), strict=True)
             )
     problems = {}
-    for sid in in_use:
+    for sid in slide_ids:
         problem = found[sid] if sid in found else slide_problem(index, sid)
         if problem is not None:
             problems[sid] = problem
+    return problems
+
+
+def is_change(problem: str) -> bool:
+    """Whether a `slide_problem` is a slide changed since indexing (not a missing one)."""
+    return problem.startswith(CHANGED)
+
+
+def problem_kind(problem: str) -> str:
+    """A `slide_problem` in one word: "missing", "changed" or "unreadable"."""
+    if problem == DOES_NOT_EXIST:
+        return "missing"
+    return "changed" if is_change(problem) else "unreadable"
+
+
+def require_slides(index: SlideIndex, on_missing: str = "raise") -> SlideIndex:
+    """Check that every slide with rows in ``index`` can be read; raise `SlideNotFoundError`
+    (``on_missing="raise"``; `SlideChangedError` when every one that cannot is there but
+    changed since indexing) or return a view without those slides, with a WARNING listing
+    them (``"exclude"``)."""
+    if on_missing not in ON_MISSING:
+        raise ValueError(f"missing_slides must be one of {ON_MISSING}, got {on_missing!r}")
+    problems = slide_problems(index, slides_in_use(index))
     if not problems:
         return index
     shown = "; ".join(
         f"{index.slide_path(sid)} {why}" for sid, why in list(problems.items())[:SHOWN]
     )
     more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
-    stored = index.slides[next(iter(problems))].path
-    if is_url(stored) or (index.root is not None and is_url(index.root)):
-        where = (
-            "the slides are objects in a store: check that they are there, and the storage "
-            "client's endpoint and credentials (e.g. AWS_ENDPOINT_URL, AWS_PROFILE)"
-        )
-    elif os.path.isabs(stored):
-        where = "the index stores absolute slide paths (build it with --root to make it movable)"
-    else:
-        where = f"slide paths are relative to the root {index.root!r}"
     if on_missing == "exclude":
         log.warning(
             "leaving out %d of %d slides of %s that cannot be read: %s%s",
@@ -112,11 +123,42 @@ def require_slides(index: SlideIndex, on_missing: str = "raise") -> SlideIndex:
             more,
         )
         return index.view(drop_slides=problems)
-    first = index.slide_path(next(iter(problems)))
-    raise SlideNotFoundError(
+    what = (
         f"{len(problems)} of {len(index.slides)} slides of the index {index.path} cannot be "
-        f"read: {shown}{more}. {where}; if the archive moved, give its folder as the root "
-        "(SlideIndex.open(dir, root=...) or --root), or leave these slides out with "
-        "missing_slides='exclude' (--missing-slides exclude)",
-        path=first,
+        f"read: {shown}{more}."
     )
+    exclude = "or leave these slides out with missing_slides='exclude' (--missing-slides exclude)"
+    rebuild = (
+        "rebuild the index (the same 'wsi-loader index' command or build_index call: "
+        "unchanged slides are carried over)"
+    )
+    missing = [sid for sid, why in problems.items() if not is_change(why)]
+    if not missing:  # the files are there: they are not the slides that were indexed
+        raise SlideChangedError(
+            f"{what} The index describes the slides as they were: {rebuild}, {exclude}",
+            path=index.slide_path(next(iter(problems))),
+        )
+    changed = (
+        f" For slides that changed since indexing, {rebuild}."
+        if len(missing) < len(problems)
+        else ""
+    )
+    where = _where(index, missing[0])
+    raise SlideNotFoundError(
+        f"{what} {where[0].upper()}{where[1:]}; if the archive moved, give its folder as the root "
+        f"(SlideIndex.open(dir, root=...) or --root), {exclude}.{changed}",
+        path=index.slide_path(missing[0]),
+    )
+
+
+def _where(index: SlideIndex, slide_id: int) -> str:
+    """Where the index looks for its slides, for a message about missing ones."""
+    stored = index.slides[slide_id].path
+    if is_url(stored) or (index.root is not None and is_url(index.root)):
+        return (
+            "the slides are objects in a store: check that they are there, and the storage "
+            "client's endpoint and credentials (e.g. AWS_ENDPOINT_URL, AWS_PROFILE)"
+        )
+    if os.path.isabs(stored):
+        return "the index stores absolute slide paths (build it with --root to make it movable)"
+    return f"slide paths are relative to the root {index.root!r}"
