@@ -41,6 +41,7 @@ import numpy.typing as npt
 
 from wsi_loader.errors import ConfigError, IndexFormatError
 from wsi_loader.files import lock
+from wsi_loader.index.checks import check_params, check_slides, check_values
 from wsi_loader.index.quarantine import Quarantine, coords_in
 from wsi_loader.slides.storage import expand_home, is_url, url_join
 
@@ -269,7 +270,9 @@ class SlideIndex:
         except TypeError as exc:
             raise IndexFormatError(f"malformed slide record: {exc}", path=str(gen)) from exc
         if check:  # the process that opened it checked; workers reopening it skip the pass
-            _check_columns(columns, len(slides), gen)
+            check_params(meta, gen)
+            check_values(columns, len(slides), gen)
+            check_slides(columns, slides, gen)
         return cls(
             path=base,
             meta=meta,
@@ -595,27 +598,6 @@ def _load_column(
             path=str(file),
         )
     return mapped(array)
-
-
-def _check_columns(columns: TileArrays, slides: int, gen: Path) -> None:
-    """Values every reader relies on: a slide id of the slide table, a positive window, a
-    level >= 0 (a bad value would read black tiles marked ok, or fail far from its cause)."""
-    if not len(columns["slide_id"]):
-        return
-    checks = (
-        ("slide_id", 0, slides - 1, f"ids of the {slides} slides"),
-        ("read_size", 1, None, "positive window sizes"),
-        ("level", 0, None, "levels >= 0"),
-    )
-    for name, low, high, what in checks:
-        column = columns[name]
-        lo, hi = int(column.min()), int(column.max())
-        if lo < low or (high is not None and hi > high):
-            raise IndexFormatError(
-                f"column {name!r} holds values {lo}..{hi}, not {what}; the index is corrupt, "
-                "rebuild it",
-                path=str(gen / f"{name}.npy"),
-            )
 
 
 def _current_generation(base: Path) -> Path:
