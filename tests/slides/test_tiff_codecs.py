@@ -126,9 +126,120 @@ def test_old_style_jpeg_compression_tag_reads_or_says_why(tmp_path: Path) -> Non
     data = bytearray(path.read_bytes())
     data[offset] = 6  # Compression 6: old-style JPEG
     path.write_bytes(bytes(data))
-    with pytest.raises(SlideOpenError, match="Unsupported TIFF compression: 6"):
-        open_slide(str(path))  # OpenSlide detects it and says why
-    reader = TiffReader(str(path))  # the raw reader decodes it
+    with pytest.raises(openslide.OpenSlideError, match="Unsupported TIFF compression: 6"):
+        openslide.OpenSlide(str(path))
+    reader = open_slide(str(path))  # the raw reader decodes it, so it reads it by default
+    assert isinstance(reader, TiffReader)
     got = reader.read_region(0, 0, 0, 128, 128)
     assert abs(int(got[0, 0, 0]) - 0) <= 2 and abs(int(got[0, 100, 0]) - 200) <= 2
     reader.close()
+
+
+def _image(shape: tuple[int, ...] = (192, 160, 3)) -> np.ndarray:
+    """A smooth picture with some noise (every codec here compresses it, lossy ones well)."""
+    y, x = np.mgrid[0 : shape[0], 0 : shape[1]]
+    base = np.stack([x * 255 // shape[1], y * 255 // shape[0], (x + y) % 256], axis=-1)
+    return (base[..., : shape[2]] + noise(shape, 8)).clip(0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("codec", ["png", "lzma", "lerc", "jpegxr", "jpegxl", "webp"])
+def test_codecs_openslide_lacks_are_read_by_default(tmp_path: Path, codec: str) -> None:
+    """OpenSlide cannot open these tiled TIFFs ('Unsupported TIFF compression'), and the
+    default backend stopped there although the raw reader decodes them exactly."""
+    path = tmp_path / f"{codec}.tif"
+    tifffile.imwrite(path, _image(), tile=(64, 64), photometric="rgb", compression=codec)
+    with pytest.raises(openslide.OpenSlideError, match="Unsupported TIFF compression"):
+        openslide.OpenSlide(str(path))
+    reader = open_slide(str(path))
+    assert isinstance(reader, TiffReader)
+    np.testing.assert_array_equal(reader.read_region(0, 0, 0, 160, 192), tifffile.imread(path))
+    reader.close()
+
+
+def _old_style_jpeg_strips(path: Path, decodable: bool) -> None:
+    """JPEG strips under the old-style Compression 6. ``decodable=False``: the strips hold the
+    entropy-coded data only, as real old-style files do (the stream's header is elsewhere)."""
+    tifffile.imwrite(path, _image(), compression="jpeg", rowsperstrip=32, photometric="rgb")
+    with tifffile.TiffFile(path) as tif:
+        page = tif.pages[0]
+        offset = page.tags["Compression"].valueoffset
+        strips = list(page.dataoffsets)
+    data = bytearray(path.read_bytes())
+    data[offset] = 6
+    if not decodable:
+        for start in strips:
+            data[start : start + 2] = b"\0\0"  # no start-of-image marker
+    path.write_bytes(bytes(data))
+
+
+def test_old_style_jpeg_that_cannot_be_decoded_is_refused_when_indexed(tmp_path: Path) -> None:
+    """Such a file indexed as ok, then every tile failed with 'Not a JPEG file'."""
+    from wsi_loader import build_index
+
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    _old_style_jpeg_strips(folder / "ojpeg.tif", decodable=False)
+    index = build_index([folder], tmp_path / "idx", level=0, tile_size=64, min_tissue=0.0)
+    assert index.slides[0].status == "failed" and len(index) == 0
+    assert "Not a JPEG file" in (index.slides[0].error or "")
+    with pytest.raises(SlideOpenError, match=r"old-style JPEG.*Not a JPEG file"):
+        TiffReader(str(folder / "ojpeg.tif"))
+    _old_style_jpeg_strips(folder / "ojpeg.tif", decodable=True)  # JPEG streams: read
+    index = build_index([folder], tmp_path / "idx", level=0, tile_size=64, min_tissue=0.0)
+    assert index.slides[0].status == "ok" and len(index) > 0
+
+
+def test_grey_16_bit_tiles_are_read_whole_by_default(tmp_path: Path) -> None:
+    """OpenSlide returns wrong pixels at the edge of 16-bit grey tiled levels (partial edge
+    tiles); the default backend reads them with the raw reader, libtiff's way (the high
+    byte), so that the inside matches OpenSlide exactly and the edge holds the data."""
+    grey = noise((300, 200), 65535, np.uint16)
+    path = tmp_path / "gray.tiled.u2.tif"
+    tifffile.imwrite(path, grey, tile=(64, 64), photometric="minisblack")
+    with openslide.OpenSlide(str(path)) as slide:
+        theirs = np.asarray(slide.read_region((0, 0), 0, (200, 300)))[..., :3]
+    reader = open_slide(str(path))
+    assert isinstance(reader, TiffReader)
+    ours = reader.read_region(0, 0, 0, 200, 300)
+    expected = np.repeat((grey >> 8).astype(np.uint8)[..., None], 3, axis=-1)
+    np.testing.assert_array_equal(ours, expected)
+    np.testing.assert_array_equal(ours[:256, :192], theirs[:256, :192])
+    assert not np.array_equal(theirs, expected)  # OpenSlide's edge is wrong
+    reader.close()
+
+
+def test_a_file_of_two_rgb_pages_says_it_reads_the_first_in_colour(tmp_path: Path) -> None:
+    """The note said 'only channel 0 is read, as grey' of RGB pages read in colour."""
+    pages = np.stack([_image(), 255 - _image()])
+    path = tmp_path / "two.tif"
+    tifffile.imwrite(path, pages, tile=(64, 64), photometric="rgb")
+    reader = TiffReader(str(path))
+    note = reader.meta.note or ""
+    assert "2 images" in note and "only the first is read, in colour" in note
+    assert "grey" not in note
+    np.testing.assert_array_equal(reader.read_region(0, 0, 0, 160, 192), pages[0])
+    reader.close()
+    channels = noise((3, 128, 128))  # grey pages: fluorescence channels (a stack, to tifffile)
+    path = tmp_path / "channels.tif"
+    tifffile.imwrite(path, channels, tile=(64, 64), photometric="minisblack")
+    assert "3 channels (QYX); only channel 0 is read, as grey" in (
+        TiffReader(str(path)).meta.note or ""
+    )
+
+
+def test_a_folder_of_such_slides_indexes_and_reads_exactly(tmp_path: Path) -> None:
+    from wsi_loader import TileDataset, build_index
+
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    for codec in ("png", "lzma"):
+        tifffile.imwrite(
+            folder / f"{codec}.tif", _image((256, 256, 3)), tile=(64, 64), compression=codec
+        )
+    index = build_index([folder], tmp_path / "idx", level=0, tile_size=128, min_tissue=0.0)
+    assert [s.status for s in index.slides] == ["ok", "ok"] and len(index) == 8
+    assert {s.backend for s in index.slides} == {"tiff"}
+    batch = TileDataset(index).read_batch([0, 7])
+    assert bool(batch.ok.all())
+    image = batch.images.numpy()
+    np.testing.assert_array_equal(image[0], _image((256, 256, 3))[:128, :128])  # NHWC

@@ -3,7 +3,9 @@
 ``auto`` picks the fastest reader that reads the file correctly:
 
 * Aperio SVS and generic tiled TIFFs whose levels are tiled with a codec imagecodecs decodes go
-  to the raw tifffile path (compressed tiles decoded by libjpeg-turbo & co, ~4x OpenSlide);
+  to the raw tifffile path (compressed tiles decoded by libjpeg-turbo & co, ~4x OpenSlide), and
+  so do 16-bit ones (OpenSlide reads their partial edge tiles wrong) and those OpenSlide cannot
+  open at all, in a codec libtiff lacks (PNG, LZMA, LERC, JPEG XR, JPEG XL...);
 * every other format OpenSlide detects (NDPI, MRXS, DICOM, ...) goes to OpenSlide;
 * files OpenSlide does not recognise at all fall back to tifffile (plain strip TIFFs, QPTIFF).
 
@@ -72,6 +74,7 @@ def open_slide(
     if backend == "tiff":
         return TiffReader(path, segment_cache)
     detected = openslide.OpenSlide.detect_format(path)
+    raw = None
     if detected in RAW_FORMATS:
         try:
             raw = TiffReader(path, segment_cache)
@@ -79,11 +82,13 @@ def open_slide(
             raw = None
         if raw is not None and raw.qualifies():
             return raw
+    try:
+        reader: SlideReader = OpenSlideReader(path, cache)
+    except SlideOpenError as openslide_error:
+        if raw is not None and raw.decodes_every_level():
+            return raw  # a codec OpenSlide lacks (PNG, LZMA, LERC, JPEG XR...): read raw
         if raw is not None:
             raw.close()
-    try:
-        return OpenSlideReader(path, cache)
-    except SlideOpenError as openslide_error:
         if detected is not None:
             raise  # OpenSlide knows the format: its reason is the real one
         try:
@@ -92,6 +97,9 @@ def open_slide(
             raise SlideOpenError(
                 f"{_reason(openslide_error)}; {_reason(tiff_error)}", path=path
             ) from tiff_error
+    if raw is not None:
+        raw.close()
+    return reader
 
 
 def _open_remote(

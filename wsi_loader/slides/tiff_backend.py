@@ -25,7 +25,7 @@ import tifffile
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring as xml_from_text
 
-from wsi_loader.errors import SlideOpenError, TileReadError, WsiLoaderError
+from wsi_loader.errors import SlideOpenError, TileReadError, WsiLoaderError, describe
 from wsi_loader.slides.base import (
     BytesLRU,
     MppSource,
@@ -61,7 +61,8 @@ _OME_UNIT_TO_UM = {
     "in": 25400.0,
 }
 _JPEG = 7
-_RGB, _YCBCR = 2, 6
+_MINISBLACK, _RGB, _YCBCR = 1, 2, 6
+_OLD_JPEG = 6  # Compression: old-style JPEG (TIFF 6.0 section 22, withdrawn)
 # What a corrupt or truncated segment raises (imagecodecs' codec errors are RuntimeErrors,
 # tifffile's and PIL's ValueErrors and OSErrors): a failed tile. Anything else (IndexError,
 # TypeError...) is a bug and propagates, never filled and quarantined as bad data.
@@ -145,9 +146,14 @@ def to_rgb(
     """Convert decoded samples (grey, grey+alpha, RGB, RGBA; any integer depth) to RGB uint8.
 
     ``bits`` is the stored depth (BitsPerSample): 12-bit samples arrive as uint16 and are
-    scaled by 4095, not by 65535. An alpha sample is composited onto white exactly as
+    scaled by 4095, not by 65535; 16-bit grey keeps its high byte and 16-bit colour is rounded
+    (what libtiff, and so OpenSlide, gives). An alpha sample is composited onto white exactly as
     OpenSlide's pixels are (`composite_like_openslide`); ``associated``: the colour is already
     premultiplied by alpha (ExtraSamples 1, or 0 = unspecified, which libtiff treats alike)."""
+    grey = pixels.ndim == 2 or pixels.shape[-1] in (1, 2)
+    if pixels.dtype == np.uint16 and grey and bits in (None, 16):
+        # libtiff (OpenSlide) keeps the high byte of 16-bit grey; of RGB it rounds, as below
+        pixels = np.right_shift(pixels, 8).astype(np.uint8)
     if pixels.dtype != np.uint8:
         if np.issubdtype(pixels.dtype, np.integer):
             top = float(np.iinfo(pixels.dtype.type).max)  # type: ignore[type-var]
@@ -184,13 +190,16 @@ def composite_like_openslide(
 
 
 def _channels_note(series: tifffile.TiffPageSeries, page: tifffile.TiffPage) -> str | None:
-    """Say so when the series holds more channels than the page read (multiplex fluorescence
-    stores one grey page per channel: only the first is read, as grey)."""
+    """Say so when the series holds more than the page read: one grey page per channel
+    (multiplex fluorescence: only the first channel is read, as grey), or several pages of
+    another kind (a stack of RGB images: the first is read, in colour)."""
     per_page = math.prod(page.shape)
-    channels = math.prod(series.shape) // per_page if per_page else 1
-    if channels <= 1:
+    count = math.prod(series.shape) // per_page if per_page else 1
+    if count <= 1:
         return None
-    return f"{channels} channels ({series.axes}); only channel 0 is read, as grey"
+    if int(page.samplesperpixel) >= 3:
+        return f"{count} images ({series.axes}); only the first is read, in colour"
+    return f"{count} channels ({series.axes}); only channel 0 is read, as grey"
 
 
 class _Level:
@@ -207,6 +216,7 @@ class _Level:
         self.compression = int(page.compression)
         self.samples = int(page.samplesperpixel)
         self.bits = int(page.bitspersample)
+        self.photometric = int(page.photometric)
         extras = tuple(page.extrasamples or ())
         self.associated_alpha = bool(extras) and int(extras[0]) != _UNASSALPHA
         if page.is_tiled:
@@ -352,6 +362,7 @@ class TiffReader(SlideReader):
                 if self._remote is None:
                     # our own descriptor on the file tifffile parsed (pread: no file position)
                     self._fd = os.dup(tif.filehandle.fileno())
+            self._refuse_undecodable_old_jpeg()
         except WsiLoaderError:
             self.close()
             raise  # a missing object, an unreachable store: said as it is
@@ -365,6 +376,21 @@ class TiffReader(SlideReader):
         self._closed = False
         self._cache = cache if cache is not None else SegmentCache()
         self._layout_bytes = sum(lv.nbytes for lv in self._levels)
+
+    def _refuse_undecodable_old_jpeg(self) -> None:
+        """Old-style JPEG (Compression 6) comes in variants; tifffile decodes those whose
+        segments are whole JPEG streams. Any other indexed as ok and then failed every tile
+        ("Not a JPEG file"): one segment is decoded now, and the file refused if it fails."""
+        for number, lv in enumerate(self._levels):
+            if lv.compression != _OLD_JPEG or not len(lv.offsets):
+                continue
+            try:
+                self._decoder(number, 0, 1)()
+            except DATA_ERRORS as exc:
+                raise SlideOpenError(
+                    f"old-style JPEG (Compression 6) that cannot be decoded: {describe(exc)}",
+                    path=self.path,
+                ) from exc
 
     def _read_meta(
         self, series: tifffile.TiffPageSeries, base_page: tifffile.TiffPage, ome: str | None
@@ -667,13 +693,35 @@ class TiffReader(SlideReader):
         return lv.complete_jpeg(data)
 
     def qualifies(self) -> bool:
-        """Whether every level is tiled with a codec the raw path decodes (auto backend)."""
+        """Whether the auto backend reads this file with the raw path rather than OpenSlide:
+        every level tiled, and either 8-bit colour in a codec both decode (the raw path is
+        the faster, pixels alike) or 16-bit, whose partial edge tiles OpenSlide reads wrong."""
         return all(
             lv.is_tiled
-            and lv.compression in RAW_COMPRESSIONS
-            and lv.samples in (3, 4)
-            and lv.bits == 8
+            and (
+                (lv.compression in RAW_COMPRESSIONS and lv.samples in (3, 4) and lv.bits == 8)
+                or (lv.bits == 16 and self._decodes(lv))
+            )
             for lv in self._levels
+        )
+
+    def decodes_every_level(self) -> bool:
+        """Whether the raw path reads every level (its codec decoded by libjpeg-turbo or
+        tifffile/imagecodecs, its samples grey or RGB): the reader for a file OpenSlide cannot
+        open (PNG, LZMA, LERC, JPEG XR, JPEG XL... tiles)."""
+        return all(self._decodes(lv) for lv in self._levels)
+
+    @staticmethod
+    def _decodes(lv: _Level) -> bool:
+        if lv.jpeg_colorspace is not None:
+            return True
+        # YCbCr only where the JPEG decoder turns it into RGB
+        colour = (_MINISBLACK, _RGB) + ((_YCBCR,) if lv.compression in (_JPEG, _OLD_JPEG) else ())
+        return (
+            lv.page_decode is not None
+            and lv.compression in tifffile.TIFF.DECOMPRESSORS  # a codec imagecodecs has
+            and lv.photometric in colour
+            and lv.samples <= 4
         )
 
     def byte_ranges(self, window: Window, out_size: int) -> list[Range]:
