@@ -294,17 +294,20 @@ def test_label_counts_per_split_and_a_split_missing_a_class_is_said(
     assert "has no slide labelled" not in caplog.text  # no splits, nothing to compare
 
 
+def _relabelled(archive: Path, out: Path, labels: str) -> SlideIndex:
+    """The archive indexed with another labels file."""
+    (archive / "labels.csv").write_text(labels)
+    return build_index(
+        [archive], out, tile_size=256, level=0, min_tissue=0.0, labels=str(archive / "labels.csv")
+    )
+
+
 def test_counts_of_numeric_labels_read_unambiguously(
     split_archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # grades as labels: 'classes: 2 2 slides / 57 tiles' and '(2 1, 10 1)' could not be read
-    (split_archive / "labels.csv").write_text(
-        "slide,label,split\np0,2,train\np1,10,train\np2,2,val\n"
-    )
-    index = build_index(
-        [split_archive], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.0,
-        labels=str(split_archive / "labels.csv"),
-    )  # fmt: skip
+    labels = "slide,label,split\np0,2,train\np1,10,train\np2,2,val\n"
+    index = _relabelled(split_archive, tmp_path / "idx", labels)
     assert main(["info", str(index.path)]) == 0
     shown = capsys.readouterr().out
     assert "classes: 2: 2 slides / " in shown and ", 10: 1 slide / " in shown
@@ -340,13 +343,8 @@ def test_a_split_view_leaves_out_slides_without_a_split(
 ) -> None:
     """A slide the labels file gives no split belongs to no split: `open(split=...)` must not
     admit it (a mutant that did survived every other test)."""
-    (split_archive / "labels.csv").write_text(
-        "slide,label,split\np0,tumour,train\np1,normal,\np2,tumour,val\n"
-    )
-    index = build_index(
-        [split_archive], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.0,
-        labels=str(split_archive / "labels.csv"),
-    )  # fmt: skip
+    labels = "slide,label,split\np0,tumour,train\np1,normal,\np2,tumour,val\n"
+    index = _relabelled(split_archive, tmp_path / "idx", labels)
     unsplit = next(i for i, s in enumerate(index.slides) if s.path.endswith("p1.svs"))
     assert index.slides[unsplit].split is None and index.splits() == ["train", "val"]
     for split in ("train", "val"):

@@ -15,39 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from wsi_loader.errors import IndexFormatError
 
+if TYPE_CHECKING:  # table.py imports this module to check what it opens
+    from wsi_loader.index.table import SlideRecord
+
 Floats = npt.NDArray[np.float64]
 MAX_TILE_SIZE = 16_384  # IndexConfig.tile_size's bound
 REBUILD = "the index is corrupt or was edited: rebuild it"
-
-
-class _Slide(Protocol):
-    """The fields of a slide record the checks read (`table.SlideRecord`)."""
-
-    @property
-    def path(self) -> str: ...
-    @property
-    def tiles(self) -> int: ...
-    @property
-    def first_row(self) -> int: ...
-    @property
-    def width(self) -> int | None: ...
-    @property
-    def height(self) -> int | None: ...
-    @property
-    def level_count(self) -> int | None: ...
-    @property
-    def read_level(self) -> int | None: ...
-    @property
-    def read_size(self) -> int | None: ...
-    @property
-    def read_downsample(self) -> float | None: ...
 
 
 def check_params(meta: Mapping[str, Any], gen: Path) -> None:
@@ -83,7 +63,7 @@ def check_values(columns: Mapping[str, npt.NDArray[Any]], slides: int, gen: Path
 
 
 def check_slides(
-    columns: Mapping[str, npt.NDArray[Any]], slides: Sequence[_Slide], gen: Path
+    columns: Mapping[str, npt.NDArray[Any]], slides: Sequence[SlideRecord], gen: Path
 ) -> None:
     """The tile columns against the slide table: each slide's tiles contiguous, as many as
     its record says, inside the slide, at its read level and window size; and each record's
@@ -153,7 +133,7 @@ def check_slides(
         refuse(name, wrong, f"outside its slide (level-0 {field} {{}})", size)
 
 
-def _check_record(slide: _Slide, sid: int, gen: Path) -> None:
+def _check_record(slide: SlideRecord, sid: int, gen: Path) -> None:
     """One record's read plan against its slide: a level it has, a window that fits."""
     where = f"slide {sid} ({slide.path})"
     level, count = slide.read_level, slide.level_count
