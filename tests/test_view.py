@@ -194,3 +194,21 @@ def test_mosaic_captions_stay_under_their_tile(index: SlideIndex, tile_px: int) 
     assert (gap == 255).all()
     band = pixels[pad + tile_px : pad + tile_px + caption, pad : pad + tile_px]
     assert (band < 128).any()  # a caption is there
+
+
+def test_status_colouring_reads_only_tile_records_of_the_slide_s_level(index: SlideIndex) -> None:
+    """A slide record (the slide went missing once) has no position: the overview failed
+    with KeyError 'x'. A tile record of another level is another tile."""
+    sid = resolve_slide(index, "good")
+    record = index.slides[sid]
+    x, y = (
+        int(index.columns["l0_x"][record.first_row]),
+        int(index.columns["l0_y"][record.first_row]),
+    )
+    index.quarantine.append_slide({"path": record.path, "fingerprint": record.fingerprint})
+    index.quarantine.append({"path": record.path, "x": x, "y": y, "level": 1, "error": "e"})
+    view = SlideOverview(index, sid, color_by="status", max_size=256)
+    assert not [c for c in view.cells if c.status == "quarantined"]
+    index.quarantine.append({"path": record.path, "x": x, "y": y, "level": 0, "error": "e"})
+    view = SlideOverview(index, sid, color_by="status", max_size=256)
+    assert [(c.l0_x, c.l0_y) for c in view.cells if c.status == "quarantined"] == [(x, y)]

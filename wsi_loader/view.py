@@ -176,8 +176,8 @@ class SlideOverview(_Renders):
         rows = np.arange(starts[self.slide_id], starts[self.slide_id + 1])
         footprint = (record.read_size or 0) * (record.read_downsample or 1.0)
         status: dict[tuple[int, int], str] = {}
-        for entry in index.quarantine.read():
-            if entry.get("path") == record.path:
+        for entry in index.quarantine.tile_records():  # slide records have no position
+            if entry["path"] == record.path and entry.get("level") in (None, record.read_level):
                 key = (int(entry["x"]), int(entry["y"]))
                 status[key] = (
                     "substituted" if entry.get("policy") == "substitute" else "quarantined"
