@@ -95,13 +95,18 @@ def test_index_build_on_a_full_disk_keeps_the_old_generation(
     assert leftovers(index.path) == []
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
 def test_export_on_a_full_disk_leaves_no_partial_file_and_resumes(
-    index: SlideIndex, tmp_path: Path
+    index: SlideIndex, tmp_path: Path, workers: str
 ) -> None:
     out = tmp_path / "ex port"
-    args = ("export", str(index.path), "--out", str(out), "--no-progress")
+    # units of 8 tiles, so that two workers each have some
+    args = ("export", str(index.path), "--out", str(out), "--no-progress", "--shard-size", "8")
+    args += ("--workers", workers)
     done = run_limited(60_000, *args, "--image-format", "png")  # a 256 px PNG is larger
     said_once(done, str(out))
+    # the worker's error, not "worker process died" (it is the disk, not memory)
+    assert done.returncode == 1 and "died" not in done.stderr, done.stderr
     assert leftovers(out) == []
     assert not any(p.stat().st_size == 0 for p in out.rglob("*.png"))
     again = run_limited(None, *args, "--image-format", "png")

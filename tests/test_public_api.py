@@ -4,6 +4,7 @@ attribute exported, and lazy (torch-based) names visible to ``dir()``."""
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 
@@ -84,6 +85,43 @@ def test_error_tree() -> None:
     assert issubclass(errors.SlideNotFoundError, FileNotFoundError)
     assert issubclass(errors.ConfigError, ValueError)
     assert issubclass(errors.TileReadError, errors.SlideError)
+
+
+def test_every_error_pickles_with_its_fields() -> None:
+    # an error raised in a worker process comes back pickled; OutputError (required keyword
+    # fields) failed to unpickle, and the pool reported its workers as dead (issue 36, item 14)
+    examples = [
+        errors.WsiLoaderError("m"),
+        errors.ConfigError("m", path="c.yaml", key="export.format", value=3),
+        errors.InputError("m", path="labels.csv", line=3),
+        errors.AnnotationError("m", path="a.geojson", element="feature 1"),
+        errors.IndexFormatError("m", path="idx"),
+        errors.OutputError("No space left on device", path="out/x.png", code=28),
+        errors.ForkUnsafeError("m"),
+        errors.LoaderTimeoutError("m", seconds=5.0, slide_ids=[1], paths=["a.svs"]),
+        errors.UnitsNotDoneError("m", units=[1, 2], reasons={1: "x"}),
+        errors.WorkerDiedError("m", units=[3], reasons={3: "killed"}),
+        errors.UnitTimeoutError("m", units=[4]),
+        errors.SlideError("m", path="a.svs"),
+        errors.SlideNotFoundError("m", path="a.svs"),
+        errors.SlideChangedError("m", path="a.svs"),
+        errors.TransientReadError("m", path="a.svs"),
+        errors.SlideOpenError("m", path="a.svs"),
+        errors.ResolutionError("m", path="a.svs"),
+        errors.TileReadError("m", path="a.svs", l0_x=1, l0_y=2, level=0, cause="bad"),
+    ]
+    named = {n for n in errors.__all__ if isinstance(getattr(errors, n), type)}
+    assert {type(e).__name__ for e in examples} == named  # a new error needs an example here
+    for error in examples:
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+        assert vars(back) == vars(error) and back.args == error.args
+        if isinstance(error, OSError):
+            assert (back.errno, back.strerror, back.filename) == (
+                error.errno,
+                error.strerror,
+                error.filename,
+            )
 
 
 def test_slides_and_index_layers_do_not_import_torch() -> None:

@@ -58,6 +58,25 @@ __all__ = [
 class WsiLoaderError(Exception):
     """Base class of every error raised by wsi_loader."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by fields, not by constructor arguments: an error raised in a worker process
+        (an export unit on a full disk) reaches the parent as itself. By default pickle calls
+        ``cls(*args)``, which fails for errors whose fields are required keywords, and the
+        process pool reported that as its workers dying."""
+        state = dict(self.__dict__)
+        if isinstance(self, OSError):  # fields OSError keeps outside __dict__
+            fields = {"errno": self.errno, "strerror": self.strerror, "filename": self.filename}
+            state.update({name: value for name, value in fields.items() if value is not None})
+        return (_unpickle, (type(self), self.args, state))
+
+
+def _unpickle(cls: type[WsiLoaderError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = cls.__new__(cls, *args)
+    Exception.__init__(error, *args)
+    for name, value in state.items():
+        setattr(error, name, value)
+    return error
+
 
 class ConfigError(WsiLoaderError, ValueError):
     """An option or configuration file is invalid.

@@ -640,7 +640,14 @@ def export_index(
         units = []
         records = [_export_coords(full, order, out_path)]
     else:
-        records = _run(units, workers, executor, progress, checked.unit_timeout)
+        try:
+            records = _run(units, workers, executor, progress, checked.unit_timeout)
+        except BaseException:
+            # local workers are ended by now; one ended mid-write (the others' unit failed on
+            # a full disk) left its temporary file, which would keep the space it took
+            if executor is None:
+                _remove_partial_files(out_path)
+            raise
     tiles = [t for r in records for t in r["tiles"]]
     failures = [f for r in records for f in r["failures"]]
     reasons = _quarantine_reasons(full)
