@@ -114,7 +114,7 @@ def test_unreachable_scheduler_and_bad_sizes_exit_2(
 ) -> None:
     args = ["index", str(archive), "--out", str(tmp_path / "x"), "--level", "0", "--no-progress"]
     assert main([*args, "--scheduler", "tcp://127.0.0.1:9"]) == 2
-    assert "cannot reach the Dask scheduler tcp://127.0.0.1:9" in capsys.readouterr().err
+    assert "cannot reach a Dask scheduler at tcp://127.0.0.1:9" in capsys.readouterr().err
     assert main(["inspect", str(built), "--out", str(tmp_path / "i.png"), "--max-size", "0"]) == 2
     assert "--max-size must be at least" in capsys.readouterr().err
 

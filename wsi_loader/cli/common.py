@@ -8,6 +8,9 @@ import contextlib
 import logging
 import os
 import re
+import socket
+import struct
+import time
 from collections.abc import Iterator
 from typing import Any, TypeAlias
 
@@ -74,17 +77,79 @@ def dask_client(address: str | None) -> Iterator[Any]:
         raise ConfigError(
             "--scheduler needs dask: pip install 'wsi_loader[dask]'", path="command line"
         ) from exc
+    check_scheduler(address, SCHEDULER_TIMEOUT_S)
     try:
         client = Client(address, timeout=SCHEDULER_TIMEOUT_S)  # type: ignore[no-untyped-call]
     except (OSError, TimeoutError) as exc:
-        raise ConfigError(
-            f"cannot reach the Dask scheduler {address} within {SCHEDULER_TIMEOUT_S} s: {exc}",
-            path="command line",
-            key="scheduler",
-            value=address,
-        ) from exc
+        raise _unreachable(address, f"{exc} (within {SCHEDULER_TIMEOUT_S} s)") from exc
     with client:
         yield client
+
+
+DASK_DEFAULT_PORT = 8786
+# a scheduler's first frame is its handshake (compression, Python and pickle versions), about
+# 60 bytes: a length much larger is another protocol's text read as a number
+HANDSHAKE_MAX_BYTES = 1 << 16
+
+
+def _unreachable(address: str, why: str) -> ConfigError:
+    return ConfigError(
+        f"cannot reach a Dask scheduler at {address}: {why}",
+        path="command line",
+        key="scheduler",
+        value=address,
+    )
+
+
+def check_scheduler(address: str, timeout: float) -> None:
+    """Raise `ConfigError` unless what answers at ``address`` (a ``tcp://`` address; other
+    schemes are left to Dask) begins as a Dask scheduler does.
+
+    Dask's Client does not check: an HTTP service (the dashboard's port, a proxy) left it
+    waiting forever, and one that answered at once had its status line read as a frame
+    length ("Unable to allocate 3.07 EiB"). A scheduler sends its handshake as soon as a
+    client connects, a frame whose first 8 bytes are its length; this reads those and hangs
+    up (the scheduler logs, at INFO, a connection closed before its handshake completed)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(address)
+        if scheme != "tcp":  # tls:// needs its certificates; ucx:// and inproc:// are no sockets
+            return
+        host, port = parse_host_port(location, DASK_DEFAULT_PORT)
+    except ValueError as exc:
+        raise _unreachable(address, f"not an address ({exc})") from exc
+    first = b""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except TimeoutError as exc:
+        raise _unreachable(address, f"no connection within {timeout:g} s") from exc
+    except OSError as exc:  # refused, no route, unknown host
+        raise _unreachable(address, exc.strerror or str(exc)) from exc
+    try:
+        with sock:
+            deadline = time.monotonic() + timeout
+            while len(first) < 8 and time.monotonic() < deadline:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                part = sock.recv(8 - len(first))
+                if not part:
+                    raise _unreachable(address, "it hung up without a Dask handshake")
+                first += part
+    except TimeoutError:
+        pass  # judged below by what came
+    except OSError as exc:  # reset
+        raise _unreachable(address, exc.strerror or str(exc)) from exc
+    not_dask = (
+        "is it an HTTP service, such as the dashboard? (a scheduler's port is 8786 by default)"
+    )
+    if len(first) < 8:
+        raise _unreachable(
+            address,
+            f"something listens there but sent no Dask handshake within {timeout:g} s: {not_dask}",
+        )
+    (length,) = struct.unpack("Q", first)  # native order, as Dask's tcp comm writes it
+    if not 0 < length <= HANDSHAKE_MAX_BYTES:
+        raise _unreachable(address, f"it answered {first!r}, not a Dask handshake: {not_dask}")
 
 
 def init_distributed() -> None:
