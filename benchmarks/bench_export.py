@@ -125,7 +125,11 @@ def main() -> None:
         shuffle_section(scratch)
         return
     slide = synthetic_slide(scratch / "slide.svs", seed=9)
-    full = build_index([slide], scratch / "full", tile_size=256, level=0, min_tissue=0.5)
+    labels = scratch / "labels.csv"  # image folders hold labelled tiles only
+    labels.write_text("slide,label\nslide,tissue\n")
+    full = build_index(
+        [slide], scratch / "full", tile_size=256, level=0, min_tissue=0.5, labels=str(labels)
+    )
     keep = np.sort(np.random.default_rng(0).permutation(len(full))[: args.tiles])
     tiles = {name: np.asarray(col)[keep] for name, col in full.columns.items()}
     index = write_index(scratch / "idx", [full.slides[0]], [tiles], full.params, full.root)

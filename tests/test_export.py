@@ -298,7 +298,7 @@ def test_hostile_labels_stay_inside(archive: Path, tmp_path: Path) -> None:
     assert safe_component("../../x") == "_.._x" and safe_component("..") == "_"
     assert safe_component("") == "_" and safe_component("a\\b/c") == "a_b_c"
     folders = label_folders(["a/b", "a_b", None, "unlabelled"])
-    assert len(set(folders.values())) == 4
+    assert len(set(folders.values())) == 3 and None not in folders  # no label: no folder
 
 
 def test_label_folders_sort_as_the_labels_do() -> None:
@@ -310,7 +310,7 @@ def test_label_folders_sort_as_the_labels_do() -> None:
     assert sorted(labels, key=lambda lb: folders[lb]) == sorted(labels)
     assert all(folders[lb] == safe_component(folders[lb]) for lb in labels)  # still safe
     plain = label_folders(["Tumor", "Stroma", None])  # in order already: names untouched
-    assert plain == {None: "unlabelled", "Stroma": "Stroma", "Tumor": "Tumor"}
+    assert plain == {"Stroma": "Stroma", "Tumor": "Tumor"}
 
 
 def test_label_folders_keep_the_index_order_of_numeric_labels() -> None:
@@ -319,7 +319,7 @@ def test_label_folders_keep_the_index_order_of_numeric_labels() -> None:
     assert sorted(["2", "10"], key=lambda lb: folders[lb]) == ["2", "10"]
     # an index built before numeric order keeps its own ('10' before '2')
     old = label_folders(["10", "2", None], order=["10", "2"])
-    assert old == {None: "unlabelled", "10": "10", "2": "2"}
+    assert old == {"10": "10", "2": "2"}
 
 
 def test_cli_export(index: SlideIndex, tmp_path: Path) -> None:
@@ -403,7 +403,10 @@ def test_a_unit_is_complete_only_after_its_shard_is_written(
 def test_a_resumed_export_keeps_its_first_plan(
     archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    index = build_index([archive / "good.svs"], tmp_path / "idx", level=0, min_tissue=0)
+    labels = str(archive / "labels.csv")
+    index = build_index(
+        [archive / "good.svs"], tmp_path / "i", level=0, min_tissue=0, labels=labels
+    )
     out = tmp_path / "out"
     real = export_module.export_unit
     calls: list[int] = []
@@ -446,3 +449,101 @@ def test_failures_csv_carries_the_quarantine_reason(index: SlideIndex, tmp_path:
     assert all(
         "Jpeg" in r or "JPEG" in r or "marker" in r or "corrupt" in r.lower() for r in reasons
     ), reasons
+
+
+@pytest.fixture
+def half_labelled(archive: Path, tmp_path: Path) -> SlideIndex:
+    """The archive with a label for good.svs only: bad.svs's tiles have none."""
+    labels = tmp_path / "half.csv"
+    labels.write_text("slide,label\ngood,normal\n")
+    return build_index([archive], tmp_path / "half", level=0, min_tissue=0.0, labels=str(labels))
+
+
+def test_unlabelled_tiles_are_left_out_of_image_folders_and_counted(
+    half_labelled: SlideIndex,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # an "unlabelled" folder is one more class to torchvision's ImageFolder and to Hugging
+    # Face's ClassLabel: tiles without a label train as a class of their own
+    index = half_labelled
+    unlabelled = int((index.tile_labels() < 0).sum())
+    assert 0 < unlabelled < len(index)
+    out = tmp_path / "out"
+    report = export_index(index, out, shard_size=50)
+    assert report.unlabelled == unlabelled and report.tiles == len(index) - unlabelled
+    assert report.failed == 0
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["normal"]
+    assert f"{unlabelled} tiles have no label" in caplog.text
+    left_out = [f for f in manifest(out, "failures.csv") if f["reason"].startswith("no label")]
+    assert len(left_out) == unlabelled
+    assert json.loads((out / "export.json").read_text())["unlabelled"] == unlabelled
+    cli_out = tmp_path / "cli"
+    assert main(["export", str(index.path), "--out", str(cli_out), "--no-progress"]) == 0
+    said = capsys.readouterr().err
+    assert f"{unlabelled} without a label left out" in said, said
+
+
+def test_unlabelled_tiles_are_kept_outside_the_class_folders_on_request(
+    half_labelled: SlideIndex, tmp_path: Path
+) -> None:
+    index = half_labelled
+    unlabelled = int((index.tile_labels() < 0).sum())
+    out, kept = tmp_path / "out", tmp_path / "unlabelled tiles"
+    report = export_index(index, out, shard_size=50, unlabelled_out=kept)
+    # (bad.svs, the slide without a label, has tiles that fail)
+    assert report.unlabelled == 0 and report.tiles + report.failed == len(index)
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["normal"]
+    assert len(list(kept.glob("*.png"))) == unlabelled - report.failed
+    rows = [r for r in manifest(out) if r["label"] == ""]
+    assert len(rows) == unlabelled - report.failed
+    assert all((out / r["file"]).resolve().parent == kept.resolve() for r in rows)
+    # a resume trusts them as it trusts the class folders; --overwrite removes them
+    again = export_index(index, out, shard_size=50, unlabelled_out=kept)
+    assert again.units_skipped == again.units
+    victim = next(kept.glob("*.png"))
+    victim.unlink()
+    assert export_index(index, out, shard_size=50, unlabelled_out=kept).units_skipped < again.units
+    assert victim.exists()
+    with pytest.raises(ConfigError, match="unlabelled_out"):
+        export_index(index, out, shard_size=50)  # another argument: refused, as any other
+    export_index(index, out, shard_size=50, overwrite=True)
+    assert not kept.exists()
+    cli = [
+        "export",
+        str(index.path),
+        "--out",
+        str(tmp_path / "cli"),
+        "--no-progress",
+        "--unlabelled-out",
+    ]
+    assert main([*cli, str(tmp_path / "cli-unlabelled")]) == 0
+    assert len(list((tmp_path / "cli-unlabelled").glob("*.png"))) == unlabelled - report.failed
+
+
+def test_unlabelled_out_must_be_outside_the_class_folders(
+    half_labelled: SlideIndex, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="class"):
+        export_index(half_labelled, out, unlabelled_out=out / "unlabelled")
+    with pytest.raises(ConfigError, match="imagefolder"):
+        export_index(half_labelled, out, format="webdataset", unlabelled_out=tmp_path / "u")
+    assert not out.exists()
+
+
+def test_an_index_without_labels_is_refused_for_image_folders(
+    archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # nothing would be exported: said before anything is read or written
+    index = build_index([archive / "good.svs"], tmp_path / "idx", level=0, min_tissue=0.0)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"none of the \d+ tiles .* has a label"):
+        export_index(index, out)
+    assert not out.exists()
+    assert main(["export", str(index.path), "--out", str(out), "--no-progress"]) == 2
+    assert "--unlabelled-out DIR" in capsys.readouterr().err
+    kept = tmp_path / "tiles"
+    assert export_index(index, out, unlabelled_out=kept).tiles == len(index)
+    assert len(list(kept.iterdir())) == len(index)

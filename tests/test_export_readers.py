@@ -3,10 +3,12 @@ class discovery, resume that trusts files not records, and re-export after a reb
 
 from __future__ import annotations
 
+import csv
 import gc
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,7 +80,8 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 def test_resume_rewrites_deleted_and_truncated_outputs(
     dotted: Path, tmp_path: Path, fmt: str
 ) -> None:
-    index = build_index([dotted], tmp_path / "idx", level=0, min_tissue=0.0)
+    labels = str(dotted / "labels.csv")
+    index = build_index([dotted], tmp_path / "idx", level=0, min_tissue=0.0, labels=labels)
     clean, out = tmp_path / "clean", tmp_path / "out"
     export_index(index, clean, format=fmt, shard_size=6)
     export_index(index, out, format=fmt, shard_size=6)
@@ -298,7 +301,9 @@ def test_slides_whose_names_are_not_utf8_are_exported(latin1: Path, tmp_path: Pa
     assert odd in {s.path for s in index.slides}
     for fmt in ("imagefolder", "webdataset", "coords-h5"):
         out = tmp_path / fmt
-        report = export_index(index, out, format=fmt, image_format="jpeg")
+        # (no labels: the image folders' tiles go to a folder beside them)
+        kept = tmp_path / "unlabelled" if fmt == "imagefolder" else None
+        report = export_index(index, out, format=fmt, image_format="jpeg", unlabelled_out=kept)
         assert report.failed == 0
         with open(out / "manifest.csv", encoding="utf-8", errors="surrogateescape") as fh:
             rows = list(csv.DictReader(fh))
@@ -345,3 +350,157 @@ def test_info_prints_names_that_are_not_utf8_in_a_utf8_locale(latin1: Path, tmp_
     )
     assert done.returncode == 0, done.stderr
     assert os.fsencode(latin1 / LATIN1_NAME) in done.stdout  # the name's own bytes, as ls gives
+
+
+# Hugging Face's imagefolder infers splits from words in file and folder names ("train",
+# "val", "test", "eval"... between separators, digits included): an export of Camelyon16's
+# test_001 loaded as a "test" split of that slide's tiles alone, with no label column
+CAMELYON = {"tumor_001": "tumor", "normal_001": "normal", "test_001": "normal"}
+
+
+@pytest.fixture
+def camelyon(tmp_path: Path, make_slide: SlideFactory) -> Path:
+    folder = tmp_path / "camelyon"
+    folder.mkdir()
+    for seed, name in enumerate(CAMELYON, 90):
+        shutil.copy(make_slide(width=1024, height=768, seed=seed), folder / f"{name}.svs")
+    rows = "".join(f"{name},{label}\n" for name, label in CAMELYON.items())
+    (folder / "labels.csv").write_text(f"slide,label\n{rows}")
+    return folder
+
+
+def hugging_face_loads(out: Path, cache: Path) -> dict[str, Any]:
+    """The export read the two ways Hugging Face reads an image folder: the imagefolder
+    builder on the folder (split inference from names), and the folder as a dataset (its
+    card)."""
+    import datasets
+
+    return {
+        "data_dir": datasets.load_dataset(
+            "imagefolder", data_dir=str(out), cache_dir=str(cache / "data-dir")
+        ),
+        "card": datasets.load_dataset(str(out), cache_dir=str(cache / "card")),
+    }
+
+
+def assert_one_split_with_every_tile(
+    loads: dict[str, Any], out: Path, classes: list[str], tiles: int
+) -> None:
+    with open(out / "manifest.csv", newline="") as fh:
+        expected = sorted(classes.index(row["label"]) for row in csv.DictReader(fh))
+    assert len(expected) == tiles
+    for how, loaded in loads.items():
+        assert list(loaded) == ["train"], how
+        split = loaded["train"]
+        assert split.num_rows == tiles, how
+        assert split.features["label"].names == classes, how
+        assert sorted(split["label"]) == expected, how
+
+
+def test_hugging_face_loads_every_tile_of_slides_with_split_words_in_their_names(
+    camelyon: Path, tmp_path: Path
+) -> None:
+    index = build_index(
+        [camelyon], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(camelyon / "labels.csv")
+    )
+    out = tmp_path / "folders"
+    report = export_index(index, out, shard_size=20)
+    assert report.tiles == len(index)
+    loads = hugging_face_loads(out, tmp_path / "hf")
+    assert_one_split_with_every_tile(loads, out, ["normal", "tumor"], len(index))
+
+
+def test_torchvision_reads_slides_with_split_words_in_their_names(
+    camelyon: Path, tmp_path: Path
+) -> None:
+    index = build_index(
+        [camelyon], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(camelyon / "labels.csv")
+    )
+    out = tmp_path / "folders"
+    export_index(index, out, shard_size=20)
+    # torchvision's ImageFolder.find_classes: every directory entry of the root is a class
+    assert sorted(e.name for e in os.scandir(out) if e.is_dir()) == ["normal", "tumor"]
+    torchvision = pytest.importorskip("torchvision")
+    folder = torchvision.datasets.ImageFolder(str(out))
+    assert folder.classes == ["normal", "tumor"] and len(folder) == len(index)
+
+
+def export_real_slides(testdata: Path, tmp_path: Path) -> tuple[Path, int]:
+    """The NDPI and CMU-1 of the test data, labelled, exported to image folders: the NDPI's
+    name, "test3-DAPI-2-(387)", holds "test" between separators."""
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label\ntest3-DAPI-2-(387),fluorescence\nCMU-1-Small-Region,he\n")
+    slides = [testdata / "test3-DAPI-2-(387).ndpi", testdata / "CMU-1-Small-Region.svs"]
+    index = build_index(
+        slides, tmp_path / "idx", level=0, tile_size=512, min_tissue=0.0, labels=str(labels)
+    )
+    assert {s.status for s in index.slides} == {"ok"}
+    out = tmp_path / "folders"
+    report = export_index(index, out, image_format="jpeg")
+    assert report.tiles == len(index) and report.failed == 0
+    assert sorted(e.name for e in os.scandir(out) if e.is_dir()) == ["fluorescence", "he"]
+    return out, len(index)
+
+
+def test_hugging_face_loads_every_tile_of_the_real_ndpi_and_cmu1(
+    testdata: Path, tmp_path: Path
+) -> None:
+    out, tiles = export_real_slides(testdata, tmp_path)
+    loads = hugging_face_loads(out, tmp_path / "hf")
+    assert_one_split_with_every_tile(loads, out, ["fluorescence", "he"], tiles)
+
+
+def test_torchvision_reads_the_real_ndpi_and_cmu1(testdata: Path, tmp_path: Path) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    out, tiles = export_real_slides(testdata, tmp_path)
+    folder = torchvision.datasets.ImageFolder(str(out))
+    assert folder.classes == ["fluorescence", "he"] and len(folder) == tiles
+
+
+def test_a_label_hugging_face_takes_for_a_split_is_said_and_the_card_loads_it(
+    camelyon: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # labels such a reader takes for a split name cannot be renamed (they are the classes):
+    # the export says so, and the folder loaded as a dataset (its card) is still right
+    (camelyon / "labels.csv").write_text("slide,label\ntumor_001,valid\nnormal_001,invalid\n")
+    index = build_index(
+        [camelyon], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(camelyon / "labels.csv")
+    )
+    out = tmp_path / "folders"
+    report = export_index(index, out, shard_size=20)
+    assert "'valid'" in caplog.text and "split" in caplog.text
+    import datasets
+
+    loaded = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "hf"))
+    assert list(loaded) == ["train"] and loaded["train"].num_rows == report.tiles
+    assert loaded["train"].features["label"].names == ["invalid", "valid"]
+
+
+def test_one_class_still_has_a_label_column(camelyon: Path, tmp_path: Path) -> None:
+    # Hugging Face adds labels only for two folders or more; the card names the classes
+    (camelyon / "labels.csv").write_text("slide,label\ntumor_001,tumor\n")
+    index = build_index(
+        [camelyon], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(camelyon / "labels.csv")
+    )
+    out = tmp_path / "folders"
+    report = export_index(index, out, shard_size=20)
+    import datasets
+
+    loaded = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
+    assert loaded.num_rows == report.tiles
+    assert loaded.features["label"].names == ["tumor"] and set(loaded["label"]) == {0}
+
+
+def test_the_card_names_the_split_exported(camelyon: Path, tmp_path: Path) -> None:
+    rows = "tumor_001,tumor,val\nnormal_001,normal,val\ntest_001,normal,train\n"
+    (camelyon / "labels.csv").write_text(f"slide,label,split\n{rows}")
+    index = build_index(
+        [camelyon], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(camelyon / "labels.csv")
+    )
+    out = tmp_path / "folders"
+    report = export_index(index, out, shard_size=20, split="val")
+    import datasets
+
+    loaded = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "hf"))
+    assert list(loaded) == ["val"] and loaded["val"].num_rows == report.tiles
+    assert loaded["val"].features["label"].names == ["normal", "tumor"]

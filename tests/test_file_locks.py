@@ -29,8 +29,11 @@ def test_everything_works_without_file_locks_and_says_so_once(
     monkeypatch.setattr(fcntl, "flock", flock)
     monkeypatch.setattr(files, "_said", set())  # said once per process: this test's process
     out = tmp_path / "idx"
-    index = build_index([archive], out, tile_size=256, level=0, min_tissue=0.0)
-    rebuilt = build_index([archive], out, tile_size=256, level=0, min_tissue=0.0, stride=128)
+    labels = str(archive / "labels.csv")  # (image-folder exports hold labelled tiles)
+    index = build_index([archive], out, tile_size=256, level=0, min_tissue=0.0, labels=labels)
+    rebuilt = build_index(
+        [archive], out, tile_size=256, level=0, min_tissue=0.0, stride=128, labels=labels
+    )
     assert len(rebuilt) > len(index)  # a new generation (the old one may be deleted)
     opened = SlideIndex.open(out)
     result = TileDataset(opened).read_batch(corrupt_rows(opened)[:2].tolist())

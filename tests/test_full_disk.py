@@ -57,7 +57,11 @@ def index(tmp_path: Path, make_slide: SlideFactory) -> SlideIndex:
     folder = tmp_path / "slides"
     folder.mkdir()
     (folder / "a.b c.svs").write_bytes(make_slide(width=2048, height=1536, seed=5).read_bytes())
-    return build_index([folder], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.0)
+    labels = tmp_path / "labels.csv"  # (image-folder exports hold labelled tiles only)
+    labels.write_text("slide,label\na.b c,tissue\n")
+    return build_index(
+        [folder], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.0, labels=str(labels)
+    )
 
 
 def test_replacing_removes_the_temporary_file_when_writing_fails(tmp_path: Path) -> None:

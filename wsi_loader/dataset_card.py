@@ -1,18 +1,32 @@
-"""The dataset card (``README.md``) of a WebDataset export, for Hugging Face ``datasets``.
+"""The dataset card (``README.md``) of an export, for Hugging Face ``datasets``.
 
-``datasets.load_dataset(FOLDER)`` takes the types of a sample's fields from the folder's card.
-Without one, its WebDataset reader guesses them from the first 5 samples (datasets#7549):
-when those have no label (an unlabelled slide first, tiles no annotation covers), or no
-split or MPP, the field is typed null and the first value later fails the load ("Couldn't
-cast array of type string to null"). The card also names the shards, so the folder loads
-without ``data_files``.
+``datasets.load_dataset(FOLDER)`` reads the card's YAML header: which files make which split,
+and the types of the fields. Without one it guesses, wrongly for exports:
+
+* Splits from words in file and folder names: "train", "val", "dev", "test", "eval"... between
+  separators (digits count as separators), so Camelyon16's ``test_001`` or an NDPI named
+  ``test3-DAPI-2`` made a "test" split of that slide's tiles alone, the others dropped. The
+  export names image files without slide names (see `export.export_unit`), and the card puts
+  every file in one split: the index split exported (``--split``), else ``train``.
+* Image-folder labels only when there are two class folders or more; the card names the
+  classes (the index's labels, in its id order), so one class still has a label column.
+* A WebDataset sample's field types from the first 5 samples (datasets#7549): when those have
+  no label (an unlabelled slide first, tiles no annotation covers), or no split or MPP, the
+  field is typed null and the first value later fails the load ("Couldn't cast array of type
+  string to null").
+
+``load_dataset("imagefolder", data_dir=FOLDER)`` does not read the card: it still reads split
+words in class folder names, which are the labels and cannot be renamed, so the export warns
+of those (`warn_of_split_words`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -40,8 +54,45 @@ SAMPLE_FIELDS = {
     "row": "int64",
 }
 
+# Hugging Face datasets' split inference (datasets/data_files.py, SPLIT_KEYWORDS and
+# NON_WORDS_CHARS): a keyword with a separator or the name's end on each side
+SPLIT_WORDS = re.compile(
+    r"(?:^|[-._ 0-9])(train|training|validation|valid|dev|val|test|testing|eval|evaluation)"
+    r"(?:$|[-._ 0-9])"
+)
 
-def card_text(image_ext: str, classes: Sequence[str]) -> str:
+
+def card_split(split: str | None) -> str:
+    """The card's split name: the index split exported, as Hugging Face allows split names
+    (``\\w+``), else ``train``."""
+    name = re.sub(r"\W+", "_", split or "").strip("_")
+    return name or "train"
+
+
+def _card(
+    data_files: str,
+    split: str,
+    features: list[dict[str, Any]],
+    text: str,
+    options: dict[str, Any] | None = None,
+) -> str:
+    """A card with one config: the files of ``data_files`` in ``split``, the builder
+    ``options``, and ``features``; ``text`` below the YAML header."""
+    card: dict[str, Any] = {
+        "configs": [
+            {
+                "config_name": "default",
+                **(options or {}),
+                "data_files": [{"split": split, "path": data_files}],
+            }
+        ],
+        "dataset_info": {"features": features},
+    }
+    front = yaml.safe_dump(card, sort_keys=False, allow_unicode=True)
+    return f"---\n{front}---\n\n{text}\n\n{MARK}\n"
+
+
+def webdataset_card(image_ext: str, classes: Sequence[str], split: str | None = None) -> str:
     """The card of shards whose samples are ``KEY.<image_ext>`` and ``KEY.json`` (with a
     ``coverage`` object of ``classes`` when the index has annotation classes)."""
     types: dict[str, dict[str, object]] = {
@@ -51,34 +102,60 @@ def card_text(image_ext: str, classes: Sequence[str]) -> str:
         types["coverage"] = {"struct": [{"name": name, "dtype": "float64"} for name in classes]}
     # in the order json.dumps(sort_keys=True) writes them
     fields = [{"name": name, **spec} for name, spec in sorted(types.items())]
-    card = {
-        "configs": [
-            {
-                "config_name": "default",
-                "data_files": [{"split": "train", "path": "shard-*.tar"}],
-            }
-        ],
-        "dataset_info": {
-            "features": [
-                {"name": image_ext, "dtype": "image"},
-                {"name": "json", "struct": fields},
-                {"name": "__key__", "dtype": "string"},
-                {"name": "__url__", "dtype": "string"},
-            ]
-        },
-    }
-    front = yaml.safe_dump(card, sort_keys=False, allow_unicode=True)
-    return (
-        f"---\n{front}---\n\n"
+    features: list[dict[str, Any]] = [
+        {"name": image_ext, "dtype": "image"},
+        {"name": "json", "struct": fields},
+        {"name": "__key__", "dtype": "string"},
+        {"name": "__url__", "dtype": "string"},
+    ]
+    text = (
         f"Tiles exported by wsi_loader as WebDataset shards: `KEY.{image_ext}` (the tile) and "
         "`KEY.json` (its slide, level-0 position, level, label, slide label, split and, for "
         "annotated indexes, class coverage). `manifest.csv` lists every tile, `failures.csv` "
         "those not exported, `export.json` the arguments and counts. Load with "
         "`datasets.load_dataset(FOLDER)` (the types above) or `webdataset.WebDataset`. "
-        "Every tile is in the one `train` split of this card; the `split` field holds the "
-        "index's own split.\n\n"
-        f"{MARK}\n"
+        f"Every tile is in the one `{card_split(split)}` split of this card; the `split` field "
+        "holds the index's own split."
     )
+    return _card("shard-*.tar", card_split(split), features, text)
+
+
+def imagefolder_card(image_ext: str, classes: Sequence[str], split: str | None = None) -> str:
+    """The card of class folders ``<class>/<tile>.<image_ext>``; ``classes`` are the folder
+    names in the index's label id order (which is also their sorted order)."""
+    features: list[dict[str, Any]] = [{"name": "image", "dtype": "image"}]
+    if classes:
+        names = {str(i): name for i, name in enumerate(classes)}
+        features.append({"name": "label", "dtype": {"class_label": {"names": names}}})
+    text = (
+        f"Tiles exported by wsi_loader as image folders: `CLASS/s<slide id>_x<X>_y<Y>."
+        f"{image_ext}`, one folder per label (tiles without a label are not here). "
+        "`manifest.csv` maps every file to its slide, level-0 position, level, label and "
+        "split; `failures.csv` lists the tiles not exported and why; `export.json` the "
+        "arguments and counts. Load with `datasets.load_dataset(FOLDER)` (this card: one split, "
+        "the classes above with the index's label ids) or `torchvision.datasets.ImageFolder`. "
+        f"Every tile is in the one `{card_split(split)}` split of this card."
+    )
+    # drop_labels false: labels even for one class folder (inferred only from two or more)
+    options = {"drop_labels": False} if classes else {}
+    return _card(f"*/*.{image_ext}", card_split(split), features, text, options)
+
+
+def warn_of_split_words(folders: Iterable[str], out: Path) -> list[str]:
+    """Warn of class folders whose names Hugging Face's imagefolder builder takes for split
+    names; returns them."""
+    taken = [folder for folder in folders if SPLIT_WORDS.search(folder)]
+    if taken:
+        log.warning(
+            "%s: the class folders %s hold a word that load_dataset('imagefolder', "
+            "data_dir=...) takes for a split name (train, val, test...): it would load them as "
+            "splits of their own and drop the other classes. Load the export with "
+            "load_dataset(%r), which reads the export's dataset card (one split, every class)",
+            out,
+            ", ".join(repr(f) for f in taken),
+            str(out),
+        )
+    return taken
 
 
 def is_ours(out: Path) -> bool:
@@ -90,15 +167,15 @@ def is_ours(out: Path) -> bool:
         return True
 
 
-def write_card(out: Path, image_ext: str, classes: Sequence[str]) -> bool:
-    """Write the card unless ``out`` holds a README.md of someone else's (said, and kept)."""
+def write_card(out: Path, card: str) -> bool:
+    """Write ``card`` unless ``out`` holds a README.md of someone else's (said, and kept)."""
     if not is_ours(out):
         log.warning(
             "%s: a README.md not written by an export is there, so the dataset card was not "
-            "written (Hugging Face datasets then guesses the field types from the first samples: "
-            "pass features= to load_dataset)",
+            "written (Hugging Face datasets then infers splits from file names and field types "
+            "from the first samples: pass data_files= and features= to load_dataset)",
             out,
         )
         return False
-    write_file(out / CARD_FILE, card_text(image_ext, classes).encode("utf-8"))
+    write_file(out / CARD_FILE, card.encode("utf-8"))
     return True

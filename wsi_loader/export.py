@@ -14,7 +14,8 @@ arguments, or an index rebuilt with other tiles, into a folder holding an export
 (``overwrite`` replaces it). ``manifest.csv`` (one row per exported tile, with its split and the
 SHA-256 of the stored bytes), ``failures.csv`` (tiles not exported and why: quarantined
 before, or failed now) and ``export.json`` (arguments, source index and counts) are written
-at the end, and for WebDataset shards the dataset card (``README.md``, `dataset_card`).
+at the end, and the dataset card (``README.md``, `dataset_card`) that tells Hugging Face
+``datasets`` the split, the classes and the field types.
 """
 
 from __future__ import annotations
@@ -38,7 +39,14 @@ from PIL import Image
 
 from wsi_loader.config import ExportConfig, validate
 from wsi_loader.dataset.reading import TileReader, threads_per_process
-from wsi_loader.dataset_card import CARD_FILE, is_ours, write_card
+from wsi_loader.dataset_card import (
+    CARD_FILE,
+    imagefolder_card,
+    is_ours,
+    warn_of_split_words,
+    webdataset_card,
+    write_card,
+)
 from wsi_loader.errors import (
     ConfigError,
     OutputError,
@@ -63,7 +71,9 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("imagefolder", "webdataset", "coords-h5")
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
-EXPORT_VERSION = 2  # 2: the plan holds generation rows (splits, dropped slides)
+# 2: the plan holds generation rows (splits, dropped slides); 3: image files are named without
+# the slide's name, and tiles without a label are left out (or go to unlabelled_out)
+EXPORT_VERSION = 3
 # bookkeeping: plain hidden files in the output root, never folders (torchvision's ImageFolder
 # and Hugging Face's imagefolder take every folder of the root for a class)
 PARTS_FILE = ".export-parts.jsonl"  # one record per finished unit, appended under a lock
@@ -86,18 +96,21 @@ MANIFEST_COLUMNS = (
     "sha256",
 )
 FAILURE_COLUMNS = ("row", "slide_id", "slide_path", "x", "y", "level", "reason")
+# why a tile of the index is not in the plan (the plan's left_out rows: row, why)
+QUARANTINED, UNREADABLE, UNLABELLED = 0, 1, 2
 
 
 def label_folders(
-    labels: list[str | None], order: Sequence[str] | None = None
-) -> dict[str | None, str]:
-    """Folder per label; labels that sanitise to the same name get a short hash suffix.
-    ``order`` is the labels' id order (the index's label names; `label_order` by default).
-    When the folders' sorted order (which torchvision's ImageFolder turns into class ids)
-    differs from it (sanitised names, numbers: '10' < '2' as text), every folder gets its
-    rank as a prefix, so the ids stay the index's."""
-    out: dict[str | None, str] = {None: "unlabelled"}
-    taken = {"unlabelled": None}
+    labels: Sequence[str | None], order: Sequence[str] | None = None
+) -> dict[str, str]:
+    """Folder per label (None, no label, has none); labels that sanitise to the same name get
+    a short hash suffix. ``order`` is the labels' id order (the index's label names;
+    `label_order` by default). When the folders' sorted order (which torchvision's
+    ImageFolder and Hugging Face's ClassLabel turn into class ids) differs from it (sanitised
+    names, numbers: '10' < '2' as text), every folder gets its rank as a prefix, so the ids
+    stay the index's."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
     present = {lb for lb in labels if lb is not None}
     ranked = [lb for lb in order or () if lb in present]
     ranked += label_order(present - set(ranked))
@@ -106,7 +119,7 @@ def label_folders(
         if folder in taken:
             folder = f"{folder}-{hashlib.sha256(label.encode()).hexdigest()[:8]}"
         out[label] = folder
-        taken[folder] = None
+        taken.add(folder)
     if sorted(ranked, key=lambda lb: out[lb]) != ranked:
         width = len(str(len(ranked)))
         out.update({lb: f"{k:0{width}d}-{out[lb]}" for k, lb in enumerate(ranked)})
@@ -144,7 +157,8 @@ class ExportUnit:
     root: str | None
     out: str
     options: ExportOptions
-    folders: tuple[tuple[str | None, str], ...]
+    folders: tuple[tuple[str, str], ...]
+    unlabelled_out: str | None = None  # image folders: where tiles without a label go
     content: str = ""  # digest of what the unit holds (rows' slide, x, y, level, size, label)
     verify: bool = False  # a finished unit counts only when its files hash as recorded
     rewrite: bool = False  # it has a record whose files are gone or changed: write them all
@@ -161,6 +175,7 @@ class ExportReport:
     units: int
     units_skipped: int
     shards: list[dict[str, Any]]
+    unlabelled: int = 0  # tiles without a label left out of the image folders
 
 
 def _encode(pixels: np.ndarray, options: ExportOptions) -> bytes:
@@ -243,7 +258,7 @@ def tile_label(index: SlideIndex, row: int) -> str | None:
     return index.label_names[label_id] if label_id >= 0 else None
 
 
-def _label_folders(index: SlideIndex) -> dict[str | None, str]:
+def _label_folders(index: SlideIndex) -> dict[str, str]:
     if index.labels_from_annotations:
         return label_folders(list(index.label_names), order=index.label_names)
     return label_folders([s.label for s in index.slides], order=index.slide_label_names)
@@ -284,7 +299,16 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
         return f"s{sid:05d}_{stem}_x{int(cols['l0_x'][row])}_y{int(cols['l0_y'][row])}"
 
     def file_of(row: int) -> Path:
-        return out / folders[tile_label(index, row)] / f"{key_of(row)}.{ext}"
+        # no slide name in it: Hugging Face's imagefolder reads "train", "val", "test"...
+        # between separators in a file name as a split (Camelyon16's test_001), and a name
+        # of letters s, x, y, digits and '_' holds no word
+        sid = int(cols["slide_id"][row])
+        name = f"s{sid:05d}_x{int(cols['l0_x'][row])}_y{int(cols['l0_y'][row])}.{ext}"
+        label = tile_label(index, row)
+        if label is None:  # the plan holds such tiles only with unlabelled_out
+            assert unit.unlabelled_out is not None
+            return Path(unit.unlabelled_out) / name
+        return out / folders[label] / name
 
     imagefolder = unit.options.format == "imagefolder"
     files = [file_of(r) if imagefolder else None for r in rows.tolist()]
@@ -320,7 +344,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
             if not done[i]:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_file(path, data)
-            name = path.relative_to(out).as_posix()
+            name = _relative(path, out)
             outputs.append((name, len(data), entry["sha256"]))
             tiles.append({**entry, "file": name, "member": ""})
         else:
@@ -396,6 +420,11 @@ def _encode_all(
         return dict(zip(todo, pool.map(lambda j: _encode(pixels[j], options), todo), strict=True))
 
 
+def _relative(path: Path, out: Path) -> str:
+    """``path`` relative to the export's root (``../`` for tiles kept in unlabelled_out)."""
+    return Path(os.path.relpath(path, out)).as_posix()
+
+
 def _read_settings(out: Path) -> dict[str, Any] | None:
     """The settings of the export in ``out`` (None for an empty or missing folder)."""
     if not out.exists() or not any(out.iterdir()):
@@ -425,6 +454,13 @@ def _check_destination(out: Path, settings: dict[str, Any]) -> bool:
         return False
     mine = {k: v for k, v in settings.items() if k != "content"}
     theirs = {k: v for k, v in previous.items() if k != "content"}
+    if theirs.get("version") != mine["version"]:
+        raise ConfigError(
+            f"{out} holds an export made by another version of wsi_loader (layout "
+            f"{theirs.get('version')}, this one writes {mine['version']}): use --overwrite "
+            "(overwrite=True) to replace it, or an empty folder",
+            path=str(out),
+        )
     if theirs != mine:
         changed = sorted(k for k in mine if theirs.get(k) != mine.get(k))
         raise ConfigError(
@@ -438,15 +474,21 @@ def _check_destination(out: Path, settings: dict[str, Any]) -> bool:
 def _clear_export(out: Path) -> None:
     """Remove an export's files from ``out`` (the outputs its records list, its manifests and
     bookkeeping), for --overwrite; nothing else in the folder is touched."""
+    outside: set[Path] = set()  # unlabelled_out
     for record in _part_records(out).values():
         for name, _, _ in record.get("outputs", []):
             (out / name).unlink(missing_ok=True)
+            if name.startswith("../"):
+                outside.add((out / name).parent)
     for name in (PARTS_FILE, SETTINGS_FILE, PLAN_FILE, "manifest.csv", "failures.csv"):
         (out / name).unlink(missing_ok=True)
     (out / "export.json").unlink(missing_ok=True)
     if is_ours(out):
         (out / CARD_FILE).unlink(missing_ok=True)
     for folder in sorted(out.rglob("*"), reverse=True):  # class folders left empty
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+    for folder in outside:
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
 
@@ -509,9 +551,15 @@ def export_index(
     shuffle: bool = False,
     seed: int = 0,
     quarantine: str | os.PathLike[str] | None = None,
+    unlabelled_out: str | os.PathLike[str] | None = None,
 ) -> ExportReport:
     """Export every tile of an index, or of one ``split`` (quarantined tiles are left out
     and listed with their reason).
+
+    Image folders hold labelled tiles only: a folder of tiles without a label would be one
+    more class to every reader (torchvision's ImageFolder, Hugging Face's ClassLabel), so
+    they are left out, counted (``ExportReport.unlabelled``, a WARNING) and listed in
+    failures.csv, unless ``unlabelled_out`` names a folder outside ``out`` to hold them.
 
     Slides that cannot be read are found first: ``missing_slides="raise"`` (default) stops
     with `SlideNotFoundError` before anything is written, ``"exclude"`` leaves them out (their
@@ -552,6 +600,8 @@ def export_index(
         },
     )
     refuse_time_limit_with_executor("unit_timeout", checked.unit_timeout, executor)
+    out_path = Path(out)
+    kept = _unlabelled_folder(unlabelled_out, out_path, checked.format)
     options = ExportOptions(
         format=checked.format,
         image_format=checked.image_format,
@@ -566,17 +616,24 @@ def export_index(
         index = index.view(root=root)
     index = index.view(split=split, quarantine=quarantine)
     readable = require_slides(index, missing_slides)
-    out_path = Path(out)
+    if options.format == "imagefolder" and kept is None and not (index.tile_labels() >= 0).any():
+        raise ConfigError(
+            f"none of the {len(index)} tiles of {index.path} has a label, and image folders "
+            "hold labelled tiles, a folder per label: pass --unlabelled-out DIR "
+            "(unlabelled_out=DIR) to write them to a plain folder, or use --format webdataset",
+            key="unlabelled_out",
+        )
     settings: dict[str, Any] = {
         **asdict(options),
         "index": str(Path(index.path).resolve()),
         "split": index.split,
+        "unlabelled_out": None if kept is None else str(kept),
         "version": EXPORT_VERSION,
     }
     if overwrite and _read_settings(out_path) is not None:
         _clear_export(out_path)
     resuming = _check_destination(out_path, settings)
-    _remove_partial_files(out_path)
+    _remove_partial_files(out_path, kept)
     out_path.mkdir(parents=True, exist_ok=True)
     generation = str(index.meta["generation"])
     full = SlideIndex.open(
@@ -591,12 +648,15 @@ def export_index(
             order, left_out = saved["order"], saved["left_out"]
     else:
         rows = _generation_rows(index)
-        bad = index.quarantined_mask()
-        unreadable = ~np.isin(rows, _generation_rows(readable))
-        order = rows[~bad & ~unreadable]
+        why = np.full(len(rows), -1, dtype=np.int64)  # -1: exported
+        why[index.quarantined_mask()] = QUARANTINED
+        why[~np.isin(rows, _generation_rows(readable))] = UNREADABLE
+        if options.format == "imagefolder" and kept is None:
+            why[index.tile_labels() < 0] = UNLABELLED
+        order = rows[why < 0]
         if options.shuffle:  # a keyed permutation, as DistributedTileSampler's
             order = order[RandomPermutation(len(order), options.seed)(np.arange(len(order)))]
-        left_out = np.stack([rows[bad | unreadable], unreadable[bad | unreadable]], axis=1)
+        left_out = np.stack([rows[why >= 0], why[why >= 0]], axis=1)
         # (the temporary name ends in .npz: np.savez would add it)
         with replacing(plan, plan.with_name(f".plan.tmp-{os.getpid()}.npz")) as tmp:
             np.savez(tmp, order=order, left_out=left_out)
@@ -617,6 +677,8 @@ def export_index(
         json.dumps({**settings, "content": content}, sort_keys=True).encode(),
     )
     folders = tuple(_label_folders(index).items())
+    if options.format == "imagefolder":
+        warn_of_split_words(dict(folders).values(), out_path)
     # local processes share this machine's cores; an executor's workers are sized by their owner
     threads = threads_per_process(workers) if executor is None else 1
     units = [
@@ -629,6 +691,7 @@ def export_index(
             out=str(out_path),
             options=options,
             folders=folders,
+            unlabelled_out=None if kept is None else str(kept),
             content=contents[i],
             verify=verify,
             threads=threads,
@@ -646,32 +709,44 @@ def export_index(
             # local workers are ended by now; one ended mid-write (the others' unit failed on
             # a full disk) left its temporary file, which would keep the space it took
             if executor is None:
-                _remove_partial_files(out_path)
+                _remove_partial_files(out_path, kept)
             raise
     tiles = [t for r in records for t in r["tiles"]]
     failures = [f for r in records for f in r["failures"]]
     reasons = _quarantine_reasons(full)
-    for row, unreadable in left_out.tolist():
+    for row, left in left_out.tolist():
         fields = _tile_fields(full, row)
-        if unreadable:
+        if left == UNREADABLE:
             reason = "slide cannot be read (missing_slides='exclude')"
+        elif left == UNLABELLED:
+            reason = "no label (left out of the class folders; unlabelled_out keeps them)"
         else:
-            why = reasons.get((fields["slide_path"], fields["x"], fields["y"]))
-            reason = f"quarantined before export: {why}" if why else "quarantined before export"
+            error = reasons.get((fields["slide_path"], fields["x"], fields["y"]))
+            reason = f"quarantined before export: {error}" if error else "quarantined before export"
         failures.append({**fields, "reason": reason})
     failures.sort(key=lambda f: f["row"])
-    quarantined = sum(not unreadable for _, unreadable in left_out.tolist())
+    quarantined = int((left_out[:, 1] == QUARANTINED).sum())
+    unlabelled = int((left_out[:, 1] == UNLABELLED).sum())
+    if unlabelled:
+        log.warning(
+            "%d tiles have no label: they are left out of the image folders (a folder of "
+            "them would be one more class to every reader) and listed in failures.csv; "
+            "--unlabelled-out DIR (unlabelled_out=DIR) writes them to a folder outside the "
+            "export",
+            unlabelled,
+        )
     _write_csv(out_path / "manifest.csv", MANIFEST_COLUMNS, tiles)
     _write_csv(out_path / "failures.csv", FAILURE_COLUMNS, failures)
     shards = [r["shard"] for r in records if r.get("shard")]
     report = ExportReport(
         out=out_path,
         tiles=len(tiles),
-        failed=len(failures) - quarantined,
+        failed=len(failures) - quarantined - unlabelled,
         quarantined=quarantined,
         units=len(units),
         units_skipped=sum(bool(r.get("skipped")) for r in records),
         shards=shards,
+        unlabelled=unlabelled,
     )
     per_shard = [sh["slides"] for sh in shards]
     summary = {
@@ -685,14 +760,47 @@ def export_index(
         "tiles": report.tiles,
         "failed": report.failed,
         "quarantined": report.quarantined,
+        "unlabelled": report.unlabelled,
         "shards": shards,
         "label_folders": {str(k): v for k, v in folders},
     }
     write_file(out_path / "export.json", json.dumps(summary, indent=1, sort_keys=True).encode())
     if options.format == "webdataset":
         classes = list(index.classes) if index.coverage is not None else []
-        write_card(out_path, options.image_ext, classes)
+        write_card(out_path, webdataset_card(options.image_ext, classes, index.split))
+    elif options.format == "imagefolder":
+        # every label of the index, present or not: the class ids are then the index's
+        # label ids (the folders sort in that order) in an export of any split
+        classes = sorted(folder for _, folder in folders)
+        write_card(out_path, imagefolder_card(options.image_ext, classes, index.split))
     return report
+
+
+def _unlabelled_folder(
+    unlabelled_out: str | os.PathLike[str] | None, out: Path, format: str
+) -> Path | None:
+    """The resolved ``unlabelled_out``, checked: an image-folder export's, outside ``out``
+    (every folder inside is a class to the readers)."""
+    if unlabelled_out is None:
+        return None
+    if format != "imagefolder":
+        raise ConfigError(
+            f"unlabelled_out (--unlabelled-out) is for imagefolder exports; a {format} export "
+            "keeps tiles without a label, with label null",
+            key="unlabelled_out",
+            value=str(unlabelled_out),
+        )
+    folder = Path(unlabelled_out).resolve()
+    root = out.resolve()
+    if folder == root or root in folder.parents:
+        raise ConfigError(
+            f"unlabelled_out {folder} is inside the export {root}, where every folder is a "
+            "class to torchvision's ImageFolder and Hugging Face's imagefolder: choose a folder "
+            "outside it",
+            key="unlabelled_out",
+            value=str(unlabelled_out),
+        )
+    return folder
 
 
 def _export_coords(full: SlideIndex, order: np.ndarray, out: Path) -> dict[str, Any]:
@@ -769,13 +877,14 @@ def _quarantine_reasons(index: SlideIndex) -> dict[tuple[str, int, int], str]:
     }
 
 
-def _remove_partial_files(out: Path) -> None:
+def _remove_partial_files(out: Path, unlabelled_out: Path | None = None) -> None:
     """Delete temporary files a killed export left behind (never under a final name)."""
-    if not out.exists():
-        return
-    for path in out.rglob(".*.tmp-*"):
-        if path.is_file() and re.search(r"\.tmp-\d+$", path.name):
-            path.unlink()
+    for folder in (out, unlabelled_out):
+        if folder is None or not folder.exists():
+            continue
+        for path in folder.rglob(".*.tmp-*"):
+            if path.is_file() and re.search(r"\.tmp-\d+$", path.name):
+                path.unlink()
 
 
 def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:

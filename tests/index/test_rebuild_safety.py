@@ -80,7 +80,7 @@ def test_an_export_reads_its_generation_while_the_index_is_rebuilt(
         return record
 
     monkeypatch.setattr(export_module, "export_unit", rebuild_after_first)
-    report = export_index(index, tmp_path / "export", shard_size=20)
+    report = export_index(index, tmp_path / "export", format="webdataset", shard_size=20)
     assert rebuilt and report.tiles == len(index)
     with open(tmp_path / "export" / "manifest.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))

@@ -45,6 +45,12 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
     p.add_argument("--split", metavar="NAME", help="export only the slides of this split")
     p.add_argument("--quarantine", metavar="FILE", help=QUARANTINE_HELP)
+    p.add_argument(
+        "--unlabelled-out",
+        metavar="DIR",
+        help="imagefolder: write tiles without a label to DIR, a folder outside --out (by "
+        "default they are left out: a folder of them would be one more class to every reader)",
+    )
     config_flag(
         p, "--verify", "on resume, check finished units' files by SHA-256 (not only their sizes)"
     )
@@ -94,11 +100,13 @@ def run(args: argparse.Namespace) -> int:
             executor=client,
             progress=not args.no_progress,
             quarantine=args.quarantine or config.dataset.quarantine,
+            unlabelled_out=args.unlabelled_out,
         )
+    unlabelled = f", {report.unlabelled} without a label left out" if report.unlabelled else ""
     print(
         f"{report.tiles} tiles -> {args.out} ({report.failed} failed, {report.quarantined} "
-        f"quarantined: see failures.csv; {report.units_skipped}/{report.units} units were "
-        "already complete)",
+        f"quarantined{unlabelled}: see failures.csv; {report.units_skipped}/{report.units} "
+        "units were already complete)",
         file=sys.stderr,
     )
     return 0
