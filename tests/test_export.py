@@ -18,6 +18,7 @@ from PIL import Image
 
 from tests.conftest import corrupt_rows
 from wsi_loader import export as export_module
+from wsi_loader import export_folder
 from wsi_loader.cli import main
 from wsi_loader.dataset import TileDataset, reading
 from wsi_loader.errors import ConfigError, UnitsNotDoneError, UnitTimeoutError, WorkerDiedError
@@ -393,7 +394,7 @@ def test_a_unit_is_complete_only_after_its_shard_is_written(
     monkeypatch.setattr(export_module, "write_file", dies_writing_a_shard)
     with pytest.raises(KeyboardInterrupt):
         export_index(index, out, format="webdataset", shard_size=30)
-    assert not export_module._part_records(out)  # nothing marked done
+    assert not export_folder.part_records(out)  # nothing marked done
     monkeypatch.undo()
     report = export_index(index, out, format="webdataset", shard_size=30)
     assert report.units_skipped == 0 and report.tiles == len(index)

@@ -9,7 +9,8 @@ only that record (never pixels), so units run inline, in a process pool or on a 
 Resuming: a unit whose record exists and whose files are intact (recorded sizes; SHA-256 with
 ``verify``) is complete and is skipped, so a second run with the same arguments writes only
 what is missing. Records, settings and the plan are hidden plain files in the output root
-(``.export-*``), never folders, so image-folder readers see only class folders. Different
+(``.export-*``, see `export_folder`), never folders, so image-folder readers see only class
+folders. Different
 arguments, or an index rebuilt with other tiles, into a folder holding an export are refused
 (``overwrite`` replaces it). ``manifest.csv`` (one row per exported tile, with its split and the
 SHA-256 of the stored bytes), ``failures.csv`` (tiles not exported and why: quarantined
@@ -26,7 +27,6 @@ import io
 import json
 import logging
 import os
-import re
 import tarfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,9 +40,7 @@ from PIL import Image
 from wsi_loader.config import ExportConfig, validate
 from wsi_loader.dataset.reading import TileReader, threads_per_process
 from wsi_loader.dataset_card import (
-    CARD_FILE,
     imagefolder_card,
-    is_ours,
     warn_of_split_words,
     webdataset_card,
     write_card,
@@ -54,6 +52,20 @@ from wsi_loader.errors import (
     UnitsNotDoneError,
     UnitTimeoutError,
     WorkerDiedError,
+)
+from wsi_loader.export_folder import (
+    PARTS_FILE,
+    PLAN_FILE,
+    SETTINGS_FILE,
+    check_destination,
+    clear_export,
+    outputs_intact,
+    part_records,
+    read_settings,
+    relative_name,
+    remove_partial_files,
+    unit_contents,
+    unlabelled_folder,
 )
 from wsi_loader.files import append_line, locked, replacing, write_file
 from wsi_loader.index.health import require_slides
@@ -74,11 +86,6 @@ IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 # 2: the plan holds generation rows (splits, dropped slides); 3: image files are named without
 # the slide's name, and tiles without a label are left out (or go to unlabelled_out)
 EXPORT_VERSION = 3
-# bookkeeping: plain hidden files in the output root, never folders (torchvision's ImageFolder
-# and Hugging Face's imagefolder take every folder of the root for a class)
-PARTS_FILE = ".export-parts.jsonl"  # one record per finished unit, appended under a lock
-SETTINGS_FILE = ".export-settings.json"
-PLAN_FILE = ".export-plan.npz"
 MANIFEST_COLUMNS = (
     "file",
     "member",
@@ -205,36 +212,6 @@ def _append_part(out: Path, record: dict[str, Any]) -> None:
         raise OutputError(exc.strerror or str(exc), path=str(path), code=exc.errno) from exc
 
 
-def _part_records(out: Path) -> dict[int, dict[str, Any]]:
-    """The last record of every unit in the parts file (torn lines skipped)."""
-    try:
-        raw = (out / PARTS_FILE).read_bytes()
-    except FileNotFoundError:
-        return {}
-    records: dict[int, dict[str, Any]] = {}
-    for line in raw.splitlines():
-        try:
-            record = json.loads(line)
-            records[int(record["unit"])] = record
-        except (ValueError, KeyError, TypeError):
-            continue
-    return records
-
-
-def _outputs_intact(out: Path, record: dict[str, Any], verify: bool) -> bool:
-    """Whether every file a unit wrote is there with its recorded size (and hash)."""
-    for name, size, digest in record.get("outputs", []):
-        path = out / name
-        try:
-            if path.stat().st_size != size:
-                return False
-        except OSError:
-            return False
-        if verify and hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-            return False
-    return True
-
-
 def _completed(unit: ExportUnit, records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """The record (of ``records``, the parts file) of a unit a previous run completed whose
     outputs are still intact (marked skipped), else None: a deleted or truncated shard or
@@ -243,7 +220,7 @@ def _completed(unit: ExportUnit, records: dict[int, dict[str, Any]]) -> dict[str
     record = records.get(unit.number)
     if record is None or record.get("content") != unit.content:
         return None
-    if not _outputs_intact(out, record, unit.verify):
+    if not outputs_intact(out, record, unit.verify):
         log.warning("export unit %d: outputs missing or changed, writing it again", unit.number)
         return None
     return {**record, "skipped": True}
@@ -344,7 +321,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
             if not done[i]:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_file(path, data)
-            name = _relative(path, out)
+            name = relative_name(path, out)
             outputs.append((name, len(data), entry["sha256"]))
             tiles.append({**entry, "file": name, "member": ""})
         else:
@@ -420,117 +397,6 @@ def _encode_all(
         return dict(zip(todo, pool.map(lambda j: _encode(pixels[j], options), todo), strict=True))
 
 
-def _relative(path: Path, out: Path) -> str:
-    """``path`` relative to the export's root (``../`` for tiles kept in unlabelled_out)."""
-    return Path(os.path.relpath(path, out)).as_posix()
-
-
-def _read_settings(out: Path) -> dict[str, Any] | None:
-    """The settings of the export in ``out`` (None for an empty or missing folder)."""
-    if not out.exists() or not any(out.iterdir()):
-        return None
-    source = out / SETTINGS_FILE
-    if not source.exists():
-        raise ConfigError(
-            f"{out} is not empty and holds no export; choose an empty folder", path=str(out)
-        )
-    try:
-        previous = json.loads(source.read_text(encoding="utf-8"))
-        if not isinstance(previous, dict):
-            raise ValueError("no settings object")
-    except (OSError, ValueError) as exc:  # includes UnicodeDecodeError
-        raise ConfigError(
-            f"{source} is unreadable ({exc}); it was not written by a finished export step: "
-            "delete the folder, or choose another one",
-            path=str(source),
-        ) from exc
-    return previous
-
-
-def _check_destination(out: Path, settings: dict[str, Any]) -> bool:
-    """Refuse a folder holding another export; True when it holds this one (a resume)."""
-    previous = _read_settings(out)
-    if previous is None:
-        return False
-    mine = {k: v for k, v in settings.items() if k != "content"}
-    theirs = {k: v for k, v in previous.items() if k != "content"}
-    if theirs.get("version") != mine["version"]:
-        raise ConfigError(
-            f"{out} holds an export made by another version of wsi_loader (layout "
-            f"{theirs.get('version')}, this one writes {mine['version']}): use --overwrite "
-            "(overwrite=True) to replace it, or an empty folder",
-            path=str(out),
-        )
-    if theirs != mine:
-        changed = sorted(k for k in mine if theirs.get(k) != mine.get(k))
-        raise ConfigError(
-            f"{out} holds an export made with different arguments ({', '.join(changed)}); "
-            "use the same arguments to resume, --overwrite to replace it, or an empty folder",
-            path=str(out),
-        )
-    return True
-
-
-def _clear_export(out: Path) -> None:
-    """Remove an export's files from ``out`` (the outputs its records list, its manifests and
-    bookkeeping), for --overwrite; nothing else in the folder is touched."""
-    outside: set[Path] = set()  # unlabelled_out
-    for record in _part_records(out).values():
-        for name, _, _ in record.get("outputs", []):
-            (out / name).unlink(missing_ok=True)
-            if name.startswith("../"):
-                outside.add((out / name).parent)
-    for name in (PARTS_FILE, SETTINGS_FILE, PLAN_FILE, "manifest.csv", "failures.csv"):
-        (out / name).unlink(missing_ok=True)
-    (out / "export.json").unlink(missing_ok=True)
-    if is_ours(out):
-        (out / CARD_FILE).unlink(missing_ok=True)
-    for folder in sorted(out.rglob("*"), reverse=True):  # class folders left empty
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
-    for folder in outside:
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
-
-
-def _slide_keys(index: SlideIndex) -> np.ndarray:
-    """A 64-bit identity per slide: stored path, label and split."""
-    keys = [
-        int.from_bytes(
-            hashlib.blake2b(
-                f"{s.path}\0{s.label}\0{s.split}".encode("utf-8", "surrogateescape"),
-                digest_size=8,
-            ).digest(),
-            "little",
-        )
-        for s in index.slides
-    ]
-    return np.array(keys, dtype=np.uint64)
-
-
-def _unit_contents(full: SlideIndex, order: np.ndarray, shard_size: int) -> list[str] | None:
-    """A digest of what each unit holds (each row's slide, x, y, level, window size, label),
-    from the generation ``full``; None when the plan's rows no longer exist in it."""
-    if len(order) and int(order.max()) >= len(full):
-        return None
-    cols = full.columns
-    keys = _slide_keys(full)
-    columns = [
-        keys[cols["slide_id"][order]].view(np.int64),
-        np.asarray(cols["l0_x"][order], np.int64),
-        np.asarray(cols["l0_y"][order], np.int64),
-        np.asarray(cols["level"][order], np.int64),
-        np.asarray(cols["read_size"][order], np.int64),
-    ]
-    if full.labels_from_annotations:  # tiles relabelled go to other folders: other contents
-        columns.append(full.tile_labels(order))
-    table = np.stack(columns, axis=1)
-    return [
-        hashlib.blake2b(table[start : start + shard_size].tobytes(), digest_size=16).hexdigest()
-        for start in range(0, len(order), shard_size)
-    ]
-
-
 def export_index(
     index: SlideIndex | str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -601,7 +467,7 @@ def export_index(
     )
     refuse_time_limit_with_executor("unit_timeout", checked.unit_timeout, executor)
     out_path = Path(out)
-    kept = _unlabelled_folder(unlabelled_out, out_path, checked.format)
+    kept = unlabelled_folder(unlabelled_out, out_path, checked.format)
     options = ExportOptions(
         format=checked.format,
         image_format=checked.image_format,
@@ -630,10 +496,10 @@ def export_index(
         "unlabelled_out": None if kept is None else str(kept),
         "version": EXPORT_VERSION,
     }
-    if overwrite and _read_settings(out_path) is not None:
-        _clear_export(out_path)
-    resuming = _check_destination(out_path, settings)
-    _remove_partial_files(out_path, kept)
+    if overwrite and read_settings(out_path) is not None:
+        clear_export(out_path)
+    resuming = check_destination(out_path, settings)
+    remove_partial_files(out_path, kept)
     out_path.mkdir(parents=True, exist_ok=True)
     generation = str(index.meta["generation"])
     full = SlideIndex.open(
@@ -660,11 +526,11 @@ def export_index(
         # (the temporary name ends in .npz: np.savez would add it)
         with replacing(plan, plan.with_name(f".plan.tmp-{os.getpid()}.npz")) as tmp:
             np.savez(tmp, order=order, left_out=left_out)
-    contents = _unit_contents(full, order, shard_size)
+    contents = unit_contents(full, order, shard_size)
     content = hashlib.sha256(
         "".join(contents or ["gone"]).encode("utf-8", "surrogateescape")
     ).hexdigest()
-    if resuming and _read_settings(out_path) != {**settings, "content": content}:
+    if resuming and read_settings(out_path) != {**settings, "content": content}:
         raise ConfigError(
             f"{out_path} holds an export of other tiles: the index was rebuilt with different "
             "tiles since this export began; pass --overwrite (overwrite=True) to replace it, or "
@@ -709,7 +575,7 @@ def export_index(
             # local workers are ended by now; one ended mid-write (the others' unit failed on
             # a full disk) left its temporary file, which would keep the space it took
             if executor is None:
-                _remove_partial_files(out_path, kept)
+                remove_partial_files(out_path, kept)
             raise
     tiles = [t for r in records for t in r["tiles"]]
     failures = [f for r in records for f in r["failures"]]
@@ -774,33 +640,6 @@ def export_index(
         classes = sorted(folder for _, folder in folders)
         write_card(out_path, imagefolder_card(options.image_ext, classes, index.split))
     return report
-
-
-def _unlabelled_folder(
-    unlabelled_out: str | os.PathLike[str] | None, out: Path, format: str
-) -> Path | None:
-    """The resolved ``unlabelled_out``, checked: an image-folder export's, outside ``out``
-    (every folder inside is a class to the readers)."""
-    if unlabelled_out is None:
-        return None
-    if format != "imagefolder":
-        raise ConfigError(
-            f"unlabelled_out (--unlabelled-out) is for imagefolder exports; a {format} export "
-            "keeps tiles without a label, with label null",
-            key="unlabelled_out",
-            value=str(unlabelled_out),
-        )
-    folder = Path(unlabelled_out).resolve()
-    root = out.resolve()
-    if folder == root or root in folder.parents:
-        raise ConfigError(
-            f"unlabelled_out {folder} is inside the export {root}, where every folder is a "
-            "class to torchvision's ImageFolder and Hugging Face's imagefolder: choose a folder "
-            "outside it",
-            key="unlabelled_out",
-            value=str(unlabelled_out),
-        )
-    return folder
 
 
 def _export_coords(full: SlideIndex, order: np.ndarray, out: Path) -> dict[str, Any]:
@@ -877,16 +716,6 @@ def _quarantine_reasons(index: SlideIndex) -> dict[tuple[str, int, int], str]:
     }
 
 
-def _remove_partial_files(out: Path, unlabelled_out: Path | None = None) -> None:
-    """Delete temporary files a killed export left behind (never under a final name)."""
-    for folder in (out, unlabelled_out):
-        if folder is None or not folder.exists():
-            continue
-        for path in folder.rglob(".*.tmp-*"):
-            if path.is_file() and re.search(r"\.tmp-\d+$", path.name):
-                path.unlink()
-
-
 def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
@@ -906,7 +735,7 @@ def _run(
     total = sum(len(u.rows) for u in units)
     with progress_bar(total, "tile", "exporting", progress and bool(units)) as bar:
         results: dict[int, dict[str, Any]] = {}
-        parts = _part_records(Path(units[0].out)) if units else {}
+        parts = part_records(Path(units[0].out)) if units else {}
         for unit in units:  # completed units are read back here, without starting any worker
             previous = _completed(unit, parts)
             if previous is not None:
