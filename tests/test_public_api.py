@@ -48,6 +48,7 @@ EXPORTED = [
     "load_config",
     "make_loader",
     "open_slide",
+    "pad_bags",
 ]
 
 
@@ -72,7 +73,7 @@ def test_every_public_attribute_is_exported() -> None:
 
 def test_dir_lists_lazy_names() -> None:
     listed = dir(wsi_loader)
-    for name in ("TileDataset", "make_loader", "DeviceLoader", "SlideBagDataset"):
+    for name in ("TileDataset", "make_loader", "DeviceLoader", "SlideBagDataset", "pad_bags"):
         assert name in listed
     assert set(wsi_loader.__all__) <= set(listed)
 

@@ -74,6 +74,7 @@ __all__ = [
     "load_config",
     "make_loader",
     "open_slide",
+    "pad_bags",
 ]
 
 # torch-based names, imported on first use so `import wsi_loader` stays torch-free.
@@ -86,6 +87,7 @@ _LAZY: dict[str, str] = {
     "make_loader": "wsi_loader.dataset",
     "DeviceLoader": "wsi_loader.gpu",
     "FeatureBagDataset": "wsi_loader.dataset",
+    "pad_bags": "wsi_loader.dataset",
     "extract_features": "wsi_loader.features",
 }
 
@@ -98,6 +100,7 @@ if _typing.TYPE_CHECKING:
         TileBatch,
         TileDataset,
         make_loader,
+        pad_bags,
     )
     from wsi_loader.features import extract_features
     from wsi_loader.gpu import DeviceLoader
