@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 
 import pytest
 
@@ -52,11 +53,17 @@ def check_outputs(name: str, notebook: nbformat.NotebookNode) -> None:
     if name.startswith("01"):
         images = [o for o in outputs if "image/png" in o.get("data", {})]
         assert len(images) >= 5  # overviews and mosaics rendered themselves
-    elif name.startswith("02"):  # the training loop printed its finite losses
+    elif name.startswith("02"):  # the training loop learnt the two classes it was shown
         text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
         losses = ast.literal_eval(next(ln for ln in text.splitlines() if ln.startswith("[")))
-        assert len(losses) == 12 and all(math.isfinite(v) for v in losses)
+        assert len(losses) >= 12 and all(math.isfinite(v) for v in losses)
+        means = [float(v) for v in re.findall(r"mean loss ([\d.]+)", text)]
+        assert len(means) == 3 and means[-1] < 0.7 * means[0], means  # a loss that drops
+        accuracy = float(re.search(r"held-out accuracy ([\d.]+)", text).group(1))  # type: ignore[union-attr]
+        assert accuracy >= 0.8  # and tiles of slides it never saw are told apart
         assert "waited for data" in text
+        images = [o for o in outputs if "image/png" in o.get("data", {})]
+        assert len(images) == 2  # a mosaic of each class
     else:  # features were extracted for every slide and the MIL model trained on them
         text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
         assert "6 slides," in text and "0 failed" in text

@@ -41,6 +41,7 @@ class SlideSpec:
     mpp: float = 0.5
     seed: int = 0
     tissue: float = 0.35  # approximate share of the area covered by tissue
+    nuclei: float = 1.0  # nuclei per area of tissue, times the default's (a class that shows)
     quality: int = 85
 
 
@@ -107,7 +108,8 @@ class _Painter:
         canvas = Image.fromarray(np.where(mask[..., None], tissue, bg))
         draw = ImageDraw.Draw(canvas)
         # about one nucleus per 900 level-0 px^2 of tissue, capped on coarse levels
-        n = min(int(mask.mean() * size * size * ds * ds / 900.0), size * size // 24)
+        per_tile = mask.mean() * size * size * ds * ds * self.spec.nuclei / 900.0
+        n = min(int(per_tile), size * size // 24)
         xy = rng.integers(0, size, (n, 2))
         xy = xy[mask[xy[:, 1], xy[:, 0]]]
         radii = np.maximum(rng.uniform(2.5, 5.5, len(xy)) / ds, 0.6)
