@@ -548,3 +548,18 @@ def test_an_index_without_labels_is_refused_for_image_folders(
     kept = tmp_path / "tiles"
     assert export_index(index, out, unlabelled_out=kept).tiles == len(index)
     assert len(list(kept.iterdir())) == len(index)
+
+
+def test_an_export_of_an_older_layout_is_refused_with_that_reason(
+    index: SlideIndex, tmp_path: Path
+) -> None:
+    # version 2 named files after their slide and kept an unlabelled/ folder: resuming it
+    # would mix both layouts
+    out = tmp_path / "out"
+    export_index(index, out, shard_size=50)
+    settings = out / export_folder.SETTINGS_FILE
+    old = json.loads(settings.read_text())
+    settings.write_text(json.dumps({**old, "version": 2}))
+    with pytest.raises(ConfigError, match="another version of wsi_loader"):
+        export_index(index, out, shard_size=50)
+    assert export_index(index, out, shard_size=50, overwrite=True).tiles > 0
