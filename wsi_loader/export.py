@@ -10,13 +10,13 @@ Resuming: a unit whose record exists and whose files are intact (recorded sizes;
 ``verify``) is complete and is skipped, so a second run with the same arguments writes only
 what is missing. Records, settings and the plan are hidden plain files in the output root
 (``.export-*``, see `export_folder`), never folders, so image-folder readers see only class
-folders. Different
-arguments, or an index rebuilt with other tiles, into a folder holding an export are refused
-(``overwrite`` replaces it). ``manifest.csv`` (one row per exported tile, with its split and the
-SHA-256 of the stored bytes), ``failures.csv`` (tiles not exported and why: quarantined
-before, or failed now) and ``export.json`` (arguments, source index and counts) are written
-at the end, and the dataset card (``README.md``, `dataset_card`) that tells Hugging Face
-``datasets`` the split, the classes and the field types.
+folders. Different arguments, or an index rebuilt with other tiles, into a folder holding an
+export are refused (``overwrite`` replaces it). ``manifest.csv`` (one row per exported tile,
+with its split and the SHA-256 of the stored bytes), ``failures.csv`` (tiles not exported and
+why: quarantined before, failed now, or without a label in image folders) and ``export.json``
+(arguments, source index and counts) are written at the end, and the dataset card
+(``README.md``, `dataset_card`) that tells Hugging Face ``datasets`` the split, the classes and
+the field types.
 """
 
 from __future__ import annotations
