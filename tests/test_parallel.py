@@ -126,9 +126,11 @@ def test_ctrl_c_stops_a_parallel_export_cleanly_and_it_resumes(
 ) -> None:
     import wsi_loader as wl
 
+    labels = tmp_path / "labels.csv"  # (image folders hold labelled tiles)
+    labels.write_text("slide,label\nCMU-1-Small-Region,he\n")
     index = wl.build_index(
         [testdata / "CMU-1-Small-Region.svs"], tmp_path / "idx", level=0, tile_size=64,
-        min_tissue=0.0,
+        min_tissue=0.0, labels=str(labels),
     )  # fmt: skip
     out = tmp_path / "export"
     args = ["export", str(index.path), "--out", str(out), "--workers", "2", "--shard-size", "4",

@@ -63,9 +63,10 @@ print("control", threads() - base, flush=True)
 def test_reads_never_start_torch_intra_op_threads(make_slide: SlideFactory, tmp_path: Path) -> None:
     from wsi_loader import build_index
 
-    index = build_index(
-        [make_slide(width=2048, height=2048, seed=3)], tmp_path / "idx", level=0, min_tissue=0
-    )
+    slide = make_slide(width=2048, height=2048, seed=3)
+    labels = tmp_path / "labels.csv"  # (image folders hold labelled tiles)
+    labels.write_text(f"slide,label\n{slide.stem},tissue\n")
+    index = build_index([slide], tmp_path / "idx", level=0, min_tissue=0, labels=str(labels))
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(index.path), str(tmp_path / "export")],
         cwd=REPO,
