@@ -43,6 +43,9 @@ class SlideSpec:
     tissue: float = 0.35  # approximate share of the area covered by tissue
     nuclei: float = 1.0  # nuclei per area of tissue, times the default's (a class that shows)
     quality: int = 85
+    # stained with known optical-density vectors (H, E), by Beer-Lambert, instead of fixed
+    # colours: nuclei haematoxylin, stroma eosin (tests of stain estimation)
+    stain: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
 
 
 class _Painter:
@@ -65,14 +68,18 @@ class _Painter:
             int, tuple[list[npt.NDArray[np.uint8]], list[npt.NDArray[np.uint8]]]
         ] = {}
 
-    def tissue_mask(self, l0_x: int, l0_y: int, ds: float, w: int, h: int) -> npt.NDArray[np.bool_]:
-        """Tissue where the smoothed field (sampled every 8 px, bilinear) passes the threshold."""
+    def tissue_mask(
+        self, l0_x: int, l0_y: int, ds: float, w: int, h: int, above: float = 0.0
+    ) -> npt.NDArray[np.bool_]:
+        """Tissue where the smoothed field (sampled every 8 px, bilinear) passes the threshold
+        (plus ``above``: the tissue's cores)."""
+        threshold = self.threshold + above
         step = 8
         xs = (l0_x + np.arange(0, w + step, step) * ds) / _FIELD_STEP
         ys = (l0_y + np.arange(0, h + step, step) * ds) / _FIELD_STEP
         gy, gx = np.meshgrid(ys, xs, indexing="ij")
         coarse = ndimage.map_coordinates(self.field, [gy, gx], order=1, mode="nearest")
-        if coarse.max() <= self.threshold - 0.05:
+        if coarse.max() <= threshold - 0.05:
             return np.zeros((h, w), dtype=bool)
         size = ((coarse.shape[1] - 1) * step, (coarse.shape[0] - 1) * step)
         fine = Image.fromarray(coarse.astype(np.float32), "F").resize(
@@ -80,7 +87,7 @@ class _Painter:
             Image.Resampling.BILINEAR,
             box=(0.5, 0.5, coarse.shape[1] - 0.5, coarse.shape[0] - 0.5),
         )
-        return np.asarray(fine)[:h, :w] > self.threshold
+        return np.asarray(fine)[:h, :w] > threshold
 
     def _textures(
         self, size: int
@@ -117,7 +124,41 @@ class _Painter:
         for (x, y), r, d in zip(xy.tolist(), radii.tolist(), shades.tolist(), strict=True):
             fill = (_NUCLEUS[0] + d, _NUCLEUS[1] + d, _NUCLEUS[2] + d)
             draw.ellipse((x - r, y - r * 0.8, x + r, y + r * 0.8), fill=fill)
-        return np.asarray(canvas)
+        pixels = np.asarray(canvas)
+        if self.spec.stain is not None:
+            cores = self.tissue_mask(l0_x, l0_y, ds, size, size, above=_CORE)
+            return _stained(pixels, mask, cores, self.spec.stain)
+        return pixels
+
+
+# transmitted light and stain amounts of the stained synthetic slides
+_STAIN_IO = 245.0
+_STROMA_E, _NUCLEUS_H, _NUCLEUS_E, _CORE_H = 0.55, 1.1, 0.2, 0.8
+_CORE = 0.9  # field above the tissue threshold where tissue is cellular (haematoxylin-rich)
+
+
+def _stained(
+    painted: npt.NDArray[np.uint8],
+    mask: npt.NDArray[np.bool_],
+    cores: npt.NDArray[np.bool_],
+    stain: tuple[tuple[float, float, float], tuple[float, float, float]],
+) -> npt.NDArray[np.uint8]:
+    """Repaint a tile by Beer-Lambert with known stain vectors: eosin over the tissue (its
+    texture from the painted stroma's green), haematoxylin where nuclei were drawn and over
+    the tissue's cellular cores (large areas of nearly pure haematoxylin, so low levels have
+    them too)."""
+    h, e = (np.asarray(v, np.float32) / np.linalg.norm(v) for v in stain)
+    green = painted[..., 1].astype(np.float32)
+    nucleus = mask & (green < 110)  # the nuclei's painted green is 38-78, stroma's ~160
+    texture = np.clip((255.0 - green) / 95.0, 0.3, 1.7)
+    c_e = np.where(mask, _STROMA_E * texture, 0.0)
+    c_e = np.where(nucleus, _NUCLEUS_E, np.where(cores, 0.1 * c_e, c_e))
+    c_h = np.where(cores, _CORE_H * texture, 0.0)
+    c_h = np.where(nucleus, _NUCLEUS_H * np.clip(texture / 1.6, 0.6, 1.2), c_h)
+    od = c_h[..., None] * h + c_e[..., None] * e
+    rgb = np.clip(_STAIN_IO * np.exp(-od) + 0.5, 0, 255)
+    out: npt.NDArray[np.uint8] = rgb.astype(np.uint8)
+    return out
 
 
 def _level_downsamples(spec: SlideSpec) -> list[int]:

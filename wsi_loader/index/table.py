@@ -43,6 +43,7 @@ from wsi_loader.errors import ConfigError, IndexFormatError
 from wsi_loader.files import lock
 from wsi_loader.index.checks import check_params, check_slides, check_values
 from wsi_loader.index.quarantine import Quarantine, coords_in
+from wsi_loader.index.stain import summary as stain_summary
 from wsi_loader.slides.storage import expand_home, is_url, url_join
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,10 @@ class SlideRecord:
     annotations: list[str] | None = None  # annotation files of the slide (absolute paths)
     annotation_digest: str | None = None  # of their contents: changed files re-index the slide
     class_areas: dict[str, float] | None = None  # annotated class -> level-0 area (px^2)
+    # from the tissue of the low-resolution image (index/stain.py): H and E optical-density
+    # vectors, max concentrations, LAB moments; or why there is no estimate (stain_error)
+    stain: dict[str, Any] | None = None
+    stain_error: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SlideRecord:
@@ -532,6 +537,7 @@ class SlideIndex:
             "splits": split_counts,
             "copies": self.meta.get("copies", []),
             "build": self.meta.get("build"),
+            "stain": stain_summary(s.stain for s in self.slides if s.status == "ok"),
             "slides": [
                 {
                     "slide_id": i,
@@ -551,6 +557,8 @@ class SlideIndex:
                     "vendor": s.vendor,
                     "width": s.width,
                     "height": s.height,
+                    "stain": s.stain,
+                    "stain_error": s.stain_error,
                 }
                 for i, s in enumerate(self.slides)
                 if self.split is None or s.split == self.split
