@@ -23,8 +23,10 @@ import simplejpeg
 import torch
 
 from wsi_loader.dataset.batch import TileBatch
-from wsi_loader.errors import TileReadError
+from wsi_loader.errors import ConfigError, TileReadError
 from wsi_loader.index.quarantine import Quarantine
+from wsi_loader.index.table import SlideIndex
+from wsi_loader.stain import as_stain
 
 log = logging.getLogger(__name__)
 
@@ -149,12 +151,28 @@ def _mark_failed(
         )
 
 
+def _index_of(loader: Any) -> SlideIndex:
+    """The index a loader reads: make_loader's, or a DataLoader's `TileDataset`'s."""
+    for holder in (getattr(loader, "tiles", None), getattr(loader, "dataset", None)):
+        index = getattr(holder, "index", None)
+        if isinstance(index, SlideIndex):
+            return index
+    raise ConfigError(
+        "stain transforms need the index the loader reads, and this loader has none to find "
+        "(make_loader's and DataLoader(TileDataset) have): pass DeviceLoader(..., index=...)",
+        key="stain",
+    )
+
+
 class DeviceLoader:
     """Wrap a loader of `TileBatch` (or default-collated sample dicts) and yield dicts whose
     ``image`` is a normalised float tensor ``(N, 3, H, W)`` on ``device``.
 
     ``mean``/``std`` are in [0, 1] units (ImageNet's by default; ``None`` gives plain /255).
     ``wait_seconds`` accumulates the time the consumer waited for the next batch.
+    ``stain``: stain transforms of `wsi_loader.stain` (one or a list: ``Normalize("macenko")``,
+    ``HEDJitter(0.05, 0.05)``...), applied to whole batches on ``device`` before the
+    conversion, bound to the loader's index (``index`` when the loader has none).
     """
 
     def __init__(
@@ -166,8 +184,12 @@ class DeviceLoader:
         std: Sequence[float] | None = IMAGENET_STD,
         dtype: torch.dtype = torch.float32,
         channels_last: bool = True,
+        stain: Any = None,
+        index: SlideIndex | None = None,
     ) -> None:
         self.loader = loader
+        steps = as_stain(stain)
+        self.stain = None if steps is None else steps.bind(index or _index_of(loader))
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device is 'cuda' but CUDA is not available; use device='cpu'")
@@ -231,18 +253,36 @@ class DeviceLoader:
         """Copy to the device and convert; runs on the side stream when there is one."""
         if isinstance(batch, TileBatch) and self.device.type == "cpu" and self._np_dtype:
             moved = decode_encoded(batch, self.device, self._unwritable, self._quarantines)
+            if self.stain is not None:  # numpy, in place: the batch is this process's now
+                self.stain.apply_numpy(
+                    moved.images.numpy(), moved.slide_id, moved.rows, moved.epoch, moved.ok
+                )
             out = moved.as_dict()
             out["image"] = self._convert_on_cpu(moved.images)
             return out
         if isinstance(batch, TileBatch):
             moved = batch.to(self.device, non_blocking=True)
             moved = decode_encoded(moved, self.device, self._unwritable, self._quarantines)
+            if self.stain is not None:
+                moved.images = self.stain.apply_torch(
+                    moved.images, batch.slide_id, batch.rows, batch.epoch, moved.ok
+                )
             out = moved.as_dict()
         else:  # default-collated dicts from a plain DataLoader(TileDataset)
             out = {
                 k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
                 for k, v in batch.items()
             }
+            if self.stain is not None:
+                epoch = int(getattr(getattr(self.loader, "dataset", None), "epoch", 0))
+                nhwc = self.stain.apply_torch(
+                    out["image"].permute(0, 2, 3, 1),
+                    batch["slide_id"],
+                    batch["row"],
+                    epoch,
+                    batch["ok"],
+                )
+                out["image"] = nhwc.permute(0, 3, 1, 2)
         image = out["image"].to(self.dtype).mul_(self._scale).add_(self._shift)  # in place
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         out["image"] = image.contiguous(memory_format=fmt)

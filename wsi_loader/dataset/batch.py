@@ -41,6 +41,7 @@ class TileBatch:
     on_error: str = "fill"  # the dataset's policy, for tiles that fail after the worker
     fingerprints: list[str | None] | None = None  # of the slides, for quarantine records
     recycled: bool = False  # images live in a reused buffer (freed when no tensor is left)
+    epoch: int = 0  # the epoch it was read in (random stain transforms on the device use it)
 
     def __len__(self) -> int:
         return int(self.images.shape[0])

@@ -58,13 +58,13 @@ class BatchReads(Dataset[TileBatch]):
         return len(self.tiles)
 
     def __getitem__(self, rows: Sequence[int] | BatchPlan) -> TileBatch:
-        ahead = None
+        ahead, epoch = None, None
         if isinstance(rows, BatchPlan):
-            rows, ahead = rows
+            rows, ahead, epoch = rows
         worker = get_worker_info()
         if self.reading is None or worker is None:
             return self.tiles.read_batch(
-                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead
+                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead, epoch=epoch
             )
         # a numpy view of the shared slots: a plain store per slide read, no torch call
         slots, slot = self.reading.numpy(), worker.id
@@ -75,7 +75,7 @@ class BatchReads(Dataset[TileBatch]):
         self.tiles.reader.on_slide = note
         try:
             return self.tiles.read_batch(
-                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead
+                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead, epoch=epoch
             )
         finally:
             slots[slot] = -1
@@ -166,6 +166,8 @@ class TileLoader(DataLoader[TileBatch]):
         set_epoch = getattr(self.tile_sampler, "set_epoch", None)
         if set_epoch is not None:
             set_epoch(epoch)
+        if self.tiles is not None:
+            self.tiles.set_epoch(epoch)  # for a sampler without one (the batches carry it)
 
 
 def make_loader(
@@ -294,7 +296,7 @@ def make_loader(
         ),
         batch_size=None,
         sampler=LookAhead(
-            BatchSampler(sampler, batch_size, drop_last), max(1, workers), opts.prefetch
+            BatchSampler(sampler, batch_size, drop_last), max(1, workers), opts.prefetch, sampler
         ),
         num_workers=workers,
         collate_fn=_passthrough,

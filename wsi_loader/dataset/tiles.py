@@ -8,6 +8,7 @@ index's memory-mapped numpy columns, so worker memory stays flat in the index si
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +31,9 @@ from wsi_loader.errors import ConfigError
 from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.pool import HandlePool
+from wsi_loader.stain import as_stain
+
+log = logging.getLogger(__name__)
 
 Sample = dict[str, Any]
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -117,6 +121,10 @@ class TileDataset(Dataset[Sample]):
     tensor of the same shape (flips, rotations, colour jitter), written back into the batch.
     ``batch_transform`` runs on each `TileBatch` in the process that reads and returns a
     `TileBatch` (any image shape or dtype; batch buffers are then not reused).
+    ``stain``: stain transforms of `wsi_loader.stain` (`Normalize`, `HEDJitter`, ...; one or a
+    list), applied to each batch in the process that reads (numpy, before ``transform``),
+    bound to this index; random ones draw from (seed, epoch, row): make_loader's batches carry
+    their sampler's epoch, ``ds[row]`` reads use `set_epoch`'s.
 
     Options (validated like the YAML ``dataset`` section, `DatasetConfig`; a wrong type or
     range is a `ConfigError` naming the option): ``split`` reads one split; ``missing_slides``
@@ -163,8 +171,10 @@ class TileDataset(Dataset[Sample]):
         record_failures: bool = True,
         decode_threads: int | None = None,
         quarantine: str | os.PathLike[str] | None = None,
+        stain: Any = None,
     ) -> None:
         _check_callable("transform", transform)
+        stain_steps = as_stain(stain)
         _check_callable("batch_transform", batch_transform)
         options: DatasetConfig = validate(
             DatasetConfig,
@@ -215,6 +225,14 @@ class TileDataset(Dataset[Sample]):
         self.slide_labels = index.slide_labels()
         self.label_names = index.label_names
         self.slide_label_names = index.slide_label_names
+        self.stain = None if stain_steps is None else stain_steps.bind(index)
+        self._said_encoded = False
+        self.epoch = 0  # of the random stain transforms in per-item reads (set_epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch random stain transforms draw from in ``ds[row]`` reads (make_loader's
+        batches carry their sampler's epoch instead)."""
+        self.epoch = int(epoch)
 
     @classmethod
     def from_config(
@@ -265,6 +283,9 @@ class TileDataset(Dataset[Sample]):
 
     def _samples(self, rows: np.ndarray, result: ReadResult) -> list[Sample]:
         cols = self.index.columns
+        if self.stain is not None:
+            slide_ids = np.asarray(cols["slide_id"][rows], dtype=np.int64)
+            self.stain.apply_numpy(result.pixels, slide_ids, rows, self.epoch, result.ok)
         labels = self.tile_labels(rows).tolist()
         coverage = self.index.coverage
         samples = []
@@ -324,12 +345,32 @@ class TileDataset(Dataset[Sample]):
                 )
             pixels[i] = out.numpy().transpose(1, 2, 0)
 
+    def _stain_in_place(
+        self, pixels: np.ndarray, rows: np.ndarray, result: ReadResult, epoch: int
+    ) -> None:
+        """The stain transforms on a batch read into ``pixels`` (tiles still compressed for
+        the device are left to `DeviceLoader`, with a warning once)."""
+        assert self.stain is not None
+        ok = np.asarray(result.ok, dtype=bool)
+        if result.encoded is not None:
+            encoded = np.array([e is not None for e in result.encoded], dtype=bool)
+            if encoded.any() and not self._said_encoded:
+                self._said_encoded = True
+                log.warning(
+                    "decode='device': tiles decoded on the device skip the dataset's stain "
+                    "transforms; give them to DeviceLoader(stain=...) instead"
+                )
+            ok &= ~encoded
+        slide_ids = np.asarray(self.index.columns["slide_id"][rows], dtype=np.int64)
+        self.stain.apply_numpy(pixels, slide_ids, rows, epoch, ok)
+
     def read_batch(
         self,
         rows: Sequence[int],
         encoded: bool = False,
         buffers: BufferRing | None = None,
         ahead: Sequence[int] | None = None,
+        epoch: int | None = None,
     ) -> TileBatch:
         """Read rows into one `TileBatch` (NHWC uint8); see `make_loader`. ``ahead``: rows
         this process reads next, whose bytes are requested before this batch is decoded.
@@ -349,6 +390,9 @@ class TileDataset(Dataset[Sample]):
         try:
             pixels = images.numpy()
             result = self.read_rows(array, out=pixels, encoded=encoded, ahead=ahead)
+            epoch = self.epoch if epoch is None else epoch
+            if self.stain is not None:
+                self._stain_in_place(pixels, array, result, epoch)
             if self.transform is not None:
                 self._transform_in_place(pixels)
         except BaseException:
@@ -373,6 +417,7 @@ class TileDataset(Dataset[Sample]):
                 else torch.from_numpy(np.array(self.index.coverage[array], dtype=np.float32))
             ),
             recycled=recycled,
+            epoch=epoch,
         )
         if self.batch_transform is not None:
             batch = self.batch_transform(batch)
