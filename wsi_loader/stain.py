@@ -46,6 +46,7 @@ from wsi_loader.index.stain import (
     estimate_stain,
     fit_image,
     read_reference,
+    single_threaded_opencv,
     slide_estimates,
 )
 from wsi_loader.index.table import CURRENT, SlideIndex
@@ -337,7 +338,7 @@ class StainTransform:
     ) -> None:
         """Transform a uint8 NHWC batch in place (tiles that are not ``ok`` are left alone)."""
         self._check_bound()
-        _single_threaded_in_workers()
+        single_threaded_opencv()
         p = self.params(images, np.asarray(slide_ids), np.asarray(rows), epoch)
         active = p.active if ok is None else p.active & np.asarray(ok, dtype=bool)
         for i in np.flatnonzero(active):
@@ -384,20 +385,6 @@ def _host(values: torch.Tensor | npt.ArrayLike) -> np.ndarray:
     if isinstance(values, torch.Tensor):
         return values.detach().cpu().numpy()
     return np.asarray(values)
-
-
-_THREADS_SET: list[int] = []
-
-
-def _single_threaded_in_workers() -> None:
-    """One OpenCV thread in a DataLoader worker (as torch does for itself there): the
-    workers already use every core."""
-    pid = os.getpid()
-    if _THREADS_SET and _THREADS_SET[0] == pid:
-        return
-    _THREADS_SET[:] = [pid]
-    if torch.utils.data.get_worker_info() is not None:
-        cv2.setNumThreads(1)
 
 
 @dataclass(frozen=True)

@@ -136,9 +136,25 @@ def optical_density(rgb: npt.NDArray[np.uint8], io: float = IO) -> FloatArray:
     return od
 
 
+_THREADS_SET: list[int] = []
+
+
+def single_threaded_opencv() -> None:
+    """One OpenCV thread in every process that runs our OpenCV calls (the LAB moments here,
+    the CPU stain kernels of `wsi_loader.stain`). Their parallelism is the index's and the
+    DataLoader's worker processes, and an OpenCV thread pool started in the main process is
+    inherited half-locked by forked workers, which then hang in their first OpenCV call
+    (seen: a fork after an epoch with ``num_workers=0``)."""
+    pid = os.getpid()
+    if [pid] != _THREADS_SET:
+        _THREADS_SET[:] = [pid]
+        cv2.setNumThreads(1)
+
+
 def rgb_to_lab(rgb: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
     """CIELAB (D65, sRGB gamma; L in 0..100) of uint8 RGB pixels ``(..., 3)``: OpenCV's float
     conversion, which agrees with scikit-image's ``rgb2lab`` to ~0.01."""
+    single_threaded_opencv()
     pixels = np.ascontiguousarray(rgb, dtype=np.uint8).reshape(-1, 3)
     # OpenCV converts row by row: one very long row is ~20x slower than rows of ~1k pixels
     width = 1024
