@@ -49,6 +49,7 @@ from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index.table import SlideIndex, SlideRecord
 from wsi_loader.naming import file_text, h5_file_names
 from wsi_loader.parallel import progress_bar
+from wsi_loader.stain import as_stain
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +259,7 @@ def extract(
     progress: bool = False,
     quarantine: str | os.PathLike[str] | None = None,
     timeout: float = 0,
+    stain: Any = None,
 ) -> FeatureReport:
     """Features of every tile of every slide of ``index`` (``split``) into ``out``.
 
@@ -267,7 +269,9 @@ def extract(
     failed reads go to (see `TileDataset`). ``timeout`` (seconds; needs workers): when no
     batch comes for that long (a read that hangs on a share that stopped answering), the
     slides being read are left unwritten (``incomplete``, with the reason) and the others
-    go on in fresh workers; 0 waits forever.
+    go on in fresh workers; 0 waits forever. ``stain``: transforms of `wsi_loader.stain`
+    (``Normalize("macenko")``...) applied on ``device`` before the encoder; part of what a
+    slide's file records, so changing them recomputes it.
     """
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(DTYPES)}", key="dtype", value=dtype)
@@ -289,6 +293,9 @@ def extract(
         quarantine=None if quarantine is None else os.fspath(quarantine),
     )
     view = open_for_reading(index, options)
+    steps = as_stain(stain)
+    stain_steps = None if steps is None else steps.bind(view)
+    stain_spec = None if stain_steps is None else stain_steps.spec()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out_path = Path(out)
     out_path.mkdir(parents=True, exist_ok=True)
@@ -302,7 +309,9 @@ def extract(
     owner = assign_slides([int(counts[s]) for s in slide_ids], world)
     mine = [sid for sid, r in zip(slide_ids, owner, strict=True) if r == rank]
     weights = _weights_digest(encoder.model)
-    content = {sid: _content(view, sid, starts, encoder, weights, dtype) for sid in mine}
+    content = {
+        sid: _content(view, sid, starts, encoder, weights, dtype, stain_spec) for sid in mine
+    }
     todo = [sid for sid in mine if _stored_content(out_path / names[sid]) != content[sid]]
     report = FeatureReport(slides=len(slide_ids), skipped=len(mine) - len(todo))
 
@@ -323,7 +332,12 @@ def extract(
                 timeout=timeout,
             )
             batches = DeviceLoader(
-                loader, device, mean=encoder.mean, std=encoder.std, channels_last=True
+                loader,
+                device,
+                mean=encoder.mean,
+                std=encoder.std,
+                channels_last=True,
+                stain=stain_steps,
             )
             done: set[int] = set()
             try:
@@ -390,14 +404,18 @@ def _content(
     encoder: Encoder,
     weights: str,
     dtype: str,
+    stain: list[dict[str, Any]] | None = None,
 ) -> str:
-    """What a slide's file holds: slide version, its tiles, the model and its weights."""
+    """What a slide's file holds: slide version, its tiles, the model and its weights (and
+    the stain transforms, when there are)."""
     rows = slice(int(starts[sid]), int(starts[sid + 1]))
     cols = view.columns
     digest = hashlib.blake2b(digest_size=16)
     record = view.slides[sid]
     header = [record.path, record.fingerprint, encoder.spec, weights, dtype, encoder.size]
     digest.update(json.dumps([*header, encoder.mean, encoder.std]).encode())
+    if stain is not None:  # absent: the digest of files written before stain options
+        digest.update(json.dumps(stain, sort_keys=True).encode())
     for name in ("l0_x", "l0_y", "level", "read_size"):
         digest.update(np.ascontiguousarray(cols[name][rows]).tobytes())
     return digest.hexdigest()

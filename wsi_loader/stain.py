@@ -161,8 +161,12 @@ class SlideTables:
             lab_std=np.array([e.lab_std for e in rows]).reshape(-1, 3),
             valid=np.array([e is not None for e in estimates], dtype=bool),
         )
-        missing = [s.path for s, e in zip(index.slides, estimates, strict=True) if e is None]
-        if missing and any(s.status == "ok" for s in index.slides):
+        missing = [
+            s.path
+            for s, e in zip(index.slides, estimates, strict=True)
+            if e is None and s.status == "ok" and s.tiles > 0
+        ]
+        if missing:
             log.warning(
                 "%d slides have no stain estimate (%s): their tiles pass the stain transforms "
                 "unchanged (info shows why)",

@@ -29,6 +29,7 @@ from wsi_loader.index.table import SlideIndex
 from wsi_loader.index.tissue import read_mask_image
 from wsi_loader.slides.base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, RGBArray, SlideReader
 from wsi_loader.slides.open import open_slide
+from wsi_loader.stain import as_stain
 
 ColorBy = Literal["tissue", "label", "status", "annotation"]
 COLOR_BY: tuple[str, ...] = ("tissue", "label", "status", "annotation")
@@ -353,7 +354,8 @@ class Mosaic(_Renders):
     reader (a plain index gets a reader that does not write the quarantine).
 
     Filter by ``slide``, ``label`` (name) or ``status`` (``ok`` / ``quarantined``). Tiles that
-    fail to read show the fill colour with a red border.
+    fail to read show the fill colour with a red border. ``stain`` (transforms of
+    `wsi_loader.stain`): each tile is shown as read, then transformed, side by side.
     """
 
     def __init__(
@@ -367,6 +369,7 @@ class Mosaic(_Renders):
         seed: int = 0,
         tile_px: int = 160,
         columns: int | None = None,
+        stain: Any = None,
     ) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -387,8 +390,21 @@ class Mosaic(_Renders):
             reader = TileReader(index, record_failures=False)
         result = reader.read(self.rows)
         self.ok = result.ok
+        pixels, self.after = result.pixels, np.zeros(len(self.rows), dtype=bool)
+        given = as_stain(stain)
+        steps = None if given is None else given.bind(index)
+        if steps is not None:  # each tile twice: as read, then stained
+            stained = pixels.copy()
+            slide_ids = np.asarray(index.columns["slide_id"][self.rows], dtype=np.int64)
+            steps.apply_numpy(stained, slide_ids, self.rows, 0, result.ok)
+            pixels = np.stack([pixels, stained], axis=1).reshape(-1, *pixels.shape[1:])
+            self.rows, self.ok = np.repeat(self.rows, 2), np.repeat(self.ok, 2)
+            self.after = np.tile([False, True], len(self.after))
+        self.stain_name = "" if steps is None else _stain_name(steps)
         self.columns = columns or math.ceil(math.sqrt(len(self.rows)))
-        self.image = self._draw(result.pixels, tile_px)
+        if steps is not None and columns is None:
+            self.columns += self.columns % 2  # pairs stay on one line
+        self.image = self._draw(pixels, tile_px)
 
     def __repr__(self) -> str:
         failed = int((~self.ok).sum())
@@ -438,9 +454,17 @@ class Mosaic(_Renders):
             second = f"{where} {mpp}"
             if draw.textlength(second, font=font) > tile_px:
                 second = where  # the MPP goes first: the position finds the tile again
+            if self.after[i]:
+                name, second = f"after: {self.stain_name}", f"{where}"
             for dy, text in ((2, name), (16, second)):
                 draw.text((x, y + tile_px + dy), _fit(draw, text, font, tile_px), "black", font)
         return canvas
+
+
+def _stain_name(steps: Any) -> str:
+    """A caption for stain transforms: 'macenko', 'hed_jitter + reinhard'..."""
+    names = [s.get("method", s["transform"]) for s in steps.spec()]
+    return " + ".join(names)
 
 
 def _fit(draw: ImageDraw.ImageDraw, text: str, font: Any, width: int) -> str:

@@ -13,6 +13,7 @@ from wsi_loader.cli.common import (
     config_flag,
     dask_client,
 )
+from wsi_loader.cli.stain import add_stain_options, stain_option
 from wsi_loader.config import Config, ExportConfig, load_config, validate
 from wsi_loader.index import SlideIndex
 
@@ -63,6 +64,7 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on a Dask cluster")
     p.add_argument("--no-progress", action="store_true")
+    add_stain_options(p)
     p.set_defaults(run=run)
 
 
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             quarantine=args.quarantine or config.dataset.quarantine,
             unlabelled_out=args.unlabelled_out,
+            stain=stain_option(args),
         )
     unlabelled = f", {report.unlabelled} without a label left out" if report.unlabelled else ""
     print(

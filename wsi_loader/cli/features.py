@@ -7,6 +7,7 @@ import os
 import sys
 
 from wsi_loader.cli.common import COMMON, READS, TILES, Subparsers, init_distributed, one_line
+from wsi_loader.cli.stain import add_stain_options, stain_option
 
 
 def register(sub: Subparsers) -> None:
@@ -39,6 +40,7 @@ def register(sub: Subparsers) -> None:
         "next run and go on (needs workers; 0: wait forever)",
     )
     p.add_argument("--no-progress", action="store_true")
+    add_stain_options(p)
     p.set_defaults(run=run)
 
 
@@ -63,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         quarantine=args.quarantine,
         timeout=args.timeout,
+        stain=stain_option(args),
     )
     print(
         f"{report.tiles} tiles of {report.written} slides -> {args.out} ({report.skipped} slides "

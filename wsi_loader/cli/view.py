@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from wsi_loader.cli.common import COMMON, READS, Subparsers, one_line, open_index
+from wsi_loader.cli.stain import add_stain_options, stain_option
 from wsi_loader.errors import ConfigError
 
 MIN_THUMBNAIL = 16  # inspect --max-size below this draws nothing useful
@@ -33,6 +34,7 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--label")
     p.add_argument("--status", choices=["ok", "quarantined"])
     p.add_argument("--seed", type=int, default=0)
+    add_stain_options(p)  # each tile as read, then normalised
     p.set_defaults(run=run_mosaic)
 
 
@@ -62,7 +64,13 @@ def run_mosaic(args: argparse.Namespace) -> int:
 
     index = open_index(args)
     mosaic = Mosaic(
-        index, args.n, slide=args.slide, label=args.label, status=args.status, seed=args.seed
+        index,
+        args.n,
+        slide=args.slide,
+        label=args.label,
+        status=args.status,
+        seed=args.seed,
+        stain=stain_option(args),
     )
     mosaic.save(args.out)
     print(
