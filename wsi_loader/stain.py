@@ -191,13 +191,14 @@ class LogLinear:
     floor: float = 1.0
     sub: float = 0.0
     clamp: Floats | None = None  # (3, 3): into a space whose negative values are cut
+    lut: npt.NDArray[np.float32] = field(init=False, repr=False)  # uint8 -> log value
 
-    def lut(self) -> npt.NDArray[np.float32]:
+    def __post_init__(self) -> None:
         values = np.maximum(np.arange(256, dtype=np.float64) + self.add, self.floor)
-        return np.log(values / self.io).astype(np.float32)
+        object.__setattr__(self, "lut", np.log(values / self.io).astype(np.float32)[None])
 
     def numpy(self, tile: UInt8s, m: Floats, b: Floats, out: UInt8s) -> None:
-        x = cv2.LUT(tile, self.lut().reshape(1, 256))
+        x = cv2.LUT(tile, self.lut)
         if self.clamp is not None:
             cv2.transform(x, self.clamp.astype(np.float32), dst=x)
             cv2.max(x, 0.0, dst=x)
