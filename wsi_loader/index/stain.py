@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import numpy.typing as npt
 
@@ -145,6 +144,8 @@ def single_threaded_opencv() -> None:
     DataLoader's worker processes, and an OpenCV thread pool started in the main process is
     inherited half-locked by forked workers, which then hang in their first OpenCV call
     (seen: a fork after an epoch with ``num_workers=0``)."""
+    import cv2  # here: reading an index (info) needs no OpenCV
+
     pid = os.getpid()
     if [pid] != _THREADS_SET:
         _THREADS_SET[:] = [pid]
@@ -154,6 +155,8 @@ def single_threaded_opencv() -> None:
 def rgb_to_lab(rgb: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
     """CIELAB (D65, sRGB gamma; L in 0..100) of uint8 RGB pixels ``(..., 3)``: OpenCV's float
     conversion, which agrees with scikit-image's ``rgb2lab`` to ~0.01."""
+    import cv2
+
     single_threaded_opencv()
     pixels = np.ascontiguousarray(rgb, dtype=np.uint8).reshape(-1, 3)
     # OpenCV converts row by row: one very long row is ~20x slower than rows of ~1k pixels
