@@ -294,3 +294,23 @@ def test_device_loader_normalises_like_the_cpu_path(stained: SlideIndex) -> None
     batch = next(iter(DeviceLoader(loader, "cpu", stain=stain, mean=None, std=None)))
     reference = next(iter(in_workers))
     assert (batch["image"] - reference["image"]).abs().max() <= 2 / 255 + 1e-6
+
+
+def _flip(image: torch.Tensor) -> torch.Tensor:
+    return image.flip(-1)
+
+
+def test_stain_runs_before_transform_and_batch_transform(stained: SlideIndex) -> None:
+    seen = []
+
+    def keep(batch):  # type: ignore[no-untyped-def]
+        seen.append(batch.images.clone())
+        return batch
+
+    stain = Normalize("macenko")
+    rows = list(range(8))
+    both = TileDataset(stained, stain=stain, transform=_flip, batch_transform=keep)
+    batch = both.read_batch(rows)
+    alone = TileDataset(stained, stain=stain).read_batch(rows).images
+    assert torch.equal(batch.images, alone.flip(2))  # NHWC: flipped along W after the stain
+    assert torch.equal(seen[0], batch.images)

@@ -41,6 +41,10 @@ def _state(slide: dict[str, Any]) -> str:
     return str(slide["status"]) if problem is None else problem_kind(problem)
 
 
+def _vector(values: list[float]) -> str:
+    return "(" + ", ".join(f"{v:.2f}" for v in values) + ")"
+
+
 def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
     slides = summary["slides"]
     states = Counter(_state(s) for s in slides)
@@ -83,6 +87,14 @@ def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
             f"copies: {extra} slide{' has' if extra == 1 else 's have'} the same contents as "
             "another: " + describe_copies(summary["copies"])
         )
+    stain = summary.get("stain") or {}
+    if stain.get("reference"):
+        ref = stain["reference"]
+        lines.append(
+            f"stain: {stain['estimated']} of {sum(s['status'] == 'ok' for s in slides)} slides "
+            f"estimated; median H {_vector(ref['H'])} "
+            f"E {_vector(ref['E'])} (wsi-loader stain)"
+        )
     lines.append(f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'level':>5} {'label':12} path")
     for s in slides:
         if only_failed and s["status"] != "failed":
@@ -99,6 +111,8 @@ def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
             lines.append(f"{'':>4} problem: {one_line(s['problem'])}")
         if s["warning"]:
             lines.append(f"{'':>4} warning: {one_line(s['warning'])}")
+        if s.get("stain_error") and s["status"] == "ok" and s["tiles"]:
+            lines.append(f"{'':>4} no stain estimate: {one_line(s['stain_error'])}")
     return printable("\n".join(lines))
 
 
