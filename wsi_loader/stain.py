@@ -117,7 +117,7 @@ def resolve_target(target: Target, index: SlideIndex | None = None) -> StainEsti
 def archive(index: SlideIndex) -> StainEstimate:
     """The median stain of the generation's slides (every split, so train and validation
     tiles go to the same target)."""
-    found = [s for s in slide_estimates(r.stain for r in index.slides) if s is not None]
+    found = [s for s in slide_estimates((r.path, r.stain) for r in index.slides) if s is not None]
     if not found:
         raise ConfigError(
             f"no slide of the index {index.path} has a stain estimate (built before stain "
@@ -151,7 +151,7 @@ class SlideTables:
 
     @classmethod
     def from_index(cls, index: SlideIndex) -> SlideTables:
-        estimates = slide_estimates(s.stain for s in index.slides)
+        estimates = slide_estimates((s.path, s.stain) for s in index.slides)
         fill = StainEstimate((1, 0, 0), (0, 1, 0), (1, 1), (50, 0, 0), (1, 1, 1))
         rows = [e or fill for e in estimates]
         tables = cls(

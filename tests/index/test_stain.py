@@ -14,7 +14,7 @@ from tests.conftest import SlideFactory
 from wsi_loader.cli.main import main
 from wsi_loader.dataset import TileDataset
 from wsi_loader.errors import InputError
-from wsi_loader.index import build_index, builder
+from wsi_loader.index import SlideIndex, build_index, builder
 from wsi_loader.index.stain import (
     StainEstimate,
     angle_deg,
@@ -189,3 +189,17 @@ def test_reference_file_round_trip_and_bad_files(tmp_path: Path) -> None:
     (tmp_path / "zero.json").write_text(json.dumps(data))
     with pytest.raises(InputError, match="positive numbers"):
         read_reference(tmp_path / "zero.json")
+
+
+def test_a_malformed_stain_in_the_index_is_refused_naming_the_slide(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    slide = make_slide(width=3000, height=2000, seed=1)
+    index = build_index([slide], tmp_path / "idx", tile_size=256, level=0)
+    gen = index.path / str(index.meta["generation"])
+    records = json.loads((gen / "slides.json").read_text())
+    records[0]["stain"]["H"] = ["x", 1, 2]
+    (gen / "slides.json").write_text(json.dumps(records))
+    opened = SlideIndex.open(tmp_path / "idx")  # checked where it is used
+    with pytest.raises(InputError, match=r"\.svs: stain: 'H' must be a list of 3 numbers"):
+        opened.summary()

@@ -334,15 +334,21 @@ def archive_reference(stains: Iterable[StainEstimate]) -> StainEstimate:
     )
 
 
-def slide_estimates(stains: Iterable[Mapping[str, Any] | None]) -> list[StainEstimate | None]:
-    """The `StainEstimate` of each slide record's ``stain`` field (None where it has none)."""
-    return [None if s is None else StainEstimate.from_json(s) for s in stains]
+def slide_estimates(
+    records: Iterable[tuple[str, Mapping[str, Any] | None]],
+) -> list[StainEstimate | None]:
+    """The `StainEstimate` of each slide record's (``path``, ``stain``) (None where it has
+    none); a malformed one is an `InputError` naming the slide (index files are input)."""
+    return [
+        None if stain is None else StainEstimate.from_json(stain, source=f"{path}: stain")
+        for path, stain in records
+    ]
 
 
-def summary(stains: Iterable[Mapping[str, Any] | None]) -> dict[str, Any]:
+def summary(records: Iterable[tuple[str, Mapping[str, Any] | None]]) -> dict[str, Any]:
     """``info --json``'s ``stain``: how many slides have an estimate, and the archive
     reference (their median) when any has."""
-    found = [s for s in slide_estimates(stains) if s is not None]
+    found = [s for s in slide_estimates(records) if s is not None]
     return {
         "estimated": len(found),
         "reference": archive_reference(found).as_json() if found else None,

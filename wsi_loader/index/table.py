@@ -537,7 +537,7 @@ class SlideIndex:
             "splits": split_counts,
             "copies": self.meta.get("copies", []),
             "build": self.meta.get("build"),
-            "stain": stain_summary(s.stain for s in self.slides if s.status == "ok"),
+            "stain": stain_summary((s.path, s.stain) for s in self.slides if s.status == "ok"),
             "slides": [
                 {
                     "slide_id": i,
