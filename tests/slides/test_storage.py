@@ -311,3 +311,9 @@ def test_an_unreadable_copied_slide_is_named_by_its_url(s3_endpoint: str, tmp_pa
         open_slide(url, copies=LocalCopies(str(cache)))
     assert caught.value.path == url and str(caught.value).startswith(f"{url}: ")
     assert "local copy" in str(caught.value) and str(cache) in str(caught.value)
+
+
+def test_coalescing_keeps_a_range_that_contains_the_next() -> None:
+    # a range inside the previous one must not shrink the request to its own end
+    assert coalesce([(0, 100), (10, 20)], gap=0) == [(0, 100)]
+    assert coalesce([(0, 100), (10, 20), (150, 10)], gap=64) == [(0, 160)]
