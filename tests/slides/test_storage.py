@@ -313,6 +313,47 @@ def test_an_unreadable_copied_slide_is_named_by_its_url(s3_endpoint: str, tmp_pa
     assert "local copy" in str(caught.value) and str(cache) in str(caught.value)
 
 
+def _fetch_copy(args: tuple[str, int, str]) -> None:
+    LocalCopies(args[0], max_bytes=args[1]).local(args[2])
+
+
+def test_concurrent_local_copies_stay_within_the_byte_limit(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    """Two processes each copying an object that fits alone but not together: the folder
+    must stay within its limit (the room was decided before the downloads, outside the
+    lock, so both copies stayed). Copies follow the umask like any file (a folder shared
+    by a group must be readable by it), and lock files leave with their copies."""
+    root = tmp_path / "www"
+    root.mkdir()
+    for name, seed in (("one.ndpi", 1), ("two.ndpi", 2)):
+        shutil.copy(make_slide(width=2048, height=2048, seed=seed), root / name)
+    size = max((root / n).stat().st_size for n in ("one.ndpi", "two.ndpi"))
+    limit = int(size * 1.5)
+    folder = tmp_path / "cache"
+    stats = tmp_path / "stats.json"
+    with http_files(root) as server, delay_proxy(server.port, 300, stats) as proxy:
+        urls = [f"{proxy.url}/one.ndpi", f"{proxy.url}/two.ndpi"]
+        with multiprocessing.get_context("spawn").Pool(2) as pool:
+            pool.map(_fetch_copy, [(str(folder), limit, url) for url in urls])
+        copies = [p for p in folder.iterdir() if not p.name.startswith(".")]
+        data = [p for p in copies if not p.name.endswith(".lock")]
+        assert sum(p.stat().st_size for p in data) <= limit, [p.name for p in data]
+        assert len(data) == 1
+        assert data[0].stat().st_mode & 0o777 == 0o666 & ~_umask()
+        # the evicted copy's lock file went with it
+        locks = [p.name for p in copies if p.name.endswith(".lock")]
+        assert locks == [data[0].name + ".lock"]
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_coalescing_keeps_a_range_that_contains_the_next() -> None:
     # a range inside the previous one must not shrink the request to its own end
     assert coalesce([(0, 100), (10, 20)], gap=0) == [(0, 100)]
