@@ -6,7 +6,9 @@ with them), started and stopped by the caller:
 * ``http``: a static file server with HTTP Range support, and injectable faults: a JSON file
   ``.faults.json`` in its root maps a substring of "PATH RANGE-HEADER" to
   ``{"status": 503, "times": N}`` (the next N matching requests get that status;
-  ``"times": -1`` forever; ``"status": 0`` drops the connection: a reset);
+  ``"times": -1`` forever; ``"status": 0`` drops the connection: a reset; ``"short"`` answers
+  a range with its first half only, said so in honest headers; ``"stall"`` accepts the
+  request and never answers (until the server stops, at most 120 s));
 * ``proxy``: a TCP proxy that delays every request by a fixed time (a bucket in the same
   region: 5-20 ms) and counts requests and bytes (written to ``--stats`` on SIGUSR1);
 * ``s3files``: the read side of the S3 API (HEAD and ranged GET of objects, path-style
@@ -162,7 +164,7 @@ class RangeHandler(SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def _fault(self) -> int | None:
+    def _fault(self) -> int | str | None:
         faults_file = Path(self.directory) / ".faults.json"
         if not faults_file.exists():
             return None
@@ -173,7 +175,8 @@ class RangeHandler(SimpleHTTPRequestHandler):
                 if fault["times"] > 0:
                     fault["times"] -= 1
                     faults_file.write_text(json.dumps(faults))
-                return int(fault["status"])
+                status = fault["status"]
+                return status if isinstance(status, str) else int(status)
         return None
 
     def send_head(self) -> Any:
@@ -182,7 +185,11 @@ class RangeHandler(SimpleHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return None
-        if fault is not None:
+        if fault == "stall":
+            time.sleep(120)
+            self.close_connection = True
+            return None
+        if isinstance(fault, int):
             self.send_error(fault)
             return None
         match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
@@ -195,6 +202,8 @@ class RangeHandler(SimpleHTTPRequestHandler):
         if start >= size:
             self.send_error(416)
             return None
+        if fault == "short":  # a server (or a proxy) that gives part of the range
+            end = start + (end - start) // 2
         fh = open(path, "rb")  # noqa: SIM115 - closed by the handler after copying
         fh.seek(start)
         self.send_response(206)

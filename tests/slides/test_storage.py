@@ -4,6 +4,7 @@ and concurrent, faults are retried and then said as they are."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import shutil
@@ -358,3 +359,87 @@ def test_coalescing_keeps_a_range_that_contains_the_next() -> None:
     # a range inside the previous one must not shrink the request to its own end
     assert coalesce([(0, 100), (10, 20)], gap=0) == [(0, 100)]
     assert coalesce([(0, 100), (10, 20), (150, 10)], gap=64) == [(0, 160)]
+
+
+@pytest.mark.timeout(90)
+def test_a_stalled_request_is_asked_again_not_waited_out(
+    served: tuple[str, Path], make_slide: SlideFactory
+) -> None:
+    """A request the server accepts and never answers: a second request for the same bytes
+    goes out once the first is slower than the latency seen so far allows, and the first
+    answer wins (it used to wait out the client's 120 s timeout)."""
+    base, root = served
+    local = make_slide(width=3000, height=2000, seed=7)
+    shutil.copy(local, root / "s.svs")
+    store = RangeStore()
+    reader, here = open_slide(f"{base}/s.svs", store=store), open_slide(str(local))
+    windows = [(x * 256, y * 256, 0, 256, 256) for x in range(6) for y in range(4)]
+    for window in windows[:12]:  # the latency of this server, learnt
+        assert np.array_equal(reader.read_region(*window), here.read_region(*window))
+    (root / ".faults.json").write_text(json.dumps({"bytes=": {"status": "stall", "times": 2}}))
+    for window in windows[12:]:
+        assert np.array_equal(reader.read_region(*window), here.read_region(*window))
+    assert store.hedged >= 2
+
+
+def test_short_answers_are_retried(served: tuple[str, Path], make_slide: SlideFactory) -> None:
+    base, root = served
+    local = make_slide(width=3000, height=2000, seed=7)
+    shutil.copy(local, root / "s.svs")
+    reader, here = open_slide(f"{base}/s.svs"), open_slide(str(local))
+    faults = root / ".faults.json"
+    faults.write_text(json.dumps({"bytes=": {"status": "short", "times": 2}}))
+    assert np.array_equal(
+        reader.read_region(0, 0, 0, 256, 256), here.read_region(0, 0, 0, 256, 256)
+    )
+    faults.write_text(json.dumps({"bytes=": {"status": "short", "times": -1}}))
+    with pytest.raises(TransientReadError, match="short"):
+        reader.read_region(512, 512, 0, 256, 256)
+
+
+def test_a_missing_bucket_is_said_in_words_at_once(s3_endpoint: str, tmp_path: Path) -> None:
+    """404s are permanent: one request, and the message says what is missing (it was the
+    store's raw XML, retried)."""
+    from tests.servers import proxy_stats
+
+    stats = tmp_path / "stats.json"
+    port = int(s3_endpoint.rsplit(":", 1)[1])
+    with delay_proxy(port, 0, stats) as proxy, _endpoint(proxy.url):
+        for call in (
+            lambda: open_slide("s3://no-such-bucket/a.svs"),
+            lambda: list_objects("s3://no-such-bucket/slides/", [".svs"]),
+        ):
+            before = proxy_stats(proxy, stats)["requests"]
+            with pytest.raises(SlideNotFoundError) as info:
+                call()
+            message = str(info.value)
+            assert "no-such-bucket" in message and "bucket" in message.lower()
+            assert "<" not in message and "attempts" not in message
+            assert proxy_stats(proxy, stats)["requests"] - before == 1
+        with pytest.raises(SlideNotFoundError, match=r"object .* does not exist"):
+            open_slide("s3://slides/no/such.svs")
+
+
+@contextlib.contextmanager
+def _endpoint(url: str) -> Iterator[None]:
+    import os
+
+    saved = os.environ["AWS_ENDPOINT_URL"]
+    os.environ["AWS_ENDPOINT_URL"] = url
+    try:
+        yield
+    finally:
+        os.environ["AWS_ENDPOINT_URL"] = saved
+
+
+def test_a_refused_connection_says_the_host_cannot_be_reached(tmp_path: Path) -> None:
+    from tests.servers import free_port
+    from wsi_loader.errors import InputError
+    from wsi_loader.index import build_index
+
+    url = f"https://127.0.0.1:{free_port()}/x.svs"
+    with pytest.raises(TransientReadError, match=r"cannot reach 127\.0\.0\.1:\d+ .*refused"):
+        remote_stat(url, retries=0)
+    with pytest.raises(InputError) as info:
+        build_index([url], tmp_path / "idx")
+    assert "mounted" not in str(info.value) and "cannot reach" in str(info.value)
