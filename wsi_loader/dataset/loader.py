@@ -208,9 +208,11 @@ def make_loader(
     bounded by the dataset's ``prefetch_mb``; see `wsi_loader.dataset.look_ahead`).
     ``timeout`` (seconds; needs workers): no batch for that long raises `LoaderTimeoutError`
     (a `TimeoutError`) naming the slides the workers were reading (a hung network share, a
-    file that blocks) instead of waiting forever. Workers of an index of remote slides start
-    with ``forkserver`` where the default is ``fork`` (obstore's runtime does not survive
-    fork). Other keyword arguments go to `TileDataset`
+    file that blocks) instead of waiting forever. Workers start as they do for local slides
+    when the index's remote slides are read through libcurl (``s3://`` with keys in the
+    environment, ``http(s)://``); for those read through obstore (``gs://``, ``az://``, S3 with
+    an instance role) they start with ``forkserver`` where the default is ``fork`` (obstore's
+    runtime does not survive fork). Other keyword arguments go to `TileDataset`
     (``transform``, ``batch_transform``, ``split``, ``on_error``...).
     """
     opts: LoaderConfig = validate(
@@ -258,10 +260,10 @@ def make_loader(
             seed=opts.seed or 0,
         )
     context = opts.multiprocessing_context
-    if tiles.reader.remote and context in (None, "fork"):
+    if not tiles.reader.fork_safe and context in (None, "fork"):
         if context == "fork":
             raise ConfigError(
-                "this index's slides are on object storage, read with obstore, whose runtime "
+                "this index's slides are on object storage read with obstore, whose runtime "
                 "does not survive fork() once this process has used it (its threads stay "
                 "behind and workers hang): use multiprocessing_context='forkserver' (the "
                 "default here) or 'spawn'",
@@ -359,4 +361,4 @@ def _pickles(value: object) -> bool:
 
 def _can_fork(tiles: TileDataset) -> bool:
     """Whether fork is an option to suggest (not for obstore's remote slides; see above)."""
-    return "fork" in multiprocessing.get_all_start_methods() and not tiles.reader.remote
+    return "fork" in multiprocessing.get_all_start_methods() and tiles.reader.fork_safe

@@ -50,7 +50,7 @@ from wsi_loader.slides.base import (
     supports,
 )
 from wsi_loader.slides.pool import HandlePool
-from wsi_loader.slides.storage import is_url
+from wsi_loader.slides.storage import is_url, survives_fork
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +204,9 @@ class TileReader:
         self._verified: dict[str, tuple[int, int, int, int]] = {}
         self._slide_start = index.slide_starts()
         self.remote = any(is_url(p) for p in self._paths)  # slides on object storage
+        # whether processes forked after this one read its slides can read them (obstore's
+        # clients cannot; libcurl's are made per process)
+        self.fork_safe = all(survives_fork(p) for p in self._paths)
         self._announced = np.zeros(0, dtype=np.int64)  # rows the last look-ahead named
 
     def _verify(self, path: str) -> None:

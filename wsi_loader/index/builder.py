@@ -271,6 +271,14 @@ def _exists(path: str) -> bool:
     return True
 
 
+def _remote_reason(url: str) -> str:
+    try:
+        remote_stat(url, retries=0)
+    except SlideError as exc:
+        return f"{exc}; nothing was written"
+    return f"{url} answers now; run again"
+
+
 def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     """The existing index at ``out`` if its grid parameters match ``config``."""
     if not os.path.exists(os.path.join(out, CURRENT)):
@@ -566,6 +574,8 @@ def _build(
             f"no slide files found in {', '.join(names) or 'no inputs'}; nothing was written"
         )
     if not any(_exists(e.path) for e in entries):
+        if all(is_url(e.path) for e in entries):  # say the store's reason (unreachable...)
+            raise InputError(f"none of the inputs can be read: {_remote_reason(entries[0].path)}")
         raise InputError(
             f"none of the inputs exists ({', '.join(names[:3])}); is the share mounted? "
             "Nothing was written"
