@@ -148,7 +148,10 @@ class DatasetConfig(_Strict):
     openslide_cache_mb: int = Field(64, ge=0)
     layout_cache_mb: int = Field(64, ge=0)
     prefetch_mb: int = Field(
-        64, ge=0, description="remote slides: bytes fetched ahead of the reads, per process"
+        256,
+        ge=0,
+        description="remote slides: bytes fetched ahead of the reads and kept for later "
+        "reads (a second epoch), per process",
     )
     remote_cache_dir: str = Field(
         "~/.cache/wsi_loader/slides",

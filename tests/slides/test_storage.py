@@ -18,7 +18,12 @@ import pytest
 
 from tests.conftest import REPO, SlideFactory, upload
 from tests.servers import delay_proxy, http_files, proxy_stats
-from wsi_loader.errors import SlideNotFoundError, SlideOpenError, TransientReadError
+from wsi_loader.errors import (
+    SlideChangedError,
+    SlideNotFoundError,
+    SlideOpenError,
+    TransientReadError,
+)
 from wsi_loader.slides import open_slide
 from wsi_loader.slides.local_copies import LocalCopies
 from wsi_loader.slides.openslide_backend import OpenSlideReader
@@ -448,3 +453,56 @@ def test_a_refused_connection_says_the_host_cannot_be_reached(tmp_path: Path) ->
     with pytest.raises(InputError) as info:
         build_index([url], tmp_path / "idx")
     assert "mounted" not in str(info.value) and "cannot reach" in str(info.value)
+
+
+def test_merged_requests_return_the_bytes_of_single_ones(
+    s3_endpoint: str, make_slide: SlideFactory
+) -> None:
+    """Ranges that contain, touch, overlap or sit near each other are fetched by fewer
+    requests, and each read gets exactly its own bytes."""
+    local = make_slide(width=3000, height=2000, seed=9)
+    url = upload(local, "s3://slides/merge/s.svs")
+    data = local.read_bytes()
+    ranges = [
+        (1000, 5000),  # contains the next
+        (2000, 100),
+        (6000, 300),  # touches the first's end
+        (6200, 400),  # overlaps the previous
+        (9000, 10),  # near: merged by the gap rule
+        (400_000, 7),  # far
+        (400_000, 7),  # asked twice
+        (len(data) - 50, 50),  # the object's last bytes
+    ]
+    store = RangeStore()
+    source = RemoteBytes(url, store)
+    source.prefetch(ranges)
+    assert store.requests < len(set(ranges))
+    for offset, size in [*ranges, (1500, 3000), (6100, 200)]:  # and ranges inside blocks
+        assert source.read(offset, size) == data[offset : offset + size]
+    merged = store.requests
+    single = RemoteBytes(url, RangeStore())
+    for offset, size in ranges:
+        assert single.read(offset, size) == source.read(offset, size)
+    assert store.requests == merged  # everything was held
+
+
+def test_a_rewritten_object_is_never_served_from_the_cache(
+    s3_endpoint: str, make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    local = tmp_path / "s.svs"
+    shutil.copy(make_slide(width=3000, height=2000, seed=9), local)
+    url = upload(local, "s3://slides/etag/s.svs")
+    store = RangeStore()
+    before = RemoteBytes(url, store)
+    old = before.read(10_000, 4096)
+    data = bytearray(local.read_bytes())
+    data[10_000:14_096] = bytes(4096)
+    local.write_bytes(bytes(data))
+    upload(local, url)
+    after = RemoteBytes(url, store)  # opened again: the new version
+    assert after.stat.version != before.stat.version
+    assert after.read(10_000, 4096) == bytes(4096) != old
+    # a reader still holding the old version is refused by the store (If-Match), not fed
+    # the new bytes as the old object's
+    with pytest.raises(SlideChangedError):
+        before.read(200_000, 4096)

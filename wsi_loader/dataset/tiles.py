@@ -134,7 +134,7 @@ class TileDataset(Dataset[Sample]):
     ``max_open_slides``: files open per process (LRU); ``layout_cache_mb``: parsed layouts
     that raw-read slides keep when closed, so reopening them is cheap (see `HandlePool`).
     Slides on object storage (URLs): ``prefetch_mb`` bounds the bytes each process fetches
-    ahead of its reads; ``remote_cache_dir`` / ``remote_cache_gb`` hold local copies of the
+    ahead of its reads and keeps for later ones (least recently used out); ``remote_cache_dir`` / ``remote_cache_gb`` hold local copies of the
     remote slides only OpenSlide reads (see `wsi_loader.slides.storage`).
     ``decode_threads``: threads that read and decode the tiles of one batch read (`read_batch`,
     ``__getitems__``; see `TileReader.read`). ``None`` divides the usable cores among the
@@ -159,7 +159,7 @@ class TileDataset(Dataset[Sample]):
         max_open_slides: int = 16,
         openslide_cache_mb: int = 64,
         layout_cache_mb: int = 64,
-        prefetch_mb: int = 64,
+        prefetch_mb: int = 256,
         remote_cache_dir: str = "~/.cache/wsi_loader/slides",
         remote_cache_gb: float = 100,
         exclude_quarantined: bool = False,
