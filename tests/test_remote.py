@@ -293,6 +293,11 @@ def test_bench_on_a_remote_index(indexes, tmp_path: Path) -> None:  # type: igno
     assert all(r["tiles_per_s"] > 0 for r in result["results"])
     assert "local copy" in format_table(result)
     assert copies.downloads == 2  # once per slide, for both baselines
+    # the range store's line: a second pass over the same tiles asks the bucket for nothing
+    first, second = result["remote_ranges"]["passes"]
+    assert first["gets_per_tile"] > 0 and first["kb_per_tile"] > 0
+    assert second["gets_per_tile"] == 0 and second["hit_rate"] == 1.0
+    assert "remote ranges, pass 2" in format_table(result)
 
 
 def test_an_object_rewritten_in_the_middle_is_refused_not_read(
