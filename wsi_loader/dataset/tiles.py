@@ -134,8 +134,9 @@ class TileDataset(Dataset[Sample]):
     ``max_open_slides``: files open per process (LRU); ``layout_cache_mb``: parsed layouts
     that raw-read slides keep when closed, so reopening them is cheap (see `HandlePool`).
     Slides on object storage (URLs): ``prefetch_mb`` bounds the bytes each process fetches
-    ahead of its reads and keeps for later ones (least recently used out); ``remote_cache_dir`` / ``remote_cache_gb`` hold local copies of the
-    remote slides only OpenSlide reads (see `wsi_loader.slides.storage`).
+    ahead of its reads and keeps for later ones (least recently used out);
+    ``remote_cache_dir`` / ``remote_cache_gb`` hold local copies of the remote slides only
+    OpenSlide reads (see `wsi_loader.slides.storage`).
     ``decode_threads``: threads that read and decode the tiles of one batch read (`read_batch`,
     ``__getitems__``; see `TileReader.read`). ``None`` divides the usable cores among the
     reading processes: all of them with ``num_workers=0``, one each with one worker per core;

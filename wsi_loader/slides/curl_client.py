@@ -23,8 +23,10 @@ role, GCS, Azure) are read through obstore (`storage`).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import io
 import os
+import selectors
 import ssl
 import threading
 import time
@@ -34,7 +36,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 CONNECT_TIMEOUT_S = 10
-POLL_S = 0.002  # how long the loop waits for sockets before it looks at new requests again
+WATCH_S = 0.01  # how often the loop looks for requests to hedge or give up
 
 
 class NetworkError(ConnectionError):
@@ -113,16 +115,26 @@ class Transfers:
 
         self._curl = pycurl
         self.pid = os.getpid()
-        self._multi = pycurl.CurlMulti()
         self._lock = threading.Lock()
         self._queue: list[_Job] = []
-        self._wake = threading.Event()
+        self._waking = False  # a wake-up is written and the loop has not taken the queue yet
         self._thread: threading.Thread | None = None
         self._active: dict[Any, _Attempt] = {}
         self._spare: list[Any] = []
         self._ca = _ca_file()
         self.hedges = 0  # second requests sent for slow ones
         self.stalls = 0  # requests given up at their deadline
+        # libcurl tells which sockets to watch and when to call it back; the loop waits on
+        # them (epoll) and on a pipe that `submit` writes to, so it wakes only when needed
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._timer: float | None = None  # when libcurl wants to be called back
+        self._multi = pycurl.CurlMulti()
+        self._multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
+        self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
 
     def submit(self, request: Request) -> concurrent.futures.Future[Answer]:
         job = _Job(request)
@@ -131,24 +143,66 @@ class Transfers:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="wsi-http", daemon=True)
                 self._thread.start()
-        self._wake.set()
+            # one wake-up per batch of requests: each write hands the GIL to the loop and
+            # back (100 us per request when every submit wrote)
+            wake, self._waking = not self._waking, True
+        if wake:
+            with contextlib.suppress(BlockingIOError):  # a full pipe wakes the loop anyway
+                os.write(self._wake_w, b"!")
         return job.future
 
     def request(self, request: Request) -> Answer:
         return self.submit(request).result()
 
     # -- the loop ------------------------------------------------------------------------------
+    def _on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
+        pycurl = self._curl
+        if what == pycurl.POLL_REMOVE:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(fd)
+            return
+        events = 0
+        if what in (pycurl.POLL_IN, pycurl.POLL_INOUT):
+            events |= selectors.EVENT_READ
+        if what in (pycurl.POLL_OUT, pycurl.POLL_INOUT):
+            events |= selectors.EVENT_WRITE
+        try:
+            self._selector.modify(fd, events)
+        except KeyError:
+            self._selector.register(fd, events)
+
+    def _on_timer(self, milliseconds: int) -> None:
+        self._timer = None if milliseconds < 0 else time.monotonic() + milliseconds / 1000
+
     def _run(self) -> None:
         pycurl = self._curl
+        next_watch = 0.0
         while True:
             with self._lock:
-                new, self._queue = self._queue, []
+                new, self._queue, self._waking = self._queue, [], False
             now = time.monotonic()
             for job in new:
                 job.started = now
                 self._start(job)
-            while self._multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
-                pass
+            if new:
+                self._multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)
+            wait = None
+            if self._active:
+                wait = WATCH_S if self._timer is None else self._timer - now
+                wait = max(0.0, min(wait, WATCH_S))
+            for key, mask in self._selector.select(wait):
+                if key.fd == self._wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                    continue
+                action = (pycurl.CSELECT_IN if mask & selectors.EVENT_READ else 0) | (
+                    pycurl.CSELECT_OUT if mask & selectors.EVENT_WRITE else 0
+                )
+                self._multi.socket_action(key.fd, action)
+            now = time.monotonic()
+            if self._timer is not None and now >= self._timer:
+                self._timer = None
+                self._multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)
             while True:
                 left, done, failed = self._multi.info_read()
                 for handle in done:
@@ -157,12 +211,9 @@ class Transfers:
                     self._finish(handle, (code, message))
                 if not left:
                     break
-            self._watch(time.monotonic())
-            if self._active:
-                self._multi.select(POLL_S)
-            else:
-                self._wake.wait()
-                self._wake.clear()
+            if now >= next_watch:
+                self._watch(now)
+                next_watch = now + WATCH_S
 
     def _handle(self) -> Any:
         pycurl = self._curl
@@ -197,7 +248,8 @@ class Transfers:
             handle.setopt(pycurl.LOW_SPEED_TIME, 60)
             handle.setopt(pycurl.BUFFERSIZE, 512 * 1024)
         handle.setopt(pycurl.WRITEFUNCTION, request.sink or attempt.body.write)
-        handle.setopt(pycurl.HEADERFUNCTION, lambda line: self._header(attempt, line))
+        if request.method == "HEAD":  # range answers need only their status (getinfo)
+            handle.setopt(pycurl.HEADERFUNCTION, lambda line: self._header(attempt, line))
         self._multi.add_handle(handle)
         self._active[handle] = attempt
         job.attempts.append(attempt)
@@ -236,7 +288,8 @@ class Transfers:
         else:
             for other in job.attempts:  # the first answer wins
                 self._drop(other)
-            answer = Answer(attempt.status, attempt.headers, attempt.body.getvalue())
+            status = attempt.status or int(handle.getinfo(self._curl.RESPONSE_CODE))
+            answer = Answer(status, attempt.headers, attempt.body.getvalue())
             job.future.set_result(answer)
 
     def _watch(self, now: float) -> None:

@@ -51,8 +51,9 @@ class HandlePool:
     (`DistributedTileSampler(slide_window=...)`).
 
     Remote slides (URLs): ``prefetch_bytes`` bounds the byte ranges fetched ahead of the
-    reads, and kept for later reads, in this process (a `RangeStore`); slides only OpenSlide reads are copied into
-    ``remote_cache_dir``, at most ``remote_cache_bytes`` (shared by the machine's processes).
+    reads, and kept for later reads, in this process (a `RangeStore`); slides only OpenSlide
+    reads are copied into ``remote_cache_dir``, at most ``remote_cache_bytes`` (shared by the
+    machine's processes).
     """
 
     def __init__(

@@ -144,14 +144,21 @@ class RangeStore:
         self._bytes += block.size
 
     def _make_room(self, size: int) -> bool:
+        if self._bytes + size <= self.max_bytes:
+            return True
         if size > self.max_bytes:
             return False
-        for (key, offset), block in list(self._blocks.items()):
-            if self._bytes + size <= self.max_bytes:
+        needed = self._bytes + size - self.max_bytes
+        dropped = []
+        for place, block in self._blocks.items():  # least recently used first
+            if needed <= 0:
                 break
             if block.future.done():  # one in flight: somebody waits for it
-                self._remove(key, offset)
-                self.evicted += block.size
+                dropped.append((place, block.size))
+                needed -= block.size
+        for (key, offset), size_of in dropped:
+            self._remove(key, offset)
+            self.evicted += size_of
         return self._bytes + size <= self.max_bytes
 
     def _remove(self, key: Key, offset: int) -> None:

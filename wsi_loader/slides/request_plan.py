@@ -41,7 +41,7 @@ WINDOW = 256
 WARM = 16
 PRIOR_LATENCY_S = 0.02
 PRIOR_BANDWIDTH = 100e6  # bytes/s
-HEDGE_FACTOR = 2.0
+HEDGE_FACTOR = 3.0
 MIN_HEDGE_S = 0.05
 DEADLINE_FACTOR = 8.0
 MIN_DEADLINE_S = 2.0
@@ -51,7 +51,7 @@ COLD_DEADLINE_S = 30.0
 
 class CostModel:
     """What a request to one store costs, learnt as the run goes (see the module doc).
-    Thread-safe; cheap to ask (the fit is redone every 16 answers)."""
+    Thread-safe; cheap to ask (the fit is redone every 64 answers)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -66,7 +66,7 @@ class CostModel:
         with self._lock:
             self._seen.append((size, seconds))
             self._since_fit += 1
-            if self._since_fit >= 16 or len(self._seen) == WARM:
+            if self._since_fit >= 64 or len(self._seen) == WARM:
                 self._fit()
 
     def _fit(self) -> None:
@@ -74,8 +74,9 @@ class CostModel:
         sizes = np.array([s for s, _ in self._seen], dtype=np.float64)
         times = np.array([t for _, t in self._seen], dtype=np.float64)
         slope = 1.0 / self.bandwidth
-        if sizes.std() > 0.25 * max(sizes.mean(), 1.0):  # sizes differ enough to tell
-            fitted = np.polyfit(sizes, times, 1)[0]
+        spread = sizes - sizes.mean()
+        if spread.std() > 0.25 * max(sizes.mean(), 1.0):  # sizes differ enough to tell
+            fitted = float(spread @ (times - times.mean()) / (spread @ spread))  # least squares
             if fitted > 0:
                 slope = float(np.clip(fitted, 1 / 50e9, 1 / 1e6))
         self.bandwidth = 1.0 / slope
