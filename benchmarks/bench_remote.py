@@ -31,6 +31,7 @@ core 1): the comparison a machine with a remote bucket makes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -48,7 +49,14 @@ sys.path.insert(0, str(REPO))  # tests.servers
 
 from common import scratch_folder, synthetic_slide  # noqa: E402
 
-from tests.servers import Server, proxy_stats, s3_files  # noqa: E402
+from tests.servers import (  # noqa: E402
+    Server,
+    delay_proxy,
+    nginx_files,
+    nginx_stats,
+    proxy_stats,
+    s3_files,
+)
 
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "bench",
@@ -104,11 +112,15 @@ def child(
         def open_slide(sid: int) -> Any:
             if kind == "tiffslide":
                 return tiffslide.TiffSlide(url)
+            cache = {"cache_type": "none"} if kind.endswith("-none") else {}
+            if kind.startswith("http-"):  # fsspec's HTTP file (aiohttp), default 5 MB blocks
+                import fsspec
+
+                return tiffslide.TiffSlide(fsspec.filesystem("http").open(paths[sid], **cache))
             import s3fs
 
             fs = s3fs.S3FileSystem()
             key = paths[sid].removeprefix("s3://")
-            cache = {"s3fs-none": {"cache_type": "none"}}.get(kind, {})
             return tiffslide.TiffSlide(fs.open(key, "rb", **cache))
 
         class TiffslideTiles(Dataset[dict[str, Any]]):
@@ -237,6 +249,13 @@ def main() -> None:
     parser.add_argument("--peer-sparse-default", type=int, default=64)
     parser.add_argument("--regime-latency", type=float, default=20)
     parser.add_argument("--keep", action="store_true", help="keep the generated slides")
+    parser.add_argument(
+        "--server",
+        choices=("s3", "nginx"),
+        default="s3",
+        help="regimes: s3 (tests.servers.s3_files; peer tiffslide over s3fs) or nginx "
+        "(https; peer tiffslide over fsspec's HTTP file)",
+    )
     args = parser.parse_args()
     args.reader_cpus = _cpus(args.reader_cpus)
     args.bucket_cpus = _cpus(args.bucket_cpus)
@@ -401,21 +420,18 @@ def regimes(args: argparse.Namespace) -> None:
     middle = len(big_rows) // 2
     dense = big_rows[middle : middle + args.dense_tiles]
     sparse = rng.permutation(len(local))[: args.sparse_tiles]
-    stats = scratch / "stats.json"
     results: list[tuple[str, str, dict[str, float]]] = []
-    with s3_files(scratch / "bucket", args.regime_latency, stats) as server:
-        if args.bucket_cpus:
-            os.sched_setaffinity(server.proc.pid, args.bucket_cpus)
-        os.environ.update(S3_ENV, AWS_ENDPOINT_URL=server.url)
-        urls = [f"s3://bench/{p.name}" for p in slides]
+    with contextlib.ExitStack() as stack:
+        counts, urls, endpoint, peer = _serve(args, scratch, slides, stack)
         remote = build_index(urls, scratch / "remote", **options)
         assert np.array_equal(remote.columns["l0_x"], local.columns["l0_x"])
         plans = [
-            ("dense", dense, 3, [("ours", dense), ("s3fs-default", dense), ("s3fs-none", dense)]),
+            ("dense", dense, 3, [("ours", dense), (f"{peer}-default", dense),
+                                 (f"{peer}-none", dense)]),
             ("sparse", sparse, 1, [
                 ("ours", sparse),
-                ("s3fs-default", sparse[: args.peer_sparse_default + BATCH]),
-                ("s3fs-none", sparse[: args.peer_sparse_tiles + BATCH]),
+                (f"{peer}-default", sparse[: args.peer_sparse_default + BATCH]),
+                (f"{peer}-none", sparse[: args.peer_sparse_tiles + BATCH]),
             ]),
         ]  # fmt: skip
         for regime, rows, epochs, passes in plans:
@@ -428,10 +444,10 @@ def regimes(args: argparse.Namespace) -> None:
             for kind, kind_rows in passes:
                 kind_file = scratch / f"{regime}-{kind}.npy"
                 np.save(kind_file, kind_rows)
-                before = proxy_stats(server, stats)
-                result = run_pass(kind, remote.path, kind_file, "", server.url, args.workers,
+                before = counts()
+                result = run_pass(kind, remote.path, kind_file, "", endpoint, args.workers,
                                   args.reader_cpus, epochs)  # fmt: skip
-                after = proxy_stats(server, stats)
+                after = counts()
                 tiles = (len(kind_rows)) * epochs
                 result["gets_per_tile"] = (after["requests"] - before["requests"]) / tiles
                 result["bytes_per_tile"] = (
@@ -441,9 +457,38 @@ def regimes(args: argparse.Namespace) -> None:
                 results.append((regime, kind, result))
                 print(f"  {regime:<7} {kind:<13} {result['tiles_per_s']:8.0f} tiles/s, "
                       f"{result['gets_per_tile']:.3f} GETs/tile", flush=True)  # fmt: skip
-    report_regimes(results, args)
+    report_regimes(results, args, peer)
     if not args.keep:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _serve(
+    args: argparse.Namespace, scratch: Path, slides: list[Path], stack: contextlib.ExitStack
+) -> tuple[Any, list[str], str | None, str]:
+    """Start the server of ``--server`` (kept off the reader's cores with --bucket-cpus):
+    (request counters, slide URLs, S3 endpoint or None, the peer's name)."""
+    stats = scratch / "stats.json"
+    if args.server == "s3":
+        server = stack.enter_context(s3_files(scratch / "bucket", args.regime_latency, stats))
+        if args.bucket_cpus:
+            os.sched_setaffinity(server.proc.pid, args.bucket_cpus)
+        os.environ.update(S3_ENV, AWS_ENDPOINT_URL=server.url)
+        urls = [f"s3://bench/{p.name}" for p in slides]
+        return (lambda: proxy_stats(server, stats)), urls, server.url, "s3fs"
+    folder = scratch / "nginx"
+    nginx = stack.enter_context(nginx_files(scratch / "bucket" / "bench", folder))
+    proxy = stack.enter_context(delay_proxy(nginx.port, args.regime_latency, stats))
+    if args.bucket_cpus:
+        for pid in (nginx.proc.pid, proxy.proc.pid, *_children(nginx.proc.pid)):
+            os.sched_setaffinity(pid, args.bucket_cpus)
+    os.environ["SSL_CERT_FILE"] = str(folder / "cert.pem")  # our libcurl, fsspec's aiohttp
+    urls = [f"https://127.0.0.1:{proxy.port}/{p.name}" for p in slides]
+    return (lambda: nginx_stats(folder)), urls, None, "http"
+
+
+def _children(pid: int) -> list[int]:
+    found = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in found.read_text().split()] if found.exists() else []
 
 
 def warm_page_cache_all(paths: list[Path]) -> None:
@@ -452,10 +497,11 @@ def warm_page_cache_all(paths: list[Path]) -> None:
 
 
 def report_regimes(
-    results: list[tuple[str, str, dict[str, float]]], args: argparse.Namespace
+    results: list[tuple[str, str, dict[str, float]]], args: argparse.Namespace, peer: str
 ) -> None:
     print()
-    print(f"regimes at +{args.regime_latency:g} ms per request, {args.workers} worker(s)")
+    print(f"regimes at +{args.regime_latency:g} ms per request, {args.workers} worker(s), "
+          f"server {args.server}")  # fmt: skip
     print(f"{'regime':<7} {'path':<13} {'tiles/s':>8} {'vs local':>9} {'GETs/tile':>10} "
           f"{'KB/tile':>8} {'CPU us/tile':>12}")  # fmt: skip
     for regime, kind, r in results:
@@ -466,8 +512,8 @@ def report_regimes(
               f"{r['cpu_us']:12.0f}")  # fmt: skip
     for regime in ("dense", "sparse"):
         ours = _rate(results, regime, "ours")
-        for peer in ("s3fs-default", "s3fs-none"):
-            print(f"{regime}: ours / tiffslide+{peer} {ours / _rate(results, regime, peer):.1f}x")
+        for kind in (f"{peer}-default", f"{peer}-none"):
+            print(f"{regime}: ours / tiffslide+{kind} {ours / _rate(results, regime, kind):.1f}x")
 
 
 def _rate(results: list[tuple[str, str, dict[str, float]]], regime: str, kind: str) -> float:

@@ -17,8 +17,9 @@ no reader knows where its bytes come from.
 
 Faults. Each range request has a deadline and a hedge derived from the latency seen so far
 (`request_plan.CostModel`). An answer shorter than the range asked for, a reset, a stall, a 5xx
-or 429 is the transport's: retried (`RETRIES` on top of the client's own), then
-`TransientReadError`; never a tile or slide fault. A 404 is permanent: not retried, said in
+or 429 is retried (`RETRIES` on top of the client's own); when short answers, resets or stalls
+keep coming it is a `TransientReadError` (never a tile or slide fault), when the server keeps
+refusing one range while the object answers, a failed tile. A 404 is permanent: not retried, said in
 words (`SlideNotFoundError`: which bucket or object is missing); a 403 is access denied. An
 object whose ETag changed since it was opened answers 412 to our ``If-Match``: that, and only
 that, is a rewritten slide (`SlideChangedError`).
