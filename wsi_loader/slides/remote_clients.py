@@ -130,7 +130,7 @@ class _CurlStore:
             deadline=self.model.deadline(size),
         )
         started = time.monotonic()
-        out: concurrent.futures.Future[bytes] = concurrent.futures.Future()
+        out: concurrent.futures.Future[bytes] = self.transfers.pending()
         answer = self.transfers.submit(request)
 
         def done(future: concurrent.futures.Future[Answer]) -> None:
@@ -160,6 +160,10 @@ class _CurlStore:
         if len(body) != size:
             raise ShortAnswerError(f"{len(body)} of {size} bytes at {offset}")
         return body
+
+    def poke(self) -> None:
+        """Send what was submitted, take in what arrived (see `curl_client.Transfers`)."""
+        self.transfers.poke()
 
     def download(self, url: str, dest: str, size: int, etag: str | None) -> None:
         md5 = hashlib.md5(usedforsecurity=False)
@@ -251,6 +255,9 @@ class _ObStore:
         self, url: str, offset: int, size: int, etag: str | None
     ) -> concurrent.futures.Future[bytes]:
         return self.clients.pool().submit(self.get, url, offset, size)
+
+    def poke(self) -> None:
+        """Nothing to do: obstore's requests run on threads."""
 
     def download(self, url: str, dest: str, size: int, etag: str | None) -> None:
         import obstore

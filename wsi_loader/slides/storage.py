@@ -276,6 +276,7 @@ class RemoteBytes:
         kept). A range that keeps failing is a `TransientReadError` (the transport: short
         answers, stalls, 5xx) when the object still answers; a 404 or a new ETag say so."""
         data = self.store.take(self.key, offset, size)
+        self._client.poke()  # answers to earlier requests move on while this one decodes
         if data is None:
             self.store.start(self, [(offset, size)])
             data = self.store.take(self.key, offset, size)
@@ -302,6 +303,7 @@ class RemoteBytes:
     def prefetch(self, ranges: Iterable[Range]) -> None:
         """Start fetching ``ranges`` in the background (planned, within the budget)."""
         self.store.start(self, ranges)
+        self._client.poke()  # the requests go out now
 
 
 def url_digest(url: str) -> str:
