@@ -23,6 +23,7 @@ from wsi_loader.cli import (
     index,
     info,
     quarantine,
+    serve,
     stain,
     view,
 )
@@ -75,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action=_VersionAction, help="show the versions a bug report needs and exit"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (index, info, quarantine, stain, view, export, features, bench, demo):
+    for command in (index, info, quarantine, stain, view, export, features, serve, bench, demo):
         command.register(sub)  # each sets `run`, the function that carries it out
     return parser
 
