@@ -49,6 +49,8 @@ EXPORTED = [
     "make_loader",
     "open_slide",
     "pad_bags",
+    "serve",
+    "show",
 ]
 
 
@@ -129,6 +131,7 @@ def test_slides_and_index_layers_do_not_import_torch() -> None:
     code = (
         "import sys, wsi_loader, wsi_loader.index, wsi_loader.slides, wsi_loader.synthetic;"
         "import wsi_loader.index.health, wsi_loader.dataset.reading, wsi_loader.dataset.quarantine;"
+        "import wsi_loader.viewer;"
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -75,9 +75,12 @@ __all__ = [
     "make_loader",
     "open_slide",
     "pad_bags",
+    "serve",
+    "show",
 ]
 
-# torch-based names, imported on first use so `import wsi_loader` stays torch-free.
+# torch-based names (and the viewer), imported on first use so `import wsi_loader` stays
+# torch-free and quick.
 _LAZY: dict[str, str] = {
     "TileDataset": "wsi_loader.dataset",
     "SlideBagDataset": "wsi_loader.dataset",
@@ -89,6 +92,9 @@ _LAZY: dict[str, str] = {
     "FeatureBagDataset": "wsi_loader.dataset",
     "pad_bags": "wsi_loader.dataset",
     "extract_features": "wsi_loader.features",
+    # the browser viewer (starlette, uvicorn), imported when first used
+    "serve": "wsi_loader.viewer",
+    "show": "wsi_loader.viewer",
 }
 
 if _typing.TYPE_CHECKING:
@@ -104,6 +110,7 @@ if _typing.TYPE_CHECKING:
     )
     from wsi_loader.features import extract_features
     from wsi_loader.gpu import DeviceLoader
+    from wsi_loader.viewer import serve, show
 
 
 def __dir__() -> list[str]:

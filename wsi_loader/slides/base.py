@@ -191,6 +191,16 @@ class ReadsEncoded(Protocol):
 
 
 @runtime_checkable
+class ReadsStoredJpeg(Protocol):
+    """Hands out a window's stored JPEG, YCbCr or RGB, as one complete stream that any
+    libjpeg-based decoder (a browser) reads; None when the window is not one stored tile."""
+
+    def read_stored_jpeg(
+        self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int
+    ) -> bytes | None: ...
+
+
+@runtime_checkable
 class KeepsLayout(Protocol):
     """A closed reader that keeps its parsed layout: ``reopen`` makes it readable again
     (False when the file changed or went), so the pool parks it instead of parsing again."""

@@ -680,11 +680,20 @@ class TiffReader(SlideReader):
     def read_encoded(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> bytes | None:
         """The complete JPEG stream of a window that is exactly one YCbCr JPEG storage tile
         (tables spliced in), for decoding elsewhere (GPU); None when the window is not one."""
+        if not self._levels[level].dct_scalable:
+            return None
+        return self.read_stored_jpeg(l0_x, l0_y, level, l_w, l_h)
+
+    def read_stored_jpeg(
+        self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int
+    ) -> bytes | None:
+        """`read_encoded` for RGB JPEG tiles too (Aperio's, with the Adobe marker saying they
+        are RGB, which libjpeg-based decoders such as browsers honour; nvJPEG may not)."""
         if self._closed:
             raise closed_error(self.path)
         lv = self._levels[level]
         index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
-        if index is None or not lv.dct_scalable:
+        if index is None or lv.jpeg_colorspace is None:
             return None
         try:
             data = self._raw(level, index)

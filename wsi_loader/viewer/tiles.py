@@ -1,7 +1,7 @@
 """Deep Zoom tiles made by this library's readers, on a bounded pool of threads.
 
 A tile that is exactly a stored JPEG tile is sent as its stored bytes (the shared tables spliced
-in: `ReadsEncoded`), with no decode and no encode. Any other tile is a window of the coarsest
+in: `ReadsStoredJpeg`), with no decode and no encode. Any other tile is a window of the coarsest
 slide level fine enough, shrunk by libjpeg's DCT scaling where the factor is 2, 4 or 8
 (`ReadsScaled`) and encoded once with libjpeg-turbo; coarse levels of a slide without a
 pyramid come from its overview image or from the four finer tiles. Encoded tiles are kept in
@@ -30,7 +30,7 @@ from PIL import Image
 
 from wsi_loader.errors import SlideError
 from wsi_loader.index.tissue import read_mask_image
-from wsi_loader.slides.base import BytesLRU, ReadsEncoded, ReadsScaled, RGBArray, resize, supports
+from wsi_loader.slides.base import BytesLRU, ReadsScaled, ReadsStoredJpeg, RGBArray, resize, supports
 from wsi_loader.slides.pool import HandlePool
 from wsi_loader.viewer.geometry import DeepZoom, Plan, Source
 
@@ -176,8 +176,9 @@ class TileMaker:
     """Makes Deep Zoom tiles (and other pixels the viewer asks for) of slides; every method
     that reads runs on the calling thread; `submit` runs one on the bounded pool."""
 
-    def __init__(self, options: TileOptions | None = None) -> None:
+    def __init__(self, options: TileOptions | None = None, overview_size: int = 2048) -> None:
         self.options = options or TileOptions()
+        self.overview_size = overview_size  # longest side of a flat slide's overview image
         self.executor = ThreadPoolExecutor(self.options.thread_count, thread_name_prefix="wsi-tile")
         self.tiles: SharedLRU[bytes] = SharedLRU(self.options.cache_mb * 2**20, len)
         self.pixels: SharedLRU[RGBArray] = SharedLRU(64 * 2**20, lambda a: a.nbytes)
@@ -190,21 +191,30 @@ class TileMaker:
         self.passed_through = 0  # tiles sent as stored (for tests and the benchmark)
 
     # -- threads and readers -----------------------------------------------------------------
+    def _new_pool(self) -> HandlePool:
+        # small caches: every thread has its own
+        pool = HandlePool(max_open=self.options.max_open, openslide_cache_bytes=16 * 2**20)
+        with self._lock:
+            self._pools.append(pool)
+        return pool
+
     def _state(self) -> _ThreadState:
         state: _ThreadState | None = getattr(self._local, "state", None)
         if state is None:
-            # small per-thread caches: every thread has its own
-            pool = HandlePool(max_open=self.options.max_open, openslide_cache_bytes=16 * 2**20)
-            state = self._local.state = _ThreadState(pool)
-            with self._lock:
-                self._pools.append(pool)
+            state = self._local.state = _ThreadState(self._new_pool())
         return state
 
     def reader(self, slide: SlideRef) -> Any:
         """This thread's open reader of ``slide`` (raises `SlideError`)."""
         state = self._state()
         if state.versions.get(slide.path, slide.version) != slide.version:
-            state.pool.discard(slide.path, self.options.backend)  # the file was replaced
+            # the file was replaced: its reader, and the decoded segments the pool's cache
+            # keeps by path, are of the old file; start this thread's pool afresh (rare)
+            state.pool.close()
+            with self._lock:
+                self._pools.remove(state.pool)
+            state.pool = self._new_pool()
+            state.versions.clear()
         state.versions[slide.path] = slide.version
         return state.pool.get(slide.path, self.options.backend)
 
@@ -258,6 +268,7 @@ class TileMaker:
             meta.level_dimensions,
             meta.level_downsamples,
             meta.tile_sizes,
+            self.overview_size,
         )
         with self._lock:
             self._layouts[key] = (layout, None)
@@ -306,9 +317,9 @@ class TileMaker:
         tile is said as such instead of reaching the browser). A 2 us check: what lies past
         the header is the browser's to decode, as it is the decoder's in every other viewer."""
         reader = self.reader(slide)
-        if not supports(reader, ReadsEncoded):
+        if not supports(reader, ReadsStoredJpeg):
             return None
-        data = reader.read_encoded(plan.l0_x, plan.l0_y, plan.level, plan.l_w, plan.l_h)
+        data = reader.read_stored_jpeg(plan.l0_x, plan.l0_y, plan.level, plan.l_w, plan.l_h)
         if data is None:
             return None
         try:
