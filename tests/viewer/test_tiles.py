@@ -133,9 +133,7 @@ def shrunk(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.asarray(picture, dtype=np.float32)
 
 
-def test_every_level_shows_the_window_it_should(
-    maker: TileMaker, make_slide: SlideFactory
-) -> None:
+def test_every_level_shows_the_window_it_should(maker: TileMaker, make_slide: SlideFactory) -> None:
     # each tile against OpenSlide's read of the slide level it is made from, averaged down:
     # close, and farther from it shifted by one pixel (a misplaced window would be closer)
     path = make_slide(**SIZE)
@@ -222,7 +220,8 @@ def test_a_slide_without_a_pyramid_is_shown_at_every_level(tmp_path: Path) -> No
                 window = full[y0 : y0 + 256 * d, x0 : x0 + 256 * d].astype(np.float32)
                 h, w = ours.shape[:2]
                 window = np.pad(
-                    window, ((0, h * d - window.shape[0]), (0, w * d - window.shape[1]), (0, 0)),
+                    window,
+                    ((0, h * d - window.shape[0]), (0, w * d - window.shape[1]), (0, 0)),
                     mode="edge",
                 )
                 expected = window.reshape(h, d, w, d, 3).mean(axis=(1, 3, 4))

@@ -30,7 +30,14 @@ from PIL import Image
 
 from wsi_loader.errors import SlideError
 from wsi_loader.index.tissue import read_mask_image
-from wsi_loader.slides.base import BytesLRU, ReadsScaled, ReadsStoredJpeg, RGBArray, resize, supports
+from wsi_loader.slides.base import (
+    BytesLRU,
+    ReadsScaled,
+    ReadsStoredJpeg,
+    RGBArray,
+    resize,
+    supports,
+)
 from wsi_loader.slides.pool import HandlePool
 from wsi_loader.viewer.geometry import DeepZoom, Plan, Source
 
