@@ -73,5 +73,4 @@ def run(args: argparse.Namespace) -> int:
         tiles=tiles,
         on_ready=ready,
     )
-    print("stopped", file=sys.stderr)
-    return 0
+    return 0  # stopped otherwise than by Ctrl-C (which ends the command with 130)

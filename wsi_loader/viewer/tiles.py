@@ -330,7 +330,7 @@ class TileMaker:
         if data is None:
             return None
         try:
-            width, height, _, _ = simplejpeg.decode_jpeg_header(data)
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
         except ValueError:
             return None
         return data if (width, height) == (plan.z_w, plan.z_h) else None
