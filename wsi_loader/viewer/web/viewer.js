@@ -57,6 +57,8 @@
     element: $("viewer"),
     prefixUrl: "static/openseadragon/images/",
     drawer: "canvas",
+    // tiles at whole screen pixels once the view rests: at 1:1 a slide pixel is a screen pixel
+    subPixelRoundingForTransparency: OpenSeadragon.SUBPIXEL_ROUNDING_OCCURRENCES.ONLY_AT_REST,
     showNavigator: true,
     navigatorPosition: "TOP_RIGHT",
     maxZoomPixelRatio: 4,
@@ -66,6 +68,31 @@
     timeout: 60000,
     gestureSettingsMouse: { clickToZoom: false, dblClickToZoom: true },
   });
+
+  // OpenSeadragon's canvas drawer draws every tile of a slide without overlap one pixel larger
+  // (against seams), which stretches a 1:1 view by 1/256 and blurs it. At rest at a power-of-two
+  // zoom (1:1 among them) with the slide on whole pixels, tiles meet exactly: draw them as they
+  // are there, so full resolution is the slide's own pixels.
+  function atWholePixels() {
+    const vp = viewer.viewport;
+    const k = Math.log2(vp.viewportToImageZoom(vp.getZoom(true)));
+    if (Math.abs(k - Math.round(k)) > 1e-9 || viewer.isAnimating()) return false;
+    const origin = vp.imageToViewerElementCoordinates(new OpenSeadragon.Point(0, 0));
+    return Math.abs(origin.x - Math.round(origin.x)) < 1e-6 && Math.abs(origin.y - Math.round(origin.y)) < 1e-6;
+  }
+  const seamGuard = viewer.drawer.minimumOverlapRequired.bind(viewer.drawer);
+  viewer.drawer.minimumOverlapRequired = (tiledImage) => seamGuard(tiledImage) && !atWholePixels();
+
+  function snapToPixels() {
+    // after a drag at 1:1 (or 2:1...), move the slide by the fraction of a pixel it is off
+    const vp = viewer.viewport;
+    const k = Math.log2(vp.viewportToImageZoom(vp.getZoom(true)));
+    if (Math.abs(k - Math.round(k)) > 1e-9) return;
+    const origin = vp.imageToViewerElementCoordinates(new OpenSeadragon.Point(0, 0));
+    const off = new OpenSeadragon.Point(origin.x - Math.round(origin.x), origin.y - Math.round(origin.y));
+    if (Math.abs(off.x) > 1e-6 || Math.abs(off.y) > 1e-6) vp.panBy(vp.deltaPointsFromPixels(off), true);
+    viewer.forceRedraw();
+  }
 
   const overlay = document.createElement("canvas");
   overlay.className = "wsi-overlay";
@@ -532,6 +559,7 @@
   // ---- wiring ----------------------------------------------------------------------------
   viewer.addHandler("update-viewport", draw);
   viewer.addHandler("animation", updateScaleBar);
+  viewer.addHandler("animation-finish", snapToPixels);
   viewer.addHandler("open", () => { updateScaleBar(); draw(); });
   viewer.addHandler("resize", () => { updateScaleBar(); draw(); });
   $("search").addEventListener("input", renderList);
