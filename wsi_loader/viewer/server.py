@@ -41,7 +41,9 @@ def bind(host: str, port: int | None) -> socket.socket:
     candidates = [port] if port is not None else [*DEFAULT_PORTS, 0]
     last: OSError | None = None
     for candidate in candidates:
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so, and without
+        # it a response's headers and body wait on the client's delayed ACK (40 ms a tile)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host.strip("[]"), candidate))
