@@ -7,6 +7,7 @@ import dataclasses
 import io
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -314,6 +315,21 @@ def test_a_touched_slide_is_not_a_replaced_one(archive: Archive, tmp_path: Path)
         assert request(viewer.port, f"/api/slides/{good}").json()["problem"] is None
         os.utime(copy, (1, 1))
         assert request(viewer.port, f"/api/slides/{good}").json()["problem"] is None
+
+
+def test_a_symlinked_quarantine_is_not_read(archive: Archive, tmp_path: Path) -> None:
+    index_dir = tmp_path / "idx"
+    shutil.copytree(archive.index.path, index_dir)
+    real = index_dir / "quarantine.jsonl"
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_bytes(real.read_bytes())
+    real.unlink()
+    real.symlink_to(outside)
+    moved = dataclasses.replace(archive.index, path=index_dir)
+    bad = archive.ids["bad.svs"]
+    with ViewerServer(moved) as viewer:
+        tile = request(viewer.port, f"/api/slides/{bad}/at?x=800&y=800").json()["tile"]
+        assert tile["status"] == "ok" and tile["failure"] is None
 
 
 def test_an_unreadable_tile_is_grey_and_counted(server: ViewerServer, archive: Archive) -> None:

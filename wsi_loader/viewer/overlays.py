@@ -6,6 +6,7 @@ which it paints into one small raster (one pixel per grid cell) drawn scaled.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from wsi_loader.index.annotations import read_regions
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.index.tissue import read_mask_image, tissue_mask
 from wsi_loader.slides.base import SlideReader
+
+log = logging.getLogger(__name__)
 
 STATUSES = ("ok", "quarantined", "substituted")  # status codes of the grid's `status` column
 TISSUE_RGBA = (0, 170, 90, 120)  # the tissue mask's colour
@@ -86,8 +89,12 @@ def failures_of(index: SlideIndex, slide_id: int) -> dict[tuple[int, int], Failu
     """The quarantine's tile records of this slide's indexed version, by level-0 (x, y); the
     latest record of a tile wins."""
     record = index.slides[slide_id]
-    found = {}
-    for entry in index.quarantine.tile_records():
+    found: dict[tuple[int, int], Failure] = {}
+    quarantine = index.quarantine
+    if quarantine.path.is_symlink():  # the index's own file only: never read through a link
+        log.warning("%s is a symbolic link: its records are not shown", quarantine.path)
+        return found
+    for entry in quarantine.tile_records():
         if entry["path"] != record.path:
             continue
         fingerprint = entry.get("fingerprint")

@@ -11,6 +11,7 @@
   const STATUS_COLOURS = [[46, 160, 67], [220, 38, 38], [245, 159, 0]]; // ok, quarantined, substituted
   const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
   const SELECTED = "#facc15";
+  const MAX_LISTED = 500;
 
   const params = new URLSearchParams(window.location.search);
   const token = params.get("token");
@@ -105,10 +106,12 @@
     const words = $("search").value.toLowerCase().split(/\s+/).filter(Boolean);
     const list = $("slides");
     list.textContent = "";
-    let shown = 0;
+    let shown = 0, matched = 0;
     for (const slide of state.slides) {
       const text = [slide.name, slide.label || "", slide.split || "", slide.status].join(" ").toLowerCase();
       if (!words.every((w) => text.includes(w))) continue;
+      matched += 1;
+      if (shown >= MAX_LISTED) continue; // an archive of 100,000 slides: search narrows it
       shown += 1;
       const item = document.createElement("li");
       item.dataset.id = slide.id;
@@ -124,7 +127,8 @@
       item.addEventListener("click", () => openSlide(slide.id));
       list.appendChild(item);
     }
-    $("slide-count").textContent = `${shown} of ${state.slides.length} slides`;
+    const more = matched > shown ? ` (${shown} listed: search to narrow)` : "";
+    $("slide-count").textContent = `${matched} of ${state.slides.length} slides${more}`;
   }
 
   // ---- banner ----------------------------------------------------------------------------
