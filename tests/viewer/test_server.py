@@ -356,6 +356,18 @@ def test_the_page_and_its_assets(server: ViewerServer) -> None:
     assert request(server.port, "/static/openseadragon/openseadragon.min.js.map").status == 404
 
 
+def test_without_the_built_front_end_the_page_says_how_to_build_it(
+    archive: Archive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wsi_loader.viewer import app
+
+    monkeypatch.setattr(app, "STATIC", tmp_path / "static")
+    with ViewerServer(archive.index) as viewer:
+        page = request(viewer.port, "/")
+        assert page.status == 503 and b"make frontend" in page.body
+        assert request(viewer.port, "/api/slides").status == 200  # the data is still served
+
+
 def test_show_embeds_the_viewer_in_a_notebook(archive: Archive) -> None:
     try:
         frame = show(archive.index, slide="good")

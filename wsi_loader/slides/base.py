@@ -304,3 +304,8 @@ class BytesLRU(Generic[Value]):
     def clear(self) -> None:
         self._items.clear()
         self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the kept values hold."""
+        return self._bytes

@@ -72,7 +72,7 @@ class SharedLRU(Generic[Value]):
     @property
     def nbytes(self) -> int:
         with self._lock:
-            return self._lru._bytes
+            return self._lru.nbytes
 
 
 @dataclass(frozen=True)
