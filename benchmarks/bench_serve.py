@@ -260,7 +260,12 @@ class Running:
         self.port_file.unlink(missing_ok=True)
         options = {**vars(args), **extra}
         command = [sys.executable, str(HERE), "--serve", kind, "--slide", str(slide)]
-        command += ["--port-file", str(self.port_file), "--index-dir", str(scratch / f"idx-{kind}")]
+        command += [
+            "--port-file",
+            str(self.port_file),
+            "--index-dir",
+            str(scratch / f"idx-{slide.stem}"),
+        ]
         for name in ("quality", "threads", "cache_mb"):
             command += [f"--{name.replace('_', '-')}", str(options[name])]
         self.process = subprocess.Popen(command)
