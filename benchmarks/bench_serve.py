@@ -301,6 +301,10 @@ def main() -> None:
     parser.add_argument("--quality", type=int, default=75)
     parser.add_argument("--cache-mb", type=int, default=256)
     parser.add_argument("--memory-cache-mb", type=int, default=64)
+    parser.add_argument(
+        "--memory-requests", type=int, help="requests of the memory run (default --requests)"
+    )
+    parser.add_argument("--only", choices=["speed", "memory"], help="run one part")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scratch")
     parser.add_argument("--no-flask", action="store_true")
@@ -342,10 +346,21 @@ def main() -> None:
         except ImportError:
             print("Flask is not installed: the deepzoom example's app is left out")
     results: dict[str, dict[str, Any]] = {}
-    for name, kind, extra in servers:
+    for name, kind, extra in servers if args.only != "memory" else []:
         with Running(kind, slide, scratch, args, **extra) as server:
             load(server.port, paths[:200], args.clients, args.duration)  # open, warm the code
             results[name] = load(server.port, paths, args.clients, args.duration)
+    if results:
+        table(results)
+    if args.only != "speed":
+        count = args.memory_requests or args.requests
+        rss = memory(slide, scratch, args, requests_for(levels, count, args.seed + 1))
+        results["memory"] = {"rss_mb": rss}
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def table(results: dict[str, dict[str, Any]]) -> None:
     base = results["DeepZoomGenerator"]
     print(
         f"\n{'server':<24} {'tiles/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'non-200':>8} {'vs DZG':>8}"
@@ -357,25 +372,30 @@ def main() -> None:
             f"{r['failures']:>8} {ratio:>7.2f}x"
         )
 
-    # resident memory of ours over --requests requests, its cache small enough to fill up
+
+def memory(
+    slide: Path, scratch: Path, args: argparse.Namespace, paths: list[str]
+) -> list[tuple[int, float]]:
+    """Resident memory of ours over ``paths``, its cache small enough to fill up."""
     samples: list[tuple[int, float]] = []
     with Running("ours", slide, scratch, args, cache_mb=args.memory_cache_mb) as server:
         samples.append((0, rss_mb(server.process.pid)))
-        step = max(1, args.requests // 10)
+        step = max(1000, len(paths) // 10 // 1000 * 1000)
 
         def sample(done: int) -> None:
             if done % step == 0:
                 samples.append((done, rss_mb(server.process.pid)))
 
-        memory = load(server.port, paths, args.clients, 3600, on_progress=sample)
-        samples.append((memory["requests"], rss_mb(server.process.pid)))
+        done = load(server.port, paths, args.clients, 3600, on_progress=sample)
+        if samples[-1][0] != done["requests"]:
+            samples.append((done["requests"], rss_mb(server.process.pid)))
     print(
-        f"\nresident memory of ours (cache {args.memory_cache_mb} MiB) over "
-        f"{memory['requests']} requests ({memory['failures']} non-200):"
+        f"\nresident memory of ours (tile cache {args.memory_cache_mb} MiB) over "
+        f"{done['requests']} requests ({done['failures']} non-200, "
+        f"{done['tiles_per_s']:.0f} tiles/s):"
     )
     print("  " + ", ".join(f"{n}: {mb:.0f} MB" for n, mb in samples))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"servers": results, "rss_mb": samples}, indent=1))
+    return samples
 
 
 if __name__ == "__main__":
