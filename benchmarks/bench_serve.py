@@ -20,7 +20,7 @@ tiles for ``--duration`` seconds each, or ``--requests``, whichever comes first:
 uniformly from every level of the pyramid (a viewer pans at every zoom), then a tile of it
 uniformly. The same seed gives every server the same sequence. Reported: tiles/s, latency
 p50/p99 (ms), non-200 answers, and the ratios to DeepZoomGenerator. Then ``--requests``
-requests against ours (cache ``--memory-cache-mb``, 64 MiB, so that it fills up in the run)
+requests against ours (cache ``--memory-cache-mb``, 16 MiB, so that it fills up early)
 with the server's resident memory sampled every tenth of them: flat once the cache is full.
 The client and the servers share the machine's cores: on our 2-core VM the client takes about
 a third of one.
@@ -300,7 +300,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--quality", type=int, default=75)
     parser.add_argument("--cache-mb", type=int, default=256)
-    parser.add_argument("--memory-cache-mb", type=int, default=64)
+    parser.add_argument("--memory-cache-mb", type=int, default=16)
     parser.add_argument(
         "--memory-requests", type=int, help="requests of the memory run (default --requests)"
     )
