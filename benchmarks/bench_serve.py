@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_serve.py [--width 20000] [--clients 8] [--duration 10]
         [--requests 20000] [--threads 4] [--quality 75] [--scratch DIR] [--no-flask]
+        [--memory-requests N] [--memory-cache-mb 16] [--only speed|memory] [--json FILE]
 
 Every server runs in a process of its own on 127.0.0.1 and serves one synthetic Aperio slide
 (``--width`` x 3/4, 256 px JPEG tiles, levels at 1, 4, 16 and 64) as Deep Zoom, 256 px tiles
@@ -19,11 +20,12 @@ Clients (``--clients`` threads in one other process, keep-alive connections) ask
 tiles for ``--duration`` seconds each, or ``--requests``, whichever comes first: a zoom level
 uniformly from every level of the pyramid (a viewer pans at every zoom), then a tile of it
 uniformly. The same seed gives every server the same sequence. Reported: tiles/s, latency
-p50/p99 (ms), non-200 answers, and the ratios to DeepZoomGenerator. Then ``--requests``
-requests against ours (cache ``--memory-cache-mb``, 16 MiB, so that it fills up early)
-with the server's resident memory sampled every tenth of them: flat once the cache is full.
-The client and the servers share the machine's cores: on our 2-core VM the client takes about
-a third of one.
+p50/p99 (ms), non-200 answers, and the ratios to DeepZoomGenerator. Then
+``--memory-requests`` (``--requests``) requests against ours, its tile cache
+``--memory-cache-mb`` (16 MiB, full after a few thousand requests), the server's resident
+memory sampled every tenth of them: flat once its caches are full. ``--only speed|memory``
+runs one part. The client and the servers share the machine's cores (a busy client slows
+every server alike).
 """
 
 from __future__ import annotations
