@@ -134,7 +134,15 @@ def test_traversal_and_out_of_range_requests_get_4xx(
 
 def test_a_page_elsewhere_cannot_reach_a_loopback_server(server: ViewerServer) -> None:
     # DNS rebinding: a name the attacker controls, resolved to 127.0.0.1
-    for host in ("attacker.example:8000", "127.0.0.1.attacker.example", "", "localhost.:1"):
+    for host in (
+        "attacker.example:8000",
+        "127.0.0.1.attacker.example",
+        "",
+        "localhost.:1",
+        "127.0.0.1:80@attacker.example",
+        "[::1]attacker.example",
+        "[::1",
+    ):
         assert request(server.port, "/api/slides", headers={"Host": host}).status == 400
     for host in (f"localhost:{server.port}", f"[::1]:{server.port}", "127.0.0.1"):
         assert request(server.port, "/api/slides", headers={"Host": host}).status == 200

@@ -59,9 +59,20 @@ def check_token(host: str, token: str | None) -> str | None:
 
 def _host_name(host_header: str) -> str:
     """The name of a ``Host`` header, without its port (``[::1]:8000`` -> ``::1``)."""
+    name, port = host_header, ""
     if host_header.startswith("["):
-        return host_header[1 : host_header.find("]")] if "]" in host_header else ""
-    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+        end = host_header.find("]")
+        if end < 0:
+            return ""
+        name, rest = host_header[1:end], host_header[end + 1 :]
+        if rest and not rest.startswith(":"):
+            return ""
+        port = rest[1:]
+    elif host_header.count(":") == 1:
+        name, port = host_header.split(":")
+    if port and not (port.isascii() and port.isdigit()):
+        return ""  # not a port: not a name this server answers to
+    return name
 
 
 class Guard:
