@@ -1,6 +1,7 @@
 """An index with everything the viewer shows: labels, a quarantined tile, annotations, a QC
-column, predictions (in the layout of ``wsi-loader predict``), a slide that went missing and
-one replaced since indexing; and a small HTTP client for servers on 127.0.0.1."""
+column, predictions (in the layout of ``wsi-loader predict``), a slide that could not be
+indexed, one that went missing and one replaced since indexing; and a small HTTP client for
+servers on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def archive(make_slide: SlideFactory, tmp_path_factory: pytest.TempPathFactory) 
     shutil.copy(make_slide(width=2048, height=2048, seed=32, corrupt=BAD_TILES), slides / "bad.svs")
     shutil.copy(make_slide(width=2048, height=1536, seed=33), slides / "gone.svs")
     shutil.copy(make_slide(width=2048, height=1536, seed=34), slides / "replaced.svs")
+    (slides / "broken.svs").write_bytes(b"not a slide at all\n" * 50)  # indexed as failed
     (slides / "labels.csv").write_text(
         "slide,label\ngood,normal\nbad,tumour\ngone,normal\nreplaced,tumour\n"
     )

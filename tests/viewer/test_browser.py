@@ -316,8 +316,14 @@ def test_a_missing_slide_is_said_in_the_page(page: Page, archive: Archive) -> No
     assert "does not exist" in banner
     page.open(archive.ids["replaced.svs"])
     assert "replaced since indexing" in page.page.locator("#banner").inner_text()
+    broken = archive.ids["broken.svs"]
+    page.evaluate("(id) => window.wsiViewer.openSlide(id)", broken)
+    page.wait(f"() => window.wsiViewer.state.slide && window.wsiViewer.state.slide.id === {broken}")
+    assert "was not indexed" in page.page.locator("#banner").inner_text()
+    assert "failed" in page.page.locator("#slides li.selected").inner_text()
     page.open(archive.ids["good.svs"])
     assert page.page.locator("#banner").is_hidden()
+    assert page.errors == []
 
 
 def test_a_grid_of_100000_tiles_is_one_raster(

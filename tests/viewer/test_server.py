@@ -309,6 +309,10 @@ def test_missing_and_replaced_slides_are_said(server: ViewerServer, archive: Arc
     assert abs(simplejpeg.decode_jpeg(tile.body).astype(int) - ERROR_GREY).mean() < 30
     problem = request(server.port, f"/api/slides/{replaced}").json()["problem"]
     assert "replaced since indexing" in problem
+    broken = archive.ids["broken.svs"]  # never indexed: no size known
+    details = request(server.port, f"/api/slides/{broken}").json()
+    assert details["status"] == "failed" and details["error"] and details["grid"]["count"] == 0
+    assert request(server.port, f"/slides/{broken}_files/0/0_0.jpeg").headers["x-tile-error"]
 
 
 def test_a_touched_slide_is_not_a_replaced_one(archive: Archive, tmp_path: Path) -> None:
