@@ -317,7 +317,9 @@ def create_app(
         z, col, row = (_number(request.path_params[k]) for k in ("z", "col", "row"))
         if sid is None or z is None or col is None or row is None:
             return _not_found()
-        ref = await viewer.run(viewer.catalog.ref, sid)
+        ref = viewer.catalog.known_ref(sid)  # on the event loop: no thread for a cached tile
+        if ref is None:
+            ref = await viewer.run(viewer.catalog.ref, sid)
         etag = _etag(ref, viewer.maker.options, z, col, row)
         fresh = request.query_params.get("v") == ref.version
         if request.headers.get("if-none-match") == etag:

@@ -98,15 +98,20 @@ class Catalog:
         return SlideState(version, problem, identity)
 
     def ref(self, slide_id: int) -> SlideRef:
-        """What the tile maker needs of the slide (its state checked once)."""
+        """What the tile maker needs of the slide (its state checked once: may touch the
+        file, or the store, the first time)."""
+        return self._ref(slide_id, self.state(slide_id))
+
+    def known_ref(self, slide_id: int) -> SlideRef | None:
+        """`ref` when the slide's state is known already (no I/O), else None."""
+        with self._lock:
+            known = self._states.get(slide_id)
+        return None if known is None else self._ref(slide_id, known)
+
+    def _ref(self, slide_id: int, state: SlideState) -> SlideRef:
         record = self.index.slides[slide_id]
-        return SlideRef(
-            slide_id,
-            self.index.slide_path(slide_id),
-            self.state(slide_id).version,
-            record.width or 0,
-            record.height or 0,
-        )
+        path = self.index.slide_path(slide_id)
+        return SlideRef(slide_id, path, state.version, record.width or 0, record.height or 0)
 
     def summary(self) -> list[dict[str, Any]]:
         """One entry per slide for the page's list (no file is touched)."""
