@@ -24,8 +24,9 @@ p50/p99 (ms), non-200 answers, and the ratios to DeepZoomGenerator. Then
 ``--memory-requests`` (``--requests``) requests against ours, its tile cache
 ``--memory-cache-mb`` (16 MiB, full after a few thousand requests), the server's resident
 memory sampled every tenth of them: flat once its caches are full. ``--only speed|memory``
-runs one part. The client and the servers share the machine's cores (a busy client slows
-every server alike).
+runs one part; ``--only browser`` measures the page instead (ms per overlay redraw with a
+grid of ~100,000 tiles, in Debian's chromium). The client and the servers share the
+machine's cores (a busy client slows every server alike).
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ def main() -> None:
     parser.add_argument(
         "--memory-requests", type=int, help="requests of the memory run (default --requests)"
     )
-    parser.add_argument("--only", choices=["speed", "memory"], help="run one part")
+    parser.add_argument("--only", choices=["speed", "memory", "browser"], help="run one part")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scratch")
     parser.add_argument("--no-flask", action="store_true")
@@ -348,18 +349,89 @@ def main() -> None:
         except ImportError:
             print("Flask is not installed: the deepzoom example's app is left out")
     results: dict[str, dict[str, Any]] = {}
-    for name, kind, extra in servers if args.only != "memory" else []:
+    if args.only == "browser":
+        results["browser"] = browser_frames(slide, scratch)
+        servers = []
+    for name, kind, extra in servers if args.only in (None, "speed") else []:
         with Running(kind, slide, scratch, args, **extra) as server:
             load(server.port, paths[:200], args.clients, args.duration)  # open, warm the code
             results[name] = load(server.port, paths, args.clients, args.duration)
-    if results:
+    if any(name in results for name, _, _ in servers):
         table(results)
-    if args.only != "speed":
+    if args.only in (None, "memory"):
         count = args.memory_requests or args.requests
         rss = memory(slide, scratch, args, requests_for(levels, count, args.seed + 1))
         results["memory"] = {"rss_mb": rss}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+BROWSER_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+FRAME_TIMES = """async ([frames, zoom]) => {
+    const w = window.wsiViewer, vp = w.viewer.viewport;
+    while (!(w.viewer.world.getItemCount() && w.state.grid)) {
+        await new Promise((done) => setTimeout(done, 50));
+    }
+    vp.goHome(true);
+    if (zoom > 1) vp.zoomBy(zoom, null, true);
+    await new Promise((done) => setTimeout(done, 300));
+    const overlay = document.querySelector("canvas.wsi-overlay").getContext("2d");
+    const start = performance.now();
+    for (let i = 0; i < frames; i++) {
+        w.draw();
+        overlay.getImageData(0, 0, 1, 1);  // rasterise now: canvas drawing is deferred
+    }
+    const draw = (performance.now() - start) / frames;
+    const colour = document.getElementById("color-by");
+    const before = performance.now();
+    colour.value = "tissue";
+    colour.dispatchEvent(new Event("change"));
+    return [draw, performance.now() - before, w.state.grid.count];
+}"""
+
+
+def browser_frames(slide: Path, scratch: Path) -> dict[str, float]:
+    """The page's overlay cost with a grid of ~100,000 tiles (32 px tiles on the slide's level
+    0), in Debian's chromium: ms per redraw of the overlays (what every frame of a pan or zoom
+    pays), zoomed out and zoomed in (cell outlines drawn), and ms to repaint the grid in
+    another colouring."""
+    from playwright.sync_api import sync_playwright
+
+    from wsi_loader.index import build_index
+    from wsi_loader.viewer import ViewerServer
+
+    index = build_index([slide], scratch / f"idx-{slide.stem}-32px", tile_size=32, level=0)
+    found: dict[str, float] = {"tiles": float(len(index))}
+    with ViewerServer(index) as server, sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium", args=BROWSER_FLAGS, headless=True
+        )
+        page = chromium.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(server.slide_url(0))
+        page.evaluate("() => window.wsiViewer.ready")
+        draw_out, repaint, count = page.evaluate(FRAME_TIMES, [50, 1])
+        draw_in, _, _ = page.evaluate(FRAME_TIMES, [50, 16])
+        cells = page.evaluate(
+            "() => { const g = window.wsiViewer.state.grid, vp = window.wsiViewer.viewer.viewport;"
+            " const b = vp.getBounds(true), s = vp.viewportToImageRectangle(b);"
+            " return Math.round(s.width / g.stride) * Math.round(s.height / g.stride); }"
+        )
+        chromium.close()
+    found.update(draw_zoomed_out_ms=draw_out, draw_zoomed_in_ms=draw_in, repaint_ms=repaint)
+    print(
+        f"\nthe page with {count:.0f} tiles in the grid (chromium, 1400 x 900): "
+        f"{draw_out:.2f} ms per overlay redraw zoomed out, {draw_in:.2f} ms zoomed in "
+        f"(~{cells} cells in view, outlined), {repaint:.1f} ms to colour the grid anew"
+    )
+    return found
 
 
 def table(results: dict[str, dict[str, Any]]) -> None:
