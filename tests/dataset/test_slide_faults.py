@@ -217,3 +217,57 @@ def test_touching_a_slide_is_not_a_change(archive: Path, tmp_path: Path) -> None
     good = next(i for i, s in enumerate(index.slides) if s.path == "good.svs")
     rows = np.flatnonzero(index.columns["slide_id"] == good)[:8]
     assert bool(TileDataset(index).read_batch(rows.tolist()).ok.all())
+
+
+@pytest.mark.parametrize("vanished", ["slide", "tiles"])
+def test_failed_reads_leave_no_buffer_in_cyclic_garbage(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vanished: str
+) -> None:
+    """A failed read keeps nothing alive through reference cycles (an exception stored where
+    its own traceback's frames can reach it): with ``num_workers=0`` each batch buffer of a
+    vanished slide waited for a full collection, and resident memory climbed by gigabytes."""
+    import gc
+    import types
+    import weakref
+
+    import torch
+
+    from wsi_loader.dataset import tiles
+
+    buffers: list[weakref.ref[np.ndarray]] = []
+
+    def tracked_buffer(shape: tuple[int, ...], shared: bool) -> torch.Tensor:
+        array = np.empty(shape, dtype=np.uint8)
+        buffers.append(weakref.ref(array))
+        return torch.from_numpy(array)
+
+    monkeypatch.setattr(tiles, "fresh_buffer", tracked_buffer)
+    index = _build(archive, tmp_path / "idx")
+    ds = TileDataset(index)
+    if vanished == "slide":
+        (archive / "good.svs").unlink()  # every read of it is a slide fault
+        good = next(i for i, s in enumerate(index.slides) if s.path == "good.svs")
+        rows = np.flatnonzero(index.columns["slide_id"] == good)[:16]
+    else:
+        rows = corrupt_rows(index)  # tile faults, retried and recorded
+    loader = make_loader(
+        ds, batch_size=len(rows), num_workers=0, sampler=rows.tolist(), reuse_buffers=False
+    )
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(3):
+            batch = next(iter(loader))
+            assert not bool(batch.ok.any())
+            del batch
+        alive = sum(ref() is not None for ref in buffers)  # before any collection
+        gc.collect()
+        frames = [o for o in gc.garbage if isinstance(o, types.FrameType)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert len(buffers) == 3
+    assert alive == 0  # each freed as soon as its batch was dropped
+    assert not [f.f_code.co_qualname for f in frames if "wsi_loader" in f.f_code.co_filename]
