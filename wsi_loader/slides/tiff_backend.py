@@ -13,8 +13,10 @@ import logging
 import math
 import os
 import re
+import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import imagecodecs
@@ -74,6 +76,51 @@ _ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
 # Compressions imagecodecs decodes: none, LZW, JPEG, deflate, JPEG 2000 (Aperio), ZSTD, WebP
 RAW_COMPRESSIONS = frozenset({1, 5, 7, 8, 32946, 33003, 33005, 34712, 50000, 50001})
 DCT_SCALES = (2, 4, 8)
+
+
+class _ParseMessages(logging.Filter):
+    """What tifffile logs while a thread of ours parses a file, kept instead of printed.
+
+    Why: tifffile logs its complaints about a malformed file (``invalid page offset`` for a
+    truncated one) at ERROR on every parse, and a slide that fails is parsed again at every
+    retry and batch: 336 lines over 5 epochs for one truncated slide, next to our own one
+    WARNING for it. What it says goes into our error when the parse fails, and to DEBUG when
+    it does not. Other threads' tifffile messages pass (the list is per thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kept: list[str] | None = getattr(self._local, "kept", None)
+        if kept is None:
+            return True
+        kept.append(record.getMessage())
+        return False
+
+    @contextmanager
+    def kept(self) -> Iterator[list[str]]:
+        """The messages tifffile logs in this thread inside the block."""
+        outer = getattr(self._local, "kept", None)
+        kept: list[str] = []
+        self._local.kept = kept
+        try:
+            yield kept
+        finally:
+            self._local.kept = outer
+
+
+_parse_messages = _ParseMessages()
+logging.getLogger("tifffile").addFilter(_parse_messages)
+
+
+def _said(messages: list[str], limit: int = 3) -> str:
+    """tifffile's messages for an error text (the first few, each bounded)."""
+    if not messages:
+        return ""
+    shown = "; ".join(m[:200] for m in messages[:limit])
+    more = f" (and {len(messages) - limit} more)" if len(messages) > limit else ""
+    return f" (tifffile said: {shown}{more})"
 
 
 class SegmentCache(BytesLRU[RGBArray]):
@@ -340,38 +387,26 @@ class TiffReader(SlideReader):
         self._fd = -1
         self._remote: RemoteBytes | None = None
         handle: Any = path
-        try:
-            if is_url(path):
-                self._remote = RemoteBytes(path, store if store is not None else RangeStore())
-                handle = self._remote.open_for_parsing()
-            with tifffile.TiffFile(handle) as tif:
-                if not tif.series:
-                    raise ValueError("no image in the file (truncated, or a TIFF without images)")
-                series = tif.series[0]
-                candidates: list[object] = (
-                    list(tif.pages)  # SVS, as OpenSlide reads it: every tiled page is a level
-                    if series.kind == "svs"
-                    else [level.pages[0] for level in series.levels]
-                )
-                pages = [p for p in candidates if isinstance(p, tifffile.TiffPage)]
-                if series.kind == "svs":
-                    pages = [p for p in pages if p.is_tiled]
-                self._levels = [_Level(page) for page in pages]
-                ome = tif.ome_metadata if series.kind == "ome" else None
-                self.meta = self._read_meta(series, pages[0], ome)
-                if self._remote is None:
-                    # our own descriptor on the file tifffile parsed (pread: no file position)
-                    self._fd = os.dup(tif.filehandle.fileno())
-            self._refuse_undecodable_old_jpeg()
-        except WsiLoaderError:
-            self.close()
-            raise  # a missing object, an unreachable store: said as it is
-        except Exception as exc:  # tifffile raises many types for malformed input
-            self.close()
-            raise SlideOpenError(f"tifffile: {type(exc).__name__}: {exc}", path=path) from exc
-        finally:
-            if handle is not path:
-                handle.close()
+        with _parse_messages.kept() as said:
+            try:
+                if is_url(path):
+                    self._remote = RemoteBytes(path, store if store is not None else RangeStore())
+                    handle = self._remote.open_for_parsing()
+                self._parse(handle)
+                self._refuse_undecodable_old_jpeg()
+            except WsiLoaderError:
+                self.close()
+                raise  # a missing object, an unreachable store: said as it is
+            except Exception as exc:  # tifffile raises many types for malformed input
+                self.close()
+                raise SlideOpenError(
+                    f"tifffile: {type(exc).__name__}: {exc}{_said(said)}", path=path
+                ) from exc
+            finally:
+                if handle is not path:
+                    handle.close()
+        if said:
+            log.debug("parsing %s, tifffile said: %s", path, "; ".join(said))
         self._identity = _identity(os.fstat(self._fd)) if self._remote is None else None
         self._closed = False
         self._cache = cache if cache is not None else SegmentCache()
@@ -391,6 +426,27 @@ class TiffReader(SlideReader):
                     f"old-style JPEG (Compression 6) that cannot be decoded: {describe(exc)}",
                     path=self.path,
                 ) from exc
+
+    def _parse(self, handle: Any) -> None:
+        """Read the levels' layout and the metadata; keep a descriptor of a local file."""
+        with tifffile.TiffFile(handle) as tif:
+            if not tif.series:
+                raise ValueError("no image in the file (truncated, or a TIFF without images)")
+            series = tif.series[0]
+            candidates: list[object] = (
+                list(tif.pages)  # SVS, as OpenSlide reads it: every tiled page is a level
+                if series.kind == "svs"
+                else [level.pages[0] for level in series.levels]
+            )
+            pages = [p for p in candidates if isinstance(p, tifffile.TiffPage)]
+            if series.kind == "svs":
+                pages = [p for p in pages if p.is_tiled]
+            self._levels = [_Level(page) for page in pages]
+            ome = tif.ome_metadata if series.kind == "ome" else None
+            self.meta = self._read_meta(series, pages[0], ome)
+            if self._remote is None:
+                # our own descriptor on the file tifffile parsed (pread: no file position)
+                self._fd = os.dup(tif.filehandle.fileno())
 
     def _read_meta(
         self, series: tifffile.TiffPageSeries, base_page: tifffile.TiffPage, ome: str | None
