@@ -172,6 +172,7 @@ class TileReader:
         pool: HandlePool | None = None,
         backend: str | None = None,
         record_failures: bool = True,
+        report_failures: bool = True,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
@@ -186,6 +187,10 @@ class TileReader:
         self.pool = pool if pool is not None else HandlePool()  # an empty pool is falsy
         self.backend = backend or "auto"  # per process: the fastest correct reader
         self.record_failures = record_failures
+        # one WARNING per slide per process for failed tiles (see `_report_tile_failures`)
+        self.report_failures = report_failures
+        self._reported: set[int] = set()
+        self._unreported: dict[int, tuple[int, dict[str, Any]]] = {}  # this call's: count, first
         self.tile_size = int(index.params["tile_size"])
         self.failures: list[dict[str, Any]] = []
         self.failure_count = 0
@@ -369,7 +374,8 @@ class TileReader:
         except OSError as exc:
             self._unrecorded(exc)
 
-    def _record(self, row: int, error: TileReadError) -> None:
+    def _record(self, row: int, error: TileReadError) -> dict[str, Any]:
+        """Keep a tile failure and append it to the quarantine; the record."""
         cols = self.index.columns
         slide_id = int(cols["slide_id"][row])
         x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
@@ -387,11 +393,38 @@ class TileReader:
         }
         self._keep(entry)
         if not self.record_failures:
-            return
+            return entry
         try:
             self._kept_quarantine().record_tile(entry)
         except OSError as exc:
             self._unrecorded(exc)
+        return entry
+
+    def _report_tile_failures(self, rows: npt.NDArray[np.int64]) -> None:
+        """Say the tile failures of slides whose first ones this call met: one WARNING per
+        slide per process, with the count in this read. A slide that fails 13% of its tiles
+        would otherwise go unnoticed, since failed tiles only come back not ok; logging each
+        one would bury everything else (every epoch meets them again)."""
+        slide_ids = self.index.columns["slide_id"][rows]
+        kept = "the dataset's failures"
+        if self.record_failures and not self._quarantine_unwritable:
+            kept += f" and the quarantine ({self.index.quarantine.path})"
+        for slide_id, (count, first) in self._unreported.items():
+            self._reported.add(slide_id)
+            log.warning(
+                "%d of %d tiles of slide %s in this read failed and are not ok (on_error=%s; "
+                "the first at level-0 (%d, %d): %s). Later tile failures of this slide are not "
+                "logged by this process: %s list every one",
+                count,
+                int(np.count_nonzero(slide_ids == slide_id)),
+                self._paths[slide_id],
+                self.on_error,
+                first["x"],
+                first["y"],
+                first["error"],
+                kept,
+            )
+        self._unreported.clear()
 
     def _kept_quarantine(self) -> Quarantine:
         """One Quarantine object per reader: it remembers the records it has seen, so a
@@ -565,10 +598,12 @@ class TileReader:
                             self.pool.discard(self._paths[slide_id], self.backend)  # may be latched
                             reader, reader_of, tried = None, -1, exc
                 self._read_into(int(rows[i]), windows[i], i, result, faulted, tried)
+            self._report_tile_failures(rows)
         finally:
             # the errors' tracebacks hold the frames that hold them and ``result``
             faulted.clear()
             tried = None
+            self._unreported.clear()  # raised instead (on_error="raise"): the error says it
         return result
 
     def _reader_into(self, slide_id: int) -> ReadsInto | None:
@@ -688,8 +723,11 @@ class TileReader:
         slide_id = int(self.index.columns["slide_id"][row])
         result.ok[i] = False
         if isinstance(error, TileReadError):
-            self._record(row, error)
+            entry = self._record(row, error)
             result.errors[i] = error.cause or str(error)
+            if self.report_failures and slide_id not in self._reported:
+                count, first = self._unreported.get(slide_id, (0, entry))
+                self._unreported[slide_id] = (count + 1, first)
         elif isinstance(error, TransientReadError):  # not the data's fault: never quarantined
             faulted[slide_id] = error  # the rest of this call's tiles of the slide fail fast
             self._transient(slide_id, error)
