@@ -9,6 +9,8 @@ corrupt tile raises `TileReadError` and the next read works.
 
 from __future__ import annotations
 
+import errno
+import io
 import logging
 import math
 import os
@@ -27,8 +29,15 @@ import tifffile
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring as xml_from_text
 
-from wsi_loader.errors import SlideOpenError, TileReadError, WsiLoaderError, describe
+from wsi_loader.errors import (
+    SlideNotFoundError,
+    SlideOpenError,
+    TileReadError,
+    WsiLoaderError,
+    describe,
+)
 from wsi_loader.slides.base import (
+    NOT_REGULAR,
     BytesLRU,
     MppSource,
     RGBArray,
@@ -41,6 +50,7 @@ from wsi_loader.slides.base import (
     join_notes,
     l0_to_level,
     non_square_note,
+    open_regular,
     resize,
 )
 from wsi_loader.slides.storage import Range, RangeStore, RemoteBytes, is_url, read_ahead
@@ -112,6 +122,26 @@ class _ParseMessages(logging.Filter):
 
 _parse_messages = _ParseMessages()
 logging.getLogger("tifffile").addFilter(_parse_messages)
+
+
+def _open_local(path: str) -> int:
+    """`open_regular`, its errors as a slide's (the file is gone, or is not a file)."""
+    try:
+        return open_regular(path)
+    except FileNotFoundError:
+        raise SlideNotFoundError("slide file does not exist", path=path) from None
+    except OSError as exc:
+        reason = exc.strerror if exc.errno != errno.EINVAL else NOT_REGULAR
+        raise SlideOpenError(f"cannot open the slide: {reason}", path=path) from exc
+
+
+def _named_file(fd: int, path: str) -> io.BufferedReader:
+    """A buffered file object over ``fd`` (left open when it is closed) named ``path``, as
+    tifffile names the files it opens itself (their folder is where it finds an OME-TIFF's
+    companion files)."""
+    raw = io.FileIO(fd, "rb", closefd=False)
+    raw.name = path
+    return io.BufferedReader(raw)
 
 
 def _said(messages: list[str], limit: int = 3) -> str:
@@ -392,6 +422,9 @@ class TiffReader(SlideReader):
                 if is_url(path):
                     self._remote = RemoteBytes(path, store if store is not None else RangeStore())
                     handle = self._remote.open_for_parsing()
+                else:  # our own descriptor (pread: no file position), lent to tifffile
+                    self._fd = _open_local(path)
+                    handle = _named_file(self._fd, path)
                 self._parse(handle)
                 self._refuse_undecodable_old_jpeg()
             except WsiLoaderError:
@@ -444,9 +477,6 @@ class TiffReader(SlideReader):
             self._levels = [_Level(page) for page in pages]
             ome = tif.ome_metadata if series.kind == "ome" else None
             self.meta = self._read_meta(series, pages[0], ome)
-            if self._remote is None:
-                # our own descriptor on the file tifffile parsed (pread: no file position)
-                self._fd = os.dup(tif.filehandle.fileno())
 
     def _read_meta(
         self, series: tifffile.TiffPageSeries, base_page: tifffile.TiffPage, ome: str | None
@@ -834,7 +864,7 @@ class TiffReader(SlideReader):
             self._closed = False
             return True
         try:
-            fd = os.open(self.path, os.O_RDONLY)  # not inherited by children (PEP 446)
+            fd = open_regular(self.path)  # a FIFO put in its place must not block it
         except OSError:
             return False
         if _identity(os.fstat(fd)) != self._identity:
