@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import multiprocessing
 import multiprocessing.util  # its exit handler must be registered before ours (see below)
 import os
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_worker_info
 
-from wsi_loader.config import LoaderConfig, validate
+from wsi_loader.config import LoaderConfig, check_keywords, validate
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing
 from wsi_loader.dataset.look_ahead import BatchPlan, LookAhead
@@ -239,6 +240,7 @@ def make_loader(
             "them on it",
             key="shuffle" if opts.shuffle is not None else "seed",
         )
+    check_keywords("make_loader", dataset_options, [*TileDataset.option_names(), *_OWN_KEYWORDS])
     if dataset_options and isinstance(data, TileDataset):
         raise ConfigError(
             f"dataset options ({', '.join(sorted(dataset_options))}) apply only when "
@@ -312,6 +314,14 @@ def make_loader(
     loader.tile_sampler = sampler
     loader.reading, loader.tiles = reading, tiles
     return loader
+
+
+# make_loader's own keywords, suggested for a misspelt one (batch_sise) among the dataset's
+_OWN_KEYWORDS = [
+    name
+    for name in inspect.signature(make_loader).parameters
+    if name not in ("data", "dataset_options")
+]
 
 
 def _start_method() -> str:

@@ -8,6 +8,7 @@ index's memory-mapped numpy columns, so worker memory stays flat in the index si
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -234,6 +235,13 @@ class TileDataset(Dataset[Sample]):
         """The epoch random stain transforms draw from in ``ds[row]`` reads (make_loader's
         batches carry their sampler's epoch instead)."""
         self.epoch = int(epoch)
+
+    @staticmethod
+    def option_names() -> list[str]:
+        """The keyword options of `TileDataset` (what `make_loader` and `SlideBagDataset` pass
+        on to it)."""
+        names = inspect.signature(TileDataset.__init__).parameters
+        return [name for name in names if name not in ("self", "index")]
 
     @classmethod
     def from_config(
