@@ -177,6 +177,11 @@ def test_a_stuck_worker_is_a_timeout_naming_its_slide(
     assert isinstance(info.value, TimeoutError) and info.value.seconds == 3
     bad = [i for i, s in enumerate(index.slides) if s.path.endswith("bad.svs")]
     assert info.value.slide_ids == bad and info.value.paths == [index.slide_path(bad[0])]
+    # the next epoch of the (persistent) workers, still stuck: the same error, not torch's
+    # bare RuntimeError from restarting them
+    with pytest.raises(LoaderTimeoutError, match=r"timeout=3.*bad\.svs") as again:
+        next(iter(loader))
+    assert again.value.slide_ids == bad
 
 
 def test_a_timeout_without_workers_is_an_error(archive: Path, tmp_path: Path) -> None:

@@ -133,7 +133,15 @@ class TileLoader(DataLoader[TileBatch]):
             return super()._get_iterator()
 
     def __iter__(self) -> Iterator[TileBatch]:  # type: ignore[override]
-        iterator = super().__iter__()
+        try:
+            # persistent workers are told to start the next epoch here, and torch waits for
+            # each to answer: a worker still stuck times out in this call
+            iterator = super().__iter__()
+        except RuntimeError as exc:
+            timed_out = self._timed_out(exc)
+            if timed_out is None:
+                raise
+            raise timed_out from exc
         if self.num_workers:
             _RUNNING.add(iterator)
         if self.num_workers and self.persistent_workers and self._stopper is None:
@@ -150,18 +158,26 @@ class TileLoader(DataLoader[TileBatch]):
             except StopIteration:
                 return
             except RuntimeError as exc:
-                if "timed out" not in str(exc) or self.reading is None or self.tiles is None:
+                timed_out = self._timed_out(exc)
+                if timed_out is None:
                     raise
-                stuck = sorted({int(s) for s in self.reading.tolist() if s >= 0})
-                paths = [self.tiles.index.slide_path(s) for s in stuck]
-                raise LoaderTimeoutError(
-                    f"no batch within timeout={self.timeout} s; the workers were reading "
-                    f"{', '.join(paths) if paths else 'no slide (stuck elsewhere)'}",
-                    seconds=self.timeout,
-                    slide_ids=stuck,
-                    paths=paths,
-                ) from exc
+                raise timed_out from exc
             yield batch
+
+    def _timed_out(self, error: RuntimeError) -> LoaderTimeoutError | None:
+        """torch's timeout (a bare RuntimeError) as `LoaderTimeoutError` naming the slides the
+        workers were reading; None for any other error."""
+        if "timed out" not in str(error) or self.reading is None or self.tiles is None:
+            return None
+        stuck = sorted({int(s) for s in self.reading.tolist() if s >= 0})
+        paths = [self.tiles.index.slide_path(s) for s in stuck]
+        return LoaderTimeoutError(
+            f"no batch within timeout={self.timeout} s; the workers were reading "
+            f"{', '.join(paths) if paths else 'no slide (stuck elsewhere)'}",
+            seconds=self.timeout,
+            slide_ids=stuck,
+            paths=paths,
+        )
 
     def set_epoch(self, epoch: int) -> None:
         set_epoch = getattr(self.tile_sampler, "set_epoch", None)
