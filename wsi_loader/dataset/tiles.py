@@ -410,9 +410,12 @@ class TileDataset(Dataset[Sample]):
             raise
         cols = self.index.columns
         slide_id = np.asarray(cols["slide_id"][array], dtype=np.int64)
+        ok = result.ok
+        if result.encoded is not None:  # not ok until decoded (DeviceLoader): zeros till then
+            ok = ok & np.array([e is None for e in result.encoded], dtype=bool)
         batch = TileBatch(
             images=images,
-            ok=torch.tensor(result.ok),
+            ok=torch.tensor(ok),
             substituted=torch.tensor(result.substituted),
             rows=torch.tensor(array),
             slide_id=torch.tensor(slide_id),
