@@ -26,6 +26,7 @@ EXPORTED = [
     "IndexFormatError",
     "InputError",
     "LoaderTimeoutError",
+    "LoaderWorkerDiedError",
     "Quarantine",
     "ResolutionError",
     "SlideBagDataset",

@@ -12,6 +12,7 @@ import pytest
 from torch.utils.data import DataLoader, Dataset
 
 import wsi_loader.dataset.tiles  # noqa: F401 (what a worker holding a TileDataset imports)
+from wsi_loader.index import SlideIndex
 
 
 class SlowToFree:
@@ -359,3 +360,29 @@ def test_workers_end_when_the_training_script_is_killed(tmp_path: Path, context:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
+
+@pytest.mark.parametrize("wait_s", [0.0, 0.5])
+def test_a_killed_forkserver_worker_is_named_with_how_it_ended(
+    index: SlideIndex, wait_s: float
+) -> None:
+    """A forkserver worker is no child of this process, so torch's SIGCHLD handler never
+    says it died: the loop failed with ConnectionResetError (fetching a batch the dead worker
+    had queued) or 'DataLoader worker (pid(s) N) exited unexpectedly', five seconds later.
+    Now: which worker, its pid, and how it ended."""
+    from wsi_loader import make_loader
+    from wsi_loader.errors import LoaderWorkerDiedError
+
+    loader = make_loader(index, batch_size=4, num_workers=2, multiprocessing_context="forkserver")
+    batches = iter(loader)
+    next(batches)
+    victim = loader._iterator._workers[0]  # type: ignore[union-attr]
+    os.kill(victim.pid, signal.SIGKILL)
+    time.sleep(wait_s)  # at once: its queued batches are fetched from a dead process
+    with pytest.raises(LoaderWorkerDiedError) as caught:
+        for _ in batches:
+            pass
+    error = caught.value
+    assert isinstance(error, RuntimeError)  # what torch raises for a dead worker
+    assert (error.worker_id, error.pid, error.exitcode) == (0, victim.pid, -signal.SIGKILL)
+    assert f"worker 0 (pid {victim.pid})" in str(error) and "killed by SIGKILL" in str(error)
+    assert "out-of-memory" in str(error)
