@@ -119,3 +119,4 @@ def test_cuda_decode_mode(index: SlideIndex) -> None:
     for a, b in zip(cpu, gpu, strict=True):
         # nvJPEG and libjpeg-turbo may round differently by a grey level or two
         assert float((a["image"] - b["image"].cpu()).abs().mean()) < 0.05
+        assert torch.equal(a["ok"], b["ok"].cpu())  # decoded on the device: ok again
