@@ -16,7 +16,17 @@ def test_documented_default_file_equals_the_defaults() -> None:
 @pytest.mark.parametrize(
     ("text", "key", "message"),
     [
-        ("index:\n  tile_sise: 256\n", "index.tile_sise", "unknown key 'index.tile_sise'"),
+        (
+            "index:\n  tile_sise: 256\n",
+            "index.tile_sise",
+            r"unknown key 'index.tile_sise' \(did you mean 'tile_size'\?\)",
+        ),
+        (
+            "dataset:\n  on_eror: raise\n",
+            "dataset.on_eror",
+            r"unknown key 'dataset.on_eror' \(did you mean 'on_error'\?\)",
+        ),
+        ("indx:\n  mpp: 0.5\n", "indx", r"unknown key 'indx' \(did you mean 'index'\?\)"),
         (
             "index:\n  tile_size: big\n",
             "index.tile_size",
@@ -26,7 +36,8 @@ def test_documented_default_file_equals_the_defaults() -> None:
         ("index:\n  min_tissue: 1.5\n", "index.min_tissue", "less than or equal to 1"),
         ("index:\n  mpp: 0.5\n  level: 1\n", "index", "either mpp or level"),
         ("dataset:\n  on_error: ignore\n", "dataset.on_error", "'fill', 'substitute' or 'raise'"),
-        ("exports: {}\n", "exports", "unknown key 'exports'"),
+        ("exports: {}\n", "exports", "unknown key 'exports' \\(did you mean 'export'"),
+        ("index:\n  zzz: 1\n", "index.zzz", r"unknown key 'index.zzz'$"),  # nothing close
         # YAML keeps the last of a repeated key without a word: an edit appended below an old
         # value, or a second 'index:' section (which replaced the whole first one)
         (

@@ -7,7 +7,9 @@ key, the value and the file; `ConfigError` carries those as fields. YAML is read
 
 from __future__ import annotations
 
+import difflib
 import reprlib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,6 +26,7 @@ __all__ = [
     "ExportConfig",
     "IndexConfig",
     "LoaderConfig",
+    "check_keywords",
     "load_config",
     "validate",
 ]
@@ -240,12 +243,45 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 80, 80
 _SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 6
 
 
-def _describe(error: ValidationError, source: str | None) -> ConfigError:
+def close_key(key: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'tile_size'?)`` for a misspelt key (difflib's closest of ``known``),
+    or nothing when none is close."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_keywords(function: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """Raise Python's ``TypeError`` for a keyword ``function`` does not take, naming
+    ``function`` (not the inner function the keywords are passed on to) and the close key."""
+    choices = sorted(known)
+    for key in given:
+        if key not in choices:
+            raise TypeError(
+                f"{function}() got an unexpected keyword argument {key!r}" + close_key(key, choices)
+            )
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> Mapping[str, Any]:
+    """The fields of the (nested) model at ``loc`` (empty when it is not a model)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return {}
+        model = annotation
+    return model.model_fields
+
+
+def _describe(
+    error: ValidationError, source: str | None, model: type[BaseModel] | None = None
+) -> ConfigError:
     first = error.errors(include_input=True, include_url=False)[0]
     key = ".".join(str(part) for part in first["loc"]) or None
     value = first.get("input")
     if first["type"] == "extra_forbidden":
         message = f"unknown key {key!r}"
+        if model is not None and first["loc"]:
+            message += close_key(str(first["loc"][-1]), _keys_at(model, first["loc"][:-1]))
     elif key:
         message = f"invalid value {_SHORT.repr(value)} for {key!r}: {first['msg']}"
     else:
@@ -261,7 +297,7 @@ def validate(model: type[_Strict], data: Any, source: str | None = None, prefix:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = _describe(exc, source)
+        err = _describe(exc, source, model)
         if prefix and err.key:
             err.key = f"{prefix}.{err.key}"
         raise err from None

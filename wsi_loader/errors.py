@@ -14,6 +14,7 @@ so ``except FileNotFoundError`` or ``except ValueError`` keep working.
      +-- OutputError (OSError)               an output could not be written (full disk): path, errno
      +-- ForkUnsafeError                     obstore inherited through fork(): use forkserver/spawn
      +-- LoaderTimeoutError (TimeoutError)   no batch within a loader's timeout: slide_ids, paths
+     +-- LoaderWorkerDiedError (RuntimeError) a loader's worker process died: worker_id, pid
      +-- UnitsNotDoneError                   units of an export given up: units, reasons
      |    +-- WorkerDiedError                 their worker process died (out of memory)
      |    +-- UnitTimeoutError                not done within unit_timeout
@@ -39,6 +40,7 @@ __all__ = [
     "IndexFormatError",
     "InputError",
     "LoaderTimeoutError",
+    "LoaderWorkerDiedError",
     "OutputError",
     "ResolutionError",
     "SlideChangedError",
@@ -159,6 +161,17 @@ class LoaderTimeoutError(WsiLoaderError, TimeoutError):
         self.seconds = seconds
         self.slide_ids = slide_ids
         self.paths = paths
+
+
+class LoaderWorkerDiedError(WsiLoaderError, RuntimeError):
+    """A DataLoader worker process of `make_loader` died (``worker_id``, ``pid``, and
+    ``exitcode``: negative for the signal that killed it, as in `multiprocessing`)."""
+
+    def __init__(self, message: str, *, worker_id: int, pid: int, exitcode: int | None) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
 
 
 class UnitsNotDoneError(WsiLoaderError):

@@ -95,6 +95,10 @@ def decode_encoded(
         index = torch.tensor(list(decoded), dtype=torch.long, device=batch.images.device)
         stacked = torch.stack([decoded[i].to(batch.images.device) for i in decoded])
         batch.images.index_copy_(0, index, stacked)
+    if decoded and batch.ok.device.type == "cpu":  # ok once decoded (see TileBatch)
+        batch.ok.numpy()[list(decoded)] = True
+    elif decoded:
+        batch.ok[torch.tensor(list(decoded), dtype=torch.long, device=batch.ok.device)] = True
     batch.encoded = None
     return batch
 

@@ -7,7 +7,8 @@ lets ``DataLoader(pin_memory=True)`` pin it.
 
 In ``decode="device"`` mode, tiles that are single JPEG storage tiles travel compressed
 (``encoded[i]`` is a complete JPEG stream) and are decoded in the main process, on the GPU when
-there is one; their rows of ``images`` are zero until then.
+there is one (`wsi_loader.gpu.DeviceLoader`); until then their rows of ``images`` are zero and
+their ``ok`` is False, so a loop that forgot to decode them trains on none of them.
 
 ``recycled`` batches (from `make_loader`) live in a buffer the reading process reuses once
 every tensor over it is gone (`wsi_loader.dataset.buffers`).

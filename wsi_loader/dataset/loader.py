@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.util  # its exit handler must be registered before ours (see below)
 import os
 import weakref
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_worker_info
 
-from wsi_loader.config import LoaderConfig, validate
+from wsi_loader.config import LoaderConfig, check_keywords, validate
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing
 from wsi_loader.dataset.look_ahead import BatchPlan, LookAhead
@@ -33,8 +35,9 @@ from wsi_loader.dataset.worker_exit import (
     sigint_held_for_new_workers,
     start_worker,
 )
-from wsi_loader.errors import ConfigError, LoaderTimeoutError
+from wsi_loader.errors import ConfigError, LoaderTimeoutError, LoaderWorkerDiedError
 from wsi_loader.index.table import SlideIndex
+from wsi_loader.parallel import how_it_ended
 
 
 class BatchReads(Dataset[TileBatch]):
@@ -132,7 +135,15 @@ class TileLoader(DataLoader[TileBatch]):
             return super()._get_iterator()
 
     def __iter__(self) -> Iterator[TileBatch]:  # type: ignore[override]
-        iterator = super().__iter__()
+        try:
+            # persistent workers are told to start the next epoch here, and torch waits for
+            # each to answer: a worker still stuck times out in this call
+            iterator = super().__iter__()
+        except RuntimeError as exc:
+            timed_out = self._timed_out(exc)
+            if timed_out is None:
+                raise
+            raise timed_out from exc
         if self.num_workers:
             _RUNNING.add(iterator)
         if self.num_workers and self.persistent_workers and self._stopper is None:
@@ -148,19 +159,32 @@ class TileLoader(DataLoader[TileBatch]):
                 batch = next(iterator)
             except StopIteration:
                 return
-            except RuntimeError as exc:
-                if "timed out" not in str(exc) or self.reading is None or self.tiles is None:
+            except (RuntimeError, OSError, EOFError) as exc:
+                failure = self._timed_out(exc) or _worker_died(iterator, exc)
+                if failure is None:
                     raise
-                stuck = sorted({int(s) for s in self.reading.tolist() if s >= 0})
-                paths = [self.tiles.index.slide_path(s) for s in stuck]
-                raise LoaderTimeoutError(
-                    f"no batch within timeout={self.timeout} s; the workers were reading "
-                    f"{', '.join(paths) if paths else 'no slide (stuck elsewhere)'}",
-                    seconds=self.timeout,
-                    slide_ids=stuck,
-                    paths=paths,
-                ) from exc
+                raise failure from exc
             yield batch
+
+    def _timed_out(self, error: BaseException) -> LoaderTimeoutError | None:
+        """torch's timeout (a bare RuntimeError) as `LoaderTimeoutError` naming the slides the
+        workers were reading; None for any other error."""
+        if (
+            not isinstance(error, RuntimeError)
+            or "timed out" not in str(error)
+            or self.reading is None
+            or self.tiles is None
+        ):
+            return None
+        stuck = sorted({int(s) for s in self.reading.tolist() if s >= 0})
+        paths = [self.tiles.index.slide_path(s) for s in stuck]
+        return LoaderTimeoutError(
+            f"no batch within timeout={self.timeout} s; the workers were reading "
+            f"{', '.join(paths) if paths else 'no slide (stuck elsewhere)'}",
+            seconds=self.timeout,
+            slide_ids=stuck,
+            paths=paths,
+        )
 
     def set_epoch(self, epoch: int) -> None:
         set_epoch = getattr(self.tile_sampler, "set_epoch", None)
@@ -168,6 +192,50 @@ class TileLoader(DataLoader[TileBatch]):
             set_epoch(epoch)
         if self.tiles is not None:
             self.tiles.set_epoch(epoch)  # for a sampler without one (the batches carry it)
+
+
+WORKER_END_WAIT_S = 2.0  # for the fork server to report how a worker that just died ended
+
+
+def _worker_died(iterator: Any, error: BaseException) -> LoaderWorkerDiedError | None:
+    """The error of a loop whose worker process died, saying which worker and how it ended;
+    None when every worker is alive (the error is about something else).
+
+    Why: a forkserver (or spawned) worker is no child of this process, so torch's SIGCHLD
+    handler never says one died: the loop failed with ConnectionResetError (fetching a batch
+    the dead worker had queued, through its socket) or, 5 s later, 'DataLoader worker (pid(s)
+    N) exited unexpectedly'. A worker killed a moment ago may not be reported yet: when the
+    error looks like a dead worker, its end is waited for (bounded)."""
+    workers = list(getattr(iterator, "_workers", None) or [])
+
+    def dead() -> list[tuple[int, Any]]:
+        return [(i, w) for i, w in enumerate(workers) if w.exitcode not in (None, 0)]
+
+    found = dead()
+    text = str(error)
+    if (
+        not found
+        and workers
+        and (
+            isinstance(error, (ConnectionError, EOFError))
+            or "exited unexpectedly" in text
+            or "killed by signal" in text
+        )
+    ):
+        multiprocessing.connection.wait([w.sentinel for w in workers], WORKER_END_WAIT_S)
+        found = dead()
+    if not found:
+        return None
+    described = "; ".join(f"worker {i} (pid {w.pid}) {how_it_ended(w.exitcode)}" for i, w in found)
+    first_id, first = found[0]
+    return LoaderWorkerDiedError(
+        f"a DataLoader worker process died: {described}. If memory ran short, fewer workers "
+        "(num_workers), a smaller batch_size or prefetch_factor need less; the loader's "
+        "other workers are stopped",
+        worker_id=first_id,
+        pid=first.pid,
+        exitcode=first.exitcode,
+    )
 
 
 def make_loader(
@@ -239,6 +307,7 @@ def make_loader(
             "them on it",
             key="shuffle" if opts.shuffle is not None else "seed",
         )
+    check_keywords("make_loader", dataset_options, [*TileDataset.option_names(), *_OWN_KEYWORDS])
     if dataset_options and isinstance(data, TileDataset):
         raise ConfigError(
             f"dataset options ({', '.join(sorted(dataset_options))}) apply only when "
@@ -312,6 +381,14 @@ def make_loader(
     loader.tile_sampler = sampler
     loader.reading, loader.tiles = reading, tiles
     return loader
+
+
+# make_loader's own keywords, suggested for a misspelt one (batch_sise) among the dataset's
+_OWN_KEYWORDS = [
+    name
+    for name in inspect.signature(make_loader).parameters
+    if name not in ("data", "dataset_options")
+]
 
 
 def _start_method() -> str:

@@ -8,6 +8,7 @@ index's memory-mapped numpy columns, so worker memory stays flat in the index si
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -235,6 +236,13 @@ class TileDataset(Dataset[Sample]):
         batches carry their sampler's epoch instead)."""
         self.epoch = int(epoch)
 
+    @staticmethod
+    def option_names() -> list[str]:
+        """The keyword options of `TileDataset` (what `make_loader` and `SlideBagDataset` pass
+        on to it)."""
+        names = inspect.signature(TileDataset.__init__).parameters
+        return [name for name in names if name not in ("self", "index")]
+
     @classmethod
     def from_config(
         cls, index: SlideIndex | str | os.PathLike[str], config: DatasetConfig, **kwargs: Any
@@ -402,9 +410,12 @@ class TileDataset(Dataset[Sample]):
             raise
         cols = self.index.columns
         slide_id = np.asarray(cols["slide_id"][array], dtype=np.int64)
+        ok = result.ok
+        if result.encoded is not None:  # not ok until decoded (DeviceLoader): zeros till then
+            ok = ok & np.array([e is None for e in result.encoded], dtype=bool)
         batch = TileBatch(
             images=images,
-            ok=torch.tensor(result.ok),
+            ok=torch.tensor(ok),
             substituted=torch.tensor(result.substituted),
             rows=torch.tensor(array),
             slide_id=torch.tensor(slide_id),

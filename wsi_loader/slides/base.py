@@ -8,6 +8,9 @@ the scanned region) are composited onto white, the slide background.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -31,6 +34,36 @@ MIN_PLAUSIBLE_MPP = 0.01
 
 
 NON_SQUARE = 0.01  # relative MPP difference across / down worth a word (not rounding)
+NOT_REGULAR = "not a regular file (a FIFO, device or folder)"
+
+
+def require_regular(path: str) -> None:
+    """Raise ``OSError`` (EINVAL, `NOT_REGULAR`) unless ``path`` is a regular file: opening a
+    FIFO blocks until something writes to it, forever. For libraries that open the file by
+    name themselves (OpenSlide); missing files are left to the open that follows."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, NOT_REGULAR, path)
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of ``path`` (not inherited by children, PEP 446), refusing
+    anything but a regular file without ever blocking: checked before the open (no device's
+    open is tried), and on the opened file, which ``O_NONBLOCK`` lets a FIFO put in its place
+    meanwhile be opened at once instead of waiting for a writer. Raises ``OSError``."""
+    require_regular(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, NOT_REGULAR, path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def non_square_note(mpp_x: float | None, mpp_y: float | None) -> str | None:

@@ -9,12 +9,16 @@ corrupt tile raises `TileReadError` and the next read works.
 
 from __future__ import annotations
 
+import errno
+import io
 import logging
 import math
 import os
 import re
+import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import imagecodecs
@@ -25,8 +29,15 @@ import tifffile
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring as xml_from_text
 
-from wsi_loader.errors import SlideOpenError, TileReadError, WsiLoaderError, describe
+from wsi_loader.errors import (
+    SlideNotFoundError,
+    SlideOpenError,
+    TileReadError,
+    WsiLoaderError,
+    describe,
+)
 from wsi_loader.slides.base import (
+    NOT_REGULAR,
     BytesLRU,
     MppSource,
     RGBArray,
@@ -39,6 +50,7 @@ from wsi_loader.slides.base import (
     join_notes,
     l0_to_level,
     non_square_note,
+    open_regular,
     resize,
 )
 from wsi_loader.slides.storage import Range, RangeStore, RemoteBytes, is_url, read_ahead
@@ -74,6 +86,71 @@ _ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
 # Compressions imagecodecs decodes: none, LZW, JPEG, deflate, JPEG 2000 (Aperio), ZSTD, WebP
 RAW_COMPRESSIONS = frozenset({1, 5, 7, 8, 32946, 33003, 33005, 34712, 50000, 50001})
 DCT_SCALES = (2, 4, 8)
+
+
+class _ParseMessages(logging.Filter):
+    """What tifffile logs while a thread of ours parses a file, kept instead of printed.
+
+    Why: tifffile logs its complaints about a malformed file (``invalid page offset`` for a
+    truncated one) at ERROR on every parse, and a slide that fails is parsed again at every
+    retry and batch: 336 lines over 5 epochs for one truncated slide, next to our own one
+    WARNING for it. What it says goes into our error when the parse fails, and to DEBUG when
+    it does not. Other threads' tifffile messages pass (the list is per thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kept: list[str] | None = getattr(self._local, "kept", None)
+        if kept is None:
+            return True
+        kept.append(record.getMessage())
+        return False
+
+    @contextmanager
+    def kept(self) -> Iterator[list[str]]:
+        """The messages tifffile logs in this thread inside the block."""
+        outer = getattr(self._local, "kept", None)
+        kept: list[str] = []
+        self._local.kept = kept
+        try:
+            yield kept
+        finally:
+            self._local.kept = outer
+
+
+_parse_messages = _ParseMessages()
+logging.getLogger("tifffile").addFilter(_parse_messages)
+
+
+def _open_local(path: str) -> int:
+    """`open_regular`, its errors as a slide's (the file is gone, or is not a file)."""
+    try:
+        return open_regular(path)
+    except FileNotFoundError:
+        raise SlideNotFoundError("slide file does not exist", path=path) from None
+    except OSError as exc:
+        reason = exc.strerror if exc.errno != errno.EINVAL else NOT_REGULAR
+        raise SlideOpenError(f"cannot open the slide: {reason}", path=path) from exc
+
+
+def _named_file(fd: int, path: str) -> io.BufferedReader:
+    """A buffered file object over ``fd`` (left open when it is closed) named ``path``, as
+    tifffile names the files it opens itself (their folder is where it finds an OME-TIFF's
+    companion files)."""
+    raw = io.FileIO(fd, "rb", closefd=False)
+    raw.name = path
+    return io.BufferedReader(raw)
+
+
+def _said(messages: list[str], limit: int = 3) -> str:
+    """tifffile's messages for an error text (the first few, each bounded)."""
+    if not messages:
+        return ""
+    shown = "; ".join(m[:200] for m in messages[:limit])
+    more = f" (and {len(messages) - limit} more)" if len(messages) > limit else ""
+    return f" (tifffile said: {shown}{more})"
 
 
 class SegmentCache(BytesLRU[RGBArray]):
@@ -340,38 +417,29 @@ class TiffReader(SlideReader):
         self._fd = -1
         self._remote: RemoteBytes | None = None
         handle: Any = path
-        try:
-            if is_url(path):
-                self._remote = RemoteBytes(path, store if store is not None else RangeStore())
-                handle = self._remote.open_for_parsing()
-            with tifffile.TiffFile(handle) as tif:
-                if not tif.series:
-                    raise ValueError("no image in the file (truncated, or a TIFF without images)")
-                series = tif.series[0]
-                candidates: list[object] = (
-                    list(tif.pages)  # SVS, as OpenSlide reads it: every tiled page is a level
-                    if series.kind == "svs"
-                    else [level.pages[0] for level in series.levels]
-                )
-                pages = [p for p in candidates if isinstance(p, tifffile.TiffPage)]
-                if series.kind == "svs":
-                    pages = [p for p in pages if p.is_tiled]
-                self._levels = [_Level(page) for page in pages]
-                ome = tif.ome_metadata if series.kind == "ome" else None
-                self.meta = self._read_meta(series, pages[0], ome)
-                if self._remote is None:
-                    # our own descriptor on the file tifffile parsed (pread: no file position)
-                    self._fd = os.dup(tif.filehandle.fileno())
-            self._refuse_undecodable_old_jpeg()
-        except WsiLoaderError:
-            self.close()
-            raise  # a missing object, an unreachable store: said as it is
-        except Exception as exc:  # tifffile raises many types for malformed input
-            self.close()
-            raise SlideOpenError(f"tifffile: {type(exc).__name__}: {exc}", path=path) from exc
-        finally:
-            if handle is not path:
-                handle.close()
+        with _parse_messages.kept() as said:
+            try:
+                if is_url(path):
+                    self._remote = RemoteBytes(path, store if store is not None else RangeStore())
+                    handle = self._remote.open_for_parsing()
+                else:  # our own descriptor (pread: no file position), lent to tifffile
+                    self._fd = _open_local(path)
+                    handle = _named_file(self._fd, path)
+                self._parse(handle)
+                self._refuse_undecodable_old_jpeg()
+            except WsiLoaderError:
+                self.close()
+                raise  # a missing object, an unreachable store: said as it is
+            except Exception as exc:  # tifffile raises many types for malformed input
+                self.close()
+                raise SlideOpenError(
+                    f"tifffile: {type(exc).__name__}: {exc}{_said(said)}", path=path
+                ) from exc
+            finally:
+                if handle is not path:
+                    handle.close()
+        if said:
+            log.debug("parsing %s, tifffile said: %s", path, "; ".join(said))
         self._identity = _identity(os.fstat(self._fd)) if self._remote is None else None
         self._closed = False
         self._cache = cache if cache is not None else SegmentCache()
@@ -391,6 +459,24 @@ class TiffReader(SlideReader):
                     f"old-style JPEG (Compression 6) that cannot be decoded: {describe(exc)}",
                     path=self.path,
                 ) from exc
+
+    def _parse(self, handle: Any) -> None:
+        """Read the levels' layout and the metadata; keep a descriptor of a local file."""
+        with tifffile.TiffFile(handle) as tif:
+            if not tif.series:
+                raise ValueError("no image in the file (truncated, or a TIFF without images)")
+            series = tif.series[0]
+            candidates: list[object] = (
+                list(tif.pages)  # SVS, as OpenSlide reads it: every tiled page is a level
+                if series.kind == "svs"
+                else [level.pages[0] for level in series.levels]
+            )
+            pages = [p for p in candidates if isinstance(p, tifffile.TiffPage)]
+            if series.kind == "svs":
+                pages = [p for p in pages if p.is_tiled]
+            self._levels = [_Level(page) for page in pages]
+            ome = tif.ome_metadata if series.kind == "ome" else None
+            self.meta = self._read_meta(series, pages[0], ome)
 
     def _read_meta(
         self, series: tifffile.TiffPageSeries, base_page: tifffile.TiffPage, ome: str | None
@@ -778,7 +864,7 @@ class TiffReader(SlideReader):
             self._closed = False
             return True
         try:
-            fd = os.open(self.path, os.O_RDONLY)  # not inherited by children (PEP 446)
+            fd = open_regular(self.path)  # a FIFO put in its place must not block it
         except OSError:
             return False
         if _identity(os.fstat(fd)) != self._identity:
