@@ -57,3 +57,61 @@ def slow() -> nn.Module:
 
 def not_a_model() -> str:
     return "nope"
+
+
+class Misbehaving(nn.Module):
+    """`PoolLinear` whose output goes wrong in one of the ways models do (``how``); ``calls``
+    counts the batches it has seen (the first batch is the first slide's)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.inner = PoolLinear()
+        self.how = how
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> Any:
+        self.calls += 1
+        y = self.inner(x)
+        if self.how == "nan_first_slide" and self.calls == 1:
+            return y * float("nan")
+        if self.how == "inf":
+            return y.masked_fill(torch.arange(len(y))[:, None] == 0, float("inf"))
+        if self.how == "twice_the_rows":  # (2B, D): reshaped to (B, 2D) before, silently
+            return torch.cat([y, y])
+        if self.how == "one_row_short":
+            return y[:-1]
+        if self.how == "tuple":
+            return y, y
+        if self.how == "integers":
+            return y.round().long()
+        if self.how == "width_changes" and self.calls > 1:
+            return y[:, :8]
+        return y
+
+
+def nan_first_slide() -> nn.Module:
+    return Misbehaving("nan_first_slide")
+
+
+def inf() -> nn.Module:
+    return Misbehaving("inf")
+
+
+def twice_the_rows() -> nn.Module:
+    return Misbehaving("twice_the_rows")
+
+
+def one_row_short() -> nn.Module:
+    return Misbehaving("one_row_short")
+
+
+def returns_tuple() -> nn.Module:
+    return Misbehaving("tuple")
+
+
+def integers() -> nn.Module:
+    return Misbehaving("integers")
+
+
+def width_changes() -> nn.Module:
+    return Misbehaving("width_changes")
