@@ -344,3 +344,41 @@ def test_inspect_predictions_draws_the_same_heatmap(index: SlideIndex, tmp_path:
     np.testing.assert_array_equal(single.values[..., 0], both.values[..., 1])
     assert main(["inspect", str(index.path), "--predictions", str(tmp_path), "--out",
                  str(one)]) == 2  # fmt: skip
+
+
+def test_without_scikit_learn_there_are_no_metrics_and_it_is_said(
+    index: SlideIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    monkeypatch.setitem(sys.modules, "sklearn.metrics", None)  # not installed
+    report = predict(index, "tests.feature_models:classifier", tmp_path / "p", workers=0,
+                     heatmaps=False)  # fmt: skip
+    assert report.written == 2 and report.metrics is None
+    assert not (tmp_path / "p" / "metrics.json").exists()
+    assert (tmp_path / "p" / "slides.csv").is_file()
+    assert "pip install 'wsi_loader[predict]'" in caplog.text
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_split_the_slides(index: SlideIndex, tmp_path: Path) -> None:
+    from tests.test_features import TORCHRUN_SCRIPT
+
+    out = tmp_path / "ranks"
+    script = tmp_path / "run.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            str(script), "predict", str(index.path),
+            "--model", "tests.feature_models:classifier", "--out", str(out), "--workers", "0",
+            "--device", "cpu", "--no-progress",
+        ],
+        check=True, cwd=REPO, env=env, capture_output=True, timeout=240,
+    )  # fmt: skip
+    summary = json.loads((out / "predict.json").read_text())
+    assert summary["ranks"] == 2 and summary["written"] == 2
+    assert sorted(summary["written_by"].values()) == [0, 1]  # one slide each
+    with open(out / "slides.csv", newline="") as fh:
+        assert len(list(csv.DictReader(fh))) == 2
+    assert not list(out.glob(".predict-rank*"))

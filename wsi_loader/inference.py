@@ -63,6 +63,7 @@ from wsi_loader.slide_metrics import (
     aggregate,
     class_of_label,
     metrics,
+    metrics_available,
     predicted,
     slides_csv,
 )
@@ -409,6 +410,8 @@ def _summary(
     report.slide_results = rows
     write_file(out / SLIDES_CSV, slides_csv(rows, classes, rule))
     results: dict[str, Any] = {}
+    if (slide_truth or tile_truth) and not metrics_available():
+        slide_truth, tile_truth = [], []
     if slide_truth:
         results["slides"] = metrics(np.array(slide_truth), np.array(slide_scores), classes, rule)
     if tile_truth:

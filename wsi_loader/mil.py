@@ -38,7 +38,13 @@ from wsi_loader.inference import PredictReport
 from wsi_loader.model_pass import write_json
 from wsi_loader.models import Model, as_model, class_names_of, weights_digest
 from wsi_loader.predictions import HEATMAP_FOLDER, METRICS_JSON, PREDICT_JSON, SLIDES_CSV
-from wsi_loader.slide_metrics import SlideRule, class_of_label, metrics, predicted
+from wsi_loader.slide_metrics import (
+    SlideRule,
+    class_of_label,
+    metrics,
+    metrics_available,
+    predicted,
+)
 from wsi_loader.slides.open import open_slide
 from wsi_loader.view import measured_mpp
 
@@ -138,7 +144,7 @@ def predict_bags(
     report.classes = names or ()
     write_file(out_path / SLIDES_CSV, _slides_csv(rows, report.classes))
     report.slide_results = [{"name": r["slide"], **r} for r in rows]
-    if truth:
+    if truth and metrics_available():
         report.metrics = {
             "slides": metrics(np.array(truth), np.array(scores), report.classes, rule),
             "rule": "the MIL model's slide probabilities",

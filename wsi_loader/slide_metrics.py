@@ -117,6 +117,19 @@ def _number(value: float) -> str:
     return "" if np.isnan(value) else f"{value:.6g}"
 
 
+def metrics_available() -> bool:
+    """Whether scikit-learn is there (the ``predict`` extra); said once when it is not."""
+    try:
+        import sklearn.metrics  # noqa: F401
+    except ImportError:
+        log.warning(
+            "slides have labels but scikit-learn is not installed: no metrics.json "
+            "(pip install 'wsi_loader[predict]')"
+        )
+        return False
+    return True
+
+
 def class_of_label(label: str | None, classes: Sequence[str]) -> int | None:
     """The class a label names: exactly, or ignoring case and spacing when that is unique."""
     if label is None:
