@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 from torch.nn import functional as F  # noqa: N812
 
-from tests.conftest import REPO, corrupt_rows
+from tests.conftest import REPO, SlideFactory, corrupt_rows
 from tests.feature_models import Oriented, PoolLinear, classifier
 from tests.test_features import openslide_tile
 from wsi_loader.cli import main
@@ -382,3 +382,33 @@ def test_torchrun_ranks_split_the_slides(index: SlideIndex, tmp_path: Path) -> N
     with open(out / "slides.csv", newline="") as fh:
         assert len(list(csv.DictReader(fh))) == 2
     assert not list(out.glob(".predict-rank*"))
+
+
+def test_tile_level_metrics_when_tiles_carry_annotation_labels(
+    tmp_path: Path, make_slide: SlideFactory
+) -> None:
+    from sklearn.metrics import roc_auc_score
+
+    from tests.index.test_annotated_index import annotated_archive, build, label_of, tile
+
+    root = annotated_archive(tmp_path, make_slide(width=2048, height=1536, seed=3))
+    index = build(root, label_from="annotations", background_label="Other")
+    out = tmp_path / "p"
+    report = predict(index, PoolLinear(dim=len(index.label_names)), out, workers=0,
+                     heatmaps=False)  # fmt: skip
+    assert report.classes == index.label_names
+    assert report.metrics is not None and "tiles" in report.metrics
+    truth, scores = [], []
+    for sid, record in enumerate(index.slides):
+        csv_file = out / "model-outputs-csv" / f"{Path(record.path).stem}.csv"
+        if not csv_file.is_file():
+            continue
+        tiles = TilePredictions.read_csv(csv_file)
+        for (x, y), p in zip(tiles.boxes[:, :2].tolist(), tiles.probabilities, strict=True):
+            truth.append(label_of(index, tile(index, sid, x, y)))
+            scores.append(p)
+    tiles_metrics = report.metrics["tiles"]
+    assert tiles_metrics["n"] == len(truth)
+    column = list(index.label_names).index("Tumor")
+    expected = roc_auc_score(np.array(truth) == "Tumor", np.array(scores)[:, column])
+    assert tiles_metrics["roc_auc"]["Tumor"]["auc"] == pytest.approx(expected)
