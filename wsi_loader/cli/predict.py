@@ -18,6 +18,7 @@ from wsi_loader.cli.common import (
     one_line,
 )
 from wsi_loader.cli.features import unfinished_slides
+from wsi_loader.errors import ConfigError
 
 
 def register(sub: Subparsers) -> None:
@@ -107,6 +108,12 @@ def run(args: argparse.Namespace) -> int:
         "top_k": args.top_k,
         "threshold": args.threshold,
     }
+    if not args.mil_model and (args.mil_index or args.labels):
+        raise ConfigError(
+            "--index and --labels go with --mil-model (a features folder); an index's labels "
+            "are used by --model as they are",
+            path="command line",
+        )
     if args.mil_model:
         from wsi_loader.mil import predict_bags
 
