@@ -154,7 +154,7 @@ def main() -> None:
         )
     print(
         "(predict writes CSV, GeoJSON and slides.csv, no heatmaps; CPU: all processes of the "
-        "run, workers included; its ratio is the throughput ratio on an otherwise idle machine)"
+        "run, workers included: the work done, which other jobs on the machine do not change)"
     )
 
 
