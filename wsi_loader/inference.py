@@ -344,7 +344,8 @@ class PredictionWriter:
             "tiles": len(rows),
             "failures": outputs.failures,
         }
-        write_json(self.state_path(sid), state)
+        path = self.state_path(sid)  # last: the slide is complete once this is there
+        write_file(path, json.dumps(state, sort_keys=True).encode(), temporary_path(path))
 
 
 def read_state(path: Path) -> dict[str, Any] | None:
