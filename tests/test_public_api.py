@@ -102,6 +102,7 @@ def test_every_error_pickles_with_its_fields() -> None:
         errors.IndexFormatError("m", path="idx"),
         errors.OutputError("No space left on device", path="out/x.png", code=28),
         errors.ForkUnsafeError("m"),
+        errors.ModelOutputError("m", model="pkg.mod:net", slides=["a.svs"]),
         errors.LoaderTimeoutError("m", seconds=5.0, slide_ids=[1], paths=["a.svs"]),
         errors.UnitsNotDoneError("m", units=[1, 2], reasons={1: "x"}),
         errors.WorkerDiedError("m", units=[3], reasons={3: "killed"}),
