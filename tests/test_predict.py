@@ -412,3 +412,36 @@ def test_tile_level_metrics_when_tiles_carry_annotation_labels(
     column = list(index.label_names).index("Tumor")
     expected = roc_auc_score(np.array(truth) == "Tumor", np.array(scores)[:, column])
     assert tiles_metrics["roc_auc"]["Tumor"]["auc"] == pytest.approx(expected)
+
+
+@pytest.fixture(scope="module")
+def two_stains(tmp_path_factory: pytest.TempPathFactory) -> SlideIndex:
+    """Two slides stained differently (as tests/test_stain_outputs.py makes them)."""
+    from tests.test_stain_outputs import STAINS
+    from wsi_loader.synthetic import SlideSpec, write_svs
+
+    folder = tmp_path_factory.mktemp("two")
+    for i, stain in enumerate(STAINS):
+        write_svs(str(folder / f"s{i}.svs"), SlideSpec(2560, 2048, seed=10 + i, stain=stain))
+    return build_index([folder], folder / "idx", tile_size=256, level=0, min_tissue=0.5)
+
+
+def test_stain_normalisation_changes_the_probabilities_and_is_part_of_the_content(
+    two_stains: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from wsi_loader.stain import Normalize, resolve_target
+
+    out = tmp_path / "p"
+    predict(two_stains, "tests.feature_models:classifier", out, workers=0, heatmaps=False)
+    stem = Path(two_stains.slides[0].path).stem
+    plain = TilePredictions.read_csv(out / "model-outputs-csv" / f"{stem}.csv").probabilities
+    target = resolve_target(two_stains.slide_path(1))
+    report = predict(two_stains, "tests.feature_models:classifier", out, workers=0,
+                     heatmaps=False, stain=Normalize("macenko", target=target))  # fmt: skip
+    assert report.written == 2 and report.skipped == 0  # the stain is part of the content
+    stained = TilePredictions.read_csv(out / "model-outputs-csv" / f"{stem}.csv").probabilities
+    assert plain.shape == stained.shape and not np.allclose(plain, stained)
+    code = main(["predict", str(two_stains.path), "--model", "tests.feature_models:classifier",
+                 "--out", str(tmp_path / "cli"), "--workers", "0", "--no-progress",
+                 "--stain", "reinhard"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err

@@ -108,6 +108,7 @@ def predict(
     top_k: int = 10,
     threshold: float = 0.5,
     batch_transform: BatchTransform | None = None,
+    stain: Any = None,
 ) -> PredictReport:
     """Run ``model`` over every tile of ``index`` (``split``) and write ``out`` (see
     `wsi_loader.predictions` for the files).
@@ -119,8 +120,9 @@ def predict(
     differs from the model's outputs is a `ConfigError` before any slide is read. ``tta``:
     ``flips`` averages the probabilities of 4 flips of each tile, ``d4`` of its 8 rotations and
     flips. Slide results: ``slide_rule`` (mean, max, topk with ``top_k``) and ``threshold``
-    (see `wsi_loader.slide_metrics`). The other options are those of
-    `wsi_loader.features.extract`.
+    (see `wsi_loader.slide_metrics`). ``stain``: transforms of `wsi_loader.stain` applied on
+    the device before the model (part of each slide's content). The other options are those
+    of `wsi_loader.features.extract`.
     """
     options = PassOptions(
         batch_size=batch_size,
@@ -134,6 +136,7 @@ def predict(
         timeout=timeout,
         progress=progress,
         batch_transform=batch_transform,
+        stain=stain,
     )
     options.check()
     rule = SlideRule(slide_rule, top_k, threshold, multi_label)

@@ -18,6 +18,7 @@ from wsi_loader.cli.common import (
     one_line,
 )
 from wsi_loader.cli.features import unfinished_slides
+from wsi_loader.cli.stain import add_stain_options, stain_option
 from wsi_loader.errors import ConfigError
 
 
@@ -88,6 +89,7 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--labels", metavar="CSV", help="with --mil-model: slide labels for metrics")
     p.add_argument("--no-progress", action="store_true")
+    add_stain_options(p)
     p.set_defaults(run=run)
 
 
@@ -108,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
         "top_k": args.top_k,
         "threshold": args.threshold,
     }
+    if args.mil_model and args.stain:
+        raise ConfigError(
+            "--stain goes with --model: a MIL model reads features, stain them when you "
+            "extract them (wsi-loader features --stain)",
+            path="command line",
+        )
     if not args.mil_model and (args.mil_index or args.labels):
         raise ConfigError(
             "--index and --labels go with --mil-model (a features folder); an index's labels "
@@ -146,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             quarantine=args.quarantine,
             timeout=args.timeout,
             progress=not args.no_progress,
+            stain=stain_option(args),
             **common,
         )
     print(
