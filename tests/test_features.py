@@ -190,7 +190,7 @@ def test_model_specs_and_their_errors(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert encoder.size == 64 and encoder.mean == (0.485, 0.456, 0.406)
     assert load_encoder("tests.feature_models:plain").mean is None
     for spec, message in [
-        ("resnet50", "torchvision:NAME, timm:NAME or package.module:callable"),
+        ("resnet50", "torchvision:NAME, timm:NAME, package.module:callable or a TorchScript"),
         ("no_such_module_xyz:make", "cannot import"),
         ("tests.feature_models:missing", "cannot import"),
         ("tests.feature_models:not_a_model", "must give an nn.Module"),

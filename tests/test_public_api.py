@@ -50,6 +50,7 @@ EXPORTED = [
     "make_loader",
     "open_slide",
     "pad_bags",
+    "predict",
     "serve",
     "show",
 ]
@@ -102,6 +103,7 @@ def test_every_error_pickles_with_its_fields() -> None:
         errors.IndexFormatError("m", path="idx"),
         errors.OutputError("No space left on device", path="out/x.png", code=28),
         errors.ForkUnsafeError("m"),
+        errors.ModelOutputError("m", model="pkg.mod:net", slides=["a.svs"]),
         errors.LoaderTimeoutError("m", seconds=5.0, slide_ids=[1], paths=["a.svs"]),
         errors.LoaderWorkerDiedError("m", worker_id=1, pid=42, exitcode=-9),
         errors.UnitsNotDoneError("m", units=[1, 2], reasons={1: "x"}),

@@ -77,6 +77,7 @@ __all__ = [
     "make_loader",
     "open_slide",
     "pad_bags",
+    "predict",
     "serve",
     "show",
 ]
@@ -94,6 +95,7 @@ _LAZY: dict[str, str] = {
     "FeatureBagDataset": "wsi_loader.dataset",
     "pad_bags": "wsi_loader.dataset",
     "extract_features": "wsi_loader.features",
+    "predict": "wsi_loader.inference",
     # the browser viewer (starlette, uvicorn), imported when first used
     "serve": "wsi_loader.viewer",
     "show": "wsi_loader.viewer",
@@ -112,6 +114,7 @@ if _typing.TYPE_CHECKING:
     )
     from wsi_loader.features import extract_features
     from wsi_loader.gpu import DeviceLoader
+    from wsi_loader.inference import predict
     from wsi_loader.viewer import serve, show
 
 

@@ -13,6 +13,7 @@ so ``except FileNotFoundError`` or ``except ValueError`` keep working.
      +-- IndexFormatError                    missing, corrupt or incompatible index directory: path
      +-- OutputError (OSError)               an output could not be written (full disk): path, errno
      +-- ForkUnsafeError                     obstore inherited through fork(): use forkserver/spawn
+     +-- ModelOutputError (ValueError)       model output of the wrong type or shape: model, slides
      +-- LoaderTimeoutError (TimeoutError)   no batch within a loader's timeout: slide_ids, paths
      +-- LoaderWorkerDiedError (RuntimeError) a loader's worker process died: worker_id, pid
      +-- UnitsNotDoneError                   units of an export given up: units, reasons
@@ -41,6 +42,7 @@ __all__ = [
     "InputError",
     "LoaderTimeoutError",
     "LoaderWorkerDiedError",
+    "ModelOutputError",
     "OutputError",
     "ResolutionError",
     "SlideChangedError",
@@ -101,6 +103,17 @@ class ForkUnsafeError(WsiLoaderError):
     """A library this process inherited through fork() cannot work in it (obstore's runtime
     after the parent used it): start worker processes with 'forkserver' or 'spawn'. Not a
     slide or tile fault: it propagates."""
+
+
+class ModelOutputError(WsiLoaderError, ValueError):
+    """A model returned something that is not one row of numbers per tile (a tuple, integers,
+    another batch size, a width that changes): every slide would fail alike, so the run stops.
+    ``model`` is its spec, ``slides`` the slides of the batch it happened on."""
+
+    def __init__(self, message: str, *, model: str, slides: list[str]) -> None:
+        self.model = model
+        self.slides = slides
+        super().__init__(f"model {model}: {message} (slides of the batch: {', '.join(slides)})")
 
 
 class InputError(WsiLoaderError, ValueError):

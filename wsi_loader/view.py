@@ -27,7 +27,7 @@ from wsi_loader.index.annotations import read_regions
 from wsi_loader.index.lookup import resolve_slide
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.index.tissue import read_mask_image
-from wsi_loader.slides.base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, RGBArray, SlideReader
+from wsi_loader.slides.base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, RGBArray
 from wsi_loader.slides.open import open_slide
 from wsi_loader.stain import as_stain
 
@@ -73,6 +73,67 @@ def _nice_length(max_um: float) -> float:
         if step * 10**exponent <= max_um:
             return float(step * 10**exponent)
     return float(10**exponent)
+
+
+def measured_mpp(mpp: float | None, source: str | None) -> bool:
+    """Whether an MPP was measured (vendor, manifest, TIFF tags) and plausible: the scale bar
+    is drawn only then."""
+    return bool(
+        mpp
+        and source in ("vendor", "manifest", "tiff-resolution")
+        and MIN_PLAUSIBLE_MPP <= mpp <= MAX_PLAUSIBLE_MPP
+    )
+
+
+def scale_bar(
+    draw: ImageDraw.ImageDraw, at: tuple[int, int], width: int, um_per_px: float, font: Any
+) -> None:
+    """A bar of a round length, about 30% of ``width`` pixels, with its length in um or mm."""
+    length_um = _nice_length(width * 0.3 * um_per_px)
+    length_px = length_um / um_per_px
+    x, y = at
+    draw.rectangle((x, y, x + length_px, y + 6), fill="black")
+    label = f"{length_um / 1000:g} mm" if length_um >= 1000 else f"{length_um:g} um"
+    draw.text((x + 6 + length_px, y - 5), label, fill="black", font=font)
+
+
+def hatch(
+    draw: ImageDraw.ImageDraw,
+    box: tuple[float, float, float, float],
+    colour: tuple[int, int, int],
+    step: int = 6,
+) -> None:
+    """A filled, outlined box crossed by diagonal lines: an area with nothing to show."""
+    left, top, right, bottom = (round(v) for v in box)
+    draw.rectangle(box, fill=(*colour, 90), outline=(*colour, 255), width=2)
+    for offset in range(step, (right - left) + (bottom - top), step):  # diagonals, clipped
+        start = (min(left + offset, right), top + max(0, left + offset - right))
+        end = (left + max(0, top + offset - bottom), min(top + offset, bottom))
+        draw.line((*start, *end), fill=(*colour, 200), width=1)
+
+
+def slide_thumbnail(
+    path: str, max_size: int
+) -> tuple[RGBArray, list[tuple[int, int, int, int]], tuple[int, int]]:
+    """A slide's thumbnail (longest side at most ``max_size``), the thumbnail boxes that could
+    not be read, and the slide's level-0 size. Read from the coarsest level still at least
+    ``max_size`` wide (never level 0 of a pyramid unless the slide itself is that small), or
+    from a coarser one if that level has bad tiles; when every level has some, from that level
+    with what it can read."""
+    reader = open_slide(path)
+    try:
+        dims = reader.meta.level_dimensions
+        level = max((i for i, d in enumerate(dims) if max(d) >= max_size), default=0)
+        unreadable: list[tuple[int, int, int, int]] = []
+        for candidate in range(level, reader.meta.level_count):
+            try:
+                return read_mask_image(reader, max_size, candidate)[0], [], reader.meta.dimensions
+            except TileReadError:
+                continue
+        thumb = read_mask_image(reader, max_size, level, unreadable)[0]
+        return thumb, unreadable, reader.meta.dimensions
+    finally:
+        reader.close()
 
 
 class _Renders:
@@ -130,17 +191,9 @@ class SlideOverview(_Renders):
         record = index.slides[self.slide_id]
         if record.status != "ok":
             raise ValueError(f"slide {record.path} was not indexed: {record.error}")
-        reader = open_slide(index.slide_path(self.slide_id))
-        try:
-            # the coarsest level still at least max_size wide: never level 0 of a pyramid
-            # unless the slide itself is that small
-            dims = reader.meta.level_dimensions
-            level = max((i for i, d in enumerate(dims) if max(d) >= max_size), default=0)
-            self.unreadable: list[tuple[int, int, int, int]] = []
-            thumb = self._thumbnail(reader, max_size, level, self.unreadable)
-            self.l0_size = reader.meta.dimensions
-        finally:
-            reader.close()
+        thumb, self.unreadable, self.l0_size = slide_thumbnail(
+            index.slide_path(self.slide_id), max_size
+        )
         self.scale = thumb.shape[1] / self.l0_size[0]
         if color_by == "annotation" and not index.classes:
             raise ValueError(
@@ -156,19 +209,6 @@ class SlideOverview(_Renders):
             f"SlideOverview({self.index.slides[self.slide_id].path!r}, "
             f"color_by={self.color_by!r}, {width}x{height} px, {len(self.cells)} tiles)"
         )
-
-    @staticmethod
-    def _thumbnail(
-        reader: SlideReader, max_size: int, level: int, unreadable: list[tuple[int, int, int, int]]
-    ) -> RGBArray:
-        """The thumbnail from ``level``, or from a coarser one if that level has bad tiles; when
-        every level has some, ``level`` with what it can read (``unreadable`` gets the rest)."""
-        for candidate in range(level, reader.meta.level_count):
-            try:
-                return read_mask_image(reader, max_size, candidate)[0]
-            except TileReadError:
-                continue
-        return read_mask_image(reader, max_size, level, unreadable)[0]
 
     def _cells(self) -> list[Cell]:
         index, record = self.index, self.index.slides[self.slide_id]
@@ -261,12 +301,7 @@ class SlideOverview(_Renders):
         overlay = Image.new("RGBA", base.size, (0, 0, 0, 0))
         draw = ImageDraw.Draw(overlay)
         for box in self.unreadable:  # hatched: nothing there could be read
-            left, top, right, bottom = box
-            draw.rectangle(box, fill=(*UNREADABLE, 90), outline=(*UNREADABLE, 255), width=2)
-            for step in range(6, (right - left) + (bottom - top), 6):  # diagonals, clipped
-                start = (min(left + step, right), top + max(0, left + step - right))
-                end = (left + max(0, top + step - bottom), min(top + step, bottom))
-                draw.line((*start, *end), fill=(*UNREADABLE, 200), width=1)
+            hatch(draw, box, UNREADABLE)
         for cell in self.cells:
             colour = self._colour(cell)
             fill_alpha = 150 if cell.status != "ok" else 70
@@ -334,18 +369,8 @@ class SlideOverview(_Renders):
             draw.rectangle((x, y, x + 14, y + 14), fill=colour, outline="black")
             draw.text((x + 20, y), text, fill="black", font=small)
             x += 30 + int(draw.textlength(text, font=small))
-        if (
-            record.mpp
-            and record.mpp_source in ("vendor", "manifest", "tiff-resolution")
-            and MIN_PLAUSIBLE_MPP <= record.mpp <= MAX_PLAUSIBLE_MPP
-        ):
-            um_per_thumb_px = record.mpp / self.scale
-            length_um = _nice_length(picture.width * 0.3 * um_per_thumb_px)
-            length_px = length_um / um_per_thumb_px
-            by = y + 36
-            draw.rectangle((10, by, 10 + length_px, by + 6), fill="black")
-            label = f"{length_um / 1000:g} mm" if length_um >= 1000 else f"{length_um:g} um"
-            draw.text((16 + length_px, by - 5), label, fill="black", font=small)
+        if measured_mpp(record.mpp, record.mpp_source):
+            scale_bar(draw, (10, y + 36), picture.width, record.mpp / self.scale, small)
         return canvas
 
 

@@ -22,6 +22,7 @@ from wsi_loader.cli import (
     features,
     index,
     info,
+    predict,
     quarantine,
     serve,
     stain,
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action=_VersionAction, help="show the versions a bug report needs and exit"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (index, info, quarantine, stain, view, export, features, serve, bench, demo):
+    commands = (index, info, quarantine, stain, view, export, features, predict, serve)
+    for command in (*commands, bench, demo):
         command.register(sub)  # each sets `run`, the function that carries it out
     return parser
 

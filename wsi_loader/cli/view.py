@@ -23,6 +23,12 @@ def register(sub: Subparsers) -> None:
         "--color-by", choices=["tissue", "label", "status", "annotation"], default="tissue"
     )
     p.add_argument("--max-size", type=int, default=1024, help="longest side of the thumbnail")
+    p.add_argument(
+        "--predictions",
+        metavar="DIR",
+        help="draw the tile probabilities of a predict folder (DIR) as a heatmap instead",
+    )
+    p.add_argument("--heatmap-class", metavar="NAME", help="with --predictions: this class only")
     p.set_defaults(run=run_inspect)
     p = sub.add_parser(
         "mosaic", help="a grid of sampled tiles with captions", parents=[COMMON, READS]
@@ -49,6 +55,19 @@ def run_inspect(args: argparse.Namespace) -> int:
             value=args.max_size,
         )
     index = open_index(args)
+    if args.predictions:
+        from wsi_loader.heatmaps import prediction_heatmap
+
+        heatmap = prediction_heatmap(
+            index,
+            args.predictions,
+            args.slide,
+            heatmap_class=args.heatmap_class,
+            max_size=args.max_size,
+        )
+        heatmap.save(args.out)
+        print(f"{args.out}: heatmap of {', '.join(heatmap.names)}", file=sys.stderr)
+        return 0
     overview = SlideOverview(index, args.slide, color_by=args.color_by, max_size=args.max_size)
     overview.save(args.out)
     print(

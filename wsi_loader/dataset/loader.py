@@ -245,6 +245,7 @@ def make_loader(
     shuffle: bool | None = None,
     seed: int | None = None,
     sampler: Sampler[int] | Iterable[int] | None = None,
+    batches: Iterable[Sequence[int]] | None = None,
     drop_last: bool = False,
     num_workers: int | None = None,
     pin_memory: bool | None = None,
@@ -262,7 +263,10 @@ def make_loader(
     ``sampler`` defaults to a `DistributedTileSampler` (sharded across ranks when
     torch.distributed is initialised; ``shuffle``, default True, and ``seed``, default 0, are
     its options, so giving them with your own ``sampler`` is an error); call
-    ``loader.set_epoch(e)`` every epoch. Every option is validated (`LoaderConfig`, and
+    ``loader.set_epoch(e)`` every epoch. ``batches``: the batches to read, in this order,
+    instead of ``sampler`` cut into ``batch_size`` pieces (batch ``k`` goes to worker
+    ``k % num_workers``: whole-slide passes give each worker its own part of a slide, see
+    `wsi_loader.dataset.scan`). Every option is validated (`LoaderConfig`, and
     `DatasetConfig` for the dataset's) and a bad one is a `ConfigError` naming it.
     ``num_workers`` defaults to the usable cores (at most 8); ``pin_memory`` to whether CUDA is
     available. ``decode="device"`` ships single-JPEG-tile reads compressed, for
@@ -301,7 +305,11 @@ def make_loader(
             "timeout": timeout,
         },
     )
-    if sampler is not None and (opts.shuffle is not None or opts.seed is not None):
+    if batches is not None and sampler is not None:
+        raise ConfigError("give sampler or batches, not both", key="batches")
+    if (sampler is not None or batches is not None) and (
+        opts.shuffle is not None or opts.seed is not None
+    ):
         raise ConfigError(
             "shuffle and seed are options of the default sampler; with your own sampler, set "
             "them on it",
@@ -322,7 +330,7 @@ def make_loader(
             key="on_error",
             value="substitute",
         )
-    if sampler is None:
+    if sampler is None and batches is None:
         sampler = DistributedTileSampler(
             tiles,
             shuffle=True if opts.shuffle is None else opts.shuffle,
@@ -367,7 +375,10 @@ def make_loader(
         ),
         batch_size=None,
         sampler=LookAhead(
-            BatchSampler(sampler, batch_size, drop_last), max(1, workers), opts.prefetch, sampler
+            batches if batches is not None else BatchSampler(sampler or [], batch_size, drop_last),
+            max(1, workers),
+            opts.prefetch,
+            sampler,
         ),
         num_workers=workers,
         collate_fn=_passthrough,
@@ -378,7 +389,7 @@ def make_loader(
         timeout=opts.timeout if workers else 0,
         worker_init_fn=partial(start_worker, temp_folder=parent_temp_folder()) if workers else None,
     )
-    loader.tile_sampler = sampler
+    loader.tile_sampler = sampler if sampler is not None else []
     loader.reading, loader.tiles = reading, tiles
     return loader
 

@@ -13,7 +13,7 @@ vain, bounded by the reading process's prefetch budget.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import NamedTuple
 
 
@@ -32,7 +32,7 @@ class LookAhead:
 
     def __init__(
         self,
-        batches: Iterable[list[int]],
+        batches: Iterable[Sequence[int]],
         streams: int,
         depth: int,
         epoch_of: object = None,
