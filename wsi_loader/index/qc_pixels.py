@@ -1,0 +1,199 @@
+"""What each pixel of a slide's low-resolution picture shows, for quality control: pen ink,
+folded tissue, an air bubble, glass.
+
+Pen inks as histolab (after the "Deep Histopath" filters) defines them: a pixel is blue ink
+when for one of 12 threshold triples red < R, green < G and blue > B, green ink likewise
+with green > G (15 triples), red ink with red > R, green < G, blue < B (9 triples). Black
+ink, which those filters lack, is dark and grey: no channel above 90 and little colour.
+Each colour's triples are folded into one 256 x 256 table over (red, green) holding the
+bound on blue, so a pixel costs one lookup and one comparison whatever the number of
+triples (the triples tested one by one cost ~36 comparisons a pixel).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image
+from scipy import ndimage
+
+from wsi_loader.index.tissue import BoolArray
+from wsi_loader.slides.base import RGBArray
+
+# (red, green, blue) thresholds of histolab's pen filters (filters/image_filters_functions.py)
+BILINEAR = Image.Resampling.BILINEAR
+
+BLUE_PEN = (
+    (60, 120, 190), (120, 170, 200), (175, 210, 230), (145, 180, 210), (37, 95, 160),
+    (30, 65, 130), (130, 155, 180), (40, 35, 85), (30, 20, 65), (90, 90, 140),
+    (60, 60, 120), (110, 110, 175),
+)  # fmt: skip
+GREEN_PEN = (
+    (150, 160, 140), (70, 110, 110), (45, 115, 100), (30, 75, 60), (195, 220, 210),
+    (225, 230, 225), (170, 210, 200), (20, 30, 20), (50, 60, 40), (30, 50, 35),
+    (65, 70, 60), (100, 110, 105), (165, 180, 180), (140, 140, 150), (185, 195, 195),
+)  # fmt: skip
+RED_PEN = (
+    (150, 80, 90), (110, 20, 30), (185, 65, 105), (195, 85, 125), (220, 115, 145),
+    (125, 40, 70), (200, 120, 150), (100, 50, 65), (85, 25, 45),
+)  # fmt: skip
+BLACK_INK_MAX = 90  # black ink: no channel above this...
+BLACK_INK_CHROMA = 35  # ...and channels this close (dense nuclei are purple even when dark)
+
+FOLD_DENSITY = 1.6  # a fold absorbs this many times the tissue around it, or more
+FOLD_HUE_COSINE = 0.97  # ...in the same colour (two layers of the same tissue)
+
+
+@cache
+def _pen_tables() -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int16], npt.NDArray[np.int16]]:
+    """Per (red, green): the blue above which a pixel is blue ink, above which it is green
+    ink, and below which it is red ink (256 / -1: never)."""
+    r = np.arange(256)[:, None]
+    g = np.arange(256)[None, :]
+    blue = np.full((256, 256), 256, dtype=np.int16)
+    green = np.full((256, 256), 256, dtype=np.int16)
+    red = np.full((256, 256), -1, dtype=np.int16)
+    for tr, tg, tb in BLUE_PEN:
+        blue = np.where((r < tr) & (g < tg), np.minimum(blue, tb), blue)
+    for tr, tg, tb in GREEN_PEN:
+        green = np.where((r < tr) & (g > tg), np.minimum(green, tb), green)
+    for tr, tg, tb in RED_PEN:
+        red = np.where((r > tr) & (g < tg), np.maximum(red, tb), red)
+    return blue, green, red
+
+
+def pen_ink(rgb: RGBArray) -> BoolArray:
+    """Pixels of pen ink: blue, green or red as histolab defines them, or black."""
+    blue_above, green_above, red_below = _pen_tables()
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    b16 = b.astype(np.int16)
+    ink: BoolArray = (b16 > blue_above[r, g]) | (b16 > green_above[r, g]) | (b16 < red_below[r, g])
+    high = np.maximum(np.maximum(r, g), b)
+    low = np.minimum(np.minimum(r, g), b)
+    ink |= (high <= BLACK_INK_MAX) & (high - low <= BLACK_INK_CHROMA)
+    return ink
+
+
+def optical_density(rgb: RGBArray) -> npt.NDArray[np.float32]:
+    """Per-channel optical density, -log10(I / 255) (Beer-Lambert: what stain absorbs)."""
+    table = -np.log10(np.maximum(np.arange(256, dtype=np.float32), 1.0) / 255.0)
+    density: npt.NDArray[np.float32] = table.astype(np.float32)[rgb]
+    return density
+
+
+def folded(
+    rgb: RGBArray, stained: BoolArray, ink: BoolArray, window: int, min_area: int
+) -> BoolArray:
+    """Pixels of tissue lying on itself: two layers absorb twice as much light (optical
+    density x2) in the same colour. A stained pixel is folded when its density is at least
+    `FOLD_DENSITY` times that of the stained tissue around it (within about ``window``
+    pixels; not the slide's, since a dense region is no fold) and points the same way in
+    colour space (a band of darker *other* tissue, such as epidermis beside dermis, has
+    another colour). Areas under ``min_area`` pixels (a speck, a cluster of nuclei) and the
+    rims of pen strokes (ink thinning out over tissue) are no folds."""
+    if not stained.any():
+        return np.zeros(stained.shape, dtype=bool)
+    density = optical_density(rgb)
+    strength = np.sqrt((density**2).sum(axis=-1))
+    # the tissue around: a mean that leaves out what is much denser than a first mean
+    around = local_mean(density, stained, window)
+    typical = stained & (strength <= 1.3 * np.sqrt((around**2).sum(axis=-1)))
+    around = local_mean(density, typical if typical.any() else stained, window)
+    around_strength = np.sqrt((around**2).sum(axis=-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cosine = (density * around).sum(axis=-1) / (strength * around_strength)
+    fold = stained & (strength >= FOLD_DENSITY * around_strength) & (cosine >= FOLD_HUE_COSINE)
+    fold &= ~ndimage.binary_dilation(ink, iterations=1)
+    # a fold is an area: most of each pixel's 3 x 3 neighbours folded too (not a clump of
+    # nuclei, a speck), and the area large enough
+    fold &= ndimage.uniform_filter(fold.astype(np.float32), 3, mode="constant") >= 4.5 / 9
+    return large_parts(fold, min_area)
+
+
+def large_parts(mask: BoolArray, min_area: int) -> BoolArray:
+    """The connected parts (8-neighbours) of ``mask`` of at least ``min_area`` pixels."""
+    labels, count = ndimage.label(mask, structure=np.ones((3, 3), dtype=bool))
+    if not count:
+        return mask
+    areas = np.bincount(labels.ravel(), minlength=count + 1)
+    big = areas >= min_area
+    big[0] = False
+    kept: BoolArray = big[labels]
+    return kept
+
+
+def local_mean(
+    values: npt.NDArray[np.float32], weight: BoolArray, window: int
+) -> npt.NDArray[np.float32]:
+    """The mean of ``values`` (H, W, C) over the ``weight`` pixels around each pixel: means
+    over blocks of ``window`` pixels, blocks without such pixels filled from their
+    neighbours (else the overall mean), then interpolated back to every pixel."""
+    h, w, channels = values.shape
+    block = max(2, window)
+    rows, cols = -(-h // block), -(-w // block)
+    padded = np.zeros((rows * block, cols * block, channels), dtype=np.float32)
+    counted = np.zeros((rows * block, cols * block), dtype=np.float32)
+    counted[:h, :w] = weight
+    padded[:h, :w] = values * counted[:h, :w, None]
+    sums = padded.reshape(rows, block, cols, block, channels).sum(axis=(1, 3))
+    counts = counted.reshape(rows, block, cols, block).sum(axis=(1, 3))
+    overall = sums.sum(axis=(0, 1)) / max(float(counts.sum()), 1.0)
+    # each block with its 8 neighbours, so a block of little tissue borrows from them
+    near_sums = ndimage.uniform_filter(sums, (3, 3, 1), mode="nearest")
+    near_counts = ndimage.uniform_filter(counts, 3, mode="nearest")[..., None]
+    means = np.where(near_counts > 0, near_sums / np.maximum(near_counts, 1e-6), overall)
+    # bilinear between block centres (PIL: ~50x faster than ndimage.zoom here)
+    size = (cols * block, rows * block)
+    spread = [
+        np.asarray(Image.fromarray(means[..., c].astype(np.float32), "F").resize(size, BILINEAR))
+        for c in range(channels)
+    ]
+    out: npt.NDArray[np.float32] = np.stack(spread, axis=-1)[:h, :w]
+    return out
+
+
+BUBBLE_RIM_DARKER = 0.8  # a rim pixel is at most this bright relative to what is around it
+BUBBLE_RIM_GREYER = 0.8  # ...and at most this colourful relative to the tissue around it
+
+
+def bubbles(
+    rgb: RGBArray, ink: BoolArray, stained: BoolArray, window: int, min_area: int = 9
+) -> BoolArray:
+    """Pixels of an air bubble, rim included: a closed ring of pixels darker than what is
+    around them and greyer than the tissue around them (light refracted away, not stain),
+    closing in a roughly round area of at least ``min_area`` pixels. Pen ink, which
+    pathologists draw in circles too, is never rim; nuclei and folds are darker but more
+    colourful."""
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    high = np.maximum(np.maximum(r, g), b).astype(np.float32)
+    chroma = high - np.minimum(np.minimum(r, g), b)
+    bright = local_mean(high[..., None], ~ink, window)[..., 0]
+    colour = local_mean(chroma[..., None], stained, window)[..., 0]
+    rim = (high <= BUBBLE_RIM_DARKER * bright) & (chroma <= BUBBLE_RIM_GREYER * colour) & ~ink
+    if not rim.any():
+        return np.zeros(rim.shape, dtype=bool)
+    rim = ndimage.binary_closing(rim, iterations=2)
+    filled = ndimage.binary_fill_holes(rim)
+    labels, count = ndimage.label(filled)
+    if not count:
+        return np.zeros(rim.shape, dtype=bool)
+    index = np.arange(1, count + 1)
+    areas = np.bincount(labels.ravel(), minlength=count + 1)
+    inside_areas = np.bincount(labels[~rim].ravel(), minlength=count + 1)
+    rim_bright = ndimage.mean(high, labels * rim, index)
+    inside_bright = ndimage.mean(high, labels * ~rim, index)
+    keep = np.zeros(count + 1, dtype=bool)
+    for i, box in enumerate(ndimage.find_objects(labels), start=1):
+        if box is None or inside_areas[i] < min_area:
+            continue
+        height, width = box[0].stop - box[0].start, box[1].stop - box[1].start
+        round_enough = (
+            max(height, width) <= 1.6 * min(height, width) and areas[i] >= 0.6 * height * width
+        )
+        # a rim is darker than what it closes in; the edge of a round piece of tissue is not
+        if round_enough and rim_bright[i - 1] <= BUBBLE_RIM_DARKER * inside_bright[i - 1]:
+            keep[i] = True
+    found: BoolArray = keep[labels]
+    return found
