@@ -179,11 +179,13 @@ def bubbles(
     labels, count = ndimage.label(filled)
     if not count:
         return np.zeros(rim.shape, dtype=bool)
-    index = np.arange(1, count + 1)
     areas = np.bincount(labels.ravel(), minlength=count + 1)
-    inside_areas = np.bincount(labels[~rim].ravel(), minlength=count + 1)
-    rim_bright = ndimage.mean(high, labels * rim, index)
-    inside_bright = ndimage.mean(high, labels * ~rim, index)
+    rim_count = np.bincount(labels[rim], minlength=count + 1)
+    inside_areas = areas - rim_count
+    rim_sum = np.bincount(labels[rim], weights=high[rim], minlength=count + 1)
+    inside_sum = np.bincount(labels[~rim], weights=high[~rim], minlength=count + 1)
+    rim_bright = rim_sum / np.maximum(rim_count, 1)
+    inside_bright = inside_sum / np.maximum(inside_areas, 1)
     keep = np.zeros(count + 1, dtype=bool)
     for i, box in enumerate(ndimage.find_objects(labels), start=1):
         if box is None or inside_areas[i] < min_area:
@@ -193,7 +195,7 @@ def bubbles(
             max(height, width) <= 1.6 * min(height, width) and areas[i] >= 0.6 * height * width
         )
         # a rim is darker than what it closes in; the edge of a round piece of tissue is not
-        if round_enough and rim_bright[i - 1] <= BUBBLE_RIM_DARKER * inside_bright[i - 1]:
+        if round_enough and rim_bright[i] <= BUBBLE_RIM_DARKER * inside_bright[i]:
             keep[i] = True
     found: BoolArray = keep[labels]
     return found

@@ -42,6 +42,7 @@ import numpy.typing as npt
 from wsi_loader.errors import ConfigError, IndexFormatError
 from wsi_loader.files import lock
 from wsi_loader.index.checks import check_params, check_slides, check_values
+from wsi_loader.index.qc import QC_COLUMNS
 from wsi_loader.index.quarantine import Quarantine, coords_in
 from wsi_loader.index.stain import summary as stain_summary
 from wsi_loader.slides.storage import expand_home, is_url, url_join
@@ -67,6 +68,8 @@ OPTIONAL_COLUMNS: dict[str, np.dtype[Any]] = {
     "coverage": np.dtype(np.float32),
     # label id (position in label_names) from the annotations, -1 when none
     "tile_label": np.dtype(np.int32),
+    # quality control (index/qc.py): qc_focus, qc_pen, qc_fold, qc_bubble, qc_background
+    **QC_COLUMNS,
 }
 
 
@@ -109,6 +112,11 @@ class SlideRecord:
     # vectors, max concentrations, LAB moments; or why there is no estimate (stain_error)
     stain: dict[str, Any] | None = None
     stain_error: str | None = None
+    tissue_detector: str | None = None  # brightfield | fluorescence | mask | annotation
+    tissue_reason: str | None = None  # why that detector (what the picture looked like)
+    tissue_mask: str | None = None  # the user's mask image (tissue_masks)
+    tissue_mask_digest: str | None = None  # of its contents: a changed mask re-indexes
+    qc: dict[str, Any] | None = None  # quality-control summary (index/qc.py), excluded counts
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SlideRecord:

@@ -104,8 +104,10 @@ def choose_detector(rgb: RGBArray, forced: str = "auto") -> tuple[Detector, str]
     typical = typical_brightness(rgb)
     looks = "dark field" if typical < DARK_FIELD_BRIGHTNESS else "bright field"
     seen = f"{looks}: typical brightness {typical:.0f}/255"
-    if forced == "brightfield" or forced == "fluorescence":
-        return forced, f"forced ({seen})"
+    if forced == "brightfield":
+        return "brightfield", f"forced ({seen})"
+    if forced == "fluorescence":
+        return "fluorescence", f"forced ({seen})"
     return ("fluorescence" if typical < DARK_FIELD_BRIGHTNESS else "brightfield"), seen
 
 
