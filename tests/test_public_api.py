@@ -49,6 +49,7 @@ EXPORTED = [
     "make_loader",
     "open_slide",
     "pad_bags",
+    "qc_filter",
     "serve",
     "show",
 ]

@@ -33,7 +33,7 @@ from wsi_loader.errors import (
     WorkerDiedError,
     WsiLoaderError,
 )
-from wsi_loader.index import Quarantine, SlideIndex, SlideRecord, build_index
+from wsi_loader.index import Quarantine, SlideIndex, SlideRecord, build_index, qc_filter
 from wsi_loader.slides import HandlePool, SlideMeta, open_slide
 
 __version__ = "0.1.0"
@@ -75,6 +75,7 @@ __all__ = [
     "make_loader",
     "open_slide",
     "pad_bags",
+    "qc_filter",
     "serve",
     "show",
 ]

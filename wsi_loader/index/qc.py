@@ -86,6 +86,17 @@ def thresholds(overrides: Mapping[str, float] | None = None) -> dict[str, float]
     return chosen
 
 
+def built_thresholds(params: Mapping[str, Any]) -> dict[str, float]:
+    """The thresholds an index was built with (its ``qc_thresholds`` parameter over the
+    defaults); entries that are not a rule's number are ignored (an older or edited index)."""
+    given = params.get("qc_thresholds") or {}
+    if not isinstance(given, Mapping):
+        return thresholds()
+    return thresholds(
+        {k: float(v) for k, v in given.items() if k in RULES and isinstance(v, int | float)}
+    )
+
+
 def flags(
     columns: Mapping[str, npt.NDArray[Any]],
     rules: Iterable[str] | None = None,
@@ -247,3 +258,24 @@ def counts(
         entry["any"] = int(any_rule[rows].sum())
         per_slide.append(entry)
     return per_slide
+
+
+def qc_totals(
+    per_slide: list[dict[str, int]],
+    limits: Mapping[str, float],
+    records: Iterable[Any],
+    split: str | None = None,
+) -> dict[str, Any]:
+    """The index-wide QC figures `SlideIndex.summary` reports: the thresholds counted at,
+    tiles each rule flags, and tiles the build left out (``qc_exclude``), over the slides
+    (of ``split``)."""
+    flagged: dict[str, int] = dict.fromkeys([*RULES, "any"], 0)
+    excluded: dict[str, int] = {}
+    for entry, record in zip(per_slide, records, strict=True):
+        if split is not None and record.split != split:
+            continue
+        for name in flagged:
+            flagged[name] += entry[name]
+        for name, n in ((record.qc or {}).get("excluded") or {}).items():
+            excluded[name] = excluded.get(name, 0) + int(n)
+    return {"thresholds": dict(limits), "flagged": flagged, "excluded": excluded}
