@@ -59,16 +59,18 @@ def box_means(
 ) -> FloatArray:
     """Area-weighted mean of a raster (``sx``, ``sy``: raster pixels per level-0 pixel) over
     each tile's footprint; the part of a footprint outside the raster does not count (NaN
-    when nothing of it is inside).
+    when nothing of it is inside). A stack of rasters ``(k, H, W)`` gives ``(k, tiles)``.
 
     Exact for a raster of constant pixels: the integral of such a raster from the origin is
     bilinear between pixel corners, so the summed-area table interpolated bilinearly at the
     footprint's fractional corners gives it. O(1) per tile.
     """
     grid = np.asarray(values, dtype=np.float64)
-    h, w = grid.shape
-    total = np.zeros((h + 1, w + 1), dtype=np.float64)
-    total[1:, 1:] = grid.cumsum(0).cumsum(1)
+    stacked = grid.ndim == 3
+    grid = grid if stacked else grid[None]
+    k, h, w = grid.shape
+    total = np.zeros((k, h + 1, w + 1), dtype=np.float64)
+    total[:, 1:, 1:] = grid.cumsum(1).cumsum(2)
     x0 = np.clip(tiles.l0_x * sx, 0, w)
     x1 = np.clip((tiles.l0_x + tiles.footprint) * sx, 0, w)
     y0 = np.clip(tiles.l0_y * sy, 0, h)
@@ -82,18 +84,28 @@ def box_means(
     area = (x1 - x0) * (y1 - y0)
     with np.errstate(invalid="ignore", divide="ignore"):
         means = np.where(area > 0, inside / np.where(area > 0, area, 1.0), np.nan)
-    return means.astype(np.float32)
+    result = means.astype(np.float32)
+    return result if stacked else result[0]
 
 
 def _integral(
     total: npt.NDArray[np.float64], x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]
 ) -> npt.NDArray[np.float64]:
-    """The summed-area table at fractional (x, y), bilinearly between its integer corners."""
-    h, w = total.shape[0] - 1, total.shape[1] - 1
+    """The summed-area tables ``(k, H + 1, W + 1)`` at fractional (x, y), bilinearly between
+    their integer corners: ``(k, points)``."""
+    h, w = total.shape[1] - 1, total.shape[2] - 1
     xi = np.minimum(np.floor(x).astype(np.int64), w - 1)
     yi = np.minimum(np.floor(y).astype(np.int64), h - 1)
     fx, fy = x - xi, y - yi
-    top = total[yi, xi] * (1 - fx) + total[yi, xi + 1] * fx
-    bottom = total[yi + 1, xi] * (1 - fx) + total[yi + 1, xi + 1] * fx
+    flat = total.reshape(len(total), -1)
+    row = w + 1
+    at = yi * row + xi
+
+    def corner(offset: int) -> npt.NDArray[np.float64]:
+        picked: npt.NDArray[np.float64] = flat[:, at + offset]
+        return picked
+
+    top = corner(0) * (1 - fx) + corner(1) * fx
+    bottom = corner(row) * (1 - fx) + corner(row + 1) * fx
     result: npt.NDArray[np.float64] = top * (1 - fy) + bottom * fy
     return result

@@ -163,8 +163,8 @@ def measure(
     sx, sy = w / low.l0_size[0], h / low.l0_size[1]
     window = _neighbourhood(um_per_px, max(h, w))
 
-    def share(mask: BoolArray) -> FloatArray:
-        return box_means(mask, sx, sy, tiles)
+    def shares(*masks: BoolArray) -> list[FloatArray]:
+        return list(box_means(np.stack(masks), sx, sy, tiles))
 
     stained = rule.stained(picture)
     nan = np.full(len(tiles), np.nan, dtype=np.float32)
@@ -175,15 +175,18 @@ def measure(
         ink = large_parts(ink, _pixels(MIN_PEN_UM, um_per_px, w))
         bubble = bubbles(picture, ink, stained, window, _pixels(MIN_BUBBLE_UM, um_per_px, w))
         fold = folded(picture, stained & ~bubble, ink, window, _pixels(MIN_FOLD_UM, um_per_px, w))
-        columns = {"qc_pen": share(ink), "qc_fold": share(fold), "qc_bubble": share(bubble)}
         glass = ~stained & ~ink & ~bubble
         tissue = stained & ~bubble
+        pen, fold_share, bubble_share, background, tissue_share = shares(
+            ink, fold, bubble, glass, tissue
+        )
+        columns = {"qc_pen": pen, "qc_fold": fold_share, "qc_bubble": bubble_share}
         areas = {"pen": ink, "fold": fold, "bubble": bubble}
     else:
         columns = {"qc_pen": nan, "qc_fold": nan, "qc_bubble": nan.copy()}
         glass, tissue, areas = ~stained, stained, {}
-    columns["qc_background"] = share(glass)
-    tissue_share = share(tissue)
+        background, tissue_share = shares(glass, tissue)
+    columns["qc_background"] = background
     summary: dict[str, Any] = {
         "picture": f"{w}x{h} px" + (f" at {um_per_px:.3g} um/px" if um_per_px is not None else ""),
         "focus_source": None,

@@ -136,11 +136,11 @@ def tissue_mask(rgb: RGBArray, rule: PixelRule | None = None) -> BoolArray:
     radius = max(1, round(max(mask.shape) / 512))
     for grow in (True, False, False, True):  # closing (grow, shrink), opening (shrink, grow)
         for _ in range(radius):
-            mask = _cross_step(mask, grow)
-    return _fill_holes(mask)
+            mask = cross_step(mask, grow)
+    return fill_holes(mask)
 
 
-def _cross_step(mask: BoolArray, grow: bool) -> BoolArray:
+def cross_step(mask: BoolArray, grow: bool) -> BoolArray:
     """One dilation (``grow``) or erosion by the 4-neighbour cross; outside the image is
     background, so erosion eats into the border."""
     h, w = mask.shape
@@ -154,7 +154,7 @@ def _cross_step(mask: BoolArray, grow: bool) -> BoolArray:
     return out
 
 
-def _fill_holes(mask: BoolArray) -> BoolArray:
+def fill_holes(mask: BoolArray) -> BoolArray:
     """The mask with every background area not 4-connected to the image's edge filled."""
     labels, count = ndimage.label(~mask)
     if count == 0:
