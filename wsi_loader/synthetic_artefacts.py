@@ -126,8 +126,8 @@ def coverage(
     if isinstance(artefact, PenStroke | Fold):
         points = [px(p) for p in artefact.points]
         width = max(1, round(artefact.width / ds * s))
-        draw.line(points, fill=255, width=width, joint="curve")
-        for x, y in (points[0], points[-1]):  # round caps
+        draw.line(points, fill=255, width=width)
+        for x, y in points:  # round joints and caps (PIL's joint="curve" is ~8x slower)
             draw.ellipse((x - width / 2, y - width / 2, x + width / 2, y + width / 2), fill=255)
     elif isinstance(artefact, BlurredRegion):
         (cx, cy), (rx, ry) = px(artefact.centre), artefact.radii
@@ -143,8 +143,8 @@ def coverage(
             draw.ellipse((cx - inner, cy - inner, cx + inner, cy + inner), fill=0)
         elif part == "inside":
             draw.ellipse((cx - inner, cy - inner, cx + inner, cy + inner), fill=255)
-    pixels = np.asarray(canvas, dtype=np.float32).reshape(h, s, w, s).mean(axis=(1, 3))
-    share: npt.NDArray[np.float32] = pixels / 255.0
+    # PIL's box reduce: ~10x faster than a numpy mean over a reshaped array
+    share: npt.NDArray[np.float32] = np.asarray(canvas.reduce(s), dtype=np.float32) / 255.0
     return share
 
 
@@ -276,8 +276,8 @@ def qc_layout(
 ) -> tuple[Artefact, ...]:
     """A standard set of artefacts on a slide's tissue, apart from each other: a pen stroke
     in each of four inks along a curve, three regions blurred with sigma 2, 4 and 8 level-0
-    px, two folds and two bubbles. ``scale`` multiplies every size (1.0 suits 0.5 um/px
-    slides of 20k px and more; smaller slides want smaller artefacts)."""
+    px, two folds and two bubbles (those that find room). ``scale`` multiplies every size
+    (1.0 suits 0.5 um/px slides of 20k px and more; smaller slides want smaller ones)."""
     rng = np.random.default_rng([seed, 38])
     step = 64.0
     w, h = math.ceil(width / step), math.ceil(height / step)
@@ -288,30 +288,38 @@ def qc_layout(
     if not len(xs):
         return ()
     order = rng.permutation(len(xs)).tolist()
-    gap = 4000.0 * scale
-    centres: list[Point] = []
-    while len(centres) < 11 and gap > 1500.0 * scale:  # as far apart as the tissue allows
-        centres = []
+
+    def pen(ink: Ink) -> Callable[[Point], Artefact]:
+        return lambda c: PenStroke(_curve(c, 1800 * scale, rng), 260 * scale, ink)
+
+    def blur(sigma: float) -> Callable[[Point], Artefact]:
+        return lambda c: BlurredRegion(c, (1300 * scale, 1000 * scale), sigma)
+
+    def fold(c: Point) -> Artefact:
+        return Fold(_curve(c, 1500 * scale, rng), 420 * scale)
+
+    def bubble(c: Point) -> Artefact:
+        return Bubble(c, 900 * scale, 70 * scale)
+
+    # kinds interleaved, so a slide with room for only some still gets every kind
+    plan = [pen("blue"), blur(2.0), fold, bubble, pen("green"), blur(4.0), fold, bubble]
+    plan += [pen("black"), blur(8.0), pen("red")]
+    # each artefact at the first tissue point where its box keeps clear of the others' (so
+    # every tile shows one kind of artefact); one that finds no room is left out
+    margin = 300.0 * scale
+    placed: list[Artefact] = []
+    for make in plan:
         for i in order:
-            point = ((xs[i] + 0.5) * step, (ys[i] + 0.5) * step)
-            if all(math.dist(point, c) >= gap for c in centres):
-                centres.append(point)
-            if len(centres) == 11:
+            candidate = make(((xs[i] + 0.5) * step, (ys[i] + 0.5) * step))
+            x0, y0, x1, y1 = _bounds(candidate)
+            inside = x0 >= 0 and y0 >= 0 and x1 <= width and y1 <= height
+            if inside and not any(
+                touches(other, x0 - margin, y0 - margin, x1 - x0 + 2 * margin, y1 - y0 + 2 * margin)
+                for other in placed
+            ):
+                placed.append(candidate)
                 break
-        gap *= 0.9
-    plan: list[Callable[[Point], Artefact]] = [
-        *(
-            (lambda c, ink=ink: PenStroke(_curve(c, 1800 * scale, rng), 260 * scale, ink))
-            for ink in ("blue", "green", "black", "red")
-        ),
-        *(
-            (lambda c, s=s: BlurredRegion(c, (1300 * scale, 1000 * scale), s))
-            for s in (2.0, 4.0, 8.0)
-        ),
-        *((lambda c: Fold(_curve(c, 1500 * scale, rng), 420 * scale)) for _ in range(2)),
-        *((lambda c: Bubble(c, 900 * scale, 70 * scale)) for _ in range(2)),
-    ]
-    return tuple(make(centre) for make, centre in zip(plan, centres, strict=False))
+    return tuple(placed)
 
 
 def _curve(centre: Point, half_length: float, rng: np.random.Generator) -> tuple[Point, ...]:
@@ -324,3 +332,60 @@ def _curve(centre: Point, half_length: float, rng: np.random.Generator) -> tuple
     xs = centre[0] + along * cos - across * sin
     ys = centre[1] + along * sin + across * cos
     return tuple((float(x), float(y)) for x, y in zip(xs, ys, strict=True))
+
+
+RULE_KINDS: dict[str, ArtefactKind] = {
+    "pen": "pen",
+    "blur": "blur",
+    "fold": "fold",
+    "bubble": "bubble",
+}
+POSITIVE_SHARE = 0.5  # a tile the artefact covers at least this much should be flagged
+NEGATIVE_SHARE = 0.02  # a tile it covers less than this should not; in between is not scored
+
+
+@dataclass(frozen=True)
+class Score:
+    """How a QC rule's flags compare with the painted truth over a set of tiles."""
+
+    positives: int
+    true_positives: int
+    false_positives: int
+    false_negatives: int
+
+    @property
+    def precision(self) -> float:
+        flagged = self.true_positives + self.false_positives
+        return self.true_positives / flagged if flagged else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.true_positives / self.positives if self.positives else 1.0
+
+    def __add__(self, other: Score) -> Score:
+        return Score(
+            self.positives + other.positives,
+            self.true_positives + other.true_positives,
+            self.false_positives + other.false_positives,
+            self.false_negatives + other.false_negatives,
+        )
+
+
+def score(
+    rule: str, flagged: npt.NDArray[np.bool_], truth: dict[str, npt.NDArray[np.float32]]
+) -> Score:
+    """A rule's flags against `truth_shares` of the same tiles: positives are tiles the
+    rule's artefact covers at least `POSITIVE_SHARE`, negatives those it covers less than
+    `NEGATIVE_SHARE` (for blur, and no bubble either: a bubble's inside is out of focus
+    too); tiles partly covered are not scored, since either answer is defensible there."""
+    share = truth[RULE_KINDS[rule]]
+    positive = share >= POSITIVE_SHARE
+    negative = share < NEGATIVE_SHARE
+    if rule == "blur":
+        negative &= truth["bubble"] < NEGATIVE_SHARE
+    return Score(
+        positives=int(positive.sum()),
+        true_positives=int((flagged & positive).sum()),
+        false_positives=int((flagged & negative).sum()),
+        false_negatives=int((~flagged & positive).sum()),
+    )

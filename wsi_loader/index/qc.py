@@ -212,15 +212,13 @@ def _qc_picture(
     low: LowResolution, footprint: float, mpp: float | None
 ) -> tuple[RGBArray, float | None]:
     """The low-resolution picture shrunk (whole-pixel box filter) to about `QC_UM_PER_PX`
-    (or, without an MPP, to at most 1,024 pixels), keeping tiles at least `MIN_TILE_PX`
-    wide; and its microns per pixel (None without an MPP)."""
+    (or, without an MPP, to 16 pixels a tile), keeping tiles at least `MIN_TILE_PX` wide;
+    and its microns per pixel (None without an MPP)."""
     image = low.image
     sx = low.scale[0]
     tile_px = footprint * sx
-    if mpp is not None and mpp > 0:
-        wanted = QC_UM_PER_PX / (mpp / sx)
-    else:
-        wanted = max(image.shape[:2]) / 1024
+    # without a scale: tiles of 16 pixels (what 8 um/px makes of 0.5 um/px tiles of 256)
+    wanted = QC_UM_PER_PX / (mpp / sx) if mpp is not None and mpp > 0 else tile_px / 16
     factor = max(1, min(math.floor(wanted), math.floor(tile_px / MIN_TILE_PX)))
     if factor > 1:
         image = np.asarray(Image.fromarray(np.ascontiguousarray(image)).reduce(factor))

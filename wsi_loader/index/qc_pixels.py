@@ -3,9 +3,10 @@ folded tissue, an air bubble, glass.
 
 Pen inks as histolab (after the "Deep Histopath" filters) defines them: a pixel is blue ink
 when for one of 12 threshold triples red < R, green < G and blue > B, green ink likewise
-with green > G (15 triples), red ink with red > R, green < G, blue < B (9 triples). Black
-ink, which those filters lack, is dark and grey: no channel above 90 and little colour.
-Each colour's triples are folded into one 256 x 256 table over (red, green) holding the
+with green > G (15 triples), red ink with red > R, green < G, blue < B (9 triples), and red
+rather than magenta (intense eosin, TCGA's deep pink, passes the red triples). Black ink,
+which those filters lack, is dark and grey: no channel above 90 and little colour. Each
+colour's triples are folded into one 256 x 256 table over (red, green) holding the
 bound on blue, so a pixel costs one lookup and one comparison whatever the number of
 triples (the triples tested one by one cost ~36 comparisons a pixel).
 """
@@ -39,10 +40,11 @@ RED_PEN = (
     (150, 80, 90), (110, 20, 30), (185, 65, 105), (195, 85, 125), (220, 115, 145),
     (125, 40, 70), (200, 120, 150), (100, 50, 65), (85, 25, 45),
 )  # fmt: skip
+RED_INK_MAGENTA = 20  # red ink: blue at most this much above green (eosin is magenta)
 BLACK_INK_MAX = 90  # black ink: no channel above this...
 BLACK_INK_CHROMA = 35  # ...and channels this close (dense nuclei are purple even when dark)
 
-FOLD_DENSITY = 1.6  # a fold absorbs this many times the tissue around it, or more
+FOLD_DENSITY = 1.7  # a fold absorbs this many times the tissue around it, or more
 FOLD_HUE_COSINE = 0.97  # ...in the same colour (two layers of the same tissue)
 
 
@@ -69,7 +71,10 @@ def pen_ink(rgb: RGBArray) -> BoolArray:
     blue_above, green_above, red_below = _pen_tables()
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
     b16 = b.astype(np.int16)
-    ink: BoolArray = (b16 > blue_above[r, g]) | (b16 > green_above[r, g]) | (b16 < red_below[r, g])
+    # red ink is red, not magenta: intense eosin passes histolab's red triples too, but its
+    # blue is well above its green (hue ~330 degrees; a red marker's is ~0)
+    red = (b16 < red_below[r, g]) & (b16 <= g.astype(np.int16) + RED_INK_MAGENTA)
+    ink: BoolArray = (b16 > blue_above[r, g]) | (b16 > green_above[r, g]) | red
     high = np.maximum(np.maximum(r, g), b)
     low = np.minimum(np.minimum(r, g), b)
     ink |= (high <= BLACK_INK_MAX) & (high - low <= BLACK_INK_CHROMA)
@@ -197,29 +202,37 @@ def bubbles(
     rim = (high <= BUBBLE_RIM_DARKER * bright) & (chroma <= BUBBLE_RIM_GREYER * colour) & ~ink
     if not rim.any():
         return np.zeros(rim.shape, dtype=bool)
-    for grow in (True, True, False, False):  # a closing: gaps of up to 4 pixels in a rim
-        rim = cross_step(rim, grow)
-    filled = fill_holes(rim)
-    labels, count = ndimage.label(filled)
+    # ink crossing a rim does not open it: rings are closed over rim and ink together, but
+    # the edge of a hole must be mostly grey rim (a circle drawn in ink is no bubble)
+    ring = rim | ink
+    for grow in (True, True, False, False):  # a closing: gaps of up to 4 pixels in a ring
+        ring = cross_step(ring, grow)
+    holes = fill_holes(ring) & ~ring
+    labels, count = ndimage.label(holes)
     if not count:
         return np.zeros(rim.shape, dtype=bool)
+    # each hole's edge: the ring pixels within 2 of it, labelled as the hole
+    edge_labels = np.where(ring, ndimage.grey_dilation(labels, size=5), 0)
+    grey_edge = edge_labels * ~ink
     areas = np.bincount(labels.ravel(), minlength=count + 1)
-    rim_count = np.bincount(labels[rim], minlength=count + 1)
-    inside_areas = areas - rim_count
-    rim_sum = np.bincount(labels[rim], weights=high[rim], minlength=count + 1)
-    inside_sum = np.bincount(labels[~rim], weights=high[~rim], minlength=count + 1)
-    rim_bright = rim_sum / np.maximum(rim_count, 1)
-    inside_bright = inside_sum / np.maximum(inside_areas, 1)
+    edge_count = np.bincount(edge_labels.ravel(), minlength=count + 1)
+    grey_count = np.bincount(grey_edge.ravel(), minlength=count + 1)
+    edge_sum = np.bincount(grey_edge.ravel(), weights=high.ravel(), minlength=count + 1)
+    hole_sum = np.bincount(labels.ravel(), weights=high.ravel(), minlength=count + 1)
+    edge_bright = edge_sum / np.maximum(grey_count, 1)
+    hole_bright = hole_sum / np.maximum(areas, 1)
     keep = np.zeros(count + 1, dtype=bool)
     for i, box in enumerate(ndimage.find_objects(labels), start=1):
-        if box is None or inside_areas[i] < min_area:
+        if box is None or areas[i] < min_area or grey_count[i] < 0.5 * edge_count[i]:
             continue
         height, width = box[0].stop - box[0].start, box[1].stop - box[1].start
+        # roughly round: not a sliver, filling most of its bounding box (a disc: 79%)
         round_enough = (
             max(height, width) <= 1.6 * min(height, width) and areas[i] >= 0.6 * height * width
         )
         # a rim is darker than what it closes in; the edge of a round piece of tissue is not
-        if round_enough and rim_bright[i] <= BUBBLE_RIM_DARKER * inside_bright[i]:
+        if round_enough and edge_bright[i] <= BUBBLE_RIM_DARKER * hole_bright[i]:
             keep[i] = True
-    found: BoolArray = keep[labels]
+    keep[0] = False
+    found: BoolArray = keep[labels] | (keep[edge_labels] & ~ink)
     return found
