@@ -103,8 +103,8 @@ def qc_section(scratch: Path) -> None:
     cpu_build([slide], scratch / "idx-q", **options, qc="all")  # warm
     runs: dict[str, list[tuple[float, float]]] = {"none": [], "all": []}
     for _ in range(7):  # interleaved, so a slow spell of the machine hits both alike
-        for mode in runs:
-            runs[mode].append(cpu_build([slide], scratch / f"idx-q-{mode}", **options, qc=mode))
+        for mode, timings in runs.items():
+            timings.append(cpu_build([slide], scratch / f"idx-q-{mode}", **options, qc=mode))
     print(f"{'build':<12} {'seconds':>8} {'CPU ms':>8}")
     best = {mode: (min(w for w, _ in r), min(c for _, c in r)) for mode, r in runs.items()}
     for mode, (wall, cpu) in best.items():
