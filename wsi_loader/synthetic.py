@@ -35,6 +35,10 @@ _FIELD_STEP = 32  # level-0 pixels per cell of the tissue field
 _BACKGROUND = np.array([242, 241, 239], dtype=np.float32)
 _STROMA = np.array([226, 160, 196], dtype=np.float32)
 _NUCLEUS = (88, 58, 140)
+# nuclei (radius 2.5-5.5 px, 0.8 as high as wide, one per 900 px^2) cover this share of tissue;
+# levels coarser than 1/_DOTS_UP_TO draw that share as a tint instead of dots
+_NUCLEAR_SHARE = math.pi * (2.5**2 + 2.5 * 5.5 + 5.5**2) / 3 * 0.8 / 900
+_DOTS_UP_TO = 4
 # dark field (fluorescence, a DAPI channel shown in blue): black glass, dim tissue, bright nuclei
 _DARK_BACKGROUND = np.array([2, 2, 5], dtype=np.float32)
 _DARK_TISSUE = np.array([3, 4, 22], dtype=np.float32)
@@ -147,6 +151,12 @@ class _Painter:
         if not mask.any():
             return bg
         tissue = np.roll(stroma[int(rng.integers(4))], shift, axis=(0, 1))
+        nucleus = _DARK_NUCLEUS if self.spec.dark_field else _NUCLEUS
+        if ds > _DOTS_UP_TO:
+            # a coarse level averages many nuclei into each pixel, as a scanner's pyramid does:
+            # a tint of the nuclei's share, not single-pixel dots of pure nucleus colour
+            tinted = tissue * (1 - _NUCLEAR_SHARE) + np.array(nucleus) * _NUCLEAR_SHARE
+            return np.where(mask[..., None], tinted.astype(np.uint8), bg)
         canvas = Image.fromarray(np.where(mask[..., None], tissue, bg))
         draw = ImageDraw.Draw(canvas)
         # about one nucleus per 900 level-0 px^2 of tissue, capped on coarse levels
@@ -156,7 +166,6 @@ class _Painter:
         xy = xy[mask[xy[:, 1], xy[:, 0]]]
         radii = np.maximum(rng.uniform(2.5, 5.5, len(xy)) / ds, 0.6)
         shades = rng.integers(-20, 20, len(xy))
-        nucleus = _DARK_NUCLEUS if self.spec.dark_field else _NUCLEUS
         for (x, y), r, d in zip(xy.tolist(), radii.tolist(), shades.tolist(), strict=True):
             fill = (nucleus[0] + d, nucleus[1] + d, nucleus[2] + d)
             draw.ellipse((x - r, y - r * 0.8, x + r, y + r * 0.8), fill=fill)

@@ -84,7 +84,10 @@ def box_means(
     area = (x1 - x0) * (y1 - y0)
     with np.errstate(invalid="ignore", divide="ignore"):
         means = np.where(area > 0, inside / np.where(area > 0, area, 1.0), np.nan)
-    result = means.astype(np.float32)
+    # a mean lies within its raster's range (the interpolation rounds a hair past it: -1e-16)
+    low = grid.min(axis=(1, 2))[:, None] if grid.size else 0.0
+    high = grid.max(axis=(1, 2))[:, None] if grid.size else 0.0
+    result = np.clip(means, low, high).astype(np.float32)
     return result if stacked else result[0]
 
 

@@ -71,7 +71,7 @@ class Rule:
 RULES: dict[str, Rule] = {
     "pen": Rule("qc_pen", 0.1, False, "pen ink covers at least this share of the tile"),
     "blur": Rule("qc_focus", 0.5, True, "sharpness below this share of the slide's typical"),
-    "fold": Rule("qc_fold", 0.25, False, "folded tissue covers at least this share"),
+    "fold": Rule("qc_fold", 0.2, False, "folded tissue covers at least this share"),
     "bubble": Rule("qc_bubble", 0.25, False, "an air bubble covers at least this share"),
 }
 

@@ -44,7 +44,7 @@ RED_INK_MAGENTA = 20  # red ink: blue at most this much above green (eosin is ma
 BLACK_INK_MAX = 90  # black ink: no channel above this...
 BLACK_INK_CHROMA = 35  # ...and channels this close (dense nuclei are purple even when dark)
 
-FOLD_DENSITY = 1.7  # a fold absorbs this many times the tissue around it, or more
+FOLD_DENSITY = 1.8  # a fold absorbs this many times the tissue around it, or more
 FOLD_HUE_COSINE = 0.97  # ...in the same colour (two layers of the same tissue)
 
 
@@ -107,6 +107,10 @@ def folded(
     typical = stained & (strength <= 1.3 * _norm(around))
     around = local_mean(density, typical if typical.any() else stained, window)
     around_strength = _norm(around)
+    # a fold is an area: each pixel is judged by its 3 x 3 neighbourhood's density, so the
+    # speckle of nuclei and noise neither makes nor breaks one
+    density = ndimage.uniform_filter(density, (3, 3, 1), mode="nearest")
+    strength = _norm(density)
     dot = density[..., 0] * around[..., 0]
     dot += density[..., 1] * around[..., 1]
     dot += density[..., 2] * around[..., 2]
