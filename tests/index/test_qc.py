@@ -263,3 +263,17 @@ def test_no_tissue_tile_of_cmu1_is_flagged_blurred(testdata: Path, tmp_path: Pat
     assert len(index) > 20
     assert not qc.flags(index.columns, ["blur"])["blur"].any()
     assert np.nanmin(index.columns["qc_focus"]) > 0.6
+
+
+def test_new_thresholds_without_exclusion_recount_without_reading(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    slide = make_slide(width=3000, height=2000, seed=1)
+    build_index([slide], tmp_path / "i", qc_thresholds={"blur": 0.4})
+    again = build_index([slide], tmp_path / "i", qc_thresholds={"blur": 0.6})
+    assert again.meta["build"] == {"unchanged": 1, "indexed": 0}
+    assert again.summary()["qc"]["thresholds"]["blur"] == 0.6
+    excluding = build_index(
+        [slide], tmp_path / "i", qc_thresholds={"blur": 0.6}, qc_exclude=["pen"]
+    )
+    assert excluding.meta["build"] == {"unchanged": 0, "indexed": 1}  # tiles may go

@@ -99,7 +99,6 @@ GRID_PARAMS = (
     "tissue_class",
     "qc",
     "qc_exclude",
-    "qc_thresholds",
 )
 
 
@@ -326,6 +325,8 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     built = {**IndexConfig().model_dump(), **index.params}  # older indexes lack newer keys
     # min_coverage picks tiles only through roi; otherwise it only relabels (no re-read)
     params = GRID_PARAMS + (("min_coverage",) if built["roi"] or wanted["roi"] else ())
+    # QC thresholds pick tiles only through qc_exclude; otherwise they only change counts
+    params += ("qc_thresholds",) if built["qc_exclude"] or wanted["qc_exclude"] else ()
     changed = [k for k in params if built.get(k) != wanted.get(k)]
     if changed:
         log.info("grid parameters changed (%s): re-indexing every slide", ", ".join(changed))
