@@ -30,7 +30,7 @@ from wsi_loader.index.tissue import (
     tissue_mask,
 )
 from wsi_loader.index.tissue_masks import read_mask
-from wsi_loader.slides.base import SlideReader
+from wsi_loader.slides.base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, SlideReader
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,12 @@ def analyse_slide(
         except TileReadError as exc:  # the fallback reads pixels; focus is then unknown
             sharpness = None
             result.notes.append(f"no focus measure: {exc}")
-        found = qc.measure(low, rule, tiles, mpp, sharpness)
+        # a resolution no microscope has (72 dpi from generic software) would mislead the
+        # QC picture's scale: without one, it goes by tiles
+        plausible = (
+            mpp if mpp is not None and MIN_PLAUSIBLE_MPP <= mpp <= MAX_PLAUSIBLE_MPP else None
+        )
+        found = qc.measure(low, rule, tiles, plausible, sharpness)
         result.columns |= found.columns
         result.record["qc"] = found.summary
     return result
