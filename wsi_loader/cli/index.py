@@ -139,7 +139,8 @@ def register(sub: Subparsers) -> None:
         action="append",
         metavar="RULE=V",
         help="a rule's threshold (repeatable): pen/fold/bubble flag a share >= V (defaults "
-        "0.1/0.2/0.25), blur a focus < V (0.5 of the slide's typical tissue)",
+        f"{RULES['pen'].threshold:g}/{RULES['fold'].threshold:g}/{RULES['bubble'].threshold:g}"
+        f"), blur a focus < V ({RULES['blur'].threshold:g} of the slide's typical tissue)",
     )
     config_flag(p, "--allow-shrink", "let a rebuild drop more than half of the indexed slides")
     p.add_argument("--workers", type=int, metavar="N", help="parallel slide workers")
