@@ -277,6 +277,19 @@ def qc_totals(
             continue
         for name in flagged:
             flagged[name] += entry[name]
-        for name, n in ((record.qc or {}).get("excluded") or {}).items():
-            excluded[name] = excluded.get(name, 0) + int(n)
+        for name, n in excluded_counts(record.qc).items():
+            excluded[name] = excluded.get(name, 0) + n
     return {"thresholds": dict(limits), "flagged": flagged, "excluded": excluded}
+
+
+def excluded_counts(summary: Any) -> dict[str, int]:
+    """The per-rule counts of tiles ``qc_exclude`` left out, from a slide's ``qc`` summary
+    (as read back from slides.json: anything else than rule names and counts is ignored)."""
+    excluded = summary.get("excluded") if isinstance(summary, Mapping) else None
+    if not isinstance(excluded, Mapping):
+        return {}
+    return {
+        str(name): int(n)
+        for name, n in excluded.items()
+        if (name in RULES or name == "any") and isinstance(n, int) and not isinstance(n, bool)
+    }
