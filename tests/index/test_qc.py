@@ -277,3 +277,18 @@ def test_new_thresholds_without_exclusion_recount_without_reading(
         [slide], tmp_path / "i", qc_thresholds={"blur": 0.6}, qc_exclude=["pen"]
     )
     assert excluding.meta["build"] == {"unchanged": 0, "indexed": 1}  # tiles may go
+
+
+def test_a_malformed_qc_summary_in_slides_json_is_ignored(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    index = build_index([make_slide(width=3000, height=2000, seed=1)], tmp_path / "i")
+    slides_json = index.path / str(index.meta["generation"]) / "slides.json"
+    records = json.loads(slides_json.read_text())
+    records[0]["qc"] = {"excluded": {"pen": "many", "smudge": 3, "blur": 2}}
+    slides_json.write_text(json.dumps(records))
+    summary = SlideIndex.open(index.path).summary()
+    assert summary["slides"][0]["qc"]["excluded"] == {"blur": 2}
+    records[0]["qc"] = 5
+    slides_json.write_text(json.dumps(records))
+    assert SlideIndex.open(index.path).summary()["slides"][0]["qc"]["excluded"] == {}
