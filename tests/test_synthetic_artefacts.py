@@ -86,6 +86,7 @@ def test_painted_slide_shows_the_artefacts(make_slide: SlideFactory) -> None:
         untouched = (a.read_region(100, 100, 0, 64, 64), b.read_region(100, 100, 0, 64, 64))
     assert inked[..., 2].mean() > inked[..., 0].mean() + 60  # blue ink
     assert clean_ink[..., 0].mean() > clean_ink[..., 2].mean()  # pink tissue
+
     def detail(pixels: np.ndarray) -> float:
         return float(ndimage.laplace(pixels.mean(axis=-1)).var())
 

@@ -14,7 +14,7 @@ from tests.conftest import SlideFactory
 from wsi_loader.cli.main import main
 from wsi_loader.index import SlideIndex, build_index, qc, qc_filter
 from wsi_loader.index.lowres import TileBoxes, box_means
-from wsi_loader.index.qc_pixels import BLUE_PEN, GREEN_PEN, RED_INK_MAGENTA, RED_PEN, pen_ink
+from wsi_loader.index.qc_pixels import BLUE_PEN, GREEN_PEN, RED_INK_HUE, RED_PEN, pen_ink
 from wsi_loader.slides import open_slide
 from wsi_loader.synthetic import SlideSpec, tissue_of, with_qc_artefacts
 from wsi_loader.synthetic_artefacts import score, truth_shares
@@ -228,7 +228,7 @@ def test_pen_table_is_histolabs_rules(tmp_path: Path) -> None:
         green |= (r < tr) & (g > tg) & (b > tb)
     for tr, tg, tb in RED_PEN:
         red |= (r > tr) & (g < tg) & (b < tb)
-    red &= b <= g + RED_INK_MAGENTA
+    red &= 10 * (b - g) <= RED_INK_HUE * (r - g)
     black = (rgb.max(-1) <= 90) & (rgb.max(-1).astype(int) - rgb.min(-1) <= 35)
     assert np.array_equal(pen_ink(rgb), blue | green | red | black)
 

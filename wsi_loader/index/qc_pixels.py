@@ -40,7 +40,7 @@ RED_PEN = (
     (150, 80, 90), (110, 20, 30), (185, 65, 105), (195, 85, 125), (220, 115, 145),
     (125, 40, 70), (200, 120, 150), (100, 50, 65), (85, 25, 45),
 )  # fmt: skip
-RED_INK_MAGENTA = 20  # red ink: blue at most this much above green (eosin is magenta)
+RED_INK_HUE = 3  # red ink: (blue - green) at most 3/10 of (red - green), a hue >= 342 degrees
 BLACK_INK_MAX = 90  # black ink: no channel above this...
 BLACK_INK_CHROMA = 35  # ...and channels this close (dense nuclei are purple even when dark)
 
@@ -72,8 +72,10 @@ def pen_ink(rgb: RGBArray) -> BoolArray:
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
     b16 = b.astype(np.int16)
     # red ink is red, not magenta: intense eosin passes histolab's red triples too, but its
-    # blue is well above its green (hue ~330 degrees; a red marker's is ~0)
-    red = (b16 < red_below[r, g]) & (b16 <= g.astype(np.int16) + RED_INK_MAGENTA)
+    # hue is ~330 degrees, a red marker's 345-360 (in the red-magenta sector the hue is
+    # 360 - 60 (b - g) / (r - g) degrees, so hue >= 342 is (b - g) <= 0.3 (r - g))
+    g16 = g.astype(np.int16)
+    red = (b16 < red_below[r, g]) & (10 * (b16 - g16) <= RED_INK_HUE * (r.astype(np.int16) - g16))
     ink: BoolArray = (b16 > blue_above[r, g]) | (b16 > green_above[r, g]) | red
     high = np.maximum(np.maximum(r, g), b)
     low = np.minimum(np.minimum(r, g), b)
