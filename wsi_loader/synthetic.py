@@ -152,10 +152,12 @@ class _Painter:
             return bg
         tissue = np.roll(stroma[int(rng.integers(4))], shift, axis=(0, 1))
         nucleus = _DARK_NUCLEUS if self.spec.dark_field else _NUCLEUS
-        if ds > _DOTS_UP_TO:
+        if ds > _DOTS_UP_TO and self.spec.stain is None:
             # a coarse level averages many nuclei into each pixel, as a scanner's pyramid does:
-            # a tint of the nuclei's share, not single-pixel dots of pure nucleus colour
-            tinted = tissue * (1 - _NUCLEAR_SHARE) + np.array(nucleus) * _NUCLEAR_SHARE
+            # a tint of the nuclei's share, not single-pixel dots of pure nucleus colour (a
+            # stained slide keeps its dots: its repainting finds nuclei by their colour)
+            share = min(0.5, _NUCLEAR_SHARE * self.spec.nuclei)
+            tinted = tissue * (1 - share) + np.array(nucleus) * share
             return np.where(mask[..., None], tinted.astype(np.uint8), bg)
         canvas = Image.fromarray(np.where(mask[..., None], tissue, bg))
         draw = ImageDraw.Draw(canvas)
