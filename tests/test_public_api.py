@@ -51,6 +51,7 @@ EXPORTED = [
     "open_slide",
     "pad_bags",
     "predict",
+    "qc_filter",
     "serve",
     "show",
 ]

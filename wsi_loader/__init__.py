@@ -34,7 +34,7 @@ from wsi_loader.errors import (
     WorkerDiedError,
     WsiLoaderError,
 )
-from wsi_loader.index import Quarantine, SlideIndex, SlideRecord, build_index
+from wsi_loader.index import Quarantine, SlideIndex, SlideRecord, build_index, qc_filter
 from wsi_loader.slides import HandlePool, SlideMeta, open_slide
 
 __version__ = "0.1.0"
@@ -78,6 +78,7 @@ __all__ = [
     "open_slide",
     "pad_bags",
     "predict",
+    "qc_filter",
     "serve",
     "show",
 ]

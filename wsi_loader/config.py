@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 
+QC_RULES = ("pen", "blur", "fold", "bubble")  # index/qc.py's RULES, by name
 PathText = Annotated[str, AfterValidator(expand_home)]  # a local path or a URL
 
 
@@ -95,6 +96,27 @@ class IndexConfig(_Strict):
             "tiles too; none named: all)",
         )
     )
+    tissue_detector: Literal["auto", "brightfield", "fluorescence"] = Field(
+        "auto",
+        description="how tissue is found in pixels: per slide from its picture (auto), or this",
+    )
+    tissue_masks: PathText | None = Field(
+        None,
+        description="tissue mask images (a folder or file matched by slide name, or a CSV "
+        "with path|slide and mask): white is tissue; slides without one use the detector",
+    )
+    tissue_class: str | None = Field(
+        None, min_length=1, description="an annotation class that is the tissue (no detector)"
+    )
+    qc: Literal["all", "none"] = Field(
+        "all", description="quality-control columns (qc_focus, qc_pen...): all, or none"
+    )
+    qc_exclude: list[Literal["pen", "blur", "fold", "bubble"]] = Field(
+        default_factory=list, description="drop tiles these QC rules flag"
+    )
+    qc_thresholds: dict[str, float] = Field(
+        default_factory=dict, description="QC rule thresholds (rule -> value) other than defaults"
+    )
 
     @model_validator(mode="after")
     def _mpp_or_level(self) -> IndexConfig:
@@ -123,6 +145,20 @@ class IndexConfig(_Strict):
             raise ValueError(f"classes {both} are both a region of interest and excluded")
         if self.background_label is not None and self.label_from != "annotations":
             raise ValueError("background_label applies to label_from: annotations")
+        if self.tissue_class is not None and self.annotations is None:
+            raise ValueError("tissue_class needs annotations (--annotations PATH)")
+        return self
+
+    @model_validator(mode="after")
+    def _qc_options(self) -> IndexConfig:
+        if self.qc == "none" and (self.qc_exclude or self.qc_thresholds):
+            raise ValueError("qc_exclude and qc_thresholds need quality control on (qc: all)")
+        for rule, value in self.qc_thresholds.items():
+            if rule not in QC_RULES:
+                raise ValueError(f"qc_thresholds: no QC rule {rule!r}; the rules are {QC_RULES}")
+            if not 0 <= value <= (10 if rule == "blur" else 1):
+                top = "10 (focus relative to the slide's typical)" if rule == "blur" else "1"
+                raise ValueError(f"qc_thresholds.{rule} must be between 0 and {top}, got {value}")
         return self
 
     @property

@@ -10,14 +10,18 @@ field), pink stroma texture and purple nuclei, so compressed tile sizes are real
 are generated one at a time, so a 40k x 30k slide never needs its full raster in memory.
 ``corrupt_tiles`` breaks chosen level-0 tiles exactly the way openslide-python's
 ``unreadable.svs`` is broken (the JPEG SOS marker 0xFFDA becomes 0xFFDB).
+
+``SlideSpec(artefacts=...)`` paints pen strokes, blurred regions, folds and bubbles with known
+masks (`wsi_loader.synthetic_artefacts`); ``dark_field=True`` draws a fluorescence (DAPI-like)
+slide instead: black glass, dim tissue, bright blue nuclei.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -25,10 +29,20 @@ import tifffile
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
+from wsi_loader.synthetic_artefacts import Artefact, paint_artefacts, qc_layout
+
 _FIELD_STEP = 32  # level-0 pixels per cell of the tissue field
 _BACKGROUND = np.array([242, 241, 239], dtype=np.float32)
 _STROMA = np.array([226, 160, 196], dtype=np.float32)
 _NUCLEUS = (88, 58, 140)
+# nuclei (radius 2.5-5.5 px, 0.8 as high as wide, one per 900 px^2) cover this share of tissue;
+# levels coarser than 1/_DOTS_UP_TO draw that share as a tint instead of dots
+_NUCLEAR_SHARE = math.pi * (2.5**2 + 2.5 * 5.5 + 5.5**2) / 3 * 0.8 / 900
+_DOTS_UP_TO = 4
+# dark field (fluorescence, a DAPI channel shown in blue): black glass, dim tissue, bright nuclei
+_DARK_BACKGROUND = np.array([2, 2, 5], dtype=np.float32)
+_DARK_TISSUE = np.array([3, 4, 22], dtype=np.float32)
+_DARK_NUCLEUS = (20, 30, 215)
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,8 @@ class SlideSpec:
     # stained with known optical-density vectors (H, E), by Beer-Lambert, instead of fixed
     # colours: nuclei haematoxylin, stroma eosin (tests of stain estimation)
     stain: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
+    artefacts: tuple[Artefact, ...] = ()  # painted over the tissue (synthetic_artefacts)
+    dark_field: bool = False  # a fluorescence slide: dark glass, bright nuclei
 
 
 class _Painter:
@@ -96,15 +112,38 @@ class _Painter:
         if size not in self._texture_bank:
             rng = np.random.default_rng([self.spec.seed, size])
             noise = [rng.normal(0.0, 1.0, (size, size, 1)).astype(np.float32) for _ in range(4)]
-            background = [np.clip(_BACKGROUND + n * 2.5, 0, 255).astype(np.uint8) for n in noise]
-            stroma = [np.clip(_STROMA + n * 14.0, 0, 255).astype(np.uint8) for n in noise]
+            glass, tissue, spread = (
+                (_DARK_BACKGROUND, _DARK_TISSUE, 3.0)
+                if self.spec.dark_field
+                else (_BACKGROUND, _STROMA, 14.0)
+            )
+            background = [np.clip(glass + n * 2.5, 0, 255).astype(np.uint8) for n in noise]
+            stroma = [np.clip(tissue + n * spread, 0, 255).astype(np.uint8) for n in noise]
             self._texture_bank[size] = (background, stroma)
         return self._texture_bank[size]
 
     def paint(
         self, level: int, l0_x: int, l0_y: int, ds: float, size: int
     ) -> npt.NDArray[np.uint8]:
-        rng = np.random.default_rng([self.spec.seed, level, l0_x, l0_y])
+        tile = self._paint_clean(level, l0_x, l0_y, ds, size)
+        if not self.spec.artefacts:
+            return tile
+        return paint_artefacts(
+            tile,
+            self.spec.artefacts,
+            l0_x,
+            l0_y,
+            ds,
+            self.tissue_mask(l0_x, l0_y, ds, size, size),
+            lambda x, y: self._paint_clean(level, round(x), round(y), ds, size),
+        )
+
+    def _paint_clean(
+        self, level: int, l0_x: int, l0_y: int, ds: float, size: int
+    ) -> npt.NDArray[np.uint8]:
+        # tiles left of or above the slide (a blurred artefact's neighbours) get keys of their own
+        key = [l0_x, l0_y] if l0_x >= 0 and l0_y >= 0 else [l0_x % 2**32, l0_y % 2**32, 1]
+        rng = np.random.default_rng([self.spec.seed, level, *key])
         background, stroma = self._textures(size)
         shift = tuple(int(v) for v in rng.integers(0, size, 2))
         bg = np.roll(background[int(rng.integers(4))], shift, axis=(0, 1))
@@ -112,6 +151,14 @@ class _Painter:
         if not mask.any():
             return bg
         tissue = np.roll(stroma[int(rng.integers(4))], shift, axis=(0, 1))
+        nucleus = _DARK_NUCLEUS if self.spec.dark_field else _NUCLEUS
+        if ds > _DOTS_UP_TO and self.spec.stain is None:
+            # a coarse level averages many nuclei into each pixel, as a scanner's pyramid does:
+            # a tint of the nuclei's share, not single-pixel dots of pure nucleus colour (a
+            # stained slide keeps its dots: its repainting finds nuclei by their colour)
+            share = min(0.5, _NUCLEAR_SHARE * self.spec.nuclei)
+            tinted = tissue * (1 - share) + np.array(nucleus) * share
+            return np.where(mask[..., None], tinted.astype(np.uint8), bg)
         canvas = Image.fromarray(np.where(mask[..., None], tissue, bg))
         draw = ImageDraw.Draw(canvas)
         # about one nucleus per 900 level-0 px^2 of tissue, capped on coarse levels
@@ -122,7 +169,7 @@ class _Painter:
         radii = np.maximum(rng.uniform(2.5, 5.5, len(xy)) / ds, 0.6)
         shades = rng.integers(-20, 20, len(xy))
         for (x, y), r, d in zip(xy.tolist(), radii.tolist(), shades.tolist(), strict=True):
-            fill = (_NUCLEUS[0] + d, _NUCLEUS[1] + d, _NUCLEUS[2] + d)
+            fill = (nucleus[0] + d, nucleus[1] + d, nucleus[2] + d)
             draw.ellipse((x - r, y - r * 0.8, x + r, y + r * 0.8), fill=fill)
         pixels = np.asarray(canvas)
         if self.spec.stain is not None:
@@ -259,7 +306,8 @@ def _write_thumbnail(tif: tifffile.TiffWriter, painter: _Painter, spec: SlideSpe
     ds = max(spec.width, spec.height) / 768
     w, h = max(1, round(spec.width / ds)), max(1, round(spec.height / ds))
     mask = painter.tissue_mask(0, 0, ds, w, h)[..., None]
-    thumb = np.where(mask, _STROMA, _BACKGROUND).astype(np.uint8)
+    tissue, glass = (_DARK_TISSUE, _DARK_BACKGROUND) if spec.dark_field else (_STROMA, _BACKGROUND)
+    thumb = np.where(mask, tissue, glass).astype(np.uint8)
     tif.write(
         thumb,
         photometric="rgb",
@@ -320,3 +368,20 @@ def _overwrite_tiles(path: str, tiles: set[tuple[int, int]]) -> None:
         for offset, count in spans:
             fh.seek(offset)
             fh.write(b"\x00\xff" * (count // 2))
+
+
+def tissue_of(spec: SlideSpec) -> Callable[[float, float, float, int, int], npt.NDArray[np.bool_]]:
+    """The slide's tissue mask as ``mask(l0_x, l0_y, downsample, w, h)`` (ground truth)."""
+    painter = _Painter(replace(spec, artefacts=()))
+
+    def mask(l0_x: float, l0_y: float, ds: float, w: int, h: int) -> npt.NDArray[np.bool_]:
+        return painter.tissue_mask(round(l0_x), round(l0_y), ds, w, h)
+
+    return mask
+
+
+def with_qc_artefacts(spec: SlideSpec, scale: float = 1.0) -> SlideSpec:
+    """``spec`` with the standard artefact set of `synthetic_artefacts.qc_layout` on its
+    tissue (four pen inks, three blurs, two folds, two bubbles)."""
+    layout = qc_layout(spec.width, spec.height, tissue_of(spec), spec.seed, scale)
+    return replace(spec, artefacts=layout)

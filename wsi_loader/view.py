@@ -25,14 +25,24 @@ from wsi_loader.errors import AnnotationError, TileReadError
 from wsi_loader.files import replacing
 from wsi_loader.index.annotations import read_regions
 from wsi_loader.index.lookup import resolve_slide
+from wsi_loader.index.qc import QC_COLUMNS, built_thresholds
+from wsi_loader.index.qc import flags as qc_flags
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.index.tissue import read_mask_image
 from wsi_loader.slides.base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, RGBArray
 from wsi_loader.slides.open import open_slide
 from wsi_loader.stain import as_stain
 
-ColorBy = Literal["tissue", "label", "status", "annotation"]
-COLOR_BY: tuple[str, ...] = ("tissue", "label", "status", "annotation")
+ColorBy = Literal["tissue", "label", "status", "annotation", "qc"]
+COLOR_BY: tuple[str, ...] = ("tissue", "label", "status", "annotation", "qc")
+# colour of each quality-control rule (a tile several rules flag shows the first listed)
+QC_COLOURS = {
+    "pen": (31, 119, 180),
+    "fold": (214, 39, 40),
+    "bubble": (23, 190, 207),
+    "blur": (255, 127, 14),
+}
+QC_CLEAN = (46, 160, 67)
 STATUS_COLOURS = {"ok": (46, 160, 67), "substituted": (245, 159, 0), "quarantined": (220, 38, 38)}
 LABEL_PALETTE = [
     (31, 119, 180),
@@ -164,6 +174,7 @@ class Cell:
     label: int = -1  # the tile's label id (index.label_names)
     annotation: int = -1  # the class covering most of the tile (index.classes), -1: none
     coverage: float = 0.0  # the share of the tile that class covers
+    qc: str = ""  # the first QC rule that flags the tile (QC_COLOURS order), "" for none
 
 
 class SlideOverview(_Renders):
@@ -171,8 +182,10 @@ class SlideOverview(_Renders):
 
     ``color_by``: ``tissue`` (fraction, colour ramp), ``label`` (one colour per tile label:
     the slide's, or the annotated class), ``status`` (ok / quarantined / substituted, from
-    the quarantine) or ``annotation`` (the class covering most of each tile, stronger the more
-    it covers). The outlines of the slide's annotation regions are drawn in their class's
+    the quarantine), ``annotation`` (the class covering most of each tile, stronger the more
+    it covers) or ``qc`` (the quality-control rule that flags each tile, at the thresholds the
+    index was built with: pen, fold, bubble, blur; none in green). The outlines of the
+    slide's annotation regions are drawn in their class's
     colour whenever the index was built with annotations. ``cells`` lists what was drawn, in
     thumbnail pixels, for checks; ``outlines`` the drawn rings (class, thumbnail points).
     """
@@ -199,6 +212,8 @@ class SlideOverview(_Renders):
             raise ValueError(
                 "color_by='annotation' needs an index built with annotations (--annotations)"
             )
+        if color_by == "qc" and not all(c in index.columns for c in QC_COLUMNS):
+            raise ValueError("color_by='qc' needs an index built with quality control (qc: all)")
         self.outlines = self._outlines()
         self.cells = self._cells()
         self.image = self._draw(Image.fromarray(thumb))
@@ -227,6 +242,7 @@ class SlideOverview(_Renders):
         seen = set()
         labels = index.tile_labels(rows).tolist()
         coverage = index.coverage
+        first_flag = self._first_flags(rows)
         for i, row in enumerate(rows.tolist()):
             x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
             seen.add((x, y))
@@ -245,12 +261,24 @@ class SlideOverview(_Renders):
                     labels[i],
                     top if share > 0 else -1,
                     share,
+                    first_flag[i],
                 )
             )
         for (x, y), state in status.items():  # quarantined tiles excluded from this index
             if (x, y) not in seen:
                 cells.append(self._cell(x, y, footprint, state, float("nan")))
         return cells
+
+    def _first_flags(self, rows: np.ndarray) -> list[str]:
+        """Per row, the first QC rule (`QC_COLOURS` order) that flags it, "" for none."""
+        if not all(c in self.index.columns for c in QC_COLUMNS):
+            return [""] * len(rows)
+        picked = {name: column[rows] for name, column in self.index.columns.items()}
+        flagged = qc_flags(picked, list(QC_COLOURS), built_thresholds(self.index.params))
+        first = np.full(len(rows), "", dtype=object)
+        for name in reversed(QC_COLOURS):  # the first listed wins
+            first[flagged[name]] = name
+        return [str(v) for v in first]
 
     def _cell(self, x: int, y: int, footprint: float, status: str, tissue: float) -> Cell:
         s = self.scale
@@ -294,6 +322,8 @@ class SlideOverview(_Renders):
             if cell.annotation < 0:
                 return UNLABELLED
             return self._class_colour(self.index.classes[cell.annotation])
+        if self.color_by == "qc":
+            return QC_COLOURS[cell.qc] if cell.qc else QC_CLEAN
         return tissue_colour(0.0 if math.isnan(cell.tissue) else cell.tissue)
 
     def _draw(self, thumb: Image.Image) -> Image.Image:
@@ -307,6 +337,8 @@ class SlideOverview(_Renders):
             fill_alpha = 150 if cell.status != "ok" else 70
             if self.color_by == "annotation" and cell.status == "ok":
                 fill_alpha = int(20 + 130 * cell.coverage)
+            if self.color_by == "qc" and cell.status == "ok":
+                fill_alpha = 140 if cell.qc else 25
             draw.rectangle(cell.box, fill=(*colour, fill_alpha), outline=(*colour, 230))
             if cell.status != "ok":  # failures stay visible whatever the colouring
                 x0, y0, x1, y1 = cell.box
@@ -341,6 +373,11 @@ class SlideOverview(_Renders):
                     f"{self.index.classes[i] if i >= 0 else 'no annotation'} ({n})",
                 )
                 for i, n in sorted(per_class.items())
+            ]
+        if self.color_by == "qc":
+            per_rule = Counter(c.qc for c in self.cells if c.status == "ok")
+            return [(QC_CLEAN, f"no flag ({per_rule.get('', 0)})")] + [
+                (colour, f"{name} ({per_rule.get(name, 0)})") for name, colour in QC_COLOURS.items()
             ]
         drawn = sorted({name for name, _ in self.outlines})
         outlines = [(self._class_colour(n), f"outline: {n}") for n in drawn]
@@ -378,8 +415,9 @@ class Mosaic(_Renders):
     """``n`` tiles from an index or a dataset in a grid with captions, read by the dataset's
     reader (a plain index gets a reader that does not write the quarantine).
 
-    Filter by ``slide``, ``label`` (name) or ``status`` (``ok`` / ``quarantined``). Tiles that
-    fail to read show the fill colour with a red border. ``stain`` (transforms of
+    Filter by ``slide``, ``label`` (name), ``status`` (``ok`` / ``quarantined``) or ``qc`` (a
+    quality-control rule: tiles it flags, at the index's thresholds; ``any``: any rule).
+    Tiles that fail to read show the fill colour with a red border. ``stain`` (transforms of
     `wsi_loader.stain`): each tile is shown as read, then transformed, side by side.
     """
 
@@ -391,6 +429,7 @@ class Mosaic(_Renders):
         slide: str | int | None = None,
         label: str | None = None,
         status: str | None = None,
+        qc: str | None = None,
         seed: int = 0,
         tile_px: int = 160,
         columns: int | None = None,
@@ -406,7 +445,7 @@ class Mosaic(_Renders):
         if not isinstance(index, SlideIndex):
             raise TypeError(f"expected a SlideIndex or a dataset, got {type(data).__name__}")
         self.index = index
-        candidates = self._candidates(slide, label, status)
+        candidates = self._candidates(slide, label, status, qc)
         if not len(candidates):
             raise ValueError("no tile matches the filters")
         rng = np.random.default_rng(seed)
@@ -436,7 +475,7 @@ class Mosaic(_Renders):
         return f"Mosaic({len(self.rows)} tiles, {failed} failed, {self.columns} columns)"
 
     def _candidates(
-        self, slide: str | int | None, label: str | None, status: str | None
+        self, slide: str | int | None, label: str | None, status: str | None, qc: str | None
     ) -> np.ndarray:
         cols = self.index.columns
         keep = np.ones(len(self.index), dtype=bool)
@@ -450,6 +489,11 @@ class Mosaic(_Renders):
         if status is not None:
             bad = self.index.quarantined_mask()
             keep &= bad if status == "quarantined" else ~bad
+        if qc is not None:
+            flagged = qc_flags(
+                cols, None if qc == "any" else [qc], built_thresholds(self.index.params)
+            )
+            keep &= np.logical_or.reduce(list(flagged.values()))
         return np.flatnonzero(keep)
 
     def _draw(self, pixels: np.ndarray, tile_px: int) -> Image.Image:

@@ -14,7 +14,7 @@ from tests.conftest import SlideFactory
 from wsi_loader.cli.main import main
 from wsi_loader.dataset import TileDataset
 from wsi_loader.errors import InputError
-from wsi_loader.index import SlideIndex, build_index, builder
+from wsi_loader.index import SlideIndex, analyses, build_index
 from wsi_loader.index.stain import (
     StainEstimate,
     angle_deg,
@@ -114,13 +114,13 @@ def test_rebuild_estimates_only_changed_slides(
     first = build_index([folder], tmp_path / "idx", tile_size=256, level=0)
     assert all(s.stain is not None for s in first.slides)
     seen: list[int] = []
-    real = builder.stain_columns
+    real = analyses.stain_columns
 
     def counting(rgb, tissue):  # type: ignore[no-untyped-def]
         seen.append(rgb.shape[0])
         return real(rgb, tissue)
 
-    monkeypatch.setattr(builder, "stain_columns", counting)
+    monkeypatch.setattr(analyses, "stain_columns", counting)  # where the builder runs it
     again = build_index([folder], tmp_path / "idx", tile_size=256, level=0)
     assert seen == []  # carried over with their stain
     assert [s.stain for s in again.slides] == [s.stain for s in first.slides]

@@ -20,7 +20,10 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--out", required=True, metavar="FILE.png")
     p.add_argument("--slide", metavar="PATH_OR_ID", help="slide id, path or name (first ok slide)")
     p.add_argument(
-        "--color-by", choices=["tissue", "label", "status", "annotation"], default="tissue"
+        "--color-by",
+        choices=["tissue", "label", "status", "annotation", "qc"],
+        default="tissue",
+        help="qc: the quality-control rule flagging each tile (pen, fold, bubble, blur)",
     )
     p.add_argument("--max-size", type=int, default=1024, help="longest side of the thumbnail")
     p.add_argument(
@@ -39,6 +42,11 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--slide", metavar="PATH_OR_ID")
     p.add_argument("--label")
     p.add_argument("--status", choices=["ok", "quarantined"])
+    p.add_argument(
+        "--qc",
+        choices=["pen", "blur", "fold", "bubble", "any"],
+        help="only tiles this quality-control rule flags (any: any rule)",
+    )
     p.add_argument("--seed", type=int, default=0)
     add_stain_options(p)  # each tile as read, then normalised
     p.set_defaults(run=run_mosaic)
@@ -88,6 +96,7 @@ def run_mosaic(args: argparse.Namespace) -> int:
         slide=args.slide,
         label=args.label,
         status=args.status,
+        qc=args.qc,
         seed=args.seed,
         stain=stain_option(args),
     )

@@ -214,6 +214,24 @@ class PlansSegments(Protocol):
     def segment_cache_bytes(self) -> int: ...
 
 
+class StoredSizes(NamedTuple):
+    """The compressed size of every storage tile of a level: ``counts[row, col]`` bytes for
+    the tile whose level pixels start at (``col * tile_w``, ``row * tile_h``)."""
+
+    counts: npt.NDArray[np.int64]
+    tile_w: int
+    tile_h: int
+
+
+@runtime_checkable
+class KnowsStoredSizes(Protocol):
+    """Tells how many compressed bytes each storage tile of a level holds, from the file's
+    layout alone (no pixel decoded): the sharper the tile, the more bytes. None for a level
+    not stored as compressed tiles."""
+
+    def stored_sizes(self, level: int) -> StoredSizes | None: ...
+
+
 @runtime_checkable
 class ReadsEncoded(Protocol):
     """Hands out a window's compressed stream (for a GPU decoder); None when it cannot."""

@@ -45,6 +45,7 @@ from wsi_loader.slides.base import (
     SegmentKey,
     SlideMeta,
     SlideReader,
+    StoredSizes,
     Window,
     closed_error,
     join_notes,
@@ -73,6 +74,7 @@ _OME_UNIT_TO_UM = {
     "in": 25400.0,
 }
 _JPEG = 7
+_UNCOMPRESSED = 1
 _MINISBLACK, _RGB, _YCBCR = 1, 2, 6
 _OLD_JPEG = 6  # Compression: old-style JPEG (TIFF 6.0 section 22, withdrawn)
 # What a corrupt or truncated segment raises (imagecodecs' codec errors are RuntimeErrors,
@@ -786,6 +788,18 @@ class TiffReader(SlideReader):
         except DATA_ERRORS as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
         return lv.complete_jpeg(data)
+
+    def stored_sizes(self, level: int) -> StoredSizes | None:
+        """Bytes of each storage tile of ``level`` (from the parsed layout; nothing is read),
+        None when the level is stored uncompressed or in strips."""
+        lv = self._levels[level]
+        if (
+            not lv.is_tiled
+            or lv.compression == _UNCOMPRESSED
+            or len(lv.counts) != lv.across * lv.down
+        ):
+            return None
+        return StoredSizes(lv.counts.reshape(lv.down, lv.across), lv.seg_w, lv.seg_h)
 
     def qualifies(self) -> bool:
         """Whether the auto backend reads this file with the raw path rather than OpenSlide:
