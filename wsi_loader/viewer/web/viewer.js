@@ -598,7 +598,7 @@
 
   // for tests and the curious: the viewer and its state
   window.wsiViewer = {
-    viewer, state, openSlide, draw,
+    viewer, state, openSlide, draw, gridCanvas,
     fullyLoaded: () => viewer.world.getItemCount() > 0 && viewer.world.getItemAt(0).getFullyLoaded(),
     ready: start().catch((error) => setBanner([`Cannot load the slide list: ${error.message}`])),
   };
