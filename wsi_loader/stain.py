@@ -43,10 +43,10 @@ from wsi_loader.index.stain import (
     IO,
     StainEstimate,
     archive_reference,
-    estimate_stain,
     fit_image,
     read_reference,
     single_threaded_opencv,
+    slide_estimate,
     slide_estimates,
 )
 from wsi_loader.index.table import CURRENT, SlideIndex
@@ -132,8 +132,9 @@ def _slide_stain(path: str) -> StainEstimate:
     from wsi_loader.slides.open import open_slide
 
     with open_slide(path) as reader:
-        image, _ = read_mask_image(reader, 2048)
-    found = estimate_stain(image, tissue_mask(image))
+        image, level = read_mask_image(reader, 2048)
+        # read level 0: a slide with one level is sampled at full resolution, as when indexed
+        found = slide_estimate(reader, image, tissue_mask(image), level, 0)
     if isinstance(found, str):
         raise InputError(f"no stain target from this slide: {found}", path=path)
     return found

@@ -41,6 +41,7 @@ from wsi_loader.index.inputs import (
     join_labels,
 )
 from wsi_loader.index.quarantine import Quarantine, coords_in
+from wsi_loader.index.stain import is_current as stain_is_current
 from wsi_loader.index.stain import stain_columns
 from wsi_loader.index.table import (
     CURRENT,
@@ -178,10 +179,11 @@ def _index_slide(
             image, mask_level = read_mask_image(reader, cfg.mask_max_size)
             mask = tissue_mask(image)
             tissue = tile_fractions(mask, meta.dimensions, l0_x, l0_y, plan.l0_footprint)
-            record = replace(record, mask_level=mask_level, **stain_columns(image, mask))
+            stain = stain_columns(reader, image, mask, mask_level, plan.level)
+            record = replace(record, mask_level=mask_level, **stain)
         else:
             tissue = np.ones(len(l0_x), dtype=np.float32)
-            record = replace(record, **_stain_only(reader, cfg, len(l0_x)))
+            record = replace(record, **_stain_only(reader, cfg, len(l0_x), plan.level))
         notes_digest = None
         if annotating is not None and files:
             with contextlib.suppress(OSError):  # the annotation thread reports the file
@@ -229,17 +231,17 @@ def _index_slide(
         reader.close()
 
 
-def _stain_only(reader: Any, cfg: IndexConfig, tiles: int) -> dict[str, Any]:
+def _stain_only(reader: Any, cfg: IndexConfig, tiles: int, read_level: int) -> dict[str, Any]:
     """The stain columns of a slide indexed without a tissue mask (``min_tissue=0``): the
     low-resolution image is read for them alone, and a read that fails flags the stain,
     not the slide."""
     if not tiles:
         return {"stain": None, "stain_error": "the slide is smaller than one tile"}
     try:
-        image, _ = read_mask_image(reader, cfg.mask_max_size)
+        image, mask_level = read_mask_image(reader, cfg.mask_max_size)
     except SlideError as exc:
         return {"stain": None, "stain_error": f"low-resolution image unreadable: {_reason(exc)}"}
-    return stain_columns(image, tissue_mask(image))
+    return stain_columns(reader, image, tissue_mask(image), mask_level, read_level)
 
 
 def _reason(exc: SlideError) -> str:
@@ -614,7 +616,7 @@ def _build(
             and not hit[1].excluded
             and previous is not None
             and _same_annotations(hit[1], files, cfg)
-            and (hit[1].stain is not None or hit[1].stain_error is not None)  # else: older
+            and stain_is_current(hit[1].stain, hit[1].stain_error)  # else: an older estimate
         ):
             try:
                 digest: str | None = fingerprint(entry.path)[2]
