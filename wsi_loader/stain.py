@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from wsi_loader.config import StainConfig
 from wsi_loader.errors import ConfigError, InputError
 from wsi_loader.index.stain import (
     IO,
@@ -61,6 +62,7 @@ __all__ = [
     "StainTransform",
     "as_stain",
     "resolve_target",
+    "stain_from_config",
     "stain_from_options",
 ]
 
@@ -711,3 +713,27 @@ def stain_from_options(method: str | None, target: Target = None) -> Normalize |
     if method is None or method == "none":
         return None
     return Normalize(method, target=target)
+
+
+def stain_from_config(
+    config: StainConfig, method: str | None = None, target: Target = None
+) -> list[StainTransform] | None:
+    """The transforms a config file's ``stain`` section asks for (normalisation, then the
+    augmentations in order; None for none); ``method``/``target`` (``--stain``,
+    ``--stain-target``) override its ``normalize``/``target``."""
+    steps: list[StainTransform] = []
+    method = method or config.normalize
+    if method is not None and method != "none":
+        chosen = target if target is not None else config.target
+        steps.append(Normalize(method, target=chosen, per_tile=config.per_tile))
+    for i, step in enumerate(config.augment):
+        seed = config.seed + i  # each augmentation draws its own numbers
+        if step.hed_jitter is not None:
+            h = step.hed_jitter
+            steps.append(HEDJitter(sigma=h.sigma, bias=h.bias, clamp=h.clamp, seed=seed))
+        elif step.stain_jitter is not None:
+            j = step.stain_jitter
+            steps.append(StainJitter(sigma=j.sigma, concentration=j.concentration, seed=seed))
+        elif step.rand_stain is not None:
+            steps.append(RandStain(spread=step.rand_stain.spread, seed=seed))
+    return steps or None

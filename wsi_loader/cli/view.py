@@ -34,7 +34,7 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--label")
     p.add_argument("--status", choices=["ok", "quarantined"])
     p.add_argument("--seed", type=int, default=0)
-    add_stain_options(p)  # each tile as read, then normalised
+    add_stain_options(p, config=True)  # each tile as read, then normalised
     p.set_defaults(run=run_mosaic)
 
 
