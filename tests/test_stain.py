@@ -314,3 +314,76 @@ def test_stain_runs_before_transform_and_batch_transform(stained: SlideIndex) ->
     alone = TileDataset(stained, stain=stain).read_batch(rows).images
     assert torch.equal(batch.images, alone.flip(2))  # NHWC: flipped along W after the stain
     assert torch.equal(seen[0], batch.images)
+
+
+def _colour_grid(step: int = 3, low: int = 0) -> np.ndarray:
+    """Every colour with channels on a ``step`` grid from ``low`` (dark ones too by default),
+    as 256 px wide rows."""
+    g = np.arange(low, 256, step)
+    grid = np.stack(np.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3).astype(np.uint8)
+    return np.ascontiguousarray(grid[: len(grid) // 256 * 256].reshape(-1, 256, 3))
+
+
+def _cielab_affine_float64(rgb: np.ndarray, scale: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """CIELAB's formulas (D65 white as OpenCV's), in float64: the CPU kernel's reference."""
+    xyz_of = np.array(
+        [[0.412453, 0.357580, 0.180423], [0.212671, 0.715160, 0.072169],
+         [0.019334, 0.119193, 0.950227]]
+    ) / np.array([0.950456, 1.0, 1.088754])[:, None]  # fmt: skip
+    v = rgb / 255.0
+    linear = np.where(v > 0.04045, ((v + 0.055) / 1.055) ** 2.4, v / 12.92)
+    t = linear @ xyz_of.T
+    f = np.where(t > 0.008856, np.cbrt(t), 7.787 * t + 16 / 116)
+    lab = np.stack([116 * f[..., 1] - 16, 500 * (f[..., 0] - f[..., 1]),
+                    200 * (f[..., 1] - f[..., 2])], -1) * scale + shift  # fmt: skip
+    fy = (lab[..., 0] + 16) / 116
+    f = np.stack([fy + lab[..., 1] / 500, fy, fy - lab[..., 2] / 200], -1)
+    t = np.where(f > 7.787 * 0.008856 + 16 / 116, f**3, (f - 16 / 116) / 7.787)
+    linear = np.clip(t @ np.linalg.inv(xyz_of).T, 0, 1)
+    out = np.where(linear > 0.0031308, 1.055 * linear ** (1 / 2.4) - 0.055, 12.92 * linear)
+    return np.clip(np.round(out * 255), 0, 255).astype(np.int64)
+
+
+@pytest.mark.parametrize(
+    ("scale", "shift"),
+    [((1, 1, 1), (0, 0, 0)), ((1.2, 0.8, 1.3), (-8, 6, -4)), ((0.5, 2, 2), (30, -20, 25))],
+)
+def test_reinhard_cpu_kernel_equals_the_cielab_formulas(scale: tuple, shift: tuple) -> None:
+    """The CPU kernel takes the map apart (a LUT, 3x3 maps, powers; the linear toes only
+    for tiles with pixels that dark): every colour of a grid, dark and out-of-gamut ones
+    too, within 1 grey level of CIELAB's float64 formulas."""
+    from wsi_loader.stain import LabAffine
+
+    grid = _colour_grid()
+    out = np.empty_like(grid)
+    work = (np.empty(grid.shape, np.float32), np.empty(grid.shape, np.float32))
+    LabAffine().numpy(grid, np.array(scale, float), np.array(shift, float), out, work)
+    expected = _cielab_affine_float64(grid, np.array(scale, float), np.array(shift, float))
+    assert np.abs(out.astype(np.int64) - expected).max() <= 1
+    assert (out != expected).mean() < 1e-3
+    bright = _colour_grid(2, low=60)  # no pixel dark enough for the input's toe
+    part = np.empty_like(bright)
+    work = (np.empty(bright.shape, np.float32), np.empty(bright.shape, np.float32))
+    LabAffine().numpy(bright, np.array(scale, float), np.array(shift, float), part, work)
+    assert np.abs(part.astype(np.int64) - _cielab_affine_float64(bright, np.array(scale, float),
+                  np.array(shift, float))).max() <= 1  # fmt: skip
+
+
+def test_log_linear_cpu_kernel_clips_dark_pixels_at_zero_in_every_channel() -> None:
+    """io * exp(y) - sub below zero is 0 in all three channels (OpenCV's cv2.max with a plain
+    float clipped the first channel only: the other two came out as |value|, up to 1)."""
+    from wsi_loader.stain import LogLinear
+
+    kernel = LogLinear(io=240.0, sub=1.0)  # StainJitter's
+    black = np.zeros((4, 256, 3), np.uint8)
+    out = np.empty_like(black)
+    work = (np.empty(black.shape, np.float32), np.empty(black.shape, np.float32))
+    kernel.numpy(black, 1.2 * np.eye(3), np.zeros(3), out, work)  # 240^-0.2 - 1 = -0.67
+    assert out.max() == 0
+    grid = _colour_grid()
+    m = np.array([[1.1, 0.1, -0.2], [0.05, 0.9, 0.1], [0.0, 0.2, 1.05]])
+    out = np.empty_like(grid)
+    work = (np.empty(grid.shape, np.float32), np.empty(grid.shape, np.float32))
+    kernel.numpy(grid, m, np.zeros(3), out, work)
+    expected = np.clip(np.round(240 * np.exp(np.log((grid + 1.0) / 240) @ m.T) - 1), 0, 255)
+    assert np.abs(out.astype(np.int64) - expected).max() <= 1

@@ -125,3 +125,70 @@ def test_mosaic_shows_each_tile_before_and_after(two_stains: SlideIndex, tmp_pat
                  "--stain", "macenko"]) == 0  # fmt: skip
     with Image.open(out) as image:
         assert image.size[0] > 0
+
+
+def _manifest_hashes(folder: Path) -> list[str]:
+    with (folder / "manifest.csv").open() as fh:
+        return [row["sha256"] for row in csv.DictReader(fh)]
+
+
+def test_the_config_files_stain_section(
+    two_stains: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref = tmp_path / "ref.json"
+    assert main(["stain", str(two_stains.path), "--reference", "--out", str(ref)]) == 0
+    idx = str(two_stains.path)
+    flags = tmp_path / "flags"
+    assert main(["export", idx, "--out", str(flags), "--stain", "macenko", "--stain-target",
+                 str(ref), "--no-progress"]) == 0  # fmt: skip
+    config = tmp_path / "c.yaml"
+    config.write_text(f"stain:\n  normalize: macenko\n  target: {ref}\n")
+    from_file = tmp_path / "file"
+    assert main(["export", idx, "--out", str(from_file), "--config", str(config),
+                 "--no-progress"]) == 0  # fmt: skip
+    assert _manifest_hashes(from_file) == _manifest_hashes(flags)
+    # the flags override the file's normalize and target
+    config.write_text("stain:\n  normalize: reinhard\n  target: elsewhere.png\n")
+    both = tmp_path / "both"
+    assert main(["export", idx, "--out", str(both), "--config", str(config), "--stain",
+                 "macenko", "--stain-target", str(ref), "--no-progress"]) == 0  # fmt: skip
+    assert _manifest_hashes(both) == _manifest_hashes(flags)
+    # mosaic and features read it too (--config): normalisation, then the augmentations
+    config.write_text(f"stain:\n  normalize: macenko\n  target: {ref}\n  augment:\n"
+                      "  - hed_jitter: {sigma: 0.2, bias: 0.1}\n  seed: 3\n")  # fmt: skip
+    pictures = {}
+    for name, extra in (("flags", ["--stain", "macenko", "--stain-target", str(ref)]),
+                        ("file", ["--config", str(config)])):  # fmt: skip
+        out = tmp_path / f"{name}.png"
+        assert main(["mosaic", idx, "--out", str(out), "--n", "2", *extra]) == 0
+        with Image.open(out) as image:
+            pictures[name] = np.asarray(image).astype(int)
+    assert pictures["flags"].shape == pictures["file"].shape
+    assert np.abs(pictures["flags"] - pictures["file"]).max() > 10  # jittered after
+    # a bad section is refused naming the file and the key
+    config.write_text("stain:\n  normalise: macenko\n")
+    for command in (["mosaic", idx, "--out", str(tmp_path / "m.png")],
+                    ["features", idx, "--model", "tests.feature_models:tiny", "--out",
+                     str(tmp_path / "f")]):  # fmt: skip
+        capsys.readouterr()
+        assert main([*command, "--config", str(config)]) == 2
+        said = capsys.readouterr().err
+        assert "unknown key 'stain.normalise' (did you mean 'normalize'?)" in said
+
+
+def test_stain_from_config_builds_the_transforms_in_order() -> None:
+    from tests.conftest import REPO
+    from wsi_loader.config import load_config
+    from wsi_loader.stain import HEDJitter, StainJitter, stain_from_config
+
+    config = load_config(REPO / "configs" / "stain.yaml").stain
+    steps = stain_from_config(config)
+    assert steps is not None and [type(s) for s in steps] == [Normalize, HEDJitter, StainJitter]
+    normalize, hed, jitter = steps
+    assert isinstance(normalize, Normalize) and normalize.target == "ref.json"
+    assert isinstance(hed, HEDJitter) and (hed.sigma, hed.bias, hed.seed) == (0.03, 0.03, 7)
+    assert isinstance(jitter, StainJitter) and (jitter.sigma, jitter.seed) == (0.05, 8)
+    overridden = stain_from_config(config, "reinhard", "other.json")
+    assert overridden is not None and isinstance(overridden[0], Normalize)
+    assert (overridden[0].method, overridden[0].target) == ("reinhard", "other.json")
+    assert stain_from_config(type(config)()) is None

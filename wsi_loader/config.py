@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import difflib
 import reprlib
-from collections.abc import Iterable, Mapping
+import types
+import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,6 +28,7 @@ __all__ = [
     "ExportConfig",
     "IndexConfig",
     "LoaderConfig",
+    "StainConfig",
     "check_keywords",
     "load_config",
     "validate",
@@ -264,12 +267,90 @@ class ExportConfig(_Strict):
     seed: int = Field(0, description="seed of the --shuffle permutation")
 
 
+class HEDJitterConfig(_Strict):
+    """`wsi_loader.stain.HEDJitter`: per tile and HED channel, h * U(1 +- sigma) + U(+-bias)."""
+
+    sigma: float = Field(0.05, ge=0, lt=1)
+    bias: float = Field(0.05, ge=0, lt=1)
+    clamp: bool = Field(False, description="cut negative HED values first (scikit-image's trip)")
+
+
+class StainJitterConfig(_Strict):
+    """`wsi_loader.stain.StainJitter`: the slide's stain vectors and concentrations moved."""
+
+    sigma: float = Field(0.05, ge=0, lt=1)
+    concentration: float = Field(0.1, ge=0, lt=1)
+
+
+class RandStainConfig(_Strict):
+    """`wsi_loader.stain.RandStain`: a Reinhard target drawn from the archive's spread."""
+
+    spread: float = Field(1.0, ge=0, le=10)
+
+
+class AugmentStep(_Strict):
+    """One augmentation of ``stain.augment``: a mapping with one of these keys (its options,
+    or null for the defaults)."""
+
+    hed_jitter: HEDJitterConfig | None = None
+    stain_jitter: StainJitterConfig | None = None
+    rand_stain: RandStainConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_for_null(cls, data: Any) -> Any:
+        # `- hed_jitter:` (null) asks for the defaults, as `- hed_jitter: {}` does
+        if isinstance(data, dict):
+            return {k: ({} if v is None and k in cls.model_fields else v) for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _one(self) -> AugmentStep:
+        given = [k for k in type(self).model_fields if getattr(self, k) is not None]
+        if len(given) != 1:
+            names = ", ".join(type(self).model_fields)
+            raise ValueError(f"each augment step is one of {names} (got {given or 'none'})")
+        return self
+
+    @property
+    def name(self) -> str:
+        return next(k for k in type(self).model_fields if getattr(self, k) is not None)
+
+
+class StainConfig(_Strict):
+    """The ``stain`` section: normalisation, then augmentations in order, of the tiles the
+    commands read (export, features, predict, mosaic; their ``--stain``/``--stain-target``
+    flags override ``normalize``/``target``) and of ``make_loader(stain=...)`` through
+    `wsi_loader.stain.stain_from_config`."""
+
+    normalize: Literal["macenko", "reinhard"] | None = Field(
+        None, description="macenko | reinhard (null: no normalisation)"
+    )
+    target: PathText | None = Field(
+        None,
+        min_length=1,
+        description="an image, a reference JSON, an index folder or a slide (null: the "
+        "index's median stain)",
+    )
+    per_tile: bool = Field(False, description="estimate every tile, not its slide's values")
+    augment: list[AugmentStep] = Field(default_factory=list)
+    seed: int = Field(0, description="seed of the augmentations (with the epoch and the row)")
+
+    @model_validator(mode="after")
+    def _target_needs_normalize(self) -> StainConfig:
+        for key, used in (("target", self.target is not None), ("per_tile", self.per_tile)):
+            if used and self.normalize is None:
+                raise ValueError(f"{key} needs normalize: macenko or normalize: reinhard")
+        return self
+
+
 class Config(_Strict):
     """A whole config file: one section per command."""
 
     index: IndexConfig = IndexConfig()
     dataset: DatasetConfig = DatasetConfig()
     export: ExportConfig = ExportConfig()
+    stain: StainConfig = StainConfig()
 
 
 # what error messages render of a value: bounded, so a YAML alias bomb (a few hundred bytes
@@ -297,17 +378,6 @@ def check_keywords(function: str, given: Iterable[str], known: Iterable[str]) ->
             )
 
 
-def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> Mapping[str, Any]:
-    """The fields of the (nested) model at ``loc`` (empty when it is not a model)."""
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        annotation = field.annotation if field is not None else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return {}
-        model = annotation
-    return model.model_fields
-
-
 def _describe(
     error: ValidationError, source: str | None, model: type[BaseModel] | None = None
 ) -> ConfigError:
@@ -328,8 +398,34 @@ def _describe(
     return ConfigError(message, path=source, key=key, value=value)
 
 
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the section at ``loc`` (a pydantic error location) accepts."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):  # an item of a list: the model is the list's item type
+            continue
+        field = current.model_fields.get(part) if current is not None else None
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    return list(current.model_fields) if current is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model inside ``X``, ``X | None`` or ``list[X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (list, typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
 def validate(model: type[_Strict], data: Any, source: str | None = None, prefix: str = "") -> Any:
-    """Validate ``data`` into ``model``; raise `ConfigError` naming key, value and ``source``."""
+    """Validate ``data`` into ``model``; raise `ConfigError` naming key, value and ``source``
+    (an unknown key with the known one it is closest to)."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:

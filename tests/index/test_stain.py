@@ -9,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tifffile
 
 from tests.conftest import SlideFactory
 from wsi_loader.cli.main import main
 from wsi_loader.dataset import TileDataset
-from wsi_loader.errors import InputError
+from wsi_loader.errors import InputError, TileReadError
 from wsi_loader.index import SlideIndex, analyses, build_index
 from wsi_loader.index.stain import (
     StainEstimate,
@@ -21,8 +22,12 @@ from wsi_loader.index.stain import (
     archive_reference,
     estimate_stain,
     read_reference,
+    slide_estimate,
     write_reference,
 )
+from wsi_loader.index.tissue import read_mask_image, tissue_mask
+from wsi_loader.slides.base import SlideReader
+from wsi_loader.slides.open import open_slide
 
 # two known stainings for synthetic slides: Macenko's reference vectors, and a bluer H with a
 # redder E (another lab's)
@@ -64,27 +69,82 @@ def test_synthetic_slide_vectors_from_the_low_level(
 
 
 @pytest.mark.parametrize(
-    ("name", "bound_h", "bound_e"),
+    ("name", "source"),
     [
-        ("tcga-cr-7395-01a-01-ts1.svs", 5.0, 5.0),
-        # one level only: its mask image is level 0 shrunk 2x (DCT scaling, then averages),
-        # and averaging in intensity mixes stains and glass non-linearly in OD: E measured
-        # 7.2 degrees from level 0's (the same pixels averaged in OD instead: 3.4)
-        ("CMU-1-Small-Region.svs", 5.0, 8.0),
+        ("tcga-cr-7395-01a-01-ts1.svs", "level 1"),  # two levels: the mask image, level 1
+        # one level: its mask image is level 0 shrunk 2x, whose averaged intensities put E
+        # 7.2 degrees from level 0's; the estimate comes from 16 of its storage tiles instead
+        ("CMU-1-Small-Region.svs", "level 0, 16 tiles"),
     ],
 )
 def test_real_slide_vectors_from_the_low_level(
-    name: str, bound_h: float, bound_e: float, testdata: Path, tmp_path: Path
+    name: str, source: str, testdata: Path, tmp_path: Path
 ) -> None:
     index = build_index([testdata / name], tmp_path / "idx", tile_size=224, level=0)
     record = index.slides[0]
     assert record.stain is not None, record.stain_error
     low = StainEstimate.from_json(record.stain)
+    assert low.source == source
     level0 = _level0_estimate(index, 0)
-    assert angle_deg(low.h, level0.h) <= bound_h
-    assert angle_deg(low.e, level0.e) <= bound_e
+    assert angle_deg(low.h, level0.h) <= 5.0
+    assert angle_deg(low.e, level0.e) <= 5.0
     assert angle_deg(low.h, low.e) > 10  # two stains, H the one with more red
     assert low.h[0] > low.e[0]
+
+
+def _single_level(source: Path, out: Path) -> Path:
+    """Level 0 of a synthetic slide as a generic tiled TIFF with no pyramid (JPEG, 256 px)."""
+    with open_slide(str(source)) as reader:
+        pixels = reader.read_region(0, 0, 0, *reader.meta.level_dimensions[0])
+    tifffile.imwrite(
+        out, pixels, tile=(256, 256), compression="jpeg", photometric="rgb",
+        resolution=(20_000, 20_000), resolutionunit="CENTIMETER",
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("staining", sorted(KNOWN))
+def test_single_level_slide_is_sampled_at_full_resolution(
+    staining: str, make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    h, e = KNOWN[staining]
+    slide = _single_level(make_slide(width=4000, height=3000, seed=5, stain=(h, e)),
+                          tmp_path / "one-level.tiff")  # fmt: skip
+    index = build_index([slide], tmp_path / "idx", tile_size=256, level=0)
+    record = index.slides[0]
+    assert record.mask_level == 0 and record.stain is not None, record.stain_error
+    low = StainEstimate.from_json(record.stain)
+    assert low.source == "level 0, 16 tiles"
+    level0 = _level0_estimate(index, 0)
+    assert angle_deg(low.h, level0.h) <= 5.0
+    assert angle_deg(low.e, level0.e) <= 5.0
+    assert angle_deg(low.h, h) <= 10.0
+    assert angle_deg(low.e, e) <= 10.0
+    # tiles read at level 1 of a pyramid: their level is not the mask image's, no sample
+    pyramid = make_slide(width=4000, height=3000, seed=5, stain=(h, e))
+    index = build_index([pyramid], tmp_path / "idx2", tile_size=256, level=1)
+    assert StainEstimate.from_json(index.slides[0].stain or {}).source == "level 2"
+
+
+def test_an_unreadable_sample_falls_back_to_the_mask_image(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    slide = _single_level(make_slide(width=3000, height=2600, seed=5, stain=KNOWN["macenko"]),
+                          tmp_path / "one-level.tiff")  # fmt: skip
+
+    class Failing:  # the mask image reads, the full-resolution windows fail
+        def __init__(self, reader: SlideReader) -> None:
+            self.meta, self.path = reader.meta, reader.path
+
+        def read_region(self, l0_x: int, l0_y: int, level: int, w: int, h: int) -> None:
+            raise TileReadError.for_region(self.path, l0_x, l0_y, level, w, h, OSError("bad"))
+
+    with open_slide(str(slide)) as reader:
+        image, level = read_mask_image(reader, 1024)
+        found = slide_estimate(Failing(reader), image, tissue_mask(image), level, 0)  # type: ignore[arg-type]
+        sampled = slide_estimate(reader, image, tissue_mask(image), level, 0)
+    assert isinstance(found, StainEstimate) and found.source == "level 0"
+    assert isinstance(sampled, StainEstimate) and sampled.source == "level 0, 16 tiles"
 
 
 def test_slides_without_an_estimate_are_flagged_not_failed(testdata: Path, tmp_path: Path) -> None:
@@ -116,9 +176,9 @@ def test_rebuild_estimates_only_changed_slides(
     seen: list[int] = []
     real = analyses.stain_columns
 
-    def counting(rgb, tissue):  # type: ignore[no-untyped-def]
+    def counting(reader, rgb, *args):  # type: ignore[no-untyped-def]
         seen.append(rgb.shape[0])
-        return real(rgb, tissue)
+        return real(reader, rgb, *args)
 
     monkeypatch.setattr(analyses, "stain_columns", counting)  # where the builder runs it
     again = build_index([folder], tmp_path / "idx", tile_size=256, level=0)
@@ -142,6 +202,24 @@ def test_records_from_before_stain_columns_are_indexed_again(
         record.pop("stain"), record.pop("stain_error")
     (gen / "slides.json").write_text(json.dumps(records))
     assert build_index([slide], tmp_path / "idx", tile_size=256, level=0).slides[0].stain
+
+
+def test_estimates_from_before_the_stain_source_are_estimated_again(
+    make_slide: SlideFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slide = make_slide(width=3000, height=2000, seed=1)
+    index = build_index([slide], tmp_path / "idx", tile_size=256, level=0)
+    gen = index.path / str(index.meta["generation"])
+    records = json.loads((gen / "slides.json").read_text())
+    assert records[0]["stain"].pop("source") == "level 1"
+    (gen / "slides.json").write_text(json.dumps(records))
+    seen: list[int] = []
+    real = analyses.stain_columns
+    monkeypatch.setattr(analyses, "stain_columns", lambda *a: seen.append(1) or real(*a))
+    again = build_index([slide], tmp_path / "idx", tile_size=256, level=0)
+    assert seen == [1] and again.slides[0].stain == index.slides[0].stain
+    build_index([slide], tmp_path / "idx", tile_size=256, level=0)
+    assert seen == [1]  # carried over once it has its source
 
 
 def test_info_json_lists_each_slides_stain(

@@ -42,7 +42,9 @@ def register(sub: Subparsers) -> None:
         help="give up a unit of work (a shard) not done after S seconds; the rest finishes, "
         "a rerun retries it (0: no limit)",
     )
-    p.add_argument("--config", metavar="FILE", help="YAML config: its export section, index root")
+    p.add_argument(
+        "--config", metavar="FILE", help="YAML config: its export and stain sections, index root"
+    )
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
     p.add_argument("--split", metavar="NAME", help="export only the slides of this split")
     p.add_argument("--quarantine", metavar="FILE", help=QUARANTINE_HELP)
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             quarantine=args.quarantine or config.dataset.quarantine,
             unlabelled_out=args.unlabelled_out,
-            stain=stain_option(args),
+            stain=stain_option(args, config.stain),
         )
     unlabelled = f", {report.unlabelled} without a label left out" if report.unlabelled else ""
     print(

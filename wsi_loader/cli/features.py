@@ -45,7 +45,7 @@ def register(sub: Subparsers) -> None:
         "next run and go on (needs workers; 0: wait forever)",
     )
     p.add_argument("--no-progress", action="store_true")
-    add_stain_options(p)
+    add_stain_options(p, config=True)
     p.set_defaults(run=run)
 
 

@@ -9,6 +9,8 @@ import sys
 from typing import Any
 
 from wsi_loader.cli.common import COMMON, READS, Subparsers, one_line, open_index, printable
+from wsi_loader.config import StainConfig, load_config
+from wsi_loader.errors import ConfigError
 
 STAIN_HELP = (
     "normalise tiles to --stain-target with each slide's stain from the index: macenko or reinhard"
@@ -19,27 +21,39 @@ TARGET_HELP = (
 )
 
 
-def add_stain_options(p: argparse.ArgumentParser) -> None:
-    """``--stain METHOD --stain-target T`` (export, features, predict, mosaic)."""
+def add_stain_options(p: argparse.ArgumentParser, config: bool = False) -> None:
+    """``--stain METHOD --stain-target T`` (export, features, predict, mosaic); with
+    ``config``, also ``--config FILE`` for a command that has none (its ``stain`` section)."""
     p.add_argument("--stain", choices=["macenko", "reinhard"], help=STAIN_HELP)
     p.add_argument("--stain-target", metavar="T", help=TARGET_HELP)
+    if config:
+        p.add_argument(
+            "--config",
+            metavar="FILE",
+            help="YAML config: its stain section (normalisation and augmentations; --stain "
+            "and --stain-target override it)",
+        )
 
 
-def stain_option(args: argparse.Namespace) -> Any:
-    """The `wsi_loader.stain.Normalize` the options ask for, or None."""
-    from wsi_loader.stain import stain_from_options
+def stain_option(args: argparse.Namespace, config: StainConfig | None = None) -> Any:
+    """The stain transforms the options ask for (a `wsi_loader.stain.Normalize`, or the list
+    a config's ``stain`` section makes), or None. ``config``: that section, when the command
+    read the file already; else the one of ``--config`` (if given)."""
+    from wsi_loader.stain import stain_from_config
 
     target = getattr(args, "stain_target", None)
     method = getattr(args, "stain", None)
-    if target is not None and method is None:
-        from wsi_loader.errors import ConfigError
-
+    if config is None:
+        path = getattr(args, "config", None)
+        config = load_config(path).stain if path else StainConfig()
+    if target is not None and method is None and config.normalize is None:
         raise ConfigError(
             "--stain-target needs --stain macenko or --stain reinhard",
             path="command line",
             key="stain",
         )
-    return stain_from_options(method, target)
+    steps = stain_from_config(config, method, target)
+    return steps[0] if steps is not None and len(steps) == 1 else steps
 
 
 def register(sub: Subparsers) -> None:

@@ -48,7 +48,7 @@ def register(sub: Subparsers) -> None:
         help="only tiles this quality-control rule flags (any: any rule)",
     )
     p.add_argument("--seed", type=int, default=0)
-    add_stain_options(p)  # each tile as read, then normalised
+    add_stain_options(p, config=True)  # each tile as read, then normalised
     p.set_defaults(run=run_mosaic)
 
 

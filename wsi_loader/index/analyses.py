@@ -103,7 +103,7 @@ def analyse_slide(
     if detector == "fluorescence":
         result.record |= {"stain": None, "stain_error": "a fluorescence slide has no H&E stain"}
     else:
-        result.record |= stain_columns(image, mask)  # the picture's own tissue
+        result.record |= stain_columns(reader, image, mask, level, read_level)  # its own tissue
     if mask_file is not None:
         mask = read_mask(mask_file, meta.dimensions)
         result.record |= {"tissue_detector": "mask", "tissue_reason": f"mask image {mask_file}"}

@@ -50,6 +50,7 @@ from wsi_loader.index.inputs import (
 )
 from wsi_loader.index.lowres import FloatArray, TileBoxes
 from wsi_loader.index.quarantine import Quarantine, coords_in
+from wsi_loader.index.stain import is_current as stain_is_current
 from wsi_loader.index.table import (
     CURRENT,
     TILE_COLUMNS,
@@ -722,7 +723,7 @@ def _build(
             and not hit[1].excluded
             and previous is not None
             and _same_annotations(hit[1], files, cfg)
-            and (hit[1].stain is not None or hit[1].stain_error is not None)  # else: older
+            and stain_is_current(hit[1].stain, hit[1].stain_error)  # else: an older estimate
             and _same_mask(hit[1], masks.get(entry.path))
         ):
             try:

@@ -1,13 +1,19 @@
 """Per-slide stain statistics, estimated once at index time from a low-resolution image.
 
 Two descriptions of a slide's colour, both computed from its tissue pixels (the tissue mask,
-less near-white pixels) of the image the builder already reads to find tissue, so level 0 is
-never decoded:
+less near-white pixels) of the image the builder already reads to find tissue, so level 0 of a
+pyramid is never decoded:
 
 - Macenko (2009): the optical-density (OD) vectors of haematoxylin and eosin, and the 99th
   percentile of each stain's concentration (its robust maximum). Normalising a tile is then a
   fixed per-pixel map: OD, one 3x3 matrix, exp (`wsi_loader.stain`).
 - Reinhard (2001): the mean and standard deviation of each CIELAB channel.
+
+When that image is the level tiles are read from, shrunk (a slide with one level: the builder
+decodes all of it anyway), the pixels come from a few of that level's storage tiles over tissue
+read at full resolution instead (`slide_estimate`): the shrink averages intensities, which mixes
+stains with each other and with glass non-linearly in OD and pulls the estimated vectors inward
+(7.2 degrees on CMU-1-Small-Region's eosin, against 0.3 from its level-0 pixels 1-in-4).
 
 A slide whose stain cannot be estimated (too little tissue, two stains that are not separable,
 vectors far from any H&E) gets a reason instead of an estimate: it is flagged, never failed.
@@ -21,6 +27,7 @@ by torchstain on the same image agree. Torch-free, like the rest of the index.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -31,8 +38,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wsi_loader.errors import InputError
+from wsi_loader.errors import InputError, SlideError
 from wsi_loader.files import write_file
+from wsi_loader.slides.base import SlideReader, level_to_l0
+
+log = logging.getLogger(__name__)
 
 IO = 240.0  # transmitted light intensity (torchstain's default)
 BETA = 0.15  # OD below this in any channel: background or near-white (not stained)
@@ -42,6 +52,8 @@ MIN_PIXELS = 2000  # fewer stained tissue pixels give no estimate
 MAX_PIXELS = 1 << 18  # more are subsampled (evenly): the estimate does not need them all
 MIN_SEPARATION_DEG = 5.0  # H and E closer than this are not two stains
 MAX_OFF_REFERENCE_DEG = 40.0  # a vector further than this from the H&E reference: not H&E
+SAMPLE_WINDOWS = 16  # storage tiles read at full resolution when the mask image is the read level
+SAMPLE_WINDOW_MAX = 512  # a larger storage tile (or a strip) is sampled in windows this wide
 
 # Macenko's reference (torchstain's default target): H and E OD vectors and max concentrations
 REFERENCE_H = (0.5626, 0.7201, 0.4062)
@@ -58,7 +70,9 @@ class StainEstimate:
 
     ``h``/``e`` are unit OD vectors (R, G, B); ``max_c`` the robust maximum concentrations of
     H and E; ``lab_mean``/``lab_std`` CIELAB (L in 0..100) means and standard deviations;
-    ``pixels`` how many pixels they come from.
+    ``pixels`` how many pixels they come from; ``source`` which pixels those were (a slide's:
+    ``"level 2"``, the builder's mask image; ``"level 0, 16 tiles"``, storage tiles at full
+    resolution).
     """
 
     h: Vector
@@ -67,6 +81,7 @@ class StainEstimate:
     lab_mean: Vector
     lab_std: Vector
     pixels: int = 0
+    source: str = ""
 
     def matrix(self) -> FloatArray:
         """The (3, 2) stain matrix, columns H and E."""
@@ -80,6 +95,7 @@ class StainEstimate:
             "lab_mean": [round(v, 4) for v in self.lab_mean],
             "lab_std": [round(v, 4) for v in self.lab_std],
             "pixels": self.pixels,
+            **({"source": self.source} if self.source else {}),
         }
 
     @classmethod
@@ -104,7 +120,7 @@ class StainEstimate:
         for name, vector in (("H", h), ("E", e)):
             if np.linalg.norm(vector) < 1e-6:
                 raise InputError(f"{source}: the {name} vector is zero")
-        pixels = data.get("pixels", 0)
+        pixels, where = data.get("pixels", 0), data.get("source", "")
         return cls(
             h=_unit(h),
             e=_unit(e),
@@ -112,6 +128,7 @@ class StainEstimate:
             lab_mean=numbers("lab_mean", 3),  # type: ignore[arg-type]
             lab_std=numbers("lab_std", 3, positive=True),  # type: ignore[arg-type]
             pixels=int(pixels) if isinstance(pixels, int) else 0,
+            source=where[:200] if isinstance(where, str) else "",
         )
 
 
@@ -231,7 +248,7 @@ def _evenly(pixels: npt.NDArray[Any], limit: int) -> npt.NDArray[Any]:
 
 
 def estimate_stain(
-    rgb: npt.NDArray[np.uint8], tissue: npt.NDArray[np.bool_] | None = None
+    rgb: npt.NDArray[np.uint8], tissue: npt.NDArray[np.bool_] | None = None, source: str = ""
 ) -> StainEstimate | str:
     """The stain of an image's tissue: its pixels inside ``tissue`` (all when None) whose OD
     is at least `BETA` in every channel. Returns the reason when there is no usable estimate."""
@@ -242,7 +259,7 @@ def estimate_stain(
     if count < MIN_PIXELS:
         return (
             f"too little stained tissue for a stain estimate ({count} pixels of the "
-            f"low-resolution image, at least {MIN_PIXELS} needed)"
+            f"{source or 'image'}, at least {MIN_PIXELS} needed)"
         )
     od, pixels = _evenly(od[stained], MAX_PIXELS), _evenly(pixels[stained], MAX_PIXELS)
     he = macenko_vectors(od)
@@ -261,21 +278,96 @@ def estimate_stain(
         lab_mean=tuple(float(v) for v in lab.mean(axis=0)),  # type: ignore[arg-type]
         lab_std=tuple(float(v) for v in lab.std(axis=0) + 1e-6),  # type: ignore[arg-type]
         pixels=count,
+        source=source,
     )
 
 
+def slide_estimate(
+    reader: SlideReader,
+    image: npt.NDArray[np.uint8],
+    tissue: npt.NDArray[np.bool_],
+    mask_level: int,
+    read_level: int,
+) -> StainEstimate | str:
+    """A slide's stain from the builder's mask image (``image`` of level ``mask_level`` and its
+    ``tissue`` mask), or, when that image is the read level shrunk, from `SAMPLE_WINDOWS` of
+    the read level's storage tiles over tissue at full resolution (see the module's docstring;
+    a sample that cannot be read falls back to the image)."""
+    l_w, l_h = reader.meta.level_dimensions[mask_level]
+    if mask_level == read_level and image.shape[:2] != (l_h, l_w):
+        try:
+            pixels, windows = read_tissue_sample(reader, mask_level, tissue)
+        except SlideError as exc:  # a corrupt tile: the mask image still has the colours
+            log.debug("stain sample of %s unreadable (%s): the mask image", reader.path, exc)
+        else:
+            if windows:
+                return estimate_stain(pixels, source=f"level {mask_level}, {windows} tiles")
+    return estimate_stain(image, tissue, source=f"level {mask_level}")
+
+
+def read_tissue_sample(
+    reader: SlideReader, level: int, tissue: npt.NDArray[np.bool_], count: int = SAMPLE_WINDOWS
+) -> tuple[npt.NDArray[np.uint8], int]:
+    """The tissue pixels ``(n, 3)`` of up to ``count`` storage tiles of ``level`` (windows at
+    most `SAMPLE_WINDOW_MAX` wide), read at full resolution, and how many were read. ``tissue``
+    is the level's mask at any scale; the windows are those at least half tissue (the most
+    tissue when none is), evenly spread in raster order: deterministic, and one decode each."""
+    from wsi_loader.index.tissue import tile_fractions
+
+    meta = reader.meta
+    l_w, l_h = meta.level_dimensions[level]
+    ds = meta.level_downsamples[level]
+    tile_w, tile_h = meta.tile_sizes[level] if level < len(meta.tile_sizes) else (0, 0)
+    win_w = tile_w if 0 < tile_w <= SAMPLE_WINDOW_MAX else min(256, l_w)
+    win_h = tile_h if 0 < tile_h <= SAMPLE_WINDOW_MAX else min(256, l_h)
+    l_x, l_y = (a.ravel() for a in np.meshgrid(np.arange(0, l_w, win_w), np.arange(0, l_h, win_h)))
+    # the fractions in level pixels, with the level's size as the "level-0" frame
+    fraction = tile_fractions(tissue, (l_w, l_h), l_x, l_y, float(max(win_w, win_h)))
+    candidates = np.flatnonzero(fraction >= 0.5)
+    if len(candidates) < count:
+        candidates = np.sort(np.argsort(-fraction, kind="stable")[:count])
+        candidates = candidates[fraction[candidates] > 0]
+    if not len(candidates):
+        return np.zeros((0, 3), np.uint8), 0
+    picks = candidates[np.unique(np.linspace(0, len(candidates) - 1, count).round().astype(int))]
+    h_m, w_m = tissue.shape
+    found = []
+    for i in picks.tolist():
+        x, y = int(l_x[i]), int(l_y[i])
+        w, h = min(win_w, l_w - x), min(win_h, l_h - y)
+        window = reader.read_region(level_to_l0(x, ds), level_to_l0(y, ds), level, w, h)
+        rows = np.minimum((y + np.arange(h)) * h_m // l_h, h_m - 1)
+        cols = np.minimum((x + np.arange(w)) * w_m // l_w, w_m - 1)
+        found.append(window[tissue[rows][:, cols]])
+    return np.concatenate(found), len(picks)
+
+
 def stain_columns(
-    rgb: npt.NDArray[np.uint8], tissue: npt.NDArray[np.bool_] | None
+    reader: SlideReader,
+    image: npt.NDArray[np.uint8],
+    tissue: npt.NDArray[np.bool_],
+    mask_level: int,
+    read_level: int,
 ) -> dict[str, Any]:
-    """The slide record's ``stain`` and ``stain_error`` fields from its low-resolution image
-    and tissue mask (an estimate that fails is a reason, never an exception)."""
+    """The slide record's ``stain`` and ``stain_error`` fields (`slide_estimate`'s arguments;
+    an estimate that fails is a reason, never an exception)."""
     try:
-        found = estimate_stain(rgb, tissue)
+        found = slide_estimate(reader, image, tissue, mask_level, read_level)
     except (ValueError, np.linalg.LinAlgError) as exc:  # a degenerate image (all one colour)
         found = f"stain estimate failed: {exc}"
     if isinstance(found, str):
         return {"stain": None, "stain_error": found}
     return {"stain": found.as_json(), "stain_error": None}
+
+
+def is_current(stain: Mapping[str, Any] | None, stain_error: str | None) -> bool:
+    """Whether a stored slide record's stain columns come from this estimation: a record from
+    before stain columns has neither, and an estimate from before the full-resolution sample
+    of single-level slides has no ``source``. The builder estimates the others again (one
+    low-resolution read per slide, once)."""
+    if stain is None:
+        return stain_error is not None
+    return "source" in stain
 
 
 def fit_image(rgb: npt.NDArray[np.uint8]) -> StainEstimate:
