@@ -360,10 +360,10 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 80, 80
 _SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 6
 
 
-def close_key(key: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'tile_size'?)`` for a misspelt key (difflib's closest of ``known``),
-    or nothing when none is close."""
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+def close_key(key: str, known: Iterable[str], cutoff: float = 0.6) -> str:
+    """`` (did you mean 'tile_size'?)`` for a misspelt key (difflib's closest of ``known``
+    with a similarity of at least ``cutoff``), or nothing when none is close."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=cutoff)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
