@@ -16,8 +16,9 @@ from wsi_loader.cli.common import (
     one_line,
 )
 from wsi_loader.config import IndexConfig, load_config, with_overrides
+from wsi_loader.errors import ConfigError
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.index.qc import RULES
+from wsi_loader.index.qc import RULES, check_rule
 
 
 def register(sub: Subparsers) -> None:
@@ -170,11 +171,11 @@ def register(sub: Subparsers) -> None:
 def qc_rules(value: str) -> list[str]:
     """``pen,blur`` as QC rule names."""
     names = class_names(value)
-    unknown = [n for n in names if n not in RULES]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"no QC rule {', '.join(map(repr, unknown))}; the rules are {', '.join(RULES)}"
-        )
+    for name in names:
+        try:
+            check_rule(name)
+        except ConfigError as exc:  # names the close rule
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return names
 
 
@@ -182,10 +183,14 @@ def qc_threshold(value: str) -> tuple[str, float]:
     """``blur=0.4`` as (rule, threshold)."""
     name, sep, number = value.partition("=")
     name = name.strip()
-    if not sep or name not in RULES:
+    if not sep:
         raise argparse.ArgumentTypeError(
             f"expected RULE=VALUE with a rule among {', '.join(RULES)}, got {value!r}"
         )
+    try:
+        check_rule(name)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     try:
         return name, float(number)
     except ValueError:

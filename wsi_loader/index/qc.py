@@ -32,6 +32,8 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
+from wsi_loader.config import close_key
+from wsi_loader.errors import ConfigError
 from wsi_loader.index.focus import Sharpness, relative_focus
 from wsi_loader.index.lowres import FloatArray, LowResolution, TileBoxes, box_means
 from wsi_loader.index.qc_pixels import bubbles, folded, large_parts, pen_ink
@@ -76,12 +78,21 @@ RULES: dict[str, Rule] = {
 }
 
 
+def check_rule(name: str) -> Rule:
+    """The rule called ``name``; a `ConfigError` (a ``ValueError``) naming the close rule."""
+    if name not in RULES:
+        raise ConfigError(
+            f"no QC rule {name!r}{close_key(name, RULES)}; the rules are {', '.join(RULES)}",
+            key=name,
+        )
+    return RULES[name]
+
+
 def thresholds(overrides: Mapping[str, float] | None = None) -> dict[str, float]:
     """Every rule's threshold: the defaults, with ``overrides`` (rule name -> value)."""
     chosen = {name: rule.threshold for name, rule in RULES.items()}
     for name, value in (overrides or {}).items():
-        if name not in RULES:
-            raise ValueError(f"no QC rule {name!r}; the rules are {', '.join(RULES)}")
+        check_rule(name)
         chosen[name] = float(value)
     return chosen
 
@@ -107,9 +118,7 @@ def flags(
     chosen = thresholds(limits)
     out = {}
     for name in RULES if rules is None else rules:
-        if name not in RULES:
-            raise ValueError(f"no QC rule {name!r}; the rules are {', '.join(RULES)}")
-        rule = RULES[name]
+        rule = check_rule(name)
         values = columns.get(rule.column)
         if values is None:
             raise ValueError(
