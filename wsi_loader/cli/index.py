@@ -288,7 +288,28 @@ def run(args: argparse.Namespace) -> int:
     checked = qc_line(index)
     if checked:
         print(checked, file=sys.stderr)
+    # an index without a tile trains nothing, whether its slides failed or gave no tile:
+    # an error either way (the index is written, so `info` can show each slide)
     if not ok:
         print("error: no slide could be indexed", file=sys.stderr)
         return 1
+    if len(index) == 0:
+        print(f"error: no tile could be indexed ({no_tile_counts(index)})", file=sys.stderr)
+        return 1
     return 0
+
+
+def no_tile_counts(index: SlideIndex) -> str:
+    """How the slides of an index without a tile ended, counted (their reasons were said
+    once each, by the build's warnings)."""
+    failed = sum(s.status != "ok" for s in index.slides)
+    empty = len(index.slides) - failed
+    parts = [
+        f"{n} slide{'s' if n != 1 else ''} {what}"
+        for n, what in (
+            (failed, "failed"),
+            (empty, "has no tile" if empty == 1 else "have no tile"),
+        )
+        if n
+    ]
+    return f"{', '.join(parts)}; each slide's reason is in the warnings above"
