@@ -319,3 +319,27 @@ def test_a_malformed_qc_summary_in_slides_json_is_ignored(
     summary = SlideIndex.open(index.path).summary()
     assert summary["slides"][0]["qc"]["excluded"] == {}
     assert summary["slides"][0]["qc_summary"] is None
+
+
+def test_flags_and_filters_go_by_the_index_s_own_thresholds(
+    qc_index: SlideIndex, tmp_path: Path
+) -> None:
+    # qc.flags(index.columns) and qc_filter() used the default thresholds while info and
+    # inspect used the index's own: a strict index dropped fewer tiles than info counted
+    strict = build_index(
+        [qc_index.slide_path(0)], tmp_path / "i", tile_size=256, mpp=0.5,
+        qc_thresholds={"blur": 0.9},
+    )  # fmt: skip
+    at_build = qc.flags(strict.columns, ["blur"], {"blur": 0.9})["blur"]
+    at_default = qc.flags(strict.columns, ["blur"])["blur"]  # columns alone: the defaults
+    assert at_default.sum() < at_build.sum()
+    assert np.array_equal(qc.flags(strict, ["blur"])["blur"], at_build)  # the index: its own
+    assert np.array_equal(qc.flags(strict, ["blur"], {"blur": 0.5})["blur"], at_default)
+    counted = strict.summary()["qc"]["flagged"]["blur"]
+    assert counted == int(at_build.sum())
+    view = SlideIndex.open(strict.path, where=qc_filter("blur"))
+    assert len(view) == len(strict) - counted  # what info counts is what the filter drops
+    given = SlideIndex.open(strict.path, where=qc_filter("blur", blur=0.5))
+    assert len(given) == len(strict) - int(at_default.sum())
+    alone = qc_filter("blur")(strict.columns)  # called on columns: the defaults
+    assert np.array_equal(alone, ~at_default)
