@@ -49,14 +49,19 @@ class Source(Protocol):
 
 
 class _Block:
-    __slots__ = ("future", "offset", "size")
+    """A fetched or in-flight range. Once read it keeps its bytes and drops its future (a
+    future is a handful of objects that the garbage collector would walk for as long as the
+    block is kept: thousands of blocks within the default budget)."""
+
+    __slots__ = ("data", "end", "future", "offset", "size")
 
     def __init__(self, offset: int, size: int, future: concurrent.futures.Future[bytes]) -> None:
-        self.offset, self.size, self.future = offset, size, future
+        self.offset, self.size, self.end = offset, size, offset + size
+        self.future: concurrent.futures.Future[bytes] | None = future
+        self.data: bytes | None = None
 
-    @property
-    def end(self) -> int:
-        return self.offset + self.size
+    def landed(self) -> bool:
+        return self.data is not None or (self.future is not None and self.future.done())
 
 
 class RangeStore:
@@ -153,7 +158,7 @@ class RangeStore:
         for place, block in self._blocks.items():  # least recently used first
             if needed <= 0:
                 break
-            if block.future.done():  # one in flight: somebody waits for it
+            if block.landed():  # one in flight: somebody waits for it
                 dropped.append((place, block.size))
                 needed -= block.size
         for (key, offset), size_of in dropped:
@@ -180,20 +185,26 @@ class RangeStore:
             if block is None:
                 return None
             self._blocks.move_to_end((key, block.offset))
-            ready = block.future.done()
-        try:
-            data = block.future.result()
-        except Exception as exc:  # fetched again (with retries) by the caller
-            log.debug("prefetch of %s failed: %s", key[0], exc)
-            with self._lock:
-                if self._blocks.get((key, block.offset)) is block:
-                    self._remove(key, block.offset)
-            return None
+            data, future = block.data, block.future
+            ready = data is not None or (future is not None and future.done())
+        if data is None:
+            assert future is not None
+            try:
+                data = future.result()
+            except Exception as exc:  # fetched again (with retries) by the caller
+                log.debug("prefetch of %s failed: %s", key[0], exc)
+                with self._lock:
+                    if self._blocks.get((key, block.offset)) is block:
+                        self._remove(key, block.offset)
+                return None
         start = offset - block.offset
         with self._lock:
+            block.data, block.future = data, None
             self.reads += 1
             self.hits += ready
             self.bytes_read += size
+        if start == 0 and size == len(data):
+            return data  # the whole block: no copy
         return data[start : start + size]
 
     def forget(self, url: str) -> None:
@@ -201,7 +212,7 @@ class RangeStore:
         self._check_process()
         with self._lock:
             for key, offset in list(self._blocks):
-                if key[0] == url and self._blocks[(key, offset)].future.done():
+                if key[0] == url and self._blocks[(key, offset)].landed():
                     self._remove(key, offset)
 
     @property
