@@ -79,6 +79,7 @@ class RangeStore:
         self._lock = threading.Lock()
         self._blocks: OrderedDict[tuple[Key, int], _Block] = OrderedDict()  # LRU order
         self._starts: dict[Key, list[int]] = {}  # sorted block offsets per object
+        self._longest: dict[Key, int] = {}  # the largest block ever held of each object
         self._bytes = 0
         # counters, for benchmarks and `wsi-loader bench`
         self.requests = 0  # range requests made (not counting hedges)
@@ -106,10 +107,16 @@ class RangeStore:
         if not starts:
             return None
         end = offset + size
+        reach = end - self._longest[key]  # blocks that start before this end before ``end``
+        blocks = self._blocks
         at = bisect.bisect_right(starts, offset)
-        for start in reversed(starts[max(0, at - 8) : at]):  # blocks rarely overlap much
-            block = self._blocks.get((key, start))
-            if block is not None and block.end >= end:
+        while at > 0:
+            at -= 1
+            start = starts[at]
+            if start < reach:
+                return None
+            block = blocks[(key, start)]
+            if block.end >= end:
                 return block
         return None
 
@@ -129,9 +136,9 @@ class RangeStore:
             if not todo:
                 return
             largest = min(MAX_REQUEST, max(self.max_bytes // 4, 1))  # a few fit the budget
-            for (offset, size), _ in coalesce_groups(todo, source.model.merge_gap(), largest):
-                if self._holding(key, offset, size) is not None:
-                    continue
+            for (offset, size), members in coalesce_groups(todo, source.model.merge_gap(), largest):
+                if len(members) > 1 and self._holding(key, offset, size) is not None:
+                    continue  # (a single range was looked up above)
                 if not self._make_room(size):
                     log.debug("range budget of %d bytes is spent", self.max_bytes)
                     break
@@ -145,6 +152,7 @@ class RangeStore:
             self._bytes -= old.size
         else:
             bisect.insort(self._starts.setdefault(key, []), block.offset)
+        self._longest[key] = max(self._longest.get(key, 0), block.size)
         self._blocks[(key, block.offset)] = block
         self._bytes += block.size
 
@@ -174,7 +182,7 @@ class RangeStore:
         starts = self._starts[key]
         del starts[bisect.bisect_left(starts, offset)]
         if not starts:
-            del self._starts[key]
+            del self._starts[key], self._longest[key]
 
     def take(self, key: Key, offset: int, size: int) -> bytes | None:
         """The bytes of a range from a block that holds it (waiting for one in flight); None
