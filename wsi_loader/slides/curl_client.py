@@ -14,7 +14,8 @@ identical request goes out when the first is slower than that: the first answer 
 is dropped) and ``deadline`` (every attempt still running then is dropped and the request fails
 with `StalledError`); both come from the latency seen so far (`request_plan.CostModel`).
 
-S3 requests are signed by libcurl (AWS Signature V4) with the keys of the standard environment
+S3 requests are signed (AWS Signature V4: object requests by `sigv4.Signer`, which keeps the
+day's signing key; listings by libcurl) with the keys of the standard environment
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL``,
 ``AWS_REGION``/``AWS_DEFAULT_REGION``); stores whose credentials come from elsewhere (an instance
 role, GCS, Azure) are read through obstore (`storage`).
