@@ -445,3 +445,12 @@ def test_stain_normalisation_changes_the_probabilities_and_is_part_of_the_conten
                  "--out", str(tmp_path / "cli"), "--workers", "0", "--no-progress",
                  "--stain", "reinhard"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
+
+
+def test_the_softmax_is_torchs_softmax() -> None:
+    from wsi_loader.inference import _softmax
+
+    logits = torch.randn(64, 5, generator=torch.Generator().manual_seed(1)) * 30
+    logits[0] = torch.tensor([1e4, -1e4, 0.0, 1e4, 3.0])  # large: shifted by the maximum
+    # within an ulp or two of float32 at 1.0 (exp of another implementation)
+    torch.testing.assert_close(_softmax(logits), F.softmax(logits, 1), rtol=0, atol=2.5e-7)
