@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import geojson
 import numpy as np
 import pytest
 import shapely
@@ -85,6 +86,8 @@ def test_geojson_is_valid_and_read_back_by_our_qupath_reader(
         tiles = TilePredictions.read_csv(out / "model-outputs-csv" / f"{stem}.csv")
         path = out / "model-outputs-geojson" / f"{stem}.geojson"
         document = json.loads(path.read_text())
+        checked = geojson.loads(path.read_text())  # python-geojson's validation
+        assert checked.is_valid, checked.errors()
         assert document["type"] == "FeatureCollection"
         assert len(document["features"]) == len(tiles.boxes)
         for feature in document["features"][:20]:  # GeoJSON: closed, valid polygon rings
