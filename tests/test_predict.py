@@ -535,3 +535,19 @@ def test_multi_label_sigmoids_and_every_class_over_the_threshold(
 
 def row_of_box(tiles: TilePredictions, x: int, y: int) -> int:
     return int(np.flatnonzero((tiles.boxes[:, 0] == x) & (tiles.boxes[:, 1] == y))[0])
+
+
+def test_split_predicts_the_slides_of_that_split_only(archive: Path, tmp_path: Path) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label,split\ngood,normal,test\nbad,tumour,train\n")
+    index = build_index([archive], tmp_path / "idx", tile_size=256, level=0, labels=str(labels))
+    out = tmp_path / "p"
+    code = main(["predict", str(index.path), "--model", "tests.feature_models:classifier",
+                 "--out", str(out), "--split", "test", "--workers", "0",
+                 "--no-progress"])  # fmt: skip
+    assert code == 0
+    assert sorted(p.name for p in (out / "model-outputs-csv").iterdir()) == ["good.csv"]
+    with open(out / "slides.csv", newline="") as fh:
+        assert [(r["name"], r["label"]) for r in csv.DictReader(fh)] == [("good", "normal")]
+    run = json.loads((out / "predict.json").read_text())
+    assert list(run["slides"]) == [str(archive / "good.svs")]
