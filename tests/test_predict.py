@@ -198,6 +198,21 @@ def test_metrics_equal_scikit_learn_on_a_constructed_case() -> None:
         low, high = auc["ci95"]
         assert low < auc["auc"] < high and low > 0.5 and high <= 1
         assert auc["bootstrap_rounds"] == 1000
+    # two classes, scores that sum to 1: the same resamples for both, so both classes get the
+    # same AUCs and intervals, and one is never missing where the other is there (with a seed
+    # per class they differed, and on 2 slides one interval was said and the other not)
+    two = rng.integers(0, 2, size=40)
+    p1 = np.clip(two * 0.25 + rng.integers(0, 5, size=40) / 8, 0, 1)  # exact eighths: 1 - p
+    pair = metrics(two, np.stack([1 - p1, p1], axis=1), ("x", "y"), SlideRule())
+    assert pair["roc_auc"]["x"] == pair["roc_auc"]["y"]
+    assert pair["roc_auc"]["x"]["ci95"][0] < pair["roc_auc"]["x"]["auc"]
+    # one of each class: half the resamples hold both, too few of 10 for an interval
+    few = metrics(np.array([0, 1]), np.array([[0.4, 0.6], [0.3, 0.7]]), ("x", "y"), SlideRule(),
+                  rounds=10, seed=3)  # fmt: skip
+    assert few["roc_auc"]["x"] == few["roc_auc"]["y"]
+    assert few["roc_auc"]["y"]["bootstrap_rounds"] == 3  # of 10, with seed 3
+    assert few["roc_auc"]["y"]["ci95"] == [None, None]
+    assert few["roc_auc"]["y"]["why"].startswith("3 of 10 resamples hold both")
     # grouped (tiles of slides): the interval of resampled groups is wider than of items
     groups = np.repeat(np.arange(12), 10)
     grouped = metrics(labels, scores, ("a", "b", "c"), SlideRule(), groups=groups, rounds=200)
