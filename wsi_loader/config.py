@@ -43,6 +43,13 @@ class IndexConfig(_Strict):
     tile_size: int = Field(256, gt=0, le=16384, description="tile edge in output pixels")
     mpp: float | None = Field(0.5, gt=0, le=1000, description="target microns per pixel")
     level: int | None = Field(None, ge=0, description="read this pyramid level instead of an MPP")
+    mag: float | None = Field(
+        None,
+        gt=0,
+        le=200,
+        description="target magnification instead of an MPP (20 = 20x: the slide's objective "
+        "power, else mpp = 10 / mag)",
+    )
     mpp_tolerance: float = Field(0.1, ge=0, lt=1, description="relative MPP mismatch accepted")
     stride: int | None = Field(None, gt=0, description="grid step in output pixels (tile_size)")
     min_tissue: float = Field(0.5, ge=0, le=1, description="minimum tissue fraction of a tile")
@@ -93,12 +100,26 @@ class IndexConfig(_Strict):
         )
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_mpp_only_alone(cls, data: Any) -> Any:
+        """``mag`` or ``level`` given without ``mpp``: the default MPP does not apply."""
+        alone = isinstance(data, dict) and "mpp" not in data
+        if alone and (data.get("mag") is not None or data.get("level") is not None):
+            return {**data, "mpp": None}
+        return data
+
     @model_validator(mode="after")
     def _mpp_or_level(self) -> IndexConfig:
-        if self.level is not None and self.mpp is not None:
-            raise ValueError("give either mpp or level, not both (set the other to null)")
-        if self.level is None and self.mpp is None:
-            raise ValueError("give mpp (microns per pixel) or level")
+        given = [k for k in ("mpp", "mag", "level") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(
+                f"give either {' or '.join(given)}, not both (set the others to null)"
+                if len(given) == 2
+                else "give one of mpp, mag and level (set the others to null)"
+            )
+        if not given:
+            raise ValueError("give mpp (microns per pixel), mag (magnification) or level")
         return self
 
     @model_validator(mode="after")
@@ -346,12 +367,13 @@ def _check_nodes(node: yaml.Node, keys: tuple[str, ...], source: str, seen: set[
 def with_overrides(config: IndexConfig, source: str | None = None, **overrides: Any) -> IndexConfig:
     """A copy of ``config`` with the non-None ``overrides`` applied and validated again.
 
-    Giving ``level`` clears ``mpp`` and vice versa, so a CLI ``--level`` beats a file's ``mpp``.
+    Giving one of ``mpp``, ``mag`` and ``level`` clears the other two (when they are not
+    given too), so a CLI ``--level`` or ``--mag`` beats a file's ``mpp``.
     """
     updates = {k: v for k, v in overrides.items() if v is not None}
-    if "level" in updates and "mpp" not in updates:
-        updates["mpp"] = None
-    if "mpp" in updates and "level" not in updates:
-        updates["level"] = None
+    resolution = ("mpp", "mag", "level")
+    if any(k in updates for k in resolution):
+        for key in resolution:
+            updates.setdefault(key, None)
     result: IndexConfig = validate(IndexConfig, {**config.model_dump(), **updates}, source)
     return result

@@ -38,6 +38,13 @@ def register(sub: Subparsers) -> None:
     res = p.add_mutually_exclusive_group()
     res.add_argument("--mpp", type=float, metavar="UM_PER_PX", help="target resolution")
     res.add_argument("--level", type=int, metavar="N", help="read this level (no MPP needed)")
+    res.add_argument(
+        "--mag",
+        type=float,
+        metavar="X",
+        help="target magnification (20 = 20x): the slide's objective power / X is the "
+        "downsample; slides stating none use mpp = 10 / X",
+    )
     p.add_argument("--mpp-tolerance", type=float, metavar="F", help="accepted relative MPP error")
     p.add_argument("--min-tissue", type=float, metavar="F", help="minimum tissue fraction 0..1")
     p.add_argument("--stride", type=int, metavar="PX", help="grid step in output pixels")
@@ -149,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             "tile_size",
             "mpp",
             "level",
+            "mag",
             "mpp_tolerance",
             "min_tissue",
             "stride",

@@ -30,7 +30,7 @@ from wsi_loader.index.annotations import AnnotationReport, files_digest, formats
 from wsi_loader.index.annotations.formats import read_annotations, shorten
 from wsi_loader.index.annotations.regions import ReadShapes, read_shapes
 from wsi_loader.index.annotations.tiles import annotate_slide, label_names, label_tiles, to_columns
-from wsi_loader.index.geometry import grid, plan_read
+from wsi_loader.index.geometry import grid, mag_disagreement, plan_read
 from wsi_loader.index.inputs import (
     LabelReport,
     SlideEntry,
@@ -73,6 +73,7 @@ GRID_PARAMS = (
     "tile_size",
     "mpp",
     "level",
+    "mag",
     "mpp_tolerance",
     "stride",
     "min_tissue",
@@ -148,8 +149,14 @@ def _index_slide(
             cfg.grid_stride,
             mpp=cfg.mpp,
             level=cfg.level,
+            mag=cfg.mag,
             tolerance=cfg.mpp_tolerance,
             slide_mpp=entry.mpp,
+        )
+        disagreement = (
+            mag_disagreement(meta, entry.mpp or meta.usable_mpp, cfg.mpp_tolerance)
+            if cfg.mag is not None
+            else None
         )
         record = replace(
             record,
@@ -158,8 +165,10 @@ def _index_slide(
             read_size=plan.read_size,
             stride=plan.l_stride,
             tile_mpp=plan.tile_mpp,
+            tile_mag=plan.tile_mag,
+            mag_source=plan.mag_source,
             aligned=plan.aligned,
-            warning=join_notes(record.warning, plan.warning),
+            warning=join_notes(record.warning, disagreement, plan.warning),
         )
         l0_x, l0_y = grid(meta, plan, align=cfg.align_to_storage)
         files = list(task.annotations)
