@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from wsi_loader.errors import ConfigError
 from wsi_loader.slides.storage import expand_home
@@ -30,6 +38,56 @@ __all__ = [
 
 
 PathText = Annotated[str, AfterValidator(expand_home)]  # a local path or a URL
+
+MAX_CONTEXT_SCALES = 8  # context tiles per item (each is a buffer per batch)
+
+
+def context_scales(value: Any) -> Any:
+    """Context scales as ``[(mpp, size), ...]`` from what users write: pairs (tuples or YAML
+    lists), ``{"mpp": M, "size": S}`` mappings, or ``"MPP:SIZE"`` strings (``--context``,
+    comma-separated). Anything else is left for the type check to refuse with its message."""
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple)):
+        return value
+    scales: list[Any] = []
+    for item in value:
+        scale = item
+        if isinstance(item, str) and item.count(":") == 1:
+            mpp, size = (part.strip() for part in item.split(":"))
+            try:
+                scale = (float(mpp), int(size))
+            except ValueError as exc:
+                raise ValueError(f"context scale {item!r} is not MPP:SIZE ({exc})") from None
+        elif isinstance(item, dict) and set(item) == {"mpp", "size"}:
+            scale = (item["mpp"], item["size"])
+        elif isinstance(item, list):
+            scale = tuple(item)
+        scales.append(scale)
+    return scales
+
+
+def _check_context(scales: list[tuple[float, int]] | None) -> list[tuple[float, int]] | None:
+    if scales is None:
+        return None
+    if len(scales) > MAX_CONTEXT_SCALES:
+        raise ValueError(f"at most {MAX_CONTEXT_SCALES} context scales, got {len(scales)}")
+    for mpp, size in scales:
+        if not 0 < mpp <= 1000:
+            raise ValueError(f"context MPP {mpp} is not in (0, 1000] um/px")
+        if not 1 <= size <= 16384:
+            raise ValueError(f"context tile size {size} is not in 1..16384 px")
+    if len(set(scales)) != len(scales):
+        raise ValueError(f"context scales repeat: {scales}")
+    return list(scales)
+
+
+# co-centred context tiles: [(mpp, size), ...] (see context_scales for the spellings)
+ContextScales = Annotated[
+    list[tuple[float, int]] | None,
+    BeforeValidator(context_scales),
+    AfterValidator(_check_context),
+]
 
 
 class _Strict(BaseModel):
@@ -91,6 +149,10 @@ class IndexConfig(_Strict):
     )
     max_excluded: float = Field(
         0.0, ge=0, lt=1, description="share of an excluded class a kept tile may overlap"
+    )
+    context: ContextScales = Field(
+        default_factory=list,
+        description="context tiles datasets of this index read by default: [(mpp, size), ...]",
     )
     annotation_objects: list[Literal["annotation", "detection", "cell", "tile", "tma_core"]] = (
         Field(
@@ -163,6 +225,11 @@ class DatasetConfig(_Strict):
     from the same YAML file. Keyword arguments go through this same validation."""
 
     on_error: Literal["fill", "substitute", "raise"] = "fill"
+    context: ContextScales = Field(
+        None,
+        description="co-centred context tiles beside each tile: [(mpp, size), ...]; None: the "
+        "index's default (index --context), [] none",
+    )
     retries: int = Field(2, ge=0, le=10)
     fill_value: int = Field(255, ge=0, le=255)
     max_open_slides: int = Field(16, ge=1)

@@ -9,6 +9,7 @@ raises: a slide that cannot be indexed comes back as a failed record with the re
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -24,6 +25,7 @@ from wsi_loader.errors import (
     AnnotationError,
     IndexFormatError,
     InputError,
+    ResolutionError,
     SlideError,
 )
 from wsi_loader.index.annotations import AnnotationReport, files_digest, formats, match_annotations
@@ -74,6 +76,7 @@ GRID_PARAMS = (
     "mpp",
     "level",
     "mag",
+    "context",  # slides that cannot serve the context scales fail
     "mpp_tolerance",
     "stride",
     "min_tissue",
@@ -153,6 +156,18 @@ def _index_slide(
             tolerance=cfg.mpp_tolerance,
             slide_mpp=entry.mpp,
         )
+        for context_mpp, size in cfg.context or ():  # each scale must be servable
+            try:
+                plan_read(
+                    meta,
+                    size,
+                    size,
+                    mpp=context_mpp,
+                    tolerance=cfg.mpp_tolerance,
+                    slide_mpp=entry.mpp,
+                )
+            except ResolutionError as exc:
+                raise ResolutionError(f"context scale {context_mpp:g} um/px: {exc}") from exc
         disagreement = (
             mag_disagreement(meta, entry.mpp or meta.usable_mpp, cfg.mpp_tolerance)
             if cfg.mag is not None
@@ -274,11 +289,17 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     built = {**IndexConfig().model_dump(), **index.params}  # older indexes lack newer keys
     # min_coverage picks tiles only through roi; otherwise it only relabels (no re-read)
     params = GRID_PARAMS + (("min_coverage",) if built["roi"] or wanted["roi"] else ())
-    changed = [k for k in params if built.get(k) != wanted.get(k)]
+    # compared as stored (JSON: tuples of the config are lists in meta.json)
+    changed = [k for k in params if _as_stored(built.get(k)) != _as_stored(wanted.get(k))]
     if changed:
         log.info("grid parameters changed (%s): re-indexing every slide", ", ".join(changed))
         return None
     return index
+
+
+def _as_stored(value: Any) -> Any:
+    """A parameter as meta.json holds it."""
+    return json.loads(json.dumps(value))
 
 
 FAILED_SAID = 10  # failed slides said one by one at the end of a build; the rest are counted
