@@ -304,3 +304,29 @@ def test_scales_a_slide_cannot_serve_are_refused_naming_it(fine_index: SlideInde
         [fine_index.slide_path(0)], fine_index.path.parent / "levels", level=0, tile_size=512
     )
     assert TileDataset(level_only, context=[(1.0, 64)]).context == [(1.0, 64)]  # MPP known
+
+
+def test_look_ahead_asks_for_the_context_windows_bytes_too(
+    fine_index: SlideIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows named ahead (remote range requests, kernel read-ahead) have their context
+    windows' storage segments asked for too, not only their tiles'."""
+    from wsi_loader.slides import tiff_backend
+
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(tiff_backend, "read_ahead", lambda fd, ranges: asked.extend(ranges))
+    reader = TileReader(fine_index, context=[(2.0, 224)], record_failures=False)
+    raw = reader.get_reader(0)
+    rows = [0, len(fine_index) // 2]
+    reader.prefetch(rows)
+    levels = raw._levels  # type: ignore[attr-defined]
+    level1 = {
+        (int(levels[1].offsets[i]), int(levels[1].counts[i])) for i in range(len(levels[1].offsets))
+    }
+    needed = {
+        (int(levels[1].offsets[i]), int(levels[1].counts[i]))
+        for row in rows
+        for i in raw._covering(1, *_level_window(reader, row))  # type: ignore[attr-defined]
+    }
+    assert needed and needed <= set(asked)
+    assert set(asked) & level1 == needed

@@ -467,8 +467,10 @@ class TileReader:
             return
         windows = self._windows(rows)
         by_slide: dict[int, list[tuple[int, int, int, int, int]]] = {}
-        for slide_id, x, y, level, size in windows:
+        rows_of: dict[int, list[int]] = {}
+        for row, (slide_id, x, y, level, size) in zip(rows.tolist(), windows, strict=True):
             by_slide.setdefault(slide_id, []).append((x, y, level, size, size))
+            rows_of.setdefault(slide_id, []).append(row)
         room = self.pool.open_limit - len(self.pool)
         for slide_id, wanted in by_slide.items():
             if slide_id in self.slide_faults:
@@ -485,8 +487,19 @@ class TileReader:
                     room -= 1
                 if supports(reader, Prefetching):
                     reader.prefetch(wanted, self.tile_size)
+                    if self.context:
+                        self._prefetch_context(reader, rows_of[slide_id])
             except SlideError as exc:
                 log.debug("prefetch of %s skipped: %s", self._paths[slide_id], exc)
+
+    def _prefetch_context(self, reader: Prefetching, rows: list[int]) -> None:
+        """`prefetch` of the context windows of ``rows`` (one slide's), scale by scale."""
+        per_scale: list[list[tuple[int, int, int, int, int]]] = [[] for _ in self.context]
+        for row in rows:
+            for k, ((_, x, y, level, read), _) in enumerate(self.context_windows(row)):
+                per_scale[k].append((x, y, level, read, read))
+        for (_, size), wanted in zip(self.context, per_scale, strict=True):
+            reader.prefetch(wanted, size)
 
     def _asks_ahead(self, slide_id: int) -> bool:
         """Whether this process reads the slide with the raw reader, whose reads can be asked
