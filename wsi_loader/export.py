@@ -38,7 +38,7 @@ import numpy as np
 from PIL import Image
 
 from wsi_loader.config import DatasetConfig, ExportConfig, validate
-from wsi_loader.dataset.context import check_context
+from wsi_loader.dataset.context import check_context, recorded_context
 from wsi_loader.dataset.reading import TileReader, threads_per_process
 from wsi_loader.dataset_card import (
     imagefolder_card,
@@ -710,8 +710,7 @@ def _context_scales(
             value=scales,
         )
     if given is None and format == "webdataset":
-        recorded = index.params.get("context") or []
-        scales = validate(DatasetConfig, {"context": recorded}, prefix="index").context or []
+        scales = recorded_context(index)
     check_context(index, scales)
     return scales
 

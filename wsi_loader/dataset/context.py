@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from wsi_loader.config import DatasetConfig, validate
 from wsi_loader.errors import ConfigError, ResolutionError
 from wsi_loader.index.geometry import plan_read
 from wsi_loader.index.table import SlideIndex, SlideRecord
@@ -133,6 +134,14 @@ def slide_problem(record: SlideRecord, scales: Sequence[Scale], tolerance: float
     if finest < mpp * (1 - tolerance):
         return f"scanned at {mpp:.4g} um/px, coarser than the context scale {finest:g} um/px"
     return None
+
+
+def recorded_context(index: SlideIndex) -> list[Scale]:
+    """The context scales the index records as its default (``index --context``), checked
+    as any option is."""
+    recorded = index.params.get("context") or []
+    scales: list[Scale] = validate(DatasetConfig, {"context": recorded}, prefix="index").context
+    return scales or []
 
 
 def check_context(index: SlideIndex, scales: Sequence[Scale]) -> None:

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, get_worker_info
 from wsi_loader.config import DatasetConfig, validate
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing, fresh_buffer, lease, release
-from wsi_loader.dataset.context import check_context
+from wsi_loader.dataset.context import check_context, recorded_context
 from wsi_loader.dataset.reading import (
     FreeCores,
     ReadResult,
@@ -233,10 +233,7 @@ class TileDataset(Dataset[Sample]):
     def _context_scales(index: SlideIndex, options: DatasetConfig) -> list[tuple[float, int]]:
         """The context scales read: the option's, else the index's default (``index
         --context``); refused when a slide of the index cannot serve them."""
-        scales = options.context
-        if scales is None:
-            recorded = index.params.get("context") or []
-            scales = validate(DatasetConfig, {"context": recorded}, prefix="index").context or []
+        scales = options.context if options.context is not None else recorded_context(index)
         check_context(index, scales)
         return list(scales)
 
