@@ -40,7 +40,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from wsi_loader.config import DatasetConfig
+from wsi_loader.config import DatasetConfig, validate
+from wsi_loader.dataset.context import recorded_context
 from wsi_loader.dataset.loader import make_loader
 from wsi_loader.dataset.tiles import open_for_reading
 from wsi_loader.errors import ConfigError, LoaderTimeoutError
@@ -258,6 +259,8 @@ def extract(
     progress: bool = False,
     quarantine: str | os.PathLike[str] | None = None,
     timeout: float = 0,
+    context: Sequence[tuple[float, int]] | None = None,
+    context_features: str = "separate",
 ) -> FeatureReport:
     """Features of every tile of every slide of ``index`` (``split``) into ``out``.
 
@@ -268,7 +271,21 @@ def extract(
     batch comes for that long (a read that hangs on a share that stopped answering), the
     slides being read are left unwritten (``incomplete``, with the reason) and the others
     go on in fresh workers; 0 waits forever.
+
+    ``context=[(mpp, size), ...]`` (default: the index's ``index --context``; ``[]`` none)
+    also encodes every tile's co-centred context tiles with the same model (resized to its
+    input like the tiles). ``context_features="separate"``: ``features`` holds the tiles' own
+    features as without context (what CLAM and TRIDENT read), and ``features_ctx1``,
+    ``features_ctx2``... (N x D each) those of each scale; ``"concat"``: ``features`` is
+    ``[tile | ctx1 | ...]`` (N x (1 + scales) D), one vector per tile for dual-stream MIL.
+    The file's ``context`` attribute (JSON) names the scales and the layout.
     """
+    if context_features not in CONTEXT_LAYOUTS:
+        raise ConfigError(
+            f"context_features must be one of {CONTEXT_LAYOUTS}",
+            key="context_features",
+            value=context_features,
+        )
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(DTYPES)}", key="dtype", value=dtype)
     try:
@@ -289,6 +306,12 @@ def extract(
         quarantine=None if quarantine is None else os.fspath(quarantine),
     )
     view = open_for_reading(index, options)
+    scales = (
+        recorded_context(view)
+        if context is None
+        else validate(DatasetConfig, {"context": list(context)}).context or []
+    )
+    layout = _context_layout(scales, context_features)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out_path = Path(out)
     out_path.mkdir(parents=True, exist_ok=True)
@@ -302,7 +325,7 @@ def extract(
     owner = assign_slides([int(counts[s]) for s in slide_ids], world)
     mine = [sid for sid, r in zip(slide_ids, owner, strict=True) if r == rank]
     weights = _weights_digest(encoder.model)
-    content = {sid: _content(view, sid, starts, encoder, weights, dtype) for sid in mine}
+    content = {sid: _content(view, sid, starts, encoder, weights, dtype, layout) for sid in mine}
     todo = [sid for sid in mine if _stored_content(out_path / names[sid]) != content[sid]]
     report = FeatureReport(slides=len(slide_ids), skipped=len(mine) - len(todo))
 
@@ -321,6 +344,7 @@ def extract(
                 pin_memory=device.type == "cuda",
                 persistent_workers=False,
                 timeout=timeout,
+                context=scales,
             )
             batches = DeviceLoader(
                 loader, device, mean=encoder.mean, std=encoder.std, channels_last=True
@@ -329,7 +353,15 @@ def extract(
             try:
                 for sid, parts in _per_slide(batches, model_on, encoder, dtype, device, bar):
                     _write_slide(
-                        out_path, names[sid], view, sid, parts, encoder, content[sid], report
+                        out_path,
+                        names[sid],
+                        view,
+                        sid,
+                        parts,
+                        encoder,
+                        content[sid],
+                        report,
+                        layout,
                     )
                     done.add(sid)
                 todo = []
@@ -383,6 +415,25 @@ def _remove_stale_files(out: Path) -> None:
             continue
 
 
+CONTEXT_LAYOUTS = ("separate", "concat")
+
+
+def _context_layout(scales: Sequence[tuple[float, int]], mode: str) -> dict[str, Any] | None:
+    """What a feature file says of its context features (its ``context`` attribute), None
+    without context scales."""
+    if not scales:
+        return None
+    return {
+        "layout": mode,
+        "scales": [{"mpp": mpp, "size": size} for mpp, size in scales],
+        "datasets": (
+            ["features"]
+            if mode == "concat"
+            else ["features"] + [f"features_ctx{k}" for k in range(1, len(scales) + 1)]
+        ),
+    }
+
+
 def _content(
     view: SlideIndex,
     sid: int,
@@ -390,13 +441,17 @@ def _content(
     encoder: Encoder,
     weights: str,
     dtype: str,
+    layout: dict[str, Any] | None = None,
 ) -> str:
-    """What a slide's file holds: slide version, its tiles, the model and its weights."""
+    """What a slide's file holds: slide version, its tiles, the model and its weights, and
+    the context scales and their layout."""
     rows = slice(int(starts[sid]), int(starts[sid + 1]))
     cols = view.columns
     digest = hashlib.blake2b(digest_size=16)
     record = view.slides[sid]
     header = [record.path, record.fingerprint, encoder.spec, weights, dtype, encoder.size]
+    if layout is not None:
+        header.append(json.dumps(layout, sort_keys=True))
     digest.update(json.dumps([*header, encoder.mean, encoder.std]).encode())
     for name in ("l0_x", "l0_y", "level", "read_size"):
         digest.update(np.ascontiguousarray(cols[name][rows]).tobytes())
@@ -422,6 +477,7 @@ class _Slide:
     features: list[np.ndarray] = field(default_factory=list)
     rows: list[np.ndarray] = field(default_factory=list)
     failed_rows: list[np.ndarray] = field(default_factory=list)
+    context: list[list[np.ndarray]] = field(default_factory=list)  # per scale, like features
 
 
 def _per_slide(
@@ -437,8 +493,8 @@ def _per_slide(
     current: int | None = None
     parts = _Slide()
     autocast = dtype != "float32"
-    for batch in batches:
-        image = batch["image"]
+
+    def encode(image: torch.Tensor) -> np.ndarray:
         if encoder.size is not None and image.shape[-1] != encoder.size:
             image = F.interpolate(
                 image, size=(encoder.size, encoder.size), mode="bilinear", antialias=True
@@ -448,7 +504,12 @@ def _per_slide(
             torch.autocast(device.type, dtype=DTYPES[dtype], enabled=autocast),
         ):
             features = model(image)
-        features = features.float().reshape(len(image), -1).cpu().numpy()
+        encoded: np.ndarray = features.float().reshape(len(image), -1).cpu().numpy()
+        return encoded
+
+    for batch in batches:
+        features = encode(batch["image"])
+        context = [encode(tiles) for tiles in batch.get("context") or ()]
         ok = batch["ok"].cpu().numpy().astype(bool)
         rows = batch["row"].cpu().numpy()
         slides = batch["slide_id"].cpu().numpy()
@@ -460,6 +521,10 @@ def _per_slide(
             current = sid_i
             here = slides == sid
             parts.features.append(features[here & ok])
+            if not parts.context:
+                parts.context = [[] for _ in context]
+            for kept, scale in zip(parts.context, context, strict=True):
+                kept.append(scale[here & ok])
             parts.rows.append(rows[here & ok])
             parts.failed_rows.append(rows[here & ~ok])
         bar.update(len(rows))
@@ -476,6 +541,7 @@ def _write_slide(
     encoder: Encoder,
     content: str,
     report: FeatureReport,
+    layout: dict[str, Any] | None = None,
 ) -> None:
     import h5py
 
@@ -499,6 +565,13 @@ def _write_slide(
         if parts.features
         else np.zeros((0, dim), np.float32)
     )
+    context = [
+        np.concatenate(scale).astype(np.float32) if scale else np.zeros((0, dim), np.float32)
+        for scale in parts.context
+    ]
+    if layout is not None and layout["layout"] == "concat":
+        features = np.concatenate([features, *context], axis=1)
+        context = []
     coords = np.stack(
         [np.asarray(cols["l0_x"][rows], np.int64), np.asarray(cols["l0_y"][rows], np.int64)],
         axis=1,
@@ -513,11 +586,16 @@ def _write_slide(
         "slide": file_text(record.path),
         "content": content,
     }
+    if layout is not None:
+        attrs["context"] = json.dumps(layout, sort_keys=True)
     path = out / name
     tmp = out / f".{name}{_TMP_MARK}{socket.gethostname()}-{os.getpid()}"
     buf = io.BytesIO()  # (see files.write_file)
     with h5py.File(buf, "w") as h5:
         h5.create_dataset("features", data=features)
+        for k, scale_features in enumerate(context, start=1):  # the "separate" layout
+            scale = h5.create_dataset(f"features_ctx{k}", data=scale_features)
+            scale.attrs.update(layout["scales"][k - 1] if layout else {})
         coords_ds = h5.create_dataset("coords", data=coords)
         for key in ("patch_size", "patch_level"):
             coords_ds.attrs[key] = attrs[key]
