@@ -26,8 +26,15 @@ SCALES = [(2.0, 96), (1.0, 48)]
 def index(tmp_path_factory: pytest.TempPathFactory, make_slide: SlideFactory) -> SlideIndex:
     out = tmp_path_factory.mktemp("export-ctx")
     slide = make_slide(width=1536, height=1024, seed=51, mpp=0.5)
+    (out / "labels.csv").write_text(f"slide,label\n{slide.stem},tumour\n")
     return build_index(
-        [slide], out / "idx", tile_size=128, mpp=0.5, min_tissue=0.0, context="2.0:96,1.0:48"
+        [slide],
+        out / "idx",
+        tile_size=128,
+        mpp=0.5,
+        min_tissue=0.0,
+        context="2.0:96,1.0:48",
+        labels=str(out / "labels.csv"),
     )
 
 
