@@ -113,7 +113,10 @@ def test_bags_carry_context(index: SlideIndex) -> None:
 
 
 def test_index_records_the_default_context(
-    tmp_path: Path, make_slide: SlideFactory, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    make_slide: SlideFactory,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     slides = tmp_path / "slides"
     slides.mkdir()
@@ -128,6 +131,9 @@ def test_index_records_the_default_context(
     assert index.params["context"] == [[2.0, 96], [1.0, 64]]
     assert TileDataset(index).context == [(2.0, 96), (1.0, 64)]
     assert TileDataset(index, context=[]).context == []
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    assert "context: 96 px at 2 um/px, 64 px at 1 um/px" in capsys.readouterr().out
     batch = next(iter(make_loader(index, batch_size=4, num_workers=0)))
     assert batch.context is not None and [c.shape[1] for c in batch.context] == [96, 64]
     # the same build again carries every slide over; a scale finer than a scan fails it

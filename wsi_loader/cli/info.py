@@ -54,6 +54,11 @@ def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
         f"{summary['tiles']} tiles; quarantine: {q['tiles']} tile and {q['slides']} slide "
         "records",
     ]
+    context = (summary.get("params") or {}).get("context")
+    if context:  # what datasets of this index read beside each tile by default
+        lines.append(
+            "context: " + ", ".join(f"{size} px at {mpp:g} um/px" for mpp, size in context)
+        )
     unit = "tiles" if summary["label_from"] == "annotations" else "slides"
     if summary["label_counts"]:
         lines.append("classes: " + counts_line(summary["label_counts"]))
