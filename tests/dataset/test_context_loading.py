@@ -146,3 +146,40 @@ def test_index_records_the_default_context(
         failed["twenty"] or ""
     )
     assert "context scale 0.25 um/px" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "scales"),
+    [
+        ("dataset:\n  context: [[2.0, 224], [8, 64]]\n", [(2.0, 224), (8.0, 64)]),
+        ("dataset:\n  context: ['2.0:224']\n", [(2.0, 224)]),
+        ("dataset:\n  context:\n    - {mpp: 2.0, size: 224}\n", [(2.0, 224)]),
+        ("dataset:\n  context: []\n", []),
+    ],
+)
+def test_context_from_a_config_file(tmp_path: Path, text: str, scales: list) -> None:  # type: ignore[type-arg]
+    from wsi_loader.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert load_config(path).dataset.context == scales
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([(2.0, 0)], "context tile size 0 is not in 1..16384"),
+        ([(-1.0, 224)], r"context MPP -1.0 is not in \(0, 1000\]"),
+        ("2.0:big", "is not MPP:SIZE"),
+        ([(2.0, 224), (2.0, 224)], "context scales repeat"),
+        ([(2.0, 224)] * 9, "at most 8 context scales"),
+    ],
+)
+def test_bad_context_scales_are_config_errors(
+    index: SlideIndex, value: object, message: str
+) -> None:
+    from wsi_loader.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as info:
+        TileDataset(index, context=value)  # type: ignore[arg-type]
+    assert (info.value.key or "").startswith("context")
