@@ -14,6 +14,7 @@ import math
 import os
 import re
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,6 @@ from defusedxml.ElementTree import fromstring as xml_from_text
 
 from wsi_loader.errors import SlideOpenError, TileReadError, WsiLoaderError, describe
 from wsi_loader.slides.base import (
-    BytesLRU,
     MppSource,
     RGBArray,
     SegmentJob,
@@ -76,15 +76,87 @@ RAW_COMPRESSIONS = frozenset({1, 5, 7, 8, 32946, 33003, 33005, 34712, 50000, 500
 DCT_SCALES = (2, 4, 8)
 
 
-class SegmentCache(BytesLRU[RGBArray]):
-    """LRU cache of decoded storage segments, bounded in bytes, shared by a process's readers.
+class SegmentCache:
+    """Cache of decoded storage segments, bounded in bytes, shared by a process's readers.
 
     Neighbouring windows that share storage tiles (256 px windows on 512 px tiles, overlapping
-    grids) decode each tile once.
+    grids, the context windows of neighbouring tiles) decode each tile once.
+
+    A segmented LRU: a segment enters on probation, and one used again moves to the
+    protected part (at most half the bytes), whose least recent segments fall back to
+    probation. Why: a sampler that draws tiles at random over a big slide decodes a stream of
+    segments used once, which in a plain LRU pushes out the few that are used over and over
+    (the coarse-level segments under many tiles' context windows: 224 px at 2.0 um/px of a
+    40x slide spans ~19 of its 0.5 um/px tiles). Only `get` is a use; ``key in cache`` only
+    looks. A segment kept by `keep_planned` (decoded ahead by a thread for a window read
+    next) has its first `get` count as the use it was decoded for, not as a reuse.
     """
 
     def __init__(self, max_bytes: int = 32 * 2**20) -> None:
-        super().__init__(max_bytes, size=lambda pixels: pixels.nbytes)
+        self.max_bytes = max_bytes
+        self._probation: OrderedDict[SegmentKey, tuple[RGBArray, bool]] = OrderedDict()
+        self._protected: OrderedDict[SegmentKey, RGBArray] = OrderedDict()
+        self._probation_bytes = 0
+        self._protected_bytes = 0
+
+    def __contains__(self, key: SegmentKey) -> bool:
+        return key in self._protected or key in self._probation
+
+    def get(self, key: SegmentKey) -> RGBArray | None:
+        """The segment (a use of it), None when absent."""
+        pixels = self._protected.get(key)
+        if pixels is not None:
+            self._protected.move_to_end(key)
+            return pixels
+        entry = self._probation.get(key)
+        if entry is None:
+            return None
+        pixels, planned = entry
+        if planned:  # the use it was decoded for
+            self._probation[key] = (pixels, False)
+            self._probation.move_to_end(key)
+            return pixels
+        del self._probation[key]  # used again: protected
+        self._probation_bytes -= pixels.nbytes
+        self._protected[key] = pixels
+        self._protected_bytes += pixels.nbytes
+        while self._protected_bytes > self.max_bytes // 2:
+            old, demoted = self._protected.popitem(last=False)
+            self._protected_bytes -= demoted.nbytes
+            self._probation[old] = (demoted, False)
+            self._probation_bytes += demoted.nbytes
+        return pixels
+
+    def put(self, key: SegmentKey, pixels: RGBArray, planned: bool = False) -> None:
+        """Keep a segment just decoded and used (``planned``: decoded for a use to come)."""
+        if pixels.nbytes > self.max_bytes:
+            return
+        self.pop(key)
+        self._probation[key] = (pixels, planned)
+        self._probation_bytes += pixels.nbytes
+        while self._probation_bytes + self._protected_bytes > self.max_bytes:
+            if self._probation:
+                _, (evicted, _) = self._probation.popitem(last=False)
+                self._probation_bytes -= evicted.nbytes
+            else:
+                _, evicted = self._protected.popitem(last=False)
+                self._protected_bytes -= evicted.nbytes
+
+    def pop(self, key: SegmentKey) -> RGBArray | None:
+        pixels = self._protected.pop(key, None)
+        if pixels is not None:
+            self._protected_bytes -= pixels.nbytes
+            return pixels
+        entry = self._probation.pop(key, None)
+        if entry is None:
+            return None
+        self._probation_bytes -= entry[0].nbytes
+        return entry[0]
+
+    def clear(self) -> None:
+        self._probation.clear()
+        self._protected.clear()
+        self._probation_bytes = self._protected_bytes = 0
 
 
 def _resolution_mpp(page: tifffile.TiffPage, axis: str = "X") -> float | None:
@@ -568,7 +640,7 @@ class TiffReader(SlideReader):
             index = self._whole_tile(0, l0_x, l0_y, l_w, l_h)
         else:
             index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
-        if index is None or self._cache.get((self.path, level, index, 1)) is not None:
+        if index is None or (self.path, level, index, 1) in self._cache:
             return None
         return index
 
@@ -588,14 +660,14 @@ class TiffReader(SlideReader):
             return [
                 SegmentJob(key, nbytes, self._decoder(level, index, scale))
                 for index in self._covering(level, l_x, l_y, l_w, l_h)
-                if self._cache.get(key := (self.path, level, index, scale)) is None
+                if (key := (self.path, level, index, scale)) not in self._cache
             ]
         except DATA_ERRORS as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
     def keep(self, key: SegmentKey, pixels: RGBArray) -> None:
-        """Cache a segment decoded by a `segment_jobs` job."""
-        self._cache.put(key, pixels)
+        """Cache a segment decoded by a `segment_jobs` job (for the read that follows)."""
+        self._cache.put(key, pixels, planned=True)
 
     def segment_cache_bytes(self) -> int:
         """Capacity of the segment cache this reader shares with its process's other readers."""
@@ -734,7 +806,7 @@ class TiffReader(SlideReader):
         return [
             (int(lv.offsets[i]), int(lv.counts[i]))
             for i in self._covering(level, l_x, l_y, l_w, l_h)
-            if self._cache.get((self.path, level, i, scale)) is None
+            if (self.path, level, i, scale) not in self._cache
         ]
 
     def prefetch(self, windows: list[Window], out_size: int) -> None:
