@@ -184,3 +184,21 @@ def test_bad_context_scales_are_config_errors(
     with pytest.raises(ConfigError, match=message) as info:
         TileDataset(index, context=value)  # type: ignore[arg-type]
     assert (info.value.key or "").startswith("context")
+
+
+def test_device_decode_ships_the_tiles_compressed_and_the_context_decoded(
+    tmp_path: Path, make_slide: SlideFactory
+) -> None:
+    """decode='device': tiles that are one JPEG storage tile travel compressed; their
+    context tiles (windows of other levels) are decoded in the worker as always."""
+    slide = make_slide(width=2048, height=1536, seed=44, mpp=0.5)
+    aligned = build_index([slide], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.0)
+    options = {"context": [(2.0, 128)], "num_workers": 0, "sampler": range(16)}
+    raw = next(iter(make_loader(aligned, batch_size=16, decode="device", **options)))
+    assert raw.encoded is not None and all(e is not None for e in raw.encoded)
+    on_cpu = next(iter(DeviceLoader(make_loader(aligned, batch_size=16, **options), "cpu")))
+    on_device = next(
+        iter(DeviceLoader(make_loader(aligned, batch_size=16, decode="device", **options), "cpu"))
+    )
+    torch.testing.assert_close(on_device["image"], on_cpu["image"])
+    torch.testing.assert_close(on_device["context"][0], on_cpu["context"][0])
