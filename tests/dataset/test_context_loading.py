@@ -202,3 +202,18 @@ def test_device_decode_ships_the_tiles_compressed_and_the_context_decoded(
     )
     torch.testing.assert_close(on_device["image"], on_cpu["image"])
     torch.testing.assert_close(on_device["context"][0], on_cpu["context"][0])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_device_loader_normalises_every_scale_like_the_cpu(index: SlideIndex) -> None:
+    loader = make_loader(
+        index, context=SCALES, batch_size=8, num_workers=2, sampler=range(24), pin_memory=True
+    )
+    cpu = list(DeviceLoader(loader, "cpu"))
+    gpu = list(DeviceLoader(loader, "cuda"))
+    for a, b in zip(cpu, gpu, strict=True):
+        for k in range(len(SCALES)):
+            assert b["context"][k].is_cuda and b["context_mask"][k].is_cuda
+            torch.testing.assert_close(a["context"][k], b["context"][k].cpu())
+            assert torch.equal(a["context_mask"][k], b["context_mask"][k].cpu())
