@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # pyproject.toml states the supported range for users.
 TORCH_DEV := torch==2.13.0
 
-.PHONY: demo test lint typecheck bench notebooks clean
+.PHONY: demo test lint typecheck bench notebooks clean frontend browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,28 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) frontend
 	$(BIN)/wsi-loader demo --out demo
+
+# The viewer's third-party front end (OpenSeadragon) from the npm registry, pinned by the lock
+# file, copied into the package's static folder (git-ignored; nothing of it is committed).
+FRONTEND := wsi_loader/viewer/frontend
+OSD_BUILD := $(FRONTEND)/node_modules/openseadragon/build/openseadragon
+OSD_STATIC := wsi_loader/viewer/static/openseadragon
+frontend: $(OSD_STATIC)/openseadragon.min.js
+
+$(OSD_STATIC)/openseadragon.min.js: $(FRONTEND)/package.json $(FRONTEND)/package-lock.json
+	cd $(FRONTEND) && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	rm -rf $(OSD_STATIC) && mkdir -p $(OSD_STATIC)
+	cp -R $(OSD_BUILD)/openseadragon.min.js $(OSD_BUILD)/images $(OSD_STATIC)/
+	cp $(FRONTEND)/node_modules/openseadragon/LICENSE.txt $(OSD_STATIC)/
+
+# The viewer's browser tests drive Debian's chromium (never a downloaded browser)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  elif command -v sudo >/dev/null 2>&1; then sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null; \
+	  else echo "warning: chromium is not installed and cannot be (not root, no sudo): the viewer's browser tests are skipped" >&2; fi; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check wsi_loader tests benchmarks notebooks
@@ -25,7 +45,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy wsi_loader
 
-test: lint typecheck
+test: lint typecheck frontend browser
 	$(BIN)/python -m pytest
 
 notebooks: $(STAMP)
@@ -35,4 +55,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_index.py
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/viewer/static

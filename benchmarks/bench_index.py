@@ -1,8 +1,12 @@
 """Index build time: per slide for 10k/20k/40k px wide synthetic slides, 100 small slides
-with 1 vs 2 workers, and what region annotations add. Build time must follow the lowest
-level's size, not level 0's; annotation labelling must add < 50% to a build.
+with 1 vs 2 workers, and what region annotations and quality control add. Build time must
+follow the lowest level's size, not level 0's; annotation labelling must add < 50% to a build;
+quality control at most 150 ms of CPU on the 40k x 30k slide, and nothing with qc none.
 
-    .venv/bin/python benchmarks/bench_index.py [--scratch DIR] [--only annotations]
+    .venv/bin/python benchmarks/bench_index.py [--scratch DIR] [--only annotations|qc]
+
+The QC section builds the 40k x 30k slide with qc none and qc all, 7 interleaved builds each,
+and prints the best wall and CPU seconds of each and the difference in CPU milliseconds.
 
 The annotation section indexes the 40k x 30k slide with and without 50 QuPath polygons of
 1,000 vertices each (5 classes, overlapping, some reaching past tile borders everywhere),
@@ -41,11 +45,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scratch", default=None, help="folder for the synthetic slides")
     parser.add_argument("--small", type=int, default=100, help="number of small slides")
-    parser.add_argument("--only", choices=["annotations"], help="run only this section")
+    parser.add_argument("--only", choices=["annotations", "qc"], help="run only this section")
     args = parser.parse_args()
     scratch = scratch_folder(args.scratch, "wsi-bench-")
     if args.only == "annotations":
         annotations_section(scratch)
+        return
+    if args.only == "qc":
+        qc_section(scratch)
         return
 
     print("## Build time per slide (min_tissue 0.5, 256 px at 0.5 um/px, 1 worker, best of 3)")
@@ -84,6 +91,30 @@ def main() -> None:
     build_index([folder], scratch / "idx-small", workers=2)
     print(f"incremental re-run (nothing changed): {time.perf_counter() - start:.2f} s")
     annotations_section(scratch)
+    qc_section(scratch)
+
+
+def qc_section(scratch: Path) -> None:
+    """What quality control adds to a build of the 40k x 30k slide (CPU of every thread)."""
+    width = 40_000
+    slide = synthetic_slide(scratch / f"w{width}.svs", width=width, seed=width)
+    print(f"\n## Quality control: {slide.name} (min_tissue 0.5, 256 px at 0.5 um/px)")
+    options = {"mpp": 0.5, "min_tissue": 0.5}
+    cpu_build([slide], scratch / "idx-q", **options, qc="all")  # warm
+    runs: dict[str, list[tuple[float, float]]] = {"none": [], "all": []}
+    for _ in range(7):  # interleaved, so a slow spell of the machine hits both alike
+        for mode, timings in runs.items():
+            timings.append(cpu_build([slide], scratch / f"idx-q-{mode}", **options, qc=mode))
+    print(f"{'build':<12} {'seconds':>8} {'CPU ms':>8}")
+    best = {mode: (min(w for w, _ in r), min(c for _, c in r)) for mode, r in runs.items()}
+    for mode, (wall, cpu) in best.items():
+        print(f"{'qc ' + mode:<12} {wall:>8.3f} {cpu * 1e3:>8.1f}")
+    added = (best["all"][1] - best["none"][1]) * 1e3
+    index = build_index([slide], scratch / "idx-q-all", **options)  # type: ignore[arg-type]
+    print(
+        f"quality control adds {added:.0f} ms of CPU ({len(index)} tiles; limit 150 ms); "
+        f"picture {index.slides[0].qc['picture'] if index.slides[0].qc else '-'}"
+    )
 
 
 def write_polygons(path: Path, width: int, height: int, count: int, vertices: int) -> None:

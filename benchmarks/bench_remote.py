@@ -31,8 +31,10 @@ core 1): the comparison a machine with a remote bucket makes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -47,7 +49,14 @@ sys.path.insert(0, str(REPO))  # tests.servers
 
 from common import scratch_folder, synthetic_slide  # noqa: E402
 
-from tests.servers import Server, proxy_stats, s3_files  # noqa: E402
+from tests.servers import (  # noqa: E402
+    Server,
+    delay_proxy,
+    nginx_files,
+    nginx_stats,
+    proxy_stats,
+    s3_files,
+)
 
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "bench",
@@ -69,8 +78,17 @@ def cpu_seconds(pid: int) -> float:
 
 # -- one pass, in a fresh process --------------------------------------------------------------
 def child(
-    kind: str, index_dir: str, rows_file: str, url: str, workers: str = str(WORKERS)
+    kind: str,
+    index_dir: str,
+    rows_file: str,
+    url: str,
+    workers: str = str(WORKERS),
+    epochs: str = "1",
 ) -> dict[str, float]:
+    """One pass: ``kind`` "ours", "tiffslide" (fsspec's default file for ``url``), or, for the
+    regimes, "s3fs-default" / "s3fs-none" (tiffslide over s3fs with its default block cache /
+    without a cache, each slide of the index opened by its own URL); ``epochs`` passes over
+    the rows, timed after the first batch."""
     import multiprocessing
 
     import torch
@@ -89,23 +107,43 @@ def child(
         import tiffslide
 
         cols = index.columns
+        paths = [index.slide_path(sid) for sid in range(len(index.slides))]
+
+        def open_slide(sid: int) -> Any:
+            if kind == "tiffslide":
+                return tiffslide.TiffSlide(url)
+            cache = {"cache_type": "none"} if kind.endswith("-none") else {}
+            if kind.startswith("http-"):  # fsspec's HTTP file (aiohttp), default 5 MB blocks
+                import fsspec
+
+                return tiffslide.TiffSlide(fsspec.filesystem("http").open(paths[sid], **cache))
+            import s3fs
+
+            fs = s3fs.S3FileSystem()
+            key = paths[sid].removeprefix("s3://")
+            return tiffslide.TiffSlide(fs.open(key, "rb", **cache))
 
         class TiffslideTiles(Dataset[dict[str, Any]]):
             def __init__(self) -> None:
-                self.slide: Any = None
+                self.slides: dict[int, Any] = {}
 
             def __len__(self) -> int:
                 return len(index)
 
             def __getitem__(self, i: int) -> dict[str, Any]:
-                if self.slide is None:
-                    self.slide = tiffslide.TiffSlide(url)
+                sid = int(cols["slide_id"][i])
+                if sid not in self.slides:
+                    self.slides[sid] = open_slide(sid)
                 x, y = int(cols["l0_x"][i]), int(cols["l0_y"][i])
-                pixels = self.slide.read_region((x, y), 0, (256, 256), as_array=True)
+                pixels = self.slides[sid].read_region((x, y), 0, (256, 256), as_array=True)
                 return {"image": torch.from_numpy(np.ascontiguousarray(pixels[..., :3]))}
 
         loader = DataLoader(
-            TiffslideTiles(), batch_size=BATCH, sampler=rows, num_workers=int(workers)
+            TiffslideTiles(),
+            batch_size=BATCH,
+            sampler=rows,
+            num_workers=int(workers),
+            persistent_workers=int(workers) > 0,
         )
     iterator = iter(loader)
     next(iterator)  # workers started, slide opened
@@ -113,9 +151,10 @@ def child(
     cpu0 = time.process_time() + sum(cpu_seconds(p) for p in pids)
     last = {p: cpu_seconds(p) for p in pids}
     start, seen = time.perf_counter(), 0
-    for batch in iterator:
-        seen += len(batch) if kind == "ours" else len(batch["image"])
-        last = {p: cpu_seconds(p) or last[p] for p in pids}
+    for epoch in range(int(epochs)):
+        for batch in iterator if epoch == 0 else iter(loader):
+            seen += len(batch) if kind == "ours" else len(batch["image"])
+            last = {p: cpu_seconds(p) or last[p] for p in pids}
     wall = time.perf_counter() - start
     cpu = time.process_time() + sum(last.values()) - cpu0
     return {"tiles_per_s": seen / wall, "cpu_us": cpu / seen * 1e6, "tiles": seen}
@@ -141,6 +180,7 @@ def run_pass(
     endpoint: str | None,
     workers: int,
     cpus: set[int] | None = None,
+    epochs: int = 1,
 ) -> dict[str, float]:
     env = {**os.environ, **S3_ENV, "PYTHONPATH": str(REPO)}
     if endpoint:
@@ -150,7 +190,8 @@ def run_pass(
         "print(json.dumps(child(*sys.argv[1:])))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code, kind, str(index_dir), str(rows_file), url, str(workers)],
+        [sys.executable, "-c", code, kind, str(index_dir), str(rows_file), url, str(workers),
+         str(epochs)],
         env=env, capture_output=True, text=True, cwd=REPO, check=False, timeout=1200,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
     )  # fmt: skip
@@ -198,9 +239,29 @@ def main() -> None:
         "bucket that does not take the reader's cores, as a real one does not",
     )
     parser.add_argument("--scratch")
+    parser.add_argument("--regimes", action="store_true", help="dense and sparse regimes")
+    parser.add_argument("--big-width", type=int, default=80_000, help="~1 GB at 80,000 px")
+    parser.add_argument("--archive-width", type=int, default=30_000)
+    parser.add_argument("--archive-slides", type=int, default=4)
+    parser.add_argument("--dense-tiles", type=int, default=2048)
+    parser.add_argument("--sparse-tiles", type=int, default=2048)
+    parser.add_argument("--peer-sparse-tiles", type=int, default=256)
+    parser.add_argument("--peer-sparse-default", type=int, default=64)
+    parser.add_argument("--regime-latency", type=float, default=20)
+    parser.add_argument("--keep", action="store_true", help="keep the generated slides")
+    parser.add_argument(
+        "--server",
+        choices=("s3", "nginx"),
+        default="s3",
+        help="regimes: s3 (tests.servers.s3_files; peer tiffslide over s3fs) or nginx "
+        "(https; peer tiffslide over fsspec's HTTP file)",
+    )
     args = parser.parse_args()
     args.reader_cpus = _cpus(args.reader_cpus)
     args.bucket_cpus = _cpus(args.bucket_cpus)
+    if args.regimes:
+        regimes(args)
+        return
     latencies = [float(v) for v in args.latencies.split(",")]
 
     from wsi_loader.index import build_index
@@ -301,13 +362,13 @@ def measure(
 def report(best: dict[str, dict[str, float]], latencies: list[float]) -> None:
     base = best["local warm"]["tiles_per_s"]
     print(f"{'path':<18} {'tiles/s':>8} {'vs warm':>8} {'CPU us/tile':>12} "
-          f"{'server us':>10} {'req/tile':>9} {'fetched/used':>13}")  # fmt: skip
+          f"{'server us':>10} {'GETs/tile':>9} {'fetched/used':>13}")  # fmt: skip
     for name, r in best.items():
         extra = (
             f" {r['server_cpu_us']:10.0f} {r['requests_per_tile']:9.2f} "
             f"{r['fetched_per_used']:13.2f}"
             if "requests_per_tile" in r
-            else ""
+            else f" {'-':>10} {0:9.2f} {'-':>13}"  # a local pass makes no GETs
         )
         print(
             f"{name:<18} {r['tiles_per_s']:8.0f} {r['tiles_per_s'] / base:7.2f}x "
@@ -323,6 +384,144 @@ def report(best: dict[str, dict[str, float]], latencies: list[float]) -> None:
             f">= 0.8), s3 / tiffslide {ours['tiles_per_s'] / peer['tiles_per_s']:.1f}x "
             "(target at 20 ms >= 5)"
         )
+
+
+# -- dense and sparse regimes on realistic sizes -----------------------------------------------
+def regimes(args: argparse.Namespace) -> None:
+    """``--regimes``: a ~1 GB slide and an archive of several, behind one S3 endpoint at
+    ``--regime-latency`` ms (`tests.servers.s3_files`: it answers a range by ``pread`` of
+    that range only, as a bucket does, unlike moto, which copies the whole object for every
+    GET: 137 ms of CPU per GET on a 253 MB object).
+
+    * dense: ``--dense-tiles`` neighbouring tissue tiles of the big slide, 3 epochs;
+    * sparse: ``--sparse-tiles`` random tiles across the archive, one epoch (the peers read
+      fewer: ``--peer-sparse-tiles``; s3fs's default cache pulls 50 MB blocks per tile).
+
+    Each line: tiles/s, ratio to local warm (the same rows from the files on disk), GETs
+    and bytes per tile counted at the endpoint, and client CPU per tile."""
+    from wsi_loader.index import build_index
+
+    scratch = scratch_folder(args.scratch, "wsi-bench-regimes-")
+    archive = scratch / "bucket" / "bench"
+    archive.mkdir(parents=True, exist_ok=True)
+    print(f"generating slides in {archive} ...", flush=True)
+    big = synthetic_slide(archive / "big.svs", width=args.big_width, seed=11, mpp=0.5)
+    others = [
+        synthetic_slide(archive / f"case-{i}.svs", width=args.archive_width, seed=20 + i, mpp=0.5)
+        for i in range(args.archive_slides)
+    ]
+    slides = [big, *others]
+    sizes = {p.name: p.stat().st_size for p in slides}
+    print("slides:", ", ".join(f"{n} {v / 1e6:.0f} MB" for n, v in sizes.items()), flush=True)
+    options = {"tile_size": 256, "level": 0, "min_tissue": 0.5}
+    local = build_index(slides, scratch / "local", **options)
+    rng = np.random.default_rng(0)
+    big_rows = np.flatnonzero(local.columns["slide_id"] == 0)
+    middle = len(big_rows) // 2
+    dense = big_rows[middle : middle + args.dense_tiles]
+    sparse = rng.permutation(len(local))[: args.sparse_tiles]
+    results: list[tuple[str, str, dict[str, float]]] = []
+    with contextlib.ExitStack() as stack:
+        counts, urls, endpoint, peer = _serve(args, scratch, slides, stack)
+        remote = build_index(urls, scratch / "remote", **options)
+        assert np.array_equal(remote.columns["l0_x"], local.columns["l0_x"])
+        plans = [
+            ("dense", dense, 3, [("ours", dense), (f"{peer}-default", dense),
+                                 (f"{peer}-none", dense)]),
+            ("sparse", sparse, 1, [
+                ("ours", sparse),
+                (f"{peer}-default", sparse[: args.peer_sparse_default + BATCH]),
+                (f"{peer}-none", sparse[: args.peer_sparse_tiles + BATCH]),
+            ]),
+        ]  # fmt: skip
+        for regime, rows, epochs, passes in plans:
+            rows_file = scratch / f"{regime}.npy"
+            np.save(rows_file, rows)
+            warm_page_cache_all(slides)
+            base = run_pass("ours", local.path, rows_file, "", None, args.workers,
+                            args.reader_cpus, epochs)  # fmt: skip
+            results.append((regime, "local warm", base))
+            for kind, kind_rows in passes:
+                kind_file = scratch / f"{regime}-{kind}.npy"
+                np.save(kind_file, kind_rows)
+                before = counts()
+                result = run_pass(kind, remote.path, kind_file, "", endpoint, args.workers,
+                                  args.reader_cpus, epochs)  # fmt: skip
+                after = counts()
+                tiles = (len(kind_rows)) * epochs
+                result["gets_per_tile"] = (after["requests"] - before["requests"]) / tiles
+                result["bytes_per_tile"] = (
+                    after["bytes_to_client"] - before["bytes_to_client"]
+                ) / tiles
+                result["vs_local"] = result["tiles_per_s"] / base["tiles_per_s"]
+                results.append((regime, kind, result))
+                print(f"  {regime:<7} {kind:<13} {result['tiles_per_s']:8.0f} tiles/s, "
+                      f"{result['gets_per_tile']:.3f} GETs/tile", flush=True)  # fmt: skip
+    report_regimes(results, args, peer)
+    if not args.keep:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _serve(
+    args: argparse.Namespace, scratch: Path, slides: list[Path], stack: contextlib.ExitStack
+) -> tuple[Any, list[str], str | None, str]:
+    """Start the server of ``--server`` (kept off the reader's cores with --bucket-cpus):
+    (request counters, slide URLs, S3 endpoint or None, the peer's name)."""
+    stats = scratch / "stats.json"
+    if args.server == "s3":
+        server = stack.enter_context(s3_files(scratch / "bucket", args.regime_latency, stats))
+        if args.bucket_cpus:
+            os.sched_setaffinity(server.proc.pid, args.bucket_cpus)
+        os.environ.update(S3_ENV, AWS_ENDPOINT_URL=server.url)
+        urls = [f"s3://bench/{p.name}" for p in slides]
+        return (lambda: proxy_stats(server, stats)), urls, server.url, "s3fs"
+    folder = scratch / "nginx"
+    nginx = stack.enter_context(nginx_files(scratch / "bucket" / "bench", folder))
+    proxy = stack.enter_context(delay_proxy(nginx.port, args.regime_latency, stats))
+    if args.bucket_cpus:
+        for pid in (nginx.proc.pid, proxy.proc.pid, *_children(nginx.proc.pid)):
+            os.sched_setaffinity(pid, args.bucket_cpus)
+    os.environ["SSL_CERT_FILE"] = str(folder / "cert.pem")  # our libcurl, fsspec's aiohttp
+    urls = [f"https://127.0.0.1:{proxy.port}/{p.name}" for p in slides]
+    return (lambda: nginx_stats(folder)), urls, None, "http"
+
+
+def _children(pid: int) -> list[int]:
+    found = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in found.read_text().split()] if found.exists() else []
+
+
+def warm_page_cache_all(paths: list[Path]) -> None:
+    for path in paths:
+        warm_page_cache(path)
+
+
+def report_regimes(
+    results: list[tuple[str, str, dict[str, float]]], args: argparse.Namespace, peer: str
+) -> None:
+    print()
+    print(f"regimes at +{args.regime_latency:g} ms per request, {args.workers} worker(s), "
+          f"server {args.server}")  # fmt: skip
+    print(f"{'regime':<7} {'path':<13} {'tiles/s':>8} {'vs local':>9} {'GETs/tile':>10} "
+          f"{'KB/tile':>8} {'CPU us/tile':>12}")  # fmt: skip
+    for regime, kind, r in results:
+        gets = f"{r.get('gets_per_tile', 0.0):10.3f}"  # local: no GETs
+        kb = f"{r.get('bytes_per_tile', 0.0) / 1e3:8.1f}"
+        print(f"{regime:<7} {kind:<13} {r['tiles_per_s']:8.0f} "
+              f"{r['tiles_per_s'] / _base(results, regime):8.2f}x {gets} {kb} "
+              f"{r['cpu_us']:12.0f}")  # fmt: skip
+    for regime in ("dense", "sparse"):
+        ours = _rate(results, regime, "ours")
+        for kind in (f"{peer}-default", f"{peer}-none"):
+            print(f"{regime}: ours / tiffslide+{kind} {ours / _rate(results, regime, kind):.1f}x")
+
+
+def _rate(results: list[tuple[str, str, dict[str, float]]], regime: str, kind: str) -> float:
+    return next(r["tiles_per_s"] for g, k, r in results if g == regime and k == kind)
+
+
+def _base(results: list[tuple[str, str, dict[str, float]]], regime: str) -> float:
+    return _rate(results, regime, "local warm")
 
 
 if __name__ == "__main__":

@@ -57,3 +57,139 @@ def slow() -> nn.Module:
 
 def not_a_model() -> str:
     return "nope"
+
+
+class Misbehaving(nn.Module):
+    """`PoolLinear` whose output goes wrong in one of the ways models do (``how``); ``calls``
+    counts the batches it has seen (the first batch is the first slide's)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.inner = PoolLinear()
+        self.how = how
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> Any:
+        self.calls += 1
+        y = self.inner(x)
+        if self.how == "nan_first_slide" and self.calls == 1:
+            return y * float("nan")
+        if self.how == "inf":
+            return y.masked_fill(torch.arange(len(y))[:, None] == 0, float("inf"))
+        if self.how == "twice_the_rows":  # (2B, D): reshaped to (B, 2D) before, silently
+            return torch.cat([y, y])
+        if self.how == "one_row_short":
+            return y[:-1]
+        if self.how == "tuple":
+            return y, y
+        if self.how == "integers":
+            return y.round().long()
+        if self.how == "width_changes" and self.calls > 1:
+            return y[:, :8]
+        return y
+
+
+def nan_first_slide() -> nn.Module:
+    return Misbehaving("nan_first_slide")
+
+
+def inf() -> nn.Module:
+    return Misbehaving("inf")
+
+
+def twice_the_rows() -> nn.Module:
+    return Misbehaving("twice_the_rows")
+
+
+def one_row_short() -> nn.Module:
+    return Misbehaving("one_row_short")
+
+
+def returns_tuple() -> nn.Module:
+    return Misbehaving("tuple")
+
+
+def integers() -> nn.Module:
+    return Misbehaving("integers")
+
+
+def width_changes() -> nn.Module:
+    return Misbehaving("width_changes")
+
+
+# -- classifiers for predict -----------------------------------------------------------------
+def classifier() -> Any:
+    """Two classes named as the test index's labels, ImageNet normalisation, 64 px input."""
+    return PoolLinear(dim=2), {
+        "mean": (0.485, 0.456, 0.406),
+        "std": (0.229, 0.224, 0.225),
+        "size": 64,
+        "classes": ["normal", "tumour"],
+    }
+
+
+def classifier_plain() -> nn.Module:
+    """Two outputs, no names, no preprocessing (pixels / 255 at the read size)."""
+    return PoolLinear(dim=2)
+
+
+def slow_classifier() -> nn.Module:
+    return PoolLinear(dim=2, delay_s=0.3)
+
+
+def nan_classifier() -> nn.Module:
+    return _NanFirst()
+
+
+class _NanFirst(nn.Module):
+    """NaN for the first batch read (the first slide's); predict runs it once before, on a
+    blank tile, to count its outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = PoolLinear(dim=2)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        y = self.inner(x)
+        return y * float("nan") if self.calls == 2 else y
+
+
+class Oriented(nn.Module):
+    """Two logits from the mean of the top row and of the left column: a flip or a turn of
+    the tile changes them (test-time augmentation must average the views)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([x[:, :, 0, :].mean(dim=(1, 2)), x[:, :, :, 0].mean(dim=(1, 2))], 1)
+
+
+def oriented() -> nn.Module:
+    return Oriented()
+
+
+class BagAttention(nn.Module):
+    """Attention-MIL over a padded batch of bags: (features (B, N, D), mask (B, N)) ->
+    (logits (B, 2), attention (B, N))."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(1)
+        self.score = nn.Linear(dim, 1)
+        self.classify = nn.Linear(dim, 2)
+        with torch.no_grad():
+            for layer in (self.score, self.classify):
+                layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator))
+                layer.bias.zero_()
+
+    def forward(
+        self, features: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.score(features).squeeze(-1).masked_fill(~mask, float("-inf"))
+        attention = scores.softmax(dim=1)
+        pooled = (attention.unsqueeze(-1) * features).sum(dim=1)
+        return self.classify(pooled), attention
+
+
+def bag_model() -> nn.Module:
+    return BagAttention()

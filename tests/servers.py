@@ -6,7 +6,9 @@ with them), started and stopped by the caller:
 * ``http``: a static file server with HTTP Range support, and injectable faults: a JSON file
   ``.faults.json`` in its root maps a substring of "PATH RANGE-HEADER" to
   ``{"status": 503, "times": N}`` (the next N matching requests get that status;
-  ``"times": -1`` forever; ``"status": 0`` drops the connection: a reset);
+  ``"times": -1`` forever; ``"status": 0`` drops the connection: a reset; ``"short"`` answers
+  a range with its first half only, said so in honest headers; ``"stall"`` accepts the
+  request and never answers (until the server stops, at most 120 s));
 * ``proxy``: a TCP proxy that delays every request by a fixed time (a bucket in the same
   region: 5-20 ms) and counts requests and bytes (written to ``--stats`` on SIGUSR1);
 * ``s3files``: the read side of the S3 API (HEAD and ranged GET of objects, path-style
@@ -14,6 +16,11 @@ with them), started and stopped by the caller:
   per request and the same counters: a bucket in the same region, cheap enough in CPU to
   benchmark a reader against on a 2-core machine (moto spends ~60 ms of CPU on every range
   request to a 150 MB object).
+
+* `nginx_files`: Debian's nginx (``apt-get install nginx-light``) serving a folder over
+  ``https://`` with a self-signed certificate (trusted through ``SSL_CERT_FILE``); it sends a
+  range straight from the file (sendfile), the way a bucket's front end streams it, and logs
+  every request with its bytes (`nginx_stats`).
 
 ``python tests/servers.py http PORT ROOT`` / ``proxy PORT TARGET_PORT DELAY_MS STATS`` /
 ``s3files PORT ROOT DELAY_MS STATS``.
@@ -25,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pwd
 import re
 import signal
 import socket
@@ -155,6 +163,69 @@ def proxy_stats(server: Server, stats: Path) -> dict[str, int]:
     raise RuntimeError("the proxy wrote no stats")
 
 
+NGINX = "/usr/sbin/nginx"
+NGINX_CONF = """
+{user}
+worker_processes 1;
+daemon off;
+pid {folder}/nginx.pid;
+error_log {folder}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+    log_format counted '$request_method $status $bytes_sent';
+    access_log {folder}/access.log counted;
+    sendfile on;
+    keepalive_requests 100000;
+    keepalive_timeout 300s;
+    client_body_temp_path {folder}/tmp;
+    proxy_temp_path {folder}/tmp;
+    fastcgi_temp_path {folder}/tmp;
+    uwsgi_temp_path {folder}/tmp;
+    scgi_temp_path {folder}/tmp;
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        ssl_certificate {folder}/cert.pem;
+        ssl_certificate_key {folder}/key.pem;
+        root {root};
+        types {{ application/octet-stream svs tif tiff ndpi; }}
+    }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def nginx_files(root: Path, folder: Path) -> Iterator[Server]:
+    """nginx serving ``root`` over https on a free port of 127.0.0.1; its configuration,
+    certificate (``folder/cert.pem``: point SSL_CERT_FILE at it) and logs live in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tmp").mkdir(exist_ok=True)
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    port = free_port()
+    conf = folder / "nginx.conf"
+    # run as root, nginx's workers become "nobody", who cannot read a private temp folder
+    user = f"user {pwd.getpwuid(os.geteuid()).pw_name};" if os.geteuid() == 0 else ""
+    conf.write_text(NGINX_CONF.format(folder=folder, port=port, root=root, user=user))
+    with _serving([NGINX, "-c", str(conf), "-p", str(folder)], port) as server:
+        yield server
+
+
+def nginx_stats(folder: Path) -> dict[str, int]:
+    """Requests and bytes sent so far, from nginx's access log in ``folder``."""
+    requests = sent = 0
+    with contextlib.suppress(FileNotFoundError), open(folder / "access.log") as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) == 3:
+                requests += 1
+                sent += int(parts[2])
+    return {"requests": requests, "bytes_to_client": sent}
+
+
 # -- the HTTP server ----------------------------------------------------------------------------
 class RangeHandler(SimpleHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections, as with a bucket
@@ -162,7 +233,7 @@ class RangeHandler(SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def _fault(self) -> int | None:
+    def _fault(self) -> int | str | None:
         faults_file = Path(self.directory) / ".faults.json"
         if not faults_file.exists():
             return None
@@ -173,7 +244,8 @@ class RangeHandler(SimpleHTTPRequestHandler):
                 if fault["times"] > 0:
                     fault["times"] -= 1
                     faults_file.write_text(json.dumps(faults))
-                return int(fault["status"])
+                status = fault["status"]
+                return status if isinstance(status, str) else int(status)
         return None
 
     def send_head(self) -> Any:
@@ -182,7 +254,11 @@ class RangeHandler(SimpleHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return None
-        if fault is not None:
+        if fault == "stall":
+            time.sleep(120)
+            self.close_connection = True
+            return None
+        if isinstance(fault, int):
             self.send_error(fault)
             return None
         match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
@@ -195,6 +271,8 @@ class RangeHandler(SimpleHTTPRequestHandler):
         if start >= size:
             self.send_error(416)
             return None
+        if fault == "short":  # a server (or a proxy) that gives part of the range
+            end = start + (end - start) // 2
         fh = open(path, "rb")  # noqa: SIM115 - closed by the handler after copying
         fh.seek(start)
         self.send_response(206)

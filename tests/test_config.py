@@ -5,7 +5,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from wsi_loader.config import Config, IndexConfig, load_config, with_overrides
+from wsi_loader.config import (
+    Config,
+    IndexConfig,
+    StainConfig,
+    StainJitterConfig,
+    load_config,
+    with_overrides,
+)
 from wsi_loader.errors import ConfigError
 
 
@@ -16,7 +23,17 @@ def test_documented_default_file_equals_the_defaults() -> None:
 @pytest.mark.parametrize(
     ("text", "key", "message"),
     [
-        ("index:\n  tile_sise: 256\n", "index.tile_sise", "unknown key 'index.tile_sise'"),
+        (
+            "index:\n  tile_sise: 256\n",
+            "index.tile_sise",
+            r"unknown key 'index.tile_sise' \(did you mean 'tile_size'\?\)",
+        ),
+        (
+            "dataset:\n  on_eror: raise\n",
+            "dataset.on_eror",
+            r"unknown key 'dataset.on_eror' \(did you mean 'on_error'\?\)",
+        ),
+        ("indx:\n  mpp: 0.5\n", "indx", r"unknown key 'indx' \(did you mean 'index'\?\)"),
         (
             "index:\n  tile_size: big\n",
             "index.tile_size",
@@ -26,7 +43,8 @@ def test_documented_default_file_equals_the_defaults() -> None:
         ("index:\n  min_tissue: 1.5\n", "index.min_tissue", "less than or equal to 1"),
         ("index:\n  mpp: 0.5\n  level: 1\n", "index", "either mpp or level"),
         ("dataset:\n  on_error: ignore\n", "dataset.on_error", "'fill', 'substitute' or 'raise'"),
-        ("exports: {}\n", "exports", "unknown key 'exports'"),
+        ("exports: {}\n", "exports", "unknown key 'exports' \\(did you mean 'export'"),
+        ("index:\n  zzz: 1\n", "index.zzz", r"unknown key 'index.zzz'$"),  # nothing close
         # YAML keeps the last of a repeated key without a word: an edit appended below an old
         # value, or a second 'index:' section (which replaced the whole first one)
         (
@@ -44,6 +62,22 @@ def test_documented_default_file_equals_the_defaults() -> None:
             "index.roi",
             r"'index.roi' is given twice \(lines 1 and 1\)",
         ),
+        # the stain section
+        ("stain:\n  normalize: vahadane\n", "stain.normalize", "'macenko' or 'reinhard'"),
+        ("stain:\n  target: ref.json\n", "stain", "target needs normalize: macenko"),
+        ("stain:\n  per_tile: true\n", "stain", "per_tile needs normalize"),
+        (
+            "stain:\n  augment:\n  - hed_jitter: {sigma: 1.5}\n",
+            "stain.augment.0.hed_jitter.sigma",
+            "invalid value 1.5 for 'stain.augment.0.hed_jitter.sigma'",
+        ),
+        (
+            "stain:\n  augment:\n  - {hed_jitter: {}, rand_stain: {}}\n",
+            "stain.augment.0",
+            r"one of hed_jitter, stain_jitter, rand_stain \(got \['hed_jitter', 'rand_stain'\]\)",
+        ),
+        ("stain:\n  augment: [hed_jitter]\n", "stain.augment.0", "valid dictionary"),
+        ("stain:\n  target: ''\n  normalize: macenko\n", "stain.target", "at least 1"),
     ],
 )
 def test_errors_name_key_value_and_file(tmp_path: Path, text: str, key: str, message: str) -> None:
@@ -53,6 +87,52 @@ def test_errors_name_key_value_and_file(tmp_path: Path, text: str, key: str, mes
         load_config(path)
     assert info.value.key == key and info.value.path == str(path)
     assert str(info.value).startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "close"),
+    [
+        ("index:\n  tile_sise: 256\n", "index.tile_sise", "tile_size"),
+        ("stian:\n  normalize: macenko\n", "stian", "stain"),
+        ("stain:\n  normalise: macenko\n", "stain.normalise", "normalize"),
+        (
+            "stain:\n  augment:\n  - stain_jiter: {}\n",
+            "stain.augment.0.stain_jiter",
+            "stain_jitter",
+        ),
+        (
+            "stain:\n  augment:\n  - hed_jitter: {sgima: 1}\n",
+            "stain.augment.0.hed_jitter.sgima",
+            "sigma",
+        ),
+        ("dataset:\n  retry: 3\n", "dataset.retry", "retries"),
+    ],
+)
+def test_an_unknown_key_names_the_closest_known_one(
+    tmp_path: Path, text: str, key: str, close: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key
+    assert str(info.value).endswith(f"unknown key {key!r} (did you mean {close!r}?)")
+    path.write_text("index:\n  zzzzz: 1\n")  # nothing close: no suggestion
+    with pytest.raises(ConfigError, match=r"unknown key 'index.zzzzz'$"):
+        load_config(path)
+
+
+def test_stain_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = load_config(REPO / "configs" / "stain.yaml").stain
+    assert (config.normalize, config.target, config.seed) == ("macenko", "ref.json", 7)
+    assert [step.name for step in config.augment] == ["hed_jitter", "stain_jitter"]
+    assert config.augment[0].hed_jitter is not None and config.augment[0].hed_jitter.sigma == 0.03
+    assert config.augment[1].stain_jitter == StainJitterConfig()  # null: the defaults
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "c.yaml"
+    path.write_text("stain:\n  normalize: reinhard\n  target: ~/ref.json\n")
+    assert load_config(path).stain.target == str(tmp_path / "ref.json")
+    assert Config().stain == StainConfig() and StainConfig().normalize is None
 
 
 @pytest.mark.parametrize(

@@ -190,7 +190,7 @@ def test_model_specs_and_their_errors(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert encoder.size == 64 and encoder.mean == (0.485, 0.456, 0.406)
     assert load_encoder("tests.feature_models:plain").mean is None
     for spec, message in [
-        ("resnet50", "torchvision:NAME, timm:NAME or package.module:callable"),
+        ("resnet50", "torchvision:NAME, timm:NAME, package.module:callable or a TorchScript"),
         ("no_such_module_xyz:make", "cannot import"),
         ("tests.feature_models:missing", "cannot import"),
         ("tests.feature_models:not_a_model", "must give an nn.Module"),
@@ -426,3 +426,85 @@ def test_a_torchvision_that_cannot_load_is_a_config_error(
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ConfigError, match=r"cannot be imported.*torchvision::nms does not exist"):
         load_encoder(spec)
+
+
+@pytest.fixture
+def two_cases(tmp_path: Path, make_slide: Callable[..., Path]) -> tuple[SlideIndex, Path]:
+    """Two different slides both named ``case`` (a/case.svs, b/case.svs), labelled by path,
+    with their features extracted (``case.h5`` and ``case-s1.h5``)."""
+    from wsi_loader.index import build_index
+
+    archive = tmp_path / "archive"
+    for folder, seed in (("a", 41), ("b", 42)):
+        (archive / folder).mkdir(parents=True)
+        source = make_slide(width=1024 if folder == "a" else 1536, height=1024, seed=seed)
+        (archive / folder / "case.svs").write_bytes(source.read_bytes())
+    (archive / "labels.csv").write_text("path,label\na/case.svs,normal\nb/case.svs,tumour\n")
+    index = build_index(
+        [archive],
+        tmp_path / "idx",
+        tile_size=256,
+        level=0,
+        min_tissue=0.0,
+        root=str(archive),
+        labels=str(archive / "labels.csv"),
+    )
+    out = tmp_path / "features"
+    extract(index, "tests.feature_models:tiny", out, workers=0)
+    assert sorted(p.name for p in out.glob("*.h5")) == ["case-s1.h5", "case.h5"]
+    return index, out
+
+
+@pytest.mark.parametrize("summary", [True, False])
+def test_feature_bags_of_slides_with_one_name_stay_apart(
+    two_cases: tuple[SlideIndex, Path], summary: bool
+) -> None:
+    """Bags are per indexed slide (by path), never merged by name: with features.json, and
+    without it by the names extraction gives (the second slide of a name gets its id)."""
+    index, out = two_cases
+    if not summary:
+        (out / "features.json").unlink()
+    bags = FeatureBagDataset(out, index=index)
+    assert len(bags) == 2
+    items = [bags[i] for i in range(2)]
+    assert [item["slide"] for item in items] == ["case", "case-s1"]  # unique, as the files
+    assert [len(item["features"]) for item in items] == [s.tiles for s in index.slides]
+    assert [bags.label_names[item["label"]] for item in items] == ["normal", "tumour"]
+    assert bags.paths == [s.path for s in index.slides]
+
+
+def test_feature_bag_labels_by_a_name_two_slides_share_are_refused(
+    two_cases: tuple[SlideIndex, Path],
+) -> None:
+    _, out = two_cases
+    with pytest.raises(InputError, match=r"case-s1\.h5") as caught:
+        FeatureBagDataset(out, labels={"case": "tumour"})
+    assert "index=" in str(caught.value)
+    # by file name, or without labels, each file is its own bag
+    bags = FeatureBagDataset(out, labels={"case": "normal", "case-s1": "tumour"})
+    assert {bags[i]["slide"]: bags[i]["label"] for i in range(2)} == {"case": 0, "case-s1": 1}
+    assert len(FeatureBagDataset(out)) == 2
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_feature_bag_epochs_reach_persistent_workers(
+    index: SlideIndex, tmp_path: Path, context: str
+) -> None:
+    """set_epoch draws other subsets in workers that outlive the epoch (persistent_workers):
+    they held their own copy of the epoch (1 distinct subset over 3 epochs)."""
+    out = tmp_path / "bags"
+    extract(index, "tests.feature_models:tiny", out, workers=0)
+    bags = FeatureBagDataset(out, index=index, max_instances=10, seed=3)
+    loader = DataLoader(
+        bags,
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context=context,
+    )
+    subsets = []
+    for epoch in range(3):
+        bags.set_epoch(epoch)
+        subsets.append(tuple(next(iter(loader))["coords"].flatten().tolist()))
+        assert subsets[-1] == tuple(bags[0]["coords"].flatten().tolist())  # as in this process
+    assert len(set(subsets)) == 3

@@ -62,6 +62,23 @@ def test_device_decode_quarantines_a_bad_tile_once_over_epochs(index: SlideIndex
     assert sorted(r["row"] for r in records) == sorted(corrupt_rows(index).tolist())
 
 
+def test_undecoded_tiles_are_not_ok_until_decoded(index: SlideIndex) -> None:
+    """decode="device" batches read without DeviceLoader hold compressed tiles whose rows are
+    still zero: they were marked ok (43 of 43, corrupt tiles included), so a loop that forgot
+    the DeviceLoader trained on black tiles. Not ok until decoded; then ok where they decode."""
+    loader = make_loader(index, batch_size=8, num_workers=0, shuffle=False, decode="device")
+    pending = 0
+    for batch in loader:
+        encoded = torch.tensor([e is not None for e in batch.encoded or [None] * len(batch)])
+        pending += int(encoded.sum())
+        assert not batch.ok[encoded].any()
+    assert pending > len(corrupt_rows(index))
+    decoded = list(DeviceLoader(loader, "cpu"))
+    ok = torch.cat([b["ok"] for b in decoded])
+    rows = torch.cat([b["row"] for b in decoded])
+    assert sorted(rows[~ok].tolist()) == sorted(corrupt_rows(index).tolist())
+
+
 def test_plain_dataloader_dicts_work_too(index: SlideIndex) -> None:
     loader = DataLoader(TileDataset(index), batch_size=4)
     batch = next(iter(DeviceLoader(loader, "cpu", mean=None, std=None, dtype=torch.float64)))
@@ -102,3 +119,4 @@ def test_cuda_decode_mode(index: SlideIndex) -> None:
     for a, b in zip(cpu, gpu, strict=True):
         # nvJPEG and libjpeg-turbo may round differently by a grey level or two
         assert float((a["image"] - b["image"].cpu()).abs().mean()) < 0.05
+        assert torch.equal(a["ok"], b["ok"].cpu())  # decoded on the device: ok again

@@ -26,6 +26,7 @@ EXPORTED = [
     "IndexFormatError",
     "InputError",
     "LoaderTimeoutError",
+    "LoaderWorkerDiedError",
     "Quarantine",
     "ResolutionError",
     "SlideBagDataset",
@@ -49,6 +50,10 @@ EXPORTED = [
     "make_loader",
     "open_slide",
     "pad_bags",
+    "predict",
+    "qc_filter",
+    "serve",
+    "show",
 ]
 
 
@@ -99,7 +104,9 @@ def test_every_error_pickles_with_its_fields() -> None:
         errors.IndexFormatError("m", path="idx"),
         errors.OutputError("No space left on device", path="out/x.png", code=28),
         errors.ForkUnsafeError("m"),
+        errors.ModelOutputError("m", model="pkg.mod:net", slides=["a.svs"]),
         errors.LoaderTimeoutError("m", seconds=5.0, slide_ids=[1], paths=["a.svs"]),
+        errors.LoaderWorkerDiedError("m", worker_id=1, pid=42, exitcode=-9),
         errors.UnitsNotDoneError("m", units=[1, 2], reasons={1: "x"}),
         errors.WorkerDiedError("m", units=[3], reasons={3: "killed"}),
         errors.UnitTimeoutError("m", units=[4]),
@@ -129,6 +136,7 @@ def test_slides_and_index_layers_do_not_import_torch() -> None:
     code = (
         "import sys, wsi_loader, wsi_loader.index, wsi_loader.slides, wsi_loader.synthetic;"
         "import wsi_loader.index.health, wsi_loader.dataset.reading, wsi_loader.dataset.quarantine;"
+        "import wsi_loader.viewer;"
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -202,27 +202,81 @@ def test_a_tile_whose_requests_keep_failing_is_a_failed_tile(
             TileDataset(index)
 
 
-def test_fork_after_obstore_is_refused_not_hung(indexes) -> None:  # type: ignore[no-untyped-def]
-    """obstore's runtime does not survive fork(): make_loader starts workers another way, an
-    explicit 'fork' is refused up front, and a DataLoader of the user's own that forks fails
-    with the advice instead of hanging."""
+def test_forked_workers_read_remote_slides_after_the_parent_did(indexes) -> None:  # type: ignore[no-untyped-def]
+    """Remote clients are made in each process when first used: a worker forked after its
+    parent read remote tiles reads its own (right) pixels, and make_loader keeps the start
+    method it uses for local slides."""
     from torch.utils.data import DataLoader
 
-    from wsi_loader.errors import ConfigError, ForkUnsafeError
-
-    remote, _ = indexes
-    ds = TileDataset(remote, record_failures=False)  # the main process used obstore
-    with pytest.raises(ConfigError, match="forkserver"):
-        make_loader(ds, batch_size=8, num_workers=1, multiprocessing_context="fork")
-    loader = make_loader(ds, batch_size=8, num_workers=1, seed=0, persistent_workers=False)
-    assert loader.multiprocessing_context.get_start_method() != "fork"
-    assert sum(len(batch) for batch in loader) == len(ds)
-    # the local index of the same slides forks as before
-    local_loader = make_loader(indexes[1], batch_size=8, num_workers=1, seed=0)
-    assert local_loader.multiprocessing_context is None
+    remote, local = indexes
+    ds = TileDataset(remote, record_failures=False)
+    first = ds.read_rows(np.arange(8))  # the main process reads remote tiles first
+    assert first.ok.all()
+    loader = make_loader(ds, batch_size=8, num_workers=2, seed=0, persistent_workers=False)
+    local_loader = make_loader(local, batch_size=8, num_workers=2, seed=0)
+    assert loader.multiprocessing_context is local_loader.multiprocessing_context is None
+    got, expected = (
+        {int(r): img for b in lo for r, img in zip(b.rows, b.images.numpy(), strict=True)}
+        for lo in (loader, local_loader)
+    )
+    assert len(got) == len(expected) == len(local)
+    for row, image in got.items():
+        assert np.array_equal(image, expected[row])
     own = DataLoader(ds, batch_size=8, num_workers=1, multiprocessing_context="fork", timeout=120)
-    with pytest.raises(ForkUnsafeError, match="forkserver"):
-        next(iter(own))
+    assert sum(len(batch["image"]) for batch in own) == len(ds)
+
+
+NO_MAIN_GUARD = """
+from wsi_loader.dataset import make_loader
+from wsi_loader.index import SlideIndex
+import sys
+
+loader = make_loader(SlideIndex.open(sys.argv[1]), batch_size=8, num_workers=2, seed=0)
+print("tiles", sum(int(batch.ok.sum()) for batch in loader))
+"""
+
+
+def test_a_script_without_a_main_guard_streams_remote_slides(indexes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    remote, local = indexes
+    script = tmp_path / "train.py"
+    script.write_text(NO_MAIN_GUARD)
+    done = subprocess.run(
+        [sys.executable, str(script), str(remote.path)], capture_output=True, text=True,
+        timeout=300, check=False, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    ok = int(TileDataset(local, record_failures=False).read_rows(np.arange(len(local))).ok.sum())
+    assert done.stdout.split() == ["tiles", str(ok)]
+
+
+def test_short_answers_are_retried_never_slide_or_tile_faults(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    """A body shorter than the range asked for is the transport's fault: retried, and when it
+    keeps coming short, a transient error; never a failed tile recorded in the quarantine,
+    and never "the object is not the slide that was indexed"."""
+    root = tmp_path / "www"
+    root.mkdir()
+    slide = make_slide(width=2560, height=2048, seed=31)
+    shutil.copy(slide, root / "s.svs")
+    local = build_index([slide], tmp_path / "local", **OPTIONS)
+    expected = TileDataset(local, record_failures=False).read_rows(np.arange(len(local)))
+    faults = root / ".faults.json"
+    with http_files(root) as server:
+        index = build_index([f"{server.url}/s.svs"], tmp_path / "idx", **OPTIONS)
+        faults.write_text(json.dumps({"bytes=": {"status": "short", "times": 6}}))
+        result = TileDataset(index).read_rows(np.arange(len(index)))
+        assert result.ok.all(), result.errors
+        assert np.array_equal(result.pixels, expected.pixels)
+        faults.write_text(json.dumps({"bytes=": {"status": "short", "times": -1}}))
+        ds = TileDataset(index, retries=1)
+        result = ds.read_rows(np.arange(4))
+        assert not result.ok.any()
+        assert "short" in (result.errors[0] or "") and "indexed" not in (result.errors[0] or "")
+        assert {f["kind"] for f in ds.reader.failures} == {"transient"}
+        assert index.quarantine.tile_records() == []
+        faults.write_text("{}")
+        assert TileDataset(index).read_rows(np.arange(4)).ok.all()
 
 
 def test_bench_on_a_remote_index(indexes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -239,6 +293,11 @@ def test_bench_on_a_remote_index(indexes, tmp_path: Path) -> None:  # type: igno
     assert all(r["tiles_per_s"] > 0 for r in result["results"])
     assert "local copy" in format_table(result)
     assert copies.downloads == 2  # once per slide, for both baselines
+    # the range store's line: a second pass over the same tiles asks the bucket for nothing
+    first, second = result["remote_ranges"]["passes"]
+    assert first["gets_per_tile"] > 0 and first["kb_per_tile"] > 0
+    assert second["gets_per_tile"] == 0 and second["hit_rate"] == 1.0
+    assert "remote ranges, pass 2" in format_table(result)
 
 
 def test_an_object_rewritten_in_the_middle_is_refused_not_read(

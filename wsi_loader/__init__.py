@@ -22,6 +22,7 @@ from wsi_loader.errors import (
     IndexFormatError,
     InputError,
     LoaderTimeoutError,
+    LoaderWorkerDiedError,
     ResolutionError,
     SlideChangedError,
     SlideError,
@@ -33,7 +34,7 @@ from wsi_loader.errors import (
     WorkerDiedError,
     WsiLoaderError,
 )
-from wsi_loader.index import Quarantine, SlideIndex, SlideRecord, build_index
+from wsi_loader.index import Quarantine, SlideIndex, SlideRecord, build_index, qc_filter
 from wsi_loader.slides import HandlePool, SlideMeta, open_slide
 
 __version__ = "0.1.0"
@@ -52,6 +53,7 @@ __all__ = [
     "IndexFormatError",
     "InputError",
     "LoaderTimeoutError",
+    "LoaderWorkerDiedError",
     "Quarantine",
     "ResolutionError",
     "SlideBagDataset",
@@ -75,9 +77,14 @@ __all__ = [
     "make_loader",
     "open_slide",
     "pad_bags",
+    "predict",
+    "qc_filter",
+    "serve",
+    "show",
 ]
 
-# torch-based names, imported on first use so `import wsi_loader` stays torch-free.
+# torch-based names (and the viewer), imported on first use so `import wsi_loader` stays
+# torch-free and quick.
 _LAZY: dict[str, str] = {
     "TileDataset": "wsi_loader.dataset",
     "SlideBagDataset": "wsi_loader.dataset",
@@ -89,6 +96,10 @@ _LAZY: dict[str, str] = {
     "FeatureBagDataset": "wsi_loader.dataset",
     "pad_bags": "wsi_loader.dataset",
     "extract_features": "wsi_loader.features",
+    "predict": "wsi_loader.inference",
+    # the browser viewer (starlette, uvicorn), imported when first used
+    "serve": "wsi_loader.viewer",
+    "show": "wsi_loader.viewer",
 }
 
 if _typing.TYPE_CHECKING:
@@ -104,6 +115,8 @@ if _typing.TYPE_CHECKING:
     )
     from wsi_loader.features import extract_features
     from wsi_loader.gpu import DeviceLoader
+    from wsi_loader.inference import predict
+    from wsi_loader.viewer import serve, show
 
 
 def __dir__() -> list[str]:

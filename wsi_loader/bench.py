@@ -150,9 +150,13 @@ def openslide_baseline(
     return Measurement(name, 0, tiles, seconds, cpu_seconds=cpu)
 
 
-def reader_single_process(index: SlideIndex, rows: np.ndarray, batch_size: int) -> Measurement:
+def reader_single_process(
+    index: SlideIndex, rows: np.ndarray, batch_size: int, ranges: dict[str, Any] | None = None
+) -> Measurement:
     """Batches read in this process, into reused buffers (what make_loader does), with one
-    decode thread: the per-core rate, comparable with the OpenSlide baseline's one thread."""
+    decode thread: the per-core rate, comparable with the OpenSlide baseline's one thread.
+    For remote slides, ``ranges`` receives the range store's counters of this pass and of a
+    second pass over the same rows (what a second epoch asks of the store)."""
     ds = TileDataset(index, record_failures=False, decode_threads=1)
     buffers = BufferRing()
     ds.read_batch(rows[: min(8, len(rows))].tolist())  # open handles outside the timing
@@ -162,8 +166,28 @@ def reader_single_process(index: SlideIndex, rows: np.ndarray, batch_size: int) 
             ds.read_batch(rows[i : i + batch_size].tolist(), buffers=buffers)
         return len(rows)
 
+    store = ds.reader.pool.store
+    first = store.stats()
     tiles, seconds, cpu = _timed(run)
+    if ranges is not None and ds.reader.remote:
+        second = store.stats()
+        run()
+        third = store.stats()
+        ranges.update(
+            budget_mb=store.max_bytes / 2**20,
+            passes=[_range_pass(first, second, tiles), _range_pass(second, third, tiles)],
+        )
     return Measurement("wsi_loader", 0, tiles, seconds, cpu_seconds=cpu)
+
+
+def _range_pass(before: dict[str, int], after: dict[str, int], tiles: int) -> dict[str, float]:
+    change = {k: after[k] - before[k] for k in after}
+    return {
+        "gets_per_tile": round(change["requests"] / tiles, 3),
+        "kb_per_tile": round(change["bytes_fetched"] / tiles / 1e3, 1),
+        "hit_rate": round(change["hits"] / change["reads"], 3) if change["reads"] else 0.0,
+        "hedged": change["hedged"],
+    }
 
 
 def loader_run(
@@ -271,8 +295,9 @@ def _run_bench(
     results = [
         openslide_baseline(index, rows, copies=copies),
         openslide_baseline(index, rows, reopen=True, copies=copies),
-        reader_single_process(index, rows, batch_size),
     ]
+    ranges: dict[str, Any] = {}
+    results.append(reader_single_process(index, rows, batch_size, ranges))
     for w in workers:
         results.append(loader_run(index, rows, w, batch_size)[0])
     out: dict[str, Any] = {
@@ -281,6 +306,8 @@ def _run_bench(
         "batch_size": batch_size,
         "results": [],
     }
+    if ranges:
+        out["remote_ranges"] = ranges
     base = results[0].tiles_per_s
     for m in results:
         out["results"].append(
@@ -324,6 +351,14 @@ def format_table(result: dict[str, Any]) -> str:
             f"{r['name']:<18} {r['workers']:>7} {r['threads']:>7} {r['tiles_per_s']:>9.0f} "
             f"{r['vs_openslide']:>12.2f}x {r['cpu_us_per_tile']:>12.0f}"
         )
+    if "remote_ranges" in result:
+        budget = result["remote_ranges"]["budget_mb"]
+        for number, p in enumerate(result["remote_ranges"]["passes"], 1):
+            lines.append(
+                f"remote ranges, pass {number} (wsi_loader, budget {budget:.0f} MB): "
+                f"{p['gets_per_tile']:.3f} GETs/tile, {p['kb_per_tile']:.1f} KB/tile, "
+                f"{p['hit_rate']:.0%} of reads held already, {p['hedged']} hedged"
+            )
     for key in ("device", "device_decode"):
         if key in result:
             d = result[key]

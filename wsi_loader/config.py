@@ -7,7 +7,11 @@ key, the value and the file; `ConfigError` carries those as fields. YAML is read
 
 from __future__ import annotations
 
+import difflib
 import reprlib
+import types
+import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -32,11 +36,14 @@ __all__ = [
     "ExportConfig",
     "IndexConfig",
     "LoaderConfig",
+    "StainConfig",
+    "check_keywords",
     "load_config",
     "validate",
 ]
 
 
+QC_RULES = ("pen", "blur", "fold", "bubble")  # index/qc.py's RULES, by name
 PathText = Annotated[str, AfterValidator(expand_home)]  # a local path or a URL
 
 MAX_CONTEXT_SCALES = 8  # context tiles per item (each is a buffer per batch)
@@ -161,6 +168,27 @@ class IndexConfig(_Strict):
             "tiles too; none named: all)",
         )
     )
+    tissue_detector: Literal["auto", "brightfield", "fluorescence"] = Field(
+        "auto",
+        description="how tissue is found in pixels: per slide from its picture (auto), or this",
+    )
+    tissue_masks: PathText | None = Field(
+        None,
+        description="tissue mask images (a folder or file matched by slide name, or a CSV "
+        "with path|slide and mask): white is tissue; slides without one use the detector",
+    )
+    tissue_class: str | None = Field(
+        None, min_length=1, description="an annotation class that is the tissue (no detector)"
+    )
+    qc: Literal["all", "none"] = Field(
+        "all", description="quality-control columns (qc_focus, qc_pen...): all, or none"
+    )
+    qc_exclude: list[Literal["pen", "blur", "fold", "bubble"]] = Field(
+        default_factory=list, description="drop tiles these QC rules flag"
+    )
+    qc_thresholds: dict[str, float] = Field(
+        default_factory=dict, description="QC rule thresholds (rule -> value) other than defaults"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -203,6 +231,20 @@ class IndexConfig(_Strict):
             raise ValueError(f"classes {both} are both a region of interest and excluded")
         if self.background_label is not None and self.label_from != "annotations":
             raise ValueError("background_label applies to label_from: annotations")
+        if self.tissue_class is not None and self.annotations is None:
+            raise ValueError("tissue_class needs annotations (--annotations PATH)")
+        return self
+
+    @model_validator(mode="after")
+    def _qc_options(self) -> IndexConfig:
+        if self.qc == "none" and (self.qc_exclude or self.qc_thresholds):
+            raise ValueError("qc_exclude and qc_thresholds need quality control on (qc: all)")
+        for rule, value in self.qc_thresholds.items():
+            if rule not in QC_RULES:
+                raise ValueError(f"qc_thresholds: no QC rule {rule!r}; the rules are {QC_RULES}")
+            if not 0 <= value <= (10 if rule == "blur" else 1):
+                top = "10 (focus relative to the slide's typical)" if rule == "blur" else "1"
+                raise ValueError(f"qc_thresholds.{rule} must be between 0 and {top}, got {value}")
         return self
 
     @property
@@ -236,7 +278,10 @@ class DatasetConfig(_Strict):
     openslide_cache_mb: int = Field(64, ge=0)
     layout_cache_mb: int = Field(64, ge=0)
     prefetch_mb: int = Field(
-        64, ge=0, description="remote slides: bytes fetched ahead of the reads, per process"
+        256,
+        ge=0,
+        description="remote slides: bytes fetched ahead of the reads and kept for later "
+        "reads (a second epoch), per process",
     )
     remote_cache_dir: str = Field(
         "~/.cache/wsi_loader/slides",
@@ -310,12 +355,90 @@ class ExportConfig(_Strict):
     seed: int = Field(0, description="seed of the --shuffle permutation")
 
 
+class HEDJitterConfig(_Strict):
+    """`wsi_loader.stain.HEDJitter`: per tile and HED channel, h * U(1 +- sigma) + U(+-bias)."""
+
+    sigma: float = Field(0.05, ge=0, lt=1)
+    bias: float = Field(0.05, ge=0, lt=1)
+    clamp: bool = Field(False, description="cut negative HED values first (scikit-image's trip)")
+
+
+class StainJitterConfig(_Strict):
+    """`wsi_loader.stain.StainJitter`: the slide's stain vectors and concentrations moved."""
+
+    sigma: float = Field(0.05, ge=0, lt=1)
+    concentration: float = Field(0.1, ge=0, lt=1)
+
+
+class RandStainConfig(_Strict):
+    """`wsi_loader.stain.RandStain`: a Reinhard target drawn from the archive's spread."""
+
+    spread: float = Field(1.0, ge=0, le=10)
+
+
+class AugmentStep(_Strict):
+    """One augmentation of ``stain.augment``: a mapping with one of these keys (its options,
+    or null for the defaults)."""
+
+    hed_jitter: HEDJitterConfig | None = None
+    stain_jitter: StainJitterConfig | None = None
+    rand_stain: RandStainConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_for_null(cls, data: Any) -> Any:
+        # `- hed_jitter:` (null) asks for the defaults, as `- hed_jitter: {}` does
+        if isinstance(data, dict):
+            return {k: ({} if v is None and k in cls.model_fields else v) for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _one(self) -> AugmentStep:
+        given = [k for k in type(self).model_fields if getattr(self, k) is not None]
+        if len(given) != 1:
+            names = ", ".join(type(self).model_fields)
+            raise ValueError(f"each augment step is one of {names} (got {given or 'none'})")
+        return self
+
+    @property
+    def name(self) -> str:
+        return next(k for k in type(self).model_fields if getattr(self, k) is not None)
+
+
+class StainConfig(_Strict):
+    """The ``stain`` section: normalisation, then augmentations in order, of the tiles the
+    commands read (export, features, predict, mosaic; their ``--stain``/``--stain-target``
+    flags override ``normalize``/``target``) and of ``make_loader(stain=...)`` through
+    `wsi_loader.stain.stain_from_config`."""
+
+    normalize: Literal["macenko", "reinhard"] | None = Field(
+        None, description="macenko | reinhard (null: no normalisation)"
+    )
+    target: PathText | None = Field(
+        None,
+        min_length=1,
+        description="an image, a reference JSON, an index folder or a slide (null: the "
+        "index's median stain)",
+    )
+    per_tile: bool = Field(False, description="estimate every tile, not its slide's values")
+    augment: list[AugmentStep] = Field(default_factory=list)
+    seed: int = Field(0, description="seed of the augmentations (with the epoch and the row)")
+
+    @model_validator(mode="after")
+    def _target_needs_normalize(self) -> StainConfig:
+        for key, used in (("target", self.target is not None), ("per_tile", self.per_tile)):
+            if used and self.normalize is None:
+                raise ValueError(f"{key} needs normalize: macenko or normalize: reinhard")
+        return self
+
+
 class Config(_Strict):
     """A whole config file: one section per command."""
 
     index: IndexConfig = IndexConfig()
     dataset: DatasetConfig = DatasetConfig()
     export: ExportConfig = ExportConfig()
+    stain: StainConfig = StainConfig()
 
 
 # what error messages render of a value: bounded, so a YAML alias bomb (a few hundred bytes
@@ -325,12 +448,34 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 80, 80
 _SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 6
 
 
-def _describe(error: ValidationError, source: str | None) -> ConfigError:
+def close_key(key: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'tile_size'?)`` for a misspelt key (difflib's closest of ``known``),
+    or nothing when none is close."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_keywords(function: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """Raise Python's ``TypeError`` for a keyword ``function`` does not take, naming
+    ``function`` (not the inner function the keywords are passed on to) and the close key."""
+    choices = sorted(known)
+    for key in given:
+        if key not in choices:
+            raise TypeError(
+                f"{function}() got an unexpected keyword argument {key!r}" + close_key(key, choices)
+            )
+
+
+def _describe(
+    error: ValidationError, source: str | None, model: type[BaseModel] | None = None
+) -> ConfigError:
     first = error.errors(include_input=True, include_url=False)[0]
     key = ".".join(str(part) for part in first["loc"]) or None
     value = first.get("input")
     if first["type"] == "extra_forbidden":
         message = f"unknown key {key!r}"
+        if model is not None and first["loc"]:
+            message += close_key(str(first["loc"][-1]), _keys_at(model, first["loc"][:-1]))
     elif key:
         message = f"invalid value {_SHORT.repr(value)} for {key!r}: {first['msg']}"
     else:
@@ -341,12 +486,38 @@ def _describe(error: ValidationError, source: str | None) -> ConfigError:
     return ConfigError(message, path=source, key=key, value=value)
 
 
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the section at ``loc`` (a pydantic error location) accepts."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):  # an item of a list: the model is the list's item type
+            continue
+        field = current.model_fields.get(part) if current is not None else None
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    return list(current.model_fields) if current is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model inside ``X``, ``X | None`` or ``list[X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (list, typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
 def validate(model: type[_Strict], data: Any, source: str | None = None, prefix: str = "") -> Any:
-    """Validate ``data`` into ``model``; raise `ConfigError` naming key, value and ``source``."""
+    """Validate ``data`` into ``model``; raise `ConfigError` naming key, value and ``source``
+    (an unknown key with the known one it is closest to)."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = _describe(exc, source)
+        err = _describe(exc, source, model)
         if prefix and err.key:
             err.key = f"{prefix}.{err.key}"
         raise err from None

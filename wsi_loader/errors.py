@@ -13,7 +13,9 @@ so ``except FileNotFoundError`` or ``except ValueError`` keep working.
      +-- IndexFormatError                    missing, corrupt or incompatible index directory: path
      +-- OutputError (OSError)               an output could not be written (full disk): path, errno
      +-- ForkUnsafeError                     obstore inherited through fork(): use forkserver/spawn
+     +-- ModelOutputError (ValueError)       model output of the wrong type or shape: model, slides
      +-- LoaderTimeoutError (TimeoutError)   no batch within a loader's timeout: slide_ids, paths
+     +-- LoaderWorkerDiedError (RuntimeError) a loader's worker process died: worker_id, pid
      +-- UnitsNotDoneError                   units of an export given up: units, reasons
      |    +-- WorkerDiedError                 their worker process died (out of memory)
      |    +-- UnitTimeoutError                not done within unit_timeout
@@ -39,6 +41,8 @@ __all__ = [
     "IndexFormatError",
     "InputError",
     "LoaderTimeoutError",
+    "LoaderWorkerDiedError",
+    "ModelOutputError",
     "OutputError",
     "ResolutionError",
     "SlideChangedError",
@@ -101,6 +105,17 @@ class ForkUnsafeError(WsiLoaderError):
     slide or tile fault: it propagates."""
 
 
+class ModelOutputError(WsiLoaderError, ValueError):
+    """A model returned something that is not one row of numbers per tile (a tuple, integers,
+    another batch size, a width that changes): every slide would fail alike, so the run stops.
+    ``model`` is its spec, ``slides`` the slides of the batch it happened on."""
+
+    def __init__(self, message: str, *, model: str, slides: list[str]) -> None:
+        self.model = model
+        self.slides = slides
+        super().__init__(f"model {model}: {message} (slides of the batch: {', '.join(slides)})")
+
+
 class InputError(WsiLoaderError, ValueError):
     """A manifest, labels file or other user-supplied table is malformed."""
 
@@ -159,6 +174,17 @@ class LoaderTimeoutError(WsiLoaderError, TimeoutError):
         self.seconds = seconds
         self.slide_ids = slide_ids
         self.paths = paths
+
+
+class LoaderWorkerDiedError(WsiLoaderError, RuntimeError):
+    """A DataLoader worker process of `make_loader` died (``worker_id``, ``pid``, and
+    ``exitcode``: negative for the signal that killed it, as in `multiprocessing`)."""
+
+    def __init__(self, message: str, *, worker_id: int, pid: int, exitcode: int | None) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
 
 
 class UnitsNotDoneError(WsiLoaderError):

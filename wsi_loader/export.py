@@ -79,6 +79,7 @@ from wsi_loader.parallel import (
     run_all,
 )
 from wsi_loader.permutation import RandomPermutation
+from wsi_loader.stain import as_stain, from_spec
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,7 @@ class ExportOptions:
     retries: int = 2
     # context tiles (webdataset): (mpp, size) per scale, written as KEY.ctx1.<ext>...
     context: tuple[tuple[float, int], ...] = ()
+    stain: str | None = None  # JSON of the stain transforms' spec (`wsi_loader.stain`)
 
     @property
     def image_ext(self) -> str:
@@ -300,6 +302,12 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     # image files already under their final name are complete (atomic renames): keep them
     done = np.array([reuse_files and f is not None and f.exists() for f in files], dtype=bool)
     result = reader.read(rows[~done], threads=unit.threads)
+    if unit.options.stain is not None:
+        steps = from_spec(json.loads(unit.options.stain))
+        if steps is not None:
+            read = rows[~done]
+            slide_ids = np.asarray(cols["slide_id"][read], dtype=np.int64)
+            steps.bind(index).apply_numpy(result.pixels, slide_ids, read, 0, result.ok)
     encoded = _encode_all(result.pixels, result.ok, unit.options, unit.threads)
     context_encoded = [
         _encode_all(tiles, result.ok, unit.options, unit.threads) for tiles in result.context
@@ -461,9 +469,12 @@ def export_index(
     quarantine: str | os.PathLike[str] | None = None,
     unlabelled_out: str | os.PathLike[str] | None = None,
     context: Sequence[tuple[float, int]] | None = None,
+    stain: Any = None,
 ) -> ExportReport:
     """Export every tile of an index, or of one ``split`` (quarantined tiles are left out
-    and listed with their reason).
+    and listed with their reason). ``stain``: transforms of `wsi_loader.stain` applied to
+    every tile before it is encoded (``Normalize("macenko", target=...)``); the resolved
+    target is recorded in the settings (``export.json``), so a resumed export keeps it.
 
     Image folders hold labelled tiles only: a folder of tiles without a label would be one
     more class to every reader (torchvision's ImageFolder, Hugging Face's ClassLabel), so
@@ -531,6 +542,9 @@ def export_index(
     index = index.view(split=split, quarantine=quarantine)
     scales = _context_scales(index, context, options.format)
     options = replace(options, context=tuple(scales))
+    steps = as_stain(stain)
+    if steps is not None:  # targets resolved now (an archive median, a file), once
+        options = replace(options, stain=json.dumps(steps.bind(index).spec(), sort_keys=True))
     readable = require_slides(index, missing_slides)
     if options.format == "imagefolder" and kept is None and not (index.tile_labels() >= 0).any():
         raise ConfigError(

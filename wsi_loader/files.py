@@ -60,14 +60,23 @@ def lock(fd: int, operation: int, path: str | os.PathLike[str]) -> bool:
 
 @contextmanager
 def locked(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on the file ``path`` (created if missing, never through a
-    symlink) for the block; closing the descriptor releases it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    try:
-        lock(fd, fcntl.LOCK_EX, path)
-        yield
-    finally:
-        os.close(fd)
+    """Hold an exclusive ``flock`` on the file ``path`` (created if missing, with the umask's
+    permissions, never through a symlink) for the block; closing the descriptor releases it.
+    A lock file may be removed by whoever holds it (`LocalCopies` removes a copy's with the
+    copy): a waiter that then gets the lock of a file no longer at ``path`` locks the new one."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        try:
+            lock(fd, fcntl.LOCK_EX, path)
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+            except FileNotFoundError:
+                same = False
+            if same:
+                yield
+                return
+        finally:
+            os.close(fd)
 
 
 def append_line(path: str | os.PathLike[str], record: Mapping[str, Any]) -> None:

@@ -23,8 +23,10 @@ import simplejpeg
 import torch
 
 from wsi_loader.dataset.batch import TileBatch
-from wsi_loader.errors import TileReadError
+from wsi_loader.errors import ConfigError, TileReadError
 from wsi_loader.index.quarantine import Quarantine
+from wsi_loader.index.table import SlideIndex
+from wsi_loader.stain import as_stain
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,10 @@ def decode_encoded(
         index = torch.tensor(list(decoded), dtype=torch.long, device=batch.images.device)
         stacked = torch.stack([decoded[i].to(batch.images.device) for i in decoded])
         batch.images.index_copy_(0, index, stacked)
+    if decoded and batch.ok.device.type == "cpu":  # ok once decoded (see TileBatch)
+        batch.ok.numpy()[list(decoded)] = True
+    elif decoded:
+        batch.ok[torch.tensor(list(decoded), dtype=torch.long, device=batch.ok.device)] = True
     batch.encoded = None
     return batch
 
@@ -149,6 +155,19 @@ def _mark_failed(
         )
 
 
+def _index_of(loader: Any) -> SlideIndex:
+    """The index a loader reads: make_loader's, or a DataLoader's `TileDataset`'s."""
+    for holder in (getattr(loader, "tiles", None), getattr(loader, "dataset", None)):
+        index = getattr(holder, "index", None)
+        if isinstance(index, SlideIndex):
+            return index
+    raise ConfigError(
+        "stain transforms need the index the loader reads, and this loader has none to find "
+        "(make_loader's and DataLoader(TileDataset) have): pass DeviceLoader(..., index=...)",
+        key="stain",
+    )
+
+
 class DeviceLoader:
     """Wrap a loader of `TileBatch` (or default-collated sample dicts) and yield dicts whose
     ``image`` is a normalised float tensor ``(N, 3, H, W)`` on ``device``. Batches with context
@@ -158,6 +177,9 @@ class DeviceLoader:
 
     ``mean``/``std`` are in [0, 1] units (ImageNet's by default; ``None`` gives plain /255).
     ``wait_seconds`` accumulates the time the consumer waited for the next batch.
+    ``stain``: stain transforms of `wsi_loader.stain` (one or a list: ``Normalize("macenko")``,
+    ``HEDJitter(0.05, 0.05)``...), applied to whole batches on ``device`` before the
+    conversion, bound to the loader's index (``index`` when the loader has none).
     """
 
     def __init__(
@@ -169,8 +191,12 @@ class DeviceLoader:
         std: Sequence[float] | None = IMAGENET_STD,
         dtype: torch.dtype = torch.float32,
         channels_last: bool = True,
+        stain: Any = None,
+        index: SlideIndex | None = None,
     ) -> None:
         self.loader = loader
+        steps = as_stain(stain)
+        self.stain = None if steps is None else steps.bind(index or _index_of(loader))
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device is 'cuda' but CUDA is not available; use device='cpu'")
@@ -234,6 +260,10 @@ class DeviceLoader:
         """Copy to the device and convert; runs on the side stream when there is one."""
         if isinstance(batch, TileBatch) and self.device.type == "cpu" and self._np_dtype:
             moved = decode_encoded(batch, self.device, self._unwritable, self._quarantines)
+            if self.stain is not None:  # numpy, in place: the batch is this process's now
+                self.stain.apply_numpy(
+                    moved.images.numpy(), moved.slide_id, moved.rows, moved.epoch, moved.ok
+                )
             out = moved.as_dict()
             out["image"] = self._convert_on_cpu(moved.images)
             if moved.context is not None:  # every scale normalised alike
@@ -244,11 +274,25 @@ class DeviceLoader:
         if isinstance(batch, TileBatch):
             moved = batch.to(self.device, non_blocking=True)
             moved = decode_encoded(moved, self.device, self._unwritable, self._quarantines)
+            if self.stain is not None:
+                moved.images = self.stain.apply_torch(
+                    moved.images, batch.slide_id, batch.rows, batch.epoch, moved.ok
+                )
             out = moved.as_dict()
             if moved.context is not None:
                 masks = [moved.context_mask(k) for k in range(len(moved.context))]
         else:  # default-collated dicts from a plain DataLoader(TileDataset)
             out = {k: self._to_device(v) for k, v in batch.items()}
+            if self.stain is not None:
+                epoch = int(getattr(getattr(self.loader, "dataset", None), "epoch", 0))
+                nhwc = self.stain.apply_torch(
+                    out["image"].permute(0, 2, 3, 1),
+                    batch["slide_id"],
+                    batch["row"],
+                    epoch,
+                    batch["ok"],
+                )
+                out["image"] = nhwc.permute(0, 3, 1, 2)
         out["image"] = self._normalise(out["image"])
         if out.get("context") is not None:  # every scale normalised alike
             out["context"] = [self._normalise(tiles) for tiles in out["context"]]

@@ -167,7 +167,8 @@ def _guarded_call(fn: Callable[[Task], Result], slot: int, task: Task) -> Result
     return fn(task)
 
 
-def _how_it_ended(exitcode: int | None) -> str:
+def how_it_ended(exitcode: int | None) -> str:
+    """How a process ended, from its ``exitcode`` as `multiprocessing` gives it."""
     if exitcode is None:  # (a process the pool started and ended between two polls)
         return "it ended abruptly"
     if exitcode >= 0:
@@ -255,7 +256,7 @@ def _run_guarded(
                     for i in (i for i in running if i not in done):
                         code = exits.get(began_by[i])
                         if code not in (None, -signal.SIGTERM) or i == alone:
-                            give_up(i, GivenUp("died", _how_it_ended(code)))
+                            give_up(i, GivenUp("died", how_it_ended(code)))
                         elif i not in suspects:
                             suspects.append(i)
                     fruitless = fruitless + 1 if len(done) == before else 0

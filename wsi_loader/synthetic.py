@@ -10,14 +10,18 @@ field), pink stroma texture and purple nuclei, so compressed tile sizes are real
 are generated one at a time, so a 40k x 30k slide never needs its full raster in memory.
 ``corrupt_tiles`` breaks chosen level-0 tiles exactly the way openslide-python's
 ``unreadable.svs`` is broken (the JPEG SOS marker 0xFFDA becomes 0xFFDB).
+
+``SlideSpec(artefacts=...)`` paints pen strokes, blurred regions, folds and bubbles with known
+masks (`wsi_loader.synthetic_artefacts`); ``dark_field=True`` draws a fluorescence (DAPI-like)
+slide instead: black glass, dim tissue, bright blue nuclei.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -25,10 +29,20 @@ import tifffile
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
+from wsi_loader.synthetic_artefacts import Artefact, paint_artefacts, qc_layout
+
 _FIELD_STEP = 32  # level-0 pixels per cell of the tissue field
 _BACKGROUND = np.array([242, 241, 239], dtype=np.float32)
 _STROMA = np.array([226, 160, 196], dtype=np.float32)
 _NUCLEUS = (88, 58, 140)
+# nuclei (radius 2.5-5.5 px, 0.8 as high as wide, one per 900 px^2) cover this share of tissue;
+# levels coarser than 1/_DOTS_UP_TO draw that share as a tint instead of dots
+_NUCLEAR_SHARE = math.pi * (2.5**2 + 2.5 * 5.5 + 5.5**2) / 3 * 0.8 / 900
+_DOTS_UP_TO = 4
+# dark field (fluorescence, a DAPI channel shown in blue): black glass, dim tissue, bright nuclei
+_DARK_BACKGROUND = np.array([2, 2, 5], dtype=np.float32)
+_DARK_TISSUE = np.array([3, 4, 22], dtype=np.float32)
+_DARK_NUCLEUS = (20, 30, 215)
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,11 @@ class SlideSpec:
     tissue: float = 0.35  # approximate share of the area covered by tissue
     nuclei: float = 1.0  # nuclei per area of tissue, times the default's (a class that shows)
     quality: int = 85
+    # stained with known optical-density vectors (H, E), by Beer-Lambert, instead of fixed
+    # colours: nuclei haematoxylin, stroma eosin (tests of stain estimation)
+    stain: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
+    artefacts: tuple[Artefact, ...] = ()  # painted over the tissue (synthetic_artefacts)
+    dark_field: bool = False  # a fluorescence slide: dark glass, bright nuclei
 
 
 class _Painter:
@@ -65,14 +84,18 @@ class _Painter:
             int, tuple[list[npt.NDArray[np.uint8]], list[npt.NDArray[np.uint8]]]
         ] = {}
 
-    def tissue_mask(self, l0_x: int, l0_y: int, ds: float, w: int, h: int) -> npt.NDArray[np.bool_]:
-        """Tissue where the smoothed field (sampled every 8 px, bilinear) passes the threshold."""
+    def tissue_mask(
+        self, l0_x: int, l0_y: int, ds: float, w: int, h: int, above: float = 0.0
+    ) -> npt.NDArray[np.bool_]:
+        """Tissue where the smoothed field (sampled every 8 px, bilinear) passes the threshold
+        (plus ``above``: the tissue's cores)."""
+        threshold = self.threshold + above
         step = 8
         xs = (l0_x + np.arange(0, w + step, step) * ds) / _FIELD_STEP
         ys = (l0_y + np.arange(0, h + step, step) * ds) / _FIELD_STEP
         gy, gx = np.meshgrid(ys, xs, indexing="ij")
         coarse = ndimage.map_coordinates(self.field, [gy, gx], order=1, mode="nearest")
-        if coarse.max() <= self.threshold - 0.05:
+        if coarse.max() <= threshold - 0.05:
             return np.zeros((h, w), dtype=bool)
         size = ((coarse.shape[1] - 1) * step, (coarse.shape[0] - 1) * step)
         fine = Image.fromarray(coarse.astype(np.float32), "F").resize(
@@ -80,7 +103,7 @@ class _Painter:
             Image.Resampling.BILINEAR,
             box=(0.5, 0.5, coarse.shape[1] - 0.5, coarse.shape[0] - 0.5),
         )
-        return np.asarray(fine)[:h, :w] > self.threshold
+        return np.asarray(fine)[:h, :w] > threshold
 
     def _textures(
         self, size: int
@@ -89,15 +112,38 @@ class _Painter:
         if size not in self._texture_bank:
             rng = np.random.default_rng([self.spec.seed, size])
             noise = [rng.normal(0.0, 1.0, (size, size, 1)).astype(np.float32) for _ in range(4)]
-            background = [np.clip(_BACKGROUND + n * 2.5, 0, 255).astype(np.uint8) for n in noise]
-            stroma = [np.clip(_STROMA + n * 14.0, 0, 255).astype(np.uint8) for n in noise]
+            glass, tissue, spread = (
+                (_DARK_BACKGROUND, _DARK_TISSUE, 3.0)
+                if self.spec.dark_field
+                else (_BACKGROUND, _STROMA, 14.0)
+            )
+            background = [np.clip(glass + n * 2.5, 0, 255).astype(np.uint8) for n in noise]
+            stroma = [np.clip(tissue + n * spread, 0, 255).astype(np.uint8) for n in noise]
             self._texture_bank[size] = (background, stroma)
         return self._texture_bank[size]
 
     def paint(
         self, level: int, l0_x: int, l0_y: int, ds: float, size: int
     ) -> npt.NDArray[np.uint8]:
-        rng = np.random.default_rng([self.spec.seed, level, l0_x, l0_y])
+        tile = self._paint_clean(level, l0_x, l0_y, ds, size)
+        if not self.spec.artefacts:
+            return tile
+        return paint_artefacts(
+            tile,
+            self.spec.artefacts,
+            l0_x,
+            l0_y,
+            ds,
+            self.tissue_mask(l0_x, l0_y, ds, size, size),
+            lambda x, y: self._paint_clean(level, round(x), round(y), ds, size),
+        )
+
+    def _paint_clean(
+        self, level: int, l0_x: int, l0_y: int, ds: float, size: int
+    ) -> npt.NDArray[np.uint8]:
+        # tiles left of or above the slide (a blurred artefact's neighbours) get keys of their own
+        key = [l0_x, l0_y] if l0_x >= 0 and l0_y >= 0 else [l0_x % 2**32, l0_y % 2**32, 1]
+        rng = np.random.default_rng([self.spec.seed, level, *key])
         background, stroma = self._textures(size)
         shift = tuple(int(v) for v in rng.integers(0, size, 2))
         bg = np.roll(background[int(rng.integers(4))], shift, axis=(0, 1))
@@ -105,6 +151,14 @@ class _Painter:
         if not mask.any():
             return bg
         tissue = np.roll(stroma[int(rng.integers(4))], shift, axis=(0, 1))
+        nucleus = _DARK_NUCLEUS if self.spec.dark_field else _NUCLEUS
+        if ds > _DOTS_UP_TO and self.spec.stain is None:
+            # a coarse level averages many nuclei into each pixel, as a scanner's pyramid does:
+            # a tint of the nuclei's share, not single-pixel dots of pure nucleus colour (a
+            # stained slide keeps its dots: its repainting finds nuclei by their colour)
+            share = min(0.5, _NUCLEAR_SHARE * self.spec.nuclei)
+            tinted = tissue * (1 - share) + np.array(nucleus) * share
+            return np.where(mask[..., None], tinted.astype(np.uint8), bg)
         canvas = Image.fromarray(np.where(mask[..., None], tissue, bg))
         draw = ImageDraw.Draw(canvas)
         # about one nucleus per 900 level-0 px^2 of tissue, capped on coarse levels
@@ -115,9 +169,43 @@ class _Painter:
         radii = np.maximum(rng.uniform(2.5, 5.5, len(xy)) / ds, 0.6)
         shades = rng.integers(-20, 20, len(xy))
         for (x, y), r, d in zip(xy.tolist(), radii.tolist(), shades.tolist(), strict=True):
-            fill = (_NUCLEUS[0] + d, _NUCLEUS[1] + d, _NUCLEUS[2] + d)
+            fill = (nucleus[0] + d, nucleus[1] + d, nucleus[2] + d)
             draw.ellipse((x - r, y - r * 0.8, x + r, y + r * 0.8), fill=fill)
-        return np.asarray(canvas)
+        pixels = np.asarray(canvas)
+        if self.spec.stain is not None:
+            cores = self.tissue_mask(l0_x, l0_y, ds, size, size, above=_CORE)
+            return _stained(pixels, mask, cores, self.spec.stain)
+        return pixels
+
+
+# transmitted light and stain amounts of the stained synthetic slides
+_STAIN_IO = 245.0
+_STROMA_E, _NUCLEUS_H, _NUCLEUS_E, _CORE_H = 0.55, 1.1, 0.2, 0.8
+_CORE = 0.9  # field above the tissue threshold where tissue is cellular (haematoxylin-rich)
+
+
+def _stained(
+    painted: npt.NDArray[np.uint8],
+    mask: npt.NDArray[np.bool_],
+    cores: npt.NDArray[np.bool_],
+    stain: tuple[tuple[float, float, float], tuple[float, float, float]],
+) -> npt.NDArray[np.uint8]:
+    """Repaint a tile by Beer-Lambert with known stain vectors: eosin over the tissue (its
+    texture from the painted stroma's green), haematoxylin where nuclei were drawn and over
+    the tissue's cellular cores (large areas of nearly pure haematoxylin, so low levels have
+    them too)."""
+    h, e = (np.asarray(v, np.float32) / np.linalg.norm(v) for v in stain)
+    green = painted[..., 1].astype(np.float32)
+    nucleus = mask & (green < 110)  # the nuclei's painted green is 38-78, stroma's ~160
+    texture = np.clip((255.0 - green) / 95.0, 0.3, 1.7)
+    c_e = np.where(mask, _STROMA_E * texture, 0.0)
+    c_e = np.where(nucleus, _NUCLEUS_E, np.where(cores, 0.1 * c_e, c_e))
+    c_h = np.where(cores, _CORE_H * texture, 0.0)
+    c_h = np.where(nucleus, _NUCLEUS_H * np.clip(texture / 1.6, 0.6, 1.2), c_h)
+    od = c_h[..., None] * h + c_e[..., None] * e
+    rgb = np.clip(_STAIN_IO * np.exp(-od) + 0.5, 0, 255)
+    out: npt.NDArray[np.uint8] = rgb.astype(np.uint8)
+    return out
 
 
 def _level_downsamples(spec: SlideSpec) -> list[int]:
@@ -218,7 +306,8 @@ def _write_thumbnail(tif: tifffile.TiffWriter, painter: _Painter, spec: SlideSpe
     ds = max(spec.width, spec.height) / 768
     w, h = max(1, round(spec.width / ds)), max(1, round(spec.height / ds))
     mask = painter.tissue_mask(0, 0, ds, w, h)[..., None]
-    thumb = np.where(mask, _STROMA, _BACKGROUND).astype(np.uint8)
+    tissue, glass = (_DARK_TISSUE, _DARK_BACKGROUND) if spec.dark_field else (_STROMA, _BACKGROUND)
+    thumb = np.where(mask, tissue, glass).astype(np.uint8)
     tif.write(
         thumb,
         photometric="rgb",
@@ -279,3 +368,20 @@ def _overwrite_tiles(path: str, tiles: set[tuple[int, int]]) -> None:
         for offset, count in spans:
             fh.seek(offset)
             fh.write(b"\x00\xff" * (count // 2))
+
+
+def tissue_of(spec: SlideSpec) -> Callable[[float, float, float, int, int], npt.NDArray[np.bool_]]:
+    """The slide's tissue mask as ``mask(l0_x, l0_y, downsample, w, h)`` (ground truth)."""
+    painter = _Painter(replace(spec, artefacts=()))
+
+    def mask(l0_x: float, l0_y: float, ds: float, w: int, h: int) -> npt.NDArray[np.bool_]:
+        return painter.tissue_mask(round(l0_x), round(l0_y), ds, w, h)
+
+    return mask
+
+
+def with_qc_artefacts(spec: SlideSpec, scale: float = 1.0) -> SlideSpec:
+    """``spec`` with the standard artefact set of `synthetic_artefacts.qc_layout` on its
+    tissue (four pen inks, three blurs, two folds, two bubbles)."""
+    layout = qc_layout(spec.width, spec.height, tissue_of(spec), spec.seed, scale)
+    return replace(spec, artefacts=layout)

@@ -25,13 +25,24 @@ from wsi_loader.errors import AnnotationError, TileReadError
 from wsi_loader.files import replacing
 from wsi_loader.index.annotations import read_regions
 from wsi_loader.index.lookup import resolve_slide
+from wsi_loader.index.qc import QC_COLUMNS, built_thresholds
+from wsi_loader.index.qc import flags as qc_flags
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.index.tissue import read_mask_image
-from wsi_loader.slides.base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, RGBArray, SlideReader
+from wsi_loader.slides.base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, RGBArray
 from wsi_loader.slides.open import open_slide
+from wsi_loader.stain import as_stain
 
-ColorBy = Literal["tissue", "label", "status", "annotation"]
-COLOR_BY: tuple[str, ...] = ("tissue", "label", "status", "annotation")
+ColorBy = Literal["tissue", "label", "status", "annotation", "qc"]
+COLOR_BY: tuple[str, ...] = ("tissue", "label", "status", "annotation", "qc")
+# colour of each quality-control rule (a tile several rules flag shows the first listed)
+QC_COLOURS = {
+    "pen": (31, 119, 180),
+    "fold": (214, 39, 40),
+    "bubble": (23, 190, 207),
+    "blur": (255, 127, 14),
+}
+QC_CLEAN = (46, 160, 67)
 STATUS_COLOURS = {"ok": (46, 160, 67), "substituted": (245, 159, 0), "quarantined": (220, 38, 38)}
 LABEL_PALETTE = [
     (31, 119, 180),
@@ -74,6 +85,67 @@ def _nice_length(max_um: float) -> float:
     return float(10**exponent)
 
 
+def measured_mpp(mpp: float | None, source: str | None) -> bool:
+    """Whether an MPP was measured (vendor, manifest, TIFF tags) and plausible: the scale bar
+    is drawn only then."""
+    return bool(
+        mpp
+        and source in ("vendor", "manifest", "tiff-resolution")
+        and MIN_PLAUSIBLE_MPP <= mpp <= MAX_PLAUSIBLE_MPP
+    )
+
+
+def scale_bar(
+    draw: ImageDraw.ImageDraw, at: tuple[int, int], width: int, um_per_px: float, font: Any
+) -> None:
+    """A bar of a round length, about 30% of ``width`` pixels, with its length in um or mm."""
+    length_um = _nice_length(width * 0.3 * um_per_px)
+    length_px = length_um / um_per_px
+    x, y = at
+    draw.rectangle((x, y, x + length_px, y + 6), fill="black")
+    label = f"{length_um / 1000:g} mm" if length_um >= 1000 else f"{length_um:g} um"
+    draw.text((x + 6 + length_px, y - 5), label, fill="black", font=font)
+
+
+def hatch(
+    draw: ImageDraw.ImageDraw,
+    box: tuple[float, float, float, float],
+    colour: tuple[int, int, int],
+    step: int = 6,
+) -> None:
+    """A filled, outlined box crossed by diagonal lines: an area with nothing to show."""
+    left, top, right, bottom = (round(v) for v in box)
+    draw.rectangle(box, fill=(*colour, 90), outline=(*colour, 255), width=2)
+    for offset in range(step, (right - left) + (bottom - top), step):  # diagonals, clipped
+        start = (min(left + offset, right), top + max(0, left + offset - right))
+        end = (left + max(0, top + offset - bottom), min(top + offset, bottom))
+        draw.line((*start, *end), fill=(*colour, 200), width=1)
+
+
+def slide_thumbnail(
+    path: str, max_size: int
+) -> tuple[RGBArray, list[tuple[int, int, int, int]], tuple[int, int]]:
+    """A slide's thumbnail (longest side at most ``max_size``), the thumbnail boxes that could
+    not be read, and the slide's level-0 size. Read from the coarsest level still at least
+    ``max_size`` wide (never level 0 of a pyramid unless the slide itself is that small), or
+    from a coarser one if that level has bad tiles; when every level has some, from that level
+    with what it can read."""
+    reader = open_slide(path)
+    try:
+        dims = reader.meta.level_dimensions
+        level = max((i for i, d in enumerate(dims) if max(d) >= max_size), default=0)
+        unreadable: list[tuple[int, int, int, int]] = []
+        for candidate in range(level, reader.meta.level_count):
+            try:
+                return read_mask_image(reader, max_size, candidate)[0], [], reader.meta.dimensions
+            except TileReadError:
+                continue
+        thumb = read_mask_image(reader, max_size, level, unreadable)[0]
+        return thumb, unreadable, reader.meta.dimensions
+    finally:
+        reader.close()
+
+
 class _Renders:
     """PNG rendering shared by the visual objects (the subclass sets ``image``)."""
 
@@ -102,6 +174,7 @@ class Cell:
     label: int = -1  # the tile's label id (index.label_names)
     annotation: int = -1  # the class covering most of the tile (index.classes), -1: none
     coverage: float = 0.0  # the share of the tile that class covers
+    qc: str = ""  # the first QC rule that flags the tile (QC_COLOURS order), "" for none
 
 
 class SlideOverview(_Renders):
@@ -109,8 +182,10 @@ class SlideOverview(_Renders):
 
     ``color_by``: ``tissue`` (fraction, colour ramp), ``label`` (one colour per tile label:
     the slide's, or the annotated class), ``status`` (ok / quarantined / substituted, from
-    the quarantine) or ``annotation`` (the class covering most of each tile, stronger the more
-    it covers). The outlines of the slide's annotation regions are drawn in their class's
+    the quarantine), ``annotation`` (the class covering most of each tile, stronger the more
+    it covers) or ``qc`` (the quality-control rule that flags each tile, at the thresholds the
+    index was built with: pen, fold, bubble, blur; none in green). The outlines of the
+    slide's annotation regions are drawn in their class's
     colour whenever the index was built with annotations. ``cells`` lists what was drawn, in
     thumbnail pixels, for checks; ``outlines`` the drawn rings (class, thumbnail points).
     """
@@ -129,22 +204,16 @@ class SlideOverview(_Renders):
         record = index.slides[self.slide_id]
         if record.status != "ok":
             raise ValueError(f"slide {record.path} was not indexed: {record.error}")
-        reader = open_slide(index.slide_path(self.slide_id))
-        try:
-            # the coarsest level still at least max_size wide: never level 0 of a pyramid
-            # unless the slide itself is that small
-            dims = reader.meta.level_dimensions
-            level = max((i for i, d in enumerate(dims) if max(d) >= max_size), default=0)
-            self.unreadable: list[tuple[int, int, int, int]] = []
-            thumb = self._thumbnail(reader, max_size, level, self.unreadable)
-            self.l0_size = reader.meta.dimensions
-        finally:
-            reader.close()
+        thumb, self.unreadable, self.l0_size = slide_thumbnail(
+            index.slide_path(self.slide_id), max_size
+        )
         self.scale = thumb.shape[1] / self.l0_size[0]
         if color_by == "annotation" and not index.classes:
             raise ValueError(
                 "color_by='annotation' needs an index built with annotations (--annotations)"
             )
+        if color_by == "qc" and not all(c in index.columns for c in QC_COLUMNS):
+            raise ValueError("color_by='qc' needs an index built with quality control (qc: all)")
         self.outlines = self._outlines()
         self.cells = self._cells()
         self.image = self._draw(Image.fromarray(thumb))
@@ -155,19 +224,6 @@ class SlideOverview(_Renders):
             f"SlideOverview({self.index.slides[self.slide_id].path!r}, "
             f"color_by={self.color_by!r}, {width}x{height} px, {len(self.cells)} tiles)"
         )
-
-    @staticmethod
-    def _thumbnail(
-        reader: SlideReader, max_size: int, level: int, unreadable: list[tuple[int, int, int, int]]
-    ) -> RGBArray:
-        """The thumbnail from ``level``, or from a coarser one if that level has bad tiles; when
-        every level has some, ``level`` with what it can read (``unreadable`` gets the rest)."""
-        for candidate in range(level, reader.meta.level_count):
-            try:
-                return read_mask_image(reader, max_size, candidate)[0]
-            except TileReadError:
-                continue
-        return read_mask_image(reader, max_size, level, unreadable)[0]
 
     def _cells(self) -> list[Cell]:
         index, record = self.index, self.index.slides[self.slide_id]
@@ -186,6 +242,7 @@ class SlideOverview(_Renders):
         seen = set()
         labels = index.tile_labels(rows).tolist()
         coverage = index.coverage
+        first_flag = self._first_flags(rows)
         for i, row in enumerate(rows.tolist()):
             x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
             seen.add((x, y))
@@ -204,12 +261,24 @@ class SlideOverview(_Renders):
                     labels[i],
                     top if share > 0 else -1,
                     share,
+                    first_flag[i],
                 )
             )
         for (x, y), state in status.items():  # quarantined tiles excluded from this index
             if (x, y) not in seen:
                 cells.append(self._cell(x, y, footprint, state, float("nan")))
         return cells
+
+    def _first_flags(self, rows: np.ndarray) -> list[str]:
+        """Per row, the first QC rule (`QC_COLOURS` order) that flags it, "" for none."""
+        if not all(c in self.index.columns for c in QC_COLUMNS):
+            return [""] * len(rows)
+        picked = {name: column[rows] for name, column in self.index.columns.items()}
+        flagged = qc_flags(picked, list(QC_COLOURS), built_thresholds(self.index.params))
+        first = np.full(len(rows), "", dtype=object)
+        for name in reversed(QC_COLOURS):  # the first listed wins
+            first[flagged[name]] = name
+        return [str(v) for v in first]
 
     def _cell(self, x: int, y: int, footprint: float, status: str, tissue: float) -> Cell:
         s = self.scale
@@ -253,6 +322,8 @@ class SlideOverview(_Renders):
             if cell.annotation < 0:
                 return UNLABELLED
             return self._class_colour(self.index.classes[cell.annotation])
+        if self.color_by == "qc":
+            return QC_COLOURS[cell.qc] if cell.qc else QC_CLEAN
         return tissue_colour(0.0 if math.isnan(cell.tissue) else cell.tissue)
 
     def _draw(self, thumb: Image.Image) -> Image.Image:
@@ -260,17 +331,14 @@ class SlideOverview(_Renders):
         overlay = Image.new("RGBA", base.size, (0, 0, 0, 0))
         draw = ImageDraw.Draw(overlay)
         for box in self.unreadable:  # hatched: nothing there could be read
-            left, top, right, bottom = box
-            draw.rectangle(box, fill=(*UNREADABLE, 90), outline=(*UNREADABLE, 255), width=2)
-            for step in range(6, (right - left) + (bottom - top), 6):  # diagonals, clipped
-                start = (min(left + step, right), top + max(0, left + step - right))
-                end = (left + max(0, top + step - bottom), min(top + step, bottom))
-                draw.line((*start, *end), fill=(*UNREADABLE, 200), width=1)
+            hatch(draw, box, UNREADABLE)
         for cell in self.cells:
             colour = self._colour(cell)
             fill_alpha = 150 if cell.status != "ok" else 70
             if self.color_by == "annotation" and cell.status == "ok":
                 fill_alpha = int(20 + 130 * cell.coverage)
+            if self.color_by == "qc" and cell.status == "ok":
+                fill_alpha = 140 if cell.qc else 25
             draw.rectangle(cell.box, fill=(*colour, fill_alpha), outline=(*colour, 230))
             if cell.status != "ok":  # failures stay visible whatever the colouring
                 x0, y0, x1, y1 = cell.box
@@ -306,6 +374,11 @@ class SlideOverview(_Renders):
                 )
                 for i, n in sorted(per_class.items())
             ]
+        if self.color_by == "qc":
+            per_rule = Counter(c.qc for c in self.cells if c.status == "ok")
+            return [(QC_CLEAN, f"no flag ({per_rule.get('', 0)})")] + [
+                (colour, f"{name} ({per_rule.get(name, 0)})") for name, colour in QC_COLOURS.items()
+            ]
         drawn = sorted({name for name, _ in self.outlines})
         outlines = [(self._class_colour(n), f"outline: {n}") for n in drawn]
         return [(tissue_colour(f), f"tissue {f:.2f}") for f in (0.25, 0.5, 0.75, 1.0)] + outlines
@@ -333,18 +406,8 @@ class SlideOverview(_Renders):
             draw.rectangle((x, y, x + 14, y + 14), fill=colour, outline="black")
             draw.text((x + 20, y), text, fill="black", font=small)
             x += 30 + int(draw.textlength(text, font=small))
-        if (
-            record.mpp
-            and record.mpp_source in ("vendor", "manifest", "tiff-resolution")
-            and MIN_PLAUSIBLE_MPP <= record.mpp <= MAX_PLAUSIBLE_MPP
-        ):
-            um_per_thumb_px = record.mpp / self.scale
-            length_um = _nice_length(picture.width * 0.3 * um_per_thumb_px)
-            length_px = length_um / um_per_thumb_px
-            by = y + 36
-            draw.rectangle((10, by, 10 + length_px, by + 6), fill="black")
-            label = f"{length_um / 1000:g} mm" if length_um >= 1000 else f"{length_um:g} um"
-            draw.text((16 + length_px, by - 5), label, fill="black", font=small)
+        if measured_mpp(record.mpp, record.mpp_source):
+            scale_bar(draw, (10, y + 36), picture.width, record.mpp / self.scale, small)
         return canvas
 
 
@@ -352,8 +415,10 @@ class Mosaic(_Renders):
     """``n`` tiles from an index or a dataset in a grid with captions, read by the dataset's
     reader (a plain index gets a reader that does not write the quarantine).
 
-    Filter by ``slide``, ``label`` (name) or ``status`` (``ok`` / ``quarantined``). Tiles that
-    fail to read show the fill colour with a red border.
+    Filter by ``slide``, ``label`` (name), ``status`` (``ok`` / ``quarantined``) or ``qc`` (a
+    quality-control rule: tiles it flags, at the index's thresholds; ``any``: any rule).
+    Tiles that fail to read show the fill colour with a red border. ``stain`` (transforms of
+    `wsi_loader.stain`): each tile is shown as read, then transformed, side by side.
     """
 
     def __init__(
@@ -364,9 +429,11 @@ class Mosaic(_Renders):
         slide: str | int | None = None,
         label: str | None = None,
         status: str | None = None,
+        qc: str | None = None,
         seed: int = 0,
         tile_px: int = 160,
         columns: int | None = None,
+        stain: Any = None,
     ) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -378,7 +445,7 @@ class Mosaic(_Renders):
         if not isinstance(index, SlideIndex):
             raise TypeError(f"expected a SlideIndex or a dataset, got {type(data).__name__}")
         self.index = index
-        candidates = self._candidates(slide, label, status)
+        candidates = self._candidates(slide, label, status, qc)
         if not len(candidates):
             raise ValueError("no tile matches the filters")
         rng = np.random.default_rng(seed)
@@ -387,15 +454,28 @@ class Mosaic(_Renders):
             reader = TileReader(index, record_failures=False)
         result = reader.read(self.rows)
         self.ok = result.ok
+        pixels, self.after = result.pixels, np.zeros(len(self.rows), dtype=bool)
+        given = as_stain(stain)
+        steps = None if given is None else given.bind(index)
+        if steps is not None:  # each tile twice: as read, then stained
+            stained = pixels.copy()
+            slide_ids = np.asarray(index.columns["slide_id"][self.rows], dtype=np.int64)
+            steps.apply_numpy(stained, slide_ids, self.rows, 0, result.ok)
+            pixels = np.stack([pixels, stained], axis=1).reshape(-1, *pixels.shape[1:])
+            self.rows, self.ok = np.repeat(self.rows, 2), np.repeat(self.ok, 2)
+            self.after = np.tile([False, True], len(self.after))
+        self.stain_name = "" if steps is None else _stain_name(steps)
         self.columns = columns or math.ceil(math.sqrt(len(self.rows)))
-        self.image = self._draw(result.pixels, tile_px)
+        if steps is not None and columns is None:
+            self.columns += self.columns % 2  # pairs stay on one line
+        self.image = self._draw(pixels, tile_px)
 
     def __repr__(self) -> str:
         failed = int((~self.ok).sum())
         return f"Mosaic({len(self.rows)} tiles, {failed} failed, {self.columns} columns)"
 
     def _candidates(
-        self, slide: str | int | None, label: str | None, status: str | None
+        self, slide: str | int | None, label: str | None, status: str | None, qc: str | None
     ) -> np.ndarray:
         cols = self.index.columns
         keep = np.ones(len(self.index), dtype=bool)
@@ -409,6 +489,11 @@ class Mosaic(_Renders):
         if status is not None:
             bad = self.index.quarantined_mask()
             keep &= bad if status == "quarantined" else ~bad
+        if qc is not None:
+            flagged = qc_flags(
+                cols, None if qc == "any" else [qc], built_thresholds(self.index.params)
+            )
+            keep &= np.logical_or.reduce(list(flagged.values()))
         return np.flatnonzero(keep)
 
     def _draw(self, pixels: np.ndarray, tile_px: int) -> Image.Image:
@@ -438,9 +523,17 @@ class Mosaic(_Renders):
             second = f"{where} {mpp}"
             if draw.textlength(second, font=font) > tile_px:
                 second = where  # the MPP goes first: the position finds the tile again
+            if self.after[i]:
+                name, second = f"after: {self.stain_name}", f"{where}"
             for dy, text in ((2, name), (16, second)):
                 draw.text((x, y + tile_px + dy), _fit(draw, text, font, tile_px), "black", font)
         return canvas
+
+
+def _stain_name(steps: Any) -> str:
+    """A caption for stain transforms: 'macenko', 'hed_jitter + reinhard'..."""
+    names = [s.get("method", s["transform"]) for s in steps.spec()]
+    return " + ".join(names)
 
 
 def _fit(draw: ImageDraw.ImageDraw, text: str, font: Any, width: int) -> str:

@@ -118,6 +118,25 @@ def test_every_loader_option_is_validated(index: SlideIndex, option: str, value:
     assert caught.value.key == option
 
 
+def test_a_misspelt_keyword_names_the_function_and_the_close_key(index: SlideIndex) -> None:
+    """make_loader passes unknown keywords on to TileDataset, whose TypeError named
+    TileDataset.__init__ and nothing close: a typo of make_loader's own option (batch_sise)
+    sent users to the wrong function."""
+    for call, name, typo, meant in (
+        (lambda: make_loader(index, batch_sise=32), "make_loader", "batch_sise", "batch_size"),
+        (lambda: make_loader(index, on_eror="raise"), "make_loader", "on_eror", "on_error"),
+        (lambda: SlideBagDataset(index, chunksize=8), "SlideBagDataset", "chunksize", "chunk_size"),
+        (lambda: SlideBagDataset(index, retires=1), "SlideBagDataset", "retires", "retries"),
+    ):
+        with pytest.raises(TypeError) as caught:
+            call()
+        message = str(caught.value)
+        assert message.startswith(f"{name}() got an unexpected keyword argument {typo!r}")
+        assert f"did you mean {meant!r}?" in message and "TileDataset" not in message
+    with pytest.raises(TypeError, match=r"argument 'zzz'$"):  # nothing close: no guess
+        make_loader(index, zzz=1)
+
+
 def test_bag_options_are_validated(index: SlideIndex) -> None:
     for kwargs, key in (
         ({"k": 2.5}, "k"),

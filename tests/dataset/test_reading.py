@@ -378,3 +378,27 @@ def test_a_bad_tile_is_quarantined_once_across_processes_and_epochs(index: Slide
     assert sorted((r["x"], r["y"]) for r in records) == sorted(
         (int(index.columns["l0_x"][r]), int(index.columns["l0_y"][r])) for r in bad
     )
+
+
+def test_a_file_rewritten_in_place_is_hashed_again(archive: Path, tmp_path: Path) -> None:
+    """A slide verified once is not hashed again while its (device, inode, size, mtime) stay
+    the same. Rewritten in place with other contents of the same size (same inode and size),
+    only the modification time says so: the next fresh open must be refused, not read."""
+    index = build_index([archive], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.0)
+    good = next(i for i, s in enumerate(index.slides) if s.path.endswith("good.svs"))
+    rows = np.flatnonzero(index.columns["slide_id"] == good)[:4]
+    reader = TileReader(index, backend="openslide")  # every open is fresh: no kept layouts
+    assert reader.read(rows).ok.all()  # opened and verified
+    reader.pool.close()
+    path = archive / "good.svs"
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    at = data.index(b"Aperio Image Library v12")  # the description, in the hashed head
+    data[at + len("Aperio Image Library v") : at + len("Aperio Image Library v12")] = b"13"
+    with open(path, "r+b") as fh:  # in place: same inode, same size
+        fh.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    assert (path.stat().st_ino, path.stat().st_size) == (before.st_ino, before.st_size)
+    result = reader.read(rows)
+    assert not result.ok.any()
+    assert "not the slide that was indexed" in str(result.errors[0])

@@ -101,6 +101,40 @@ def test_a_fifo_replacing_a_slide_mid_run_does_not_hang_the_loader(
     assert [r["kind"] for r in records] == ["slide"] and "not a regular file" in records[0]["error"]
 
 
+@pytest.mark.timeout(60)
+def test_a_fifo_replacing_an_evicted_slide_does_not_hang_its_reopen(
+    archive: Path, tmp_path: Path
+) -> None:
+    """A raw-read slide evicted from the handle pool keeps its layout and is reopened with one
+    open() call: that call must not block on a FIFO either (any archive of more slides than
+    ``max_open_slides`` reopens slides all the time)."""
+    index = build_index([archive], tmp_path / "idx", level=0, min_tissue=0.0)
+    ds = TileDataset(index, max_open_slides=1)
+    starts = index.slide_starts()
+    row = {Path(s.path).name: int(starts[i]) for i, s in enumerate(index.slides)}
+    assert ds.read_batch([row["good.svs"]]).ok.all()
+    assert ds.read_batch([row["bad.svs"]]).ok.all()  # good.svs evicted, its layout kept
+    (archive / "good.svs").unlink()
+    os.mkfifo(archive / "good.svs")
+    assert not ds.read_batch([row["good.svs"]]).ok.any()
+    records = index.quarantine.read()
+    assert [r["kind"] for r in records] == ["slide"] and "not a regular file" in records[0]["error"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["tiff", "openslide"])
+def test_readers_refuse_a_fifo(tmp_path: Path, backend: str) -> None:
+    """Every way a reader opens a file refuses anything but a regular file, also when asked
+    for a backend directly (no stat before it in `open_slide`)."""
+    from wsi_loader.errors import SlideOpenError
+    from wsi_loader.slides.openslide_backend import OpenSlideReader
+
+    os.mkfifo(tmp_path / "pipe.svs")
+    reader = tiff_backend.TiffReader if backend == "tiff" else OpenSlideReader
+    with pytest.raises(SlideOpenError, match="not a regular file"):
+        reader(str(tmp_path / "pipe.svs"))
+
+
 def test_an_export_unit_with_resource_errors_stays_incomplete(
     archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -143,6 +177,11 @@ def test_a_stuck_worker_is_a_timeout_naming_its_slide(
     assert isinstance(info.value, TimeoutError) and info.value.seconds == 3
     bad = [i for i, s in enumerate(index.slides) if s.path.endswith("bad.svs")]
     assert info.value.slide_ids == bad and info.value.paths == [index.slide_path(bad[0])]
+    # the next epoch of the (persistent) workers, still stuck: the same error, not torch's
+    # bare RuntimeError from restarting them
+    with pytest.raises(LoaderTimeoutError, match=r"timeout=3.*bad\.svs") as again:
+        next(iter(loader))
+    assert again.value.slide_ids == bad
 
 
 def test_a_timeout_without_workers_is_an_error(archive: Path, tmp_path: Path) -> None:

@@ -271,3 +271,59 @@ def test_balanced_by_label_draws_labels_not_slides_equally() -> None:
     by_slide = np.array(list(BalancedTileSampler(ds, by="slide", num_samples=6000, seed=2)))
     slide_share = np.bincount(ds.index.columns["slide_id"][by_slide], minlength=3) / 6000
     assert np.all(np.abs(slide_share - 1 / 3) < 0.04)
+
+
+class _TileLabelDataset:
+    """An index labelled from annotations: two slides of 6 tiles whose tiles are of three
+    classes, 8 / 3 / 1 tiles in all, while both slides have the same (slide) label."""
+
+    tile_label = np.array([0, 0, 1, 0, 0, 0, 2, 0, 1, 0, 1, 0], dtype=np.int32)
+
+    def __init__(self) -> None:
+        from wsi_loader.index.table import SlideIndex, SlideRecord
+
+        slide_id = np.repeat(np.arange(2), 6).astype(np.int32)
+        zeros = np.zeros(len(slide_id))
+        columns = {
+            "slide_id": slide_id,
+            "l0_x": zeros.astype(np.int32),
+            "l0_y": zeros.astype(np.int32),
+            "level": zeros.astype(np.int16),
+            "read_size": zeros.astype(np.int32),
+            "tissue": zeros.astype(np.float32),
+            "tile_label": self.tile_label,
+        }
+        slides = tuple(SlideRecord(path=f"s{i}.svs", label="case", tiles=6) for i in range(2))
+        meta = {"schema_version": 1, "generation": "gen-000001", "params": {"tile_size": 8}}
+        self.index = SlideIndex(
+            path=Path("."),
+            meta=meta,
+            slides=slides,
+            columns=columns,
+            label_names=("stroma", "tumour", "necrosis"),
+            slide_label_names=("case",),
+        )
+
+    def __len__(self) -> int:
+        return len(self.tile_label)
+
+
+def test_balanced_by_label_draws_tile_labels_equally() -> None:
+    """On an index labelled from annotations the labels are the tiles' classes: 8 / 3 / 1
+    tiles are drawn a third each (it drew 0.67 / 0.25 / 0.09 by slide labels), and every
+    tile of a class equally often."""
+    ds = _TileLabelDataset()
+    rows = np.array(list(BalancedTileSampler(ds, by="label", num_samples=12000, seed=2)))
+    shares = np.bincount(ds.tile_label[rows], minlength=3) / len(rows)
+    assert np.all(np.abs(shares - 1 / 3) < 0.03), shares
+    per_tile = np.bincount(rows, minlength=len(ds)) / len(rows)
+    stroma = np.flatnonzero(ds.tile_label == 0)
+    assert np.all(np.abs(per_tile[stroma] - 1 / 3 / 8) < 0.015)
+    # the same draws for the same seed and epoch, others for another epoch; resumable
+    sampler = BalancedTileSampler(ds, by="label", num_samples=100, seed=2)
+    first = list(sampler)
+    assert list(BalancedTileSampler(ds, by="label", num_samples=100, seed=2)) == first
+    sampler.set_epoch(1)
+    assert list(sampler) != first
+    sampler.load_state_dict({"epoch": 0, "position": 40, "seed": 2})
+    assert list(sampler) == first[40:]

@@ -217,3 +217,104 @@ def test_touching_a_slide_is_not_a_change(archive: Path, tmp_path: Path) -> None
     good = next(i for i, s in enumerate(index.slides) if s.path == "good.svs")
     rows = np.flatnonzero(index.columns["slide_id"] == good)[:8]
     assert bool(TileDataset(index).read_batch(rows.tolist()).ok.all())
+
+
+@pytest.mark.parametrize("vanished", ["slide", "tiles"])
+def test_failed_reads_leave_no_buffer_in_cyclic_garbage(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vanished: str
+) -> None:
+    """A failed read keeps nothing alive through reference cycles (an exception stored where
+    its own traceback's frames can reach it): with ``num_workers=0`` each batch buffer of a
+    vanished slide waited for a full collection, and resident memory climbed by gigabytes."""
+    import gc
+    import types
+    import weakref
+
+    import torch
+
+    from wsi_loader.dataset import tiles
+
+    buffers: list[weakref.ref[np.ndarray]] = []
+
+    def tracked_buffer(shape: tuple[int, ...], shared: bool) -> torch.Tensor:
+        array = np.empty(shape, dtype=np.uint8)
+        buffers.append(weakref.ref(array))
+        return torch.from_numpy(array)
+
+    monkeypatch.setattr(tiles, "fresh_buffer", tracked_buffer)
+    index = _build(archive, tmp_path / "idx")
+    ds = TileDataset(index)
+    if vanished == "slide":
+        (archive / "good.svs").unlink()  # every read of it is a slide fault
+        good = next(i for i, s in enumerate(index.slides) if s.path == "good.svs")
+        rows = np.flatnonzero(index.columns["slide_id"] == good)[:16]
+    else:
+        rows = corrupt_rows(index)  # tile faults, retried and recorded
+    loader = make_loader(
+        ds, batch_size=len(rows), num_workers=0, sampler=rows.tolist(), reuse_buffers=False
+    )
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(3):
+            batch = next(iter(loader))
+            assert not bool(batch.ok.any())
+            del batch
+        alive = sum(ref() is not None for ref in buffers)  # before any collection
+        gc.collect()
+        frames = [o for o in gc.garbage if isinstance(o, types.FrameType)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert len(buffers) == 3
+    assert alive == 0  # each freed as soon as its batch was dropped
+    assert not [f.f_code.co_qualname for f in frames if "wsi_loader" in f.f_code.co_filename]
+
+
+def test_tile_failures_are_one_warning_per_slide_with_the_count(
+    index: SlideIndex, caplog: pytest.LogCaptureFixture
+) -> None:
+    """13% of a slide failing said nothing: now one WARNING per slide per process, with how
+    many of the slide's tiles in that batch failed; later failures are counted, not logged."""
+    bad = next(i for i, s in enumerate(index.slides) if s.path.endswith("bad.svs"))
+    rows = np.flatnonzero(index.columns["slide_id"] == bad)
+    assert set(corrupt_rows(index).tolist()) <= set(rows.tolist())
+    ds = TileDataset(index)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):  # epochs
+            loader = make_loader(ds, batch_size=len(rows), num_workers=0, sampler=rows.tolist())
+            for batch in loader:
+                assert int((~batch.ok).sum()) == 4
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    message = said[0].getMessage()
+    assert "bad.svs" in message and f"4 of {len(rows)} tiles" in message
+    assert "quarantine.jsonl" in message  # where the others are
+    assert ds.reader.failure_count == 4 * 3  # every failure still counted
+
+
+def test_a_slide_truncated_mid_epoch_is_one_warning(
+    archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """tifffile logged its complaints about the truncated file (invalid page offsets) at
+    every reopen: 336 lines over 5 epochs. Now the slide fault is the one line."""
+    import os
+
+    _build(archive, tmp_path / "idx")
+    ds = TileDataset(tmp_path / "idx")
+    loader = make_loader(ds, batch_size=16, num_workers=0, shuffle=False)
+    next(iter(loader))  # handles open, layouts parsed
+    path = archive / "good.svs"
+    os.truncate(path, path.stat().st_size * 2 // 3)
+    with caplog.at_level(logging.DEBUG, logger="tifffile"), caplog.at_level(logging.WARNING):
+        for _ in range(5):
+            batches = list(loader)
+    good = next(i for i, s in enumerate(ds.index.slides) if s.path == "good.svs")
+    slide_id = np.concatenate([b.slide_id.numpy() for b in batches])
+    assert not np.concatenate([b.ok.numpy() for b in batches])[slide_id == good].any()
+    said = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [text for name, text in said if not name.startswith("wsi_loader")], said
+    about = [text for _, text in said if "good.svs" in text]
+    assert len(about) == 1 and "not the slide that was indexed" in about[0], said

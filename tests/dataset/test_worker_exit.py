@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -10,6 +12,7 @@ import pytest
 from torch.utils.data import DataLoader, Dataset
 
 import wsi_loader.dataset.tiles  # noqa: F401 (what a worker holding a TileDataset imports)
+from wsi_loader.index import SlideIndex
 
 
 class SlowToFree:
@@ -271,3 +274,115 @@ def test_a_notebook_kernel_interrupts_and_shuts_down_cleanly(tmp_path: Path) -> 
     tiles = int(lines[3].split()[3])
     assert lines[3:] == [f"epoch {tiles} of {tiles}"] * 2
     assert sorted(p.name for p in temp.glob("pymp-*")) == []
+
+
+KILLED_SCRIPT = """
+import sys
+import time
+
+import wsi_loader as wl
+from wsi_loader.synthetic import SlideSpec, write_svs
+
+if __name__ == "__main__":
+    write_svs("a.svs", SlideSpec(width=2000, height=1500, seed=1))
+    index = wl.build_index(["a.svs"], "idx", tile_size=256, level=0, min_tissue=0.1)
+    loader = wl.make_loader(
+        index, batch_size=4, num_workers=2, multiprocessing_context=sys.argv[1]
+    )
+    next(iter(loader))
+    print("reading", flush=True)
+    time.sleep(600)
+"""
+
+
+def _descendants(pid: int) -> list[int]:
+    """Processes started by ``pid``, their children, and so on (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # not a process, or gone
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; its parent has not reaped it yet
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="lists processes from /proc")
+@pytest.mark.parametrize("context", ["forkserver", "spawn", "fork"])
+def test_workers_end_when_the_training_script_is_killed(tmp_path: Path, context: str) -> None:
+    """kill -9 of a training script: its workers (~380 MB each), and the fork server that
+    started forkserver ones, stayed alive for good. torch's watchdog waits for the worker's
+    parent to change, but a forkserver worker's parent is the fork server, which lives as
+    long as its workers hold its lifeline. Now every worker ends with the script, and then
+    the fork server (bounded wait: 60 s)."""
+    script = tmp_path / "train.py"
+    script.write_text(KILLED_SCRIPT)
+    started = subprocess.Popen(
+        [sys.executable, str(script), context],
+        cwd=tmp_path, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    left: list[int] = []
+    try:
+        assert started.stdout is not None and started.stdout.readline() == "reading\n"
+        processes = _descendants(started.pid)
+        assert len(processes) >= 2  # the workers (and multiprocessing's helpers)
+        started.kill()  # SIGKILL: no handler, no atexit, nothing runs in the script
+        started.wait()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            left = [pid for pid in processes if _running(pid)]
+            if not left:
+                break
+            time.sleep(0.2)
+        described = [Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in left]
+        assert left == [], described
+    finally:
+        started.kill()
+        started.wait()
+        if started.stdout is not None:
+            started.stdout.close()
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("wait_s", [0.0, 0.5])
+def test_a_killed_forkserver_worker_is_named_with_how_it_ended(
+    index: SlideIndex, wait_s: float
+) -> None:
+    """A forkserver worker is no child of this process, so torch's SIGCHLD handler never
+    says it died: the loop failed with ConnectionResetError (fetching a batch the dead worker
+    had queued) or 'DataLoader worker (pid(s) N) exited unexpectedly', five seconds later.
+    Now: which worker, its pid, and how it ended."""
+    from wsi_loader import make_loader
+    from wsi_loader.errors import LoaderWorkerDiedError
+
+    loader = make_loader(index, batch_size=4, num_workers=2, multiprocessing_context="forkserver")
+    batches = iter(loader)
+    next(batches)
+    victim = loader._iterator._workers[0]  # type: ignore[union-attr]
+    os.kill(victim.pid, signal.SIGKILL)
+    time.sleep(wait_s)  # at once: its queued batches are fetched from a dead process
+    with pytest.raises(LoaderWorkerDiedError) as caught:
+        for _ in batches:
+            pass
+    error = caught.value
+    assert isinstance(error, RuntimeError)  # what torch raises for a dead worker
+    assert (error.worker_id, error.pid, error.exitcode) == (0, victim.pid, -signal.SIGKILL)
+    assert f"worker 0 (pid {victim.pid})" in str(error) and "killed by SIGKILL" in str(error)
+    assert "out-of-memory" in str(error)

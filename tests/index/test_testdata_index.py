@@ -17,7 +17,8 @@ AT_MPP = {
     "unreadable.svs": ("ok", "smaller than one tile", False),
     "dicom-boxes/boxes_0.dcm": ("ok", "smaller than one tile", False),
     "test3-DAPI-2-(387).ndpi": ("ok", "8.7% from the target", True),
-    "small_vectra.qptiff": ("ok", "3 channels (CYX); only channel 0 is read, as grey", False),
+    # a fluorescence TMA core: found by intensity (dark field), not by colour
+    "small_vectra.qptiff": ("ok", "3 channels (CYX); only channel 0 is read, as grey", True),
     "tcga-cr-7395-01a-01-ts1.svs": ("failed", "no MPP", False),
     "kidney-48-5.tif": ("failed", "no MPP", False),
     "boxes.tiff": ("failed", "not a microscope resolution", False),

@@ -4,6 +4,7 @@ and concurrent, faults are retried and then said as they are."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import shutil
@@ -17,7 +18,12 @@ import pytest
 
 from tests.conftest import REPO, SlideFactory, upload
 from tests.servers import delay_proxy, http_files, proxy_stats
-from wsi_loader.errors import SlideNotFoundError, SlideOpenError, TransientReadError
+from wsi_loader.errors import (
+    SlideChangedError,
+    SlideNotFoundError,
+    SlideOpenError,
+    TransientReadError,
+)
 from wsi_loader.slides import open_slide
 from wsi_loader.slides.local_copies import LocalCopies
 from wsi_loader.slides.openslide_backend import OpenSlideReader
@@ -254,8 +260,9 @@ def test_header_parse_and_reads_take_few_coalesced_concurrent_requests(
         for window in apart:
             assert np.array_equal(reader.read_region(*window), here.read_region(*window))
         after = proxy_stats(proxy, stats)
-    assert after["requests"] - after_row["requests"] <= 12
-    assert after["max_open"] >= 4  # requests of one call ran side by side
+    made = after["requests"] - after_row["requests"]
+    assert made <= 12  # merged where the gap costs less than a request (the cost model)
+    assert after["max_open"] >= min(made, 4)  # the requests of one call ran side by side
 
 
 def test_server_errors_and_resets_are_retried(
@@ -282,7 +289,7 @@ def test_server_errors_and_resets_are_retried(
     )
 
 
-def test_prefetched_bytes_are_bounded_and_dropped_once_read(
+def test_fetched_bytes_are_bounded_and_kept_for_the_next_reads(
     s3_endpoint: str, make_slide: SlideFactory
 ) -> None:
     local = make_slide(width=3000, height=2000, seed=7)
@@ -297,7 +304,10 @@ def test_prefetched_bytes_are_bounded_and_dropped_once_read(
         for (offset, size), got in zip(ranges, data, strict=True):
             fh.seek(offset)
             assert got == fh.read(size)
-    assert store.nbytes == 0  # every prefetched block was read and let go
+    assert store.nbytes <= 100_000 and store.evicted > 0  # over its budget, it evicts
+    requests = store.requests
+    assert source.read(*ranges[-1]) == data[-1]  # the last ones are still held
+    assert store.requests == requests
 
 
 def test_an_unreadable_copied_slide_is_named_by_its_url(s3_endpoint: str, tmp_path: Path) -> None:
@@ -311,3 +321,188 @@ def test_an_unreadable_copied_slide_is_named_by_its_url(s3_endpoint: str, tmp_pa
         open_slide(url, copies=LocalCopies(str(cache)))
     assert caught.value.path == url and str(caught.value).startswith(f"{url}: ")
     assert "local copy" in str(caught.value) and str(cache) in str(caught.value)
+
+
+def _fetch_copy(args: tuple[str, int, str]) -> None:
+    LocalCopies(args[0], max_bytes=args[1]).local(args[2])
+
+
+def test_concurrent_local_copies_stay_within_the_byte_limit(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    """Two processes each copying an object that fits alone but not together: the folder
+    must stay within its limit (the room was decided before the downloads, outside the
+    lock, so both copies stayed). Copies follow the umask like any file (a folder shared
+    by a group must be readable by it), and lock files leave with their copies."""
+    root = tmp_path / "www"
+    root.mkdir()
+    for name, seed in (("one.ndpi", 1), ("two.ndpi", 2)):
+        shutil.copy(make_slide(width=2048, height=2048, seed=seed), root / name)
+    size = max((root / n).stat().st_size for n in ("one.ndpi", "two.ndpi"))
+    limit = int(size * 1.5)
+    folder = tmp_path / "cache"
+    stats = tmp_path / "stats.json"
+    with http_files(root) as server, delay_proxy(server.port, 300, stats) as proxy:
+        urls = [f"{proxy.url}/one.ndpi", f"{proxy.url}/two.ndpi"]
+        with multiprocessing.get_context("spawn").Pool(2) as pool:
+            pool.map(_fetch_copy, [(str(folder), limit, url) for url in urls])
+        copies = [p for p in folder.iterdir() if not p.name.startswith(".")]
+        data = [p for p in copies if not p.name.endswith(".lock")]
+        assert sum(p.stat().st_size for p in data) <= limit, [p.name for p in data]
+        assert len(data) == 1
+        assert data[0].stat().st_mode & 0o777 == 0o666 & ~_umask()
+        # the evicted copy's lock file went with it
+        locks = [p.name for p in copies if p.name.endswith(".lock")]
+        assert locks == [data[0].name + ".lock"]
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_coalescing_keeps_a_range_that_contains_the_next() -> None:
+    # a range inside the previous one must not shrink the request to its own end
+    assert coalesce([(0, 100), (10, 20)], gap=0) == [(0, 100)]
+    assert coalesce([(0, 100), (10, 20), (150, 10)], gap=64) == [(0, 160)]
+
+
+@pytest.mark.timeout(90)
+def test_a_stalled_request_is_asked_again_not_waited_out(
+    served: tuple[str, Path], make_slide: SlideFactory
+) -> None:
+    """A request the server accepts and never answers: a second request for the same bytes
+    goes out once the first is slower than the latency seen so far allows, and the first
+    answer wins (it used to wait out the client's 120 s timeout)."""
+    base, root = served
+    local = make_slide(width=3000, height=2000, seed=7)
+    shutil.copy(local, root / "s.svs")
+    store = RangeStore()
+    reader, here = open_slide(f"{base}/s.svs", store=store), open_slide(str(local))
+    windows = [(x * 256, y * 256, 0, 256, 256) for x in range(6) for y in range(4)]
+    for window in windows[:12]:  # the latency of this server, learnt
+        assert np.array_equal(reader.read_region(*window), here.read_region(*window))
+    (root / ".faults.json").write_text(json.dumps({"bytes=": {"status": "stall", "times": 2}}))
+    for window in windows[12:]:
+        assert np.array_equal(reader.read_region(*window), here.read_region(*window))
+    assert store.hedged >= 1
+
+
+def test_short_answers_are_retried(served: tuple[str, Path], make_slide: SlideFactory) -> None:
+    base, root = served
+    local = make_slide(width=3000, height=2000, seed=7)
+    shutil.copy(local, root / "s.svs")
+    reader, here = open_slide(f"{base}/s.svs"), open_slide(str(local))
+    faults = root / ".faults.json"
+    faults.write_text(json.dumps({"bytes=": {"status": "short", "times": 2}}))
+    assert np.array_equal(
+        reader.read_region(0, 0, 0, 256, 256), here.read_region(0, 0, 0, 256, 256)
+    )
+    faults.write_text(json.dumps({"bytes=": {"status": "short", "times": -1}}))
+    with pytest.raises(TransientReadError, match="short"):
+        reader.read_region(512, 512, 0, 256, 256)
+
+
+def test_a_missing_bucket_is_said_in_words_at_once(s3_endpoint: str, tmp_path: Path) -> None:
+    """404s are permanent: one request, and the message says what is missing (it was the
+    store's raw XML, retried)."""
+    from tests.servers import proxy_stats
+
+    stats = tmp_path / "stats.json"
+    port = int(s3_endpoint.rsplit(":", 1)[1])
+    with delay_proxy(port, 0, stats) as proxy, _endpoint(proxy.url):
+        for call in (
+            lambda: open_slide("s3://no-such-bucket/a.svs"),
+            lambda: list_objects("s3://no-such-bucket/slides/", [".svs"]),
+        ):
+            before = proxy_stats(proxy, stats)["requests"]
+            with pytest.raises(SlideNotFoundError) as info:
+                call()
+            message = str(info.value)
+            assert "no-such-bucket" in message and "bucket" in message.lower()
+            assert "<" not in message and "attempts" not in message
+            # not retried: a HEAD has no body, so one listing tells a missing bucket
+            assert proxy_stats(proxy, stats)["requests"] - before <= 2
+        with pytest.raises(SlideNotFoundError, match=r"object .* does not exist"):
+            open_slide("s3://slides/no/such.svs")
+
+
+@contextlib.contextmanager
+def _endpoint(url: str) -> Iterator[None]:
+    import os
+
+    saved = os.environ["AWS_ENDPOINT_URL"]
+    os.environ["AWS_ENDPOINT_URL"] = url
+    try:
+        yield
+    finally:
+        os.environ["AWS_ENDPOINT_URL"] = saved
+
+
+def test_a_refused_connection_says_the_host_cannot_be_reached(tmp_path: Path) -> None:
+    from tests.servers import free_port
+    from wsi_loader.errors import InputError
+    from wsi_loader.index import build_index
+
+    url = f"https://127.0.0.1:{free_port()}/x.svs"
+    with pytest.raises(TransientReadError, match=r"cannot reach 127\.0\.0\.1:\d+ .*refused"):
+        remote_stat(url, retries=0)
+    with pytest.raises(InputError) as info:
+        build_index([url], tmp_path / "idx")
+    assert "mounted" not in str(info.value) and "cannot reach" in str(info.value)
+
+
+def test_merged_requests_return_the_bytes_of_single_ones(
+    s3_endpoint: str, make_slide: SlideFactory
+) -> None:
+    """Ranges that contain, touch, overlap or sit near each other are fetched by fewer
+    requests, and each read gets exactly its own bytes."""
+    local = make_slide(width=3000, height=2000, seed=9)
+    url = upload(local, "s3://slides/merge/s.svs")
+    data = local.read_bytes()
+    ranges = [
+        (1000, 5000),  # contains the next
+        (2000, 100),
+        (6000, 300),  # touches the first's end
+        (6200, 400),  # overlaps the previous
+        (9000, 10),  # near: merged by the gap rule
+        (400_000, 7),  # far
+        (400_000, 7),  # asked twice
+        (len(data) - 50, 50),  # the object's last bytes
+    ]
+    store = RangeStore()
+    source = RemoteBytes(url, store)
+    source.prefetch(ranges)
+    assert store.requests < len(set(ranges))
+    for offset, size in [*ranges, (1500, 3000), (6100, 200)]:  # and ranges inside blocks
+        assert source.read(offset, size) == data[offset : offset + size]
+    merged = store.requests
+    single = RemoteBytes(url, RangeStore())
+    for offset, size in ranges:
+        assert single.read(offset, size) == source.read(offset, size)
+    assert store.requests == merged  # everything was held
+
+
+def test_a_rewritten_object_is_never_served_from_the_cache(
+    s3_endpoint: str, make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    local = tmp_path / "s.svs"
+    shutil.copy(make_slide(width=3000, height=2000, seed=9), local)
+    url = upload(local, "s3://slides/etag/s.svs")
+    store = RangeStore()
+    before = RemoteBytes(url, store)
+    old = before.read(10_000, 4096)
+    data = bytearray(local.read_bytes())
+    data[10_000:14_096] = bytes(4096)
+    local.write_bytes(bytes(data))
+    upload(local, url)
+    after = RemoteBytes(url, store)  # opened again: the new version
+    assert after.stat.version != before.stat.version
+    assert after.read(10_000, 4096) == bytes(4096) != old
+    # a reader still holding the old version is refused by the store (If-Match), not fed
+    # the new bytes as the old object's
+    with pytest.raises(SlideChangedError):
+        before.read(200_000, 4096)

@@ -110,3 +110,54 @@ def test_unreadable_svs_latches_in_openslide(testdata: Path) -> None:
         reader.read_region(0, 0, 0, 16, 16)
     assert reader.broken is True
     reader.close()
+
+
+def _bilinear(stored: np.ndarray, x: float, y: float, size: int) -> np.ndarray:
+    """``stored`` sampled at (x + i, y + j) for a size x size window, bilinearly."""
+    xs, ys = x + np.arange(size), y + np.arange(size)
+    x0, y0 = np.floor(xs).astype(int), np.floor(ys).astype(int)
+    ax, ay = (xs - x0)[None, :, None], (ys - y0)[:, None, None]
+    pixels = stored.astype(np.float64)
+    top = pixels[y0][:, x0] * (1 - ax) + pixels[y0][:, x0 + 1] * ax
+    bottom = pixels[y0 + 1][:, x0] * (1 - ax) + pixels[y0 + 1][:, x0 + 1] * ax
+    resampled: np.ndarray = top * (1 - ay) + bottom * ay
+    return resampled
+
+
+def test_a_level_at_a_non_integer_downsample_reads_the_stored_pixels(
+    testdata: Path, tmp_path: Path
+) -> None:
+    """The TCGA JPEG 2000 slide's level 1 is at downsample 2.0005. Our level-1 tiles are the
+    pixels stored there, on the level's own grid. OpenSlide's read_region maps level-0 x to
+    x / 2.0005, a fraction of a pixel off that grid, and interpolates: its tiles are the
+    stored pixels resampled bilinearly (within rounding), equal to ours only where x / 2.0005
+    is whole, as at (0, 0). So the raw path is the reference at such levels (README)."""
+    import tifffile
+
+    from wsi_loader import TileDataset, build_index
+    from wsi_loader.slides.base import l0_to_level
+
+    path = testdata / "tcga-cr-7395-01a-01-ts1.svs"
+    with tifffile.TiffFile(path) as tif:
+        stored = [page for page in tif.pages if page.is_tiled][1].asarray()
+    index = build_index([path], tmp_path / "idx", level=1, tile_size=256, min_tissue=0.0)
+    ds = TileDataset(index)
+    with openslide.OpenSlide(str(path)) as slide:
+        downsample = slide.level_downsamples[1]
+        assert 2.0 < downsample < 2.001
+        apart: list[int] = []  # OpenSlide's tiles vs ours, the largest difference
+        for row in range(len(index)):
+            x, y = (int(index.columns[c][row]) for c in ("l0_x", "l0_y"))
+            lx, ly = l0_to_level(x, downsample), l0_to_level(y, downsample)
+            ours = ds[row]["image"].permute(1, 2, 0).numpy()
+            np.testing.assert_array_equal(ours, stored[ly : ly + 256, lx : lx + 256])
+            theirs = np.asarray(slide.read_region((x, y), 1, (256, 256)))[..., :3]
+            if (x, y) == (0, 0):
+                np.testing.assert_array_equal(theirs, ours)  # on the grid: the same
+                continue
+            inside = lx + 257 < stored.shape[1] and ly + 257 < stored.shape[0]
+            if inside:  # OpenSlide's: the stored pixels at x / downsample, interpolated
+                resampled = _bilinear(stored, x / downsample, y / downsample, 256)
+                assert np.abs(resampled - theirs).max() <= 3
+                apart.append(int(np.abs(theirs.astype(int) - ours).max()))
+        assert len(apart) >= 20 and np.mean(apart) > 15  # and so not ours

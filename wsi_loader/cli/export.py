@@ -13,6 +13,7 @@ from wsi_loader.cli.common import (
     config_flag,
     dask_client,
 )
+from wsi_loader.cli.stain import add_stain_options, stain_option
 from wsi_loader.config import Config, DatasetConfig, ExportConfig, load_config, validate
 from wsi_loader.index import SlideIndex
 
@@ -41,7 +42,9 @@ def register(sub: Subparsers) -> None:
         help="give up a unit of work (a shard) not done after S seconds; the rest finishes, "
         "a rerun retries it (0: no limit)",
     )
-    p.add_argument("--config", metavar="FILE", help="YAML config: its export section, index root")
+    p.add_argument(
+        "--config", metavar="FILE", help="YAML config: its export and stain sections, index root"
+    )
     p.add_argument("--root", metavar="DIR", help="remap the slide root")
     p.add_argument("--split", metavar="NAME", help="export only the slides of this split")
     p.add_argument("--quarantine", metavar="FILE", help=QUARANTINE_HELP)
@@ -69,6 +72,7 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on a Dask cluster")
     p.add_argument("--no-progress", action="store_true")
+    add_stain_options(p)
     p.set_defaults(run=run)
 
 
@@ -111,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
             quarantine=args.quarantine or config.dataset.quarantine,
             unlabelled_out=args.unlabelled_out,
             context=context if context is not None else config.dataset.context,
+            stain=stain_option(args, config.stain),
         )
     unlabelled = f", {report.unlabelled} without a label left out" if report.unlabelled else ""
     print(

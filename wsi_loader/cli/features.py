@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from wsi_loader.cli.common import COMMON, READS, TILES, Subparsers, init_distributed, one_line
+from wsi_loader.cli.stain import add_stain_options, stain_option
+
+if TYPE_CHECKING:
+    from wsi_loader.model_pass import PassReport
 
 
 def register(sub: Subparsers) -> None:
@@ -23,7 +28,8 @@ def register(sub: Subparsers) -> None:
         "--model",
         required=True,
         metavar="SPEC",
-        help="torchvision:NAME (cached weights), timm:NAME, or package.module:callable",
+        help="torchvision:NAME (cached weights), timm:NAME, package.module:callable, or a "
+        "TorchScript file (model.pt, with model.json or config.json beside it)",
     )
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--batch-size", type=int, default=64, metavar="B")
@@ -51,6 +57,7 @@ def register(sub: Subparsers) -> None:
         "[tile | ctx1 | ...]",
     )
     p.add_argument("--no-progress", action="store_true")
+    add_stain_options(p, config=True)
     p.set_defaults(run=run)
 
 
@@ -82,18 +89,31 @@ def run(args: argparse.Namespace) -> int:
             else validate(DatasetConfig, {"context": args.context}, "command line").context
         ),
         context_features=args.context_features,
+        stain=stain_option(args),
     )
     print(
         f"{report.tiles} tiles of {report.written} slides -> {args.out} ({report.skipped} slides "
         f"already complete, {report.failed} tiles failed: see features.json)",
         file=sys.stderr,
     )
+    return unfinished_slides(report)
+
+
+def unfinished_slides(report: PassReport) -> int:
+    """Print the slides a pass did not write and why; the exit code (1 when there are any)."""
+    for entry in report.incomplete:
+        print(
+            f"  not written: {one_line(entry['slide'])}: {one_line(entry['reason'])}",
+            file=sys.stderr,
+        )
+    for entry in report.failed_slides:
+        print(f"  failed: {one_line(entry['slide'])}: {one_line(entry['reason'])}", file=sys.stderr)
     if report.incomplete:
-        for entry in report.incomplete:
-            print(
-                f"  not written: {one_line(entry['slide'])}: {one_line(entry['reason'])}",
-                file=sys.stderr,
-            )
         print("error: some slides could not be read; run the command again", file=sys.stderr)
-        return 1
-    return 0
+    if report.failed_slides:
+        print(
+            "error: the model's outputs were not finite for some slides (with --dtype float16, "
+            "try float32 or bfloat16)",
+            file=sys.stderr,
+        )
+    return 1 if report.incomplete or report.failed_slides else 0

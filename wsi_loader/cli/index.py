@@ -16,7 +16,8 @@ from wsi_loader.cli.common import (
     one_line,
 )
 from wsi_loader.config import IndexConfig, load_config, with_overrides
-from wsi_loader.index import build_index
+from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.index.qc import RULES
 
 
 def register(sub: Subparsers) -> None:
@@ -115,6 +116,45 @@ def register(sub: Subparsers) -> None:
         "cells and tiles), cell, tile, tma_core (default: all; an export of all objects "
         "holds the cell detections too)",
     )
+    t = p.add_argument_group("tissue detection and quality control")
+    t.add_argument(
+        "--tissue-detector",
+        choices=["auto", "brightfield", "fluorescence"],
+        help="how tissue is found: per slide from its picture (auto: dark field -> "
+        "fluorescence, by intensity; else brightfield, by colour), or this one for all",
+    )
+    t.add_argument(
+        "--tissue-masks",
+        metavar="PATH",
+        help="tissue mask images (white = tissue): a folder or file matched by slide name "
+        "(slide.svs <- slide.png, slide_mask.tif...), or a CSV with path|slide and mask",
+    )
+    t.add_argument(
+        "--tissue-class",
+        metavar="NAME",
+        help="an annotation class (from --annotations) that is the tissue",
+    )
+    t.add_argument(
+        "--qc",
+        choices=["all", "none"],
+        help="quality-control columns qc_focus, qc_pen, qc_fold, qc_bubble, qc_background "
+        "(all, the default; none: not measured, no cost)",
+    )
+    t.add_argument(
+        "--qc-exclude",
+        type=qc_rules,
+        metavar="RULE[,RULE]",
+        help="drop the tiles these rules flag: pen, blur, fold, bubble",
+    )
+    t.add_argument(
+        "--qc-threshold",
+        type=qc_threshold,
+        action="append",
+        metavar="RULE=V",
+        help="a rule's threshold (repeatable): pen/fold/bubble flag a share >= V (defaults "
+        f"{RULES['pen'].threshold:g}/{RULES['fold'].threshold:g}/{RULES['bubble'].threshold:g}"
+        f"), blur a focus < V ({RULES['blur'].threshold:g} of the slide's typical tissue)",
+    )
     config_flag(p, "--allow-shrink", "let a rebuild drop more than half of the indexed slides")
     p.add_argument("--workers", type=int, metavar="N", help="parallel slide workers")
     p.add_argument(
@@ -138,6 +178,45 @@ def register(sub: Subparsers) -> None:
         help="run on a Dask distributed cluster (pip install 'wsi_loader[dask]')",
     )
     p.set_defaults(run=run)
+
+
+def qc_rules(value: str) -> list[str]:
+    """``pen,blur`` as QC rule names."""
+    names = class_names(value)
+    unknown = [n for n in names if n not in RULES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"no QC rule {', '.join(map(repr, unknown))}; the rules are {', '.join(RULES)}"
+        )
+    return names
+
+
+def qc_threshold(value: str) -> tuple[str, float]:
+    """``blur=0.4`` as (rule, threshold)."""
+    name, sep, number = value.partition("=")
+    name = name.strip()
+    if not sep or name not in RULES:
+        raise argparse.ArgumentTypeError(
+            f"expected RULE=VALUE with a rule among {', '.join(RULES)}, got {value!r}"
+        )
+    try:
+        return name, float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number in {value!r}") from None
+
+
+def qc_line(index: SlideIndex) -> str | None:
+    """What quality control flagged (and left out) over the index, in one line."""
+    totals = index.summary()["qc"]
+    if totals is None:
+        return None
+    flagged = ", ".join(f"{name} {n}" for name, n in totals["flagged"].items() if name != "any")
+    line = f"quality control: {totals['flagged']['any']} tiles flagged ({flagged})"
+    excluded = totals["excluded"]
+    if excluded:
+        left_out = ", ".join(f"{name} {n}" for name, n in excluded.items() if name != "any")
+        line += f"; {excluded.get('any', 0)} left out by --qc-exclude ({left_out})"
+    return line
 
 
 def annotations_line(report: dict[str, Any]) -> str:
@@ -184,8 +263,15 @@ def run(args: argparse.Namespace) -> int:
             "exclude",
             "max_excluded",
             "annotation_objects",
+            "tissue_detector",
+            "tissue_masks",
+            "tissue_class",
+            "qc",
+            "qc_exclude",
         )
     }
+    if args.qc_threshold:
+        overrides["qc_thresholds"] = {**config.qc_thresholds, **dict(args.qc_threshold)}
     config = with_overrides(config, source="command line", **overrides)
     with dask_client(args.scheduler) as client:
         index = build_index(
@@ -209,6 +295,9 @@ def run(args: argparse.Namespace) -> int:
     annotated = index.meta.get("annotations_report")
     if annotated:
         print(annotations_line(annotated), file=sys.stderr)
+    checked = qc_line(index)
+    if checked:
+        print(checked, file=sys.stderr)
     if not ok:
         print("error: no slide could be indexed", file=sys.stderr)
         return 1

@@ -41,6 +41,10 @@ def _state(slide: dict[str, Any]) -> str:
     return str(slide["status"]) if problem is None else problem_kind(problem)
 
 
+def _vector(values: list[float]) -> str:
+    return "(" + ", ".join(f"{v:.2f}" for v in values) + ")"
+
+
 def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
     slides = summary["slides"]
     states = Counter(_state(s) for s in slides)
@@ -88,6 +92,16 @@ def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
             f"copies: {extra} slide{' has' if extra == 1 else 's have'} the same contents as "
             "another: " + describe_copies(summary["copies"])
         )
+    stain = summary.get("stain") or {}
+    if stain.get("reference"):
+        ref = stain["reference"]
+        lines.append(
+            f"stain: {stain['estimated']} of {sum(s['status'] == 'ok' for s in slides)} slides "
+            f"estimated; median H {_vector(ref['H'])} "
+            f"E {_vector(ref['E'])} (wsi-loader stain)"
+        )
+    if summary.get("qc"):
+        lines.append(qc_summary_line(summary["qc"]))
     lines.append(
         f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'mag':>5} {'level':>5} {'label':12} path"
     )
@@ -107,7 +121,38 @@ def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
             lines.append(f"{'':>4} problem: {one_line(s['problem'])}")
         if s["warning"]:
             lines.append(f"{'':>4} warning: {one_line(s['warning'])}")
+        if s.get("stain_error") and s["status"] == "ok" and s["tiles"]:
+            lines.append(f"{'':>4} no stain estimate: {one_line(s['stain_error'])}")
+        if s.get("tissue_detector") not in (None, "brightfield"):
+            why = f" ({one_line(s['tissue_reason'])})" if s.get("tissue_reason") else ""
+            lines.append(f"{'':>4} tissue: {s['tissue_detector']}{why}")
+        qc = s.get("qc")
+        if qc and (qc["any"] or qc["excluded"]):
+            lines.append(f"{'':>4} qc: {qc_counts_text(qc, qc['excluded'])}")
     return printable("\n".join(lines))
+
+
+def qc_counts_text(flagged: dict[str, Any], excluded: dict[str, Any]) -> str:
+    """``pen 3, blur 0, fold 1, bubble 0 flagged; 12 left out (pen 12)``."""
+    text = ", ".join(
+        f"{name} {n}" for name, n in flagged.items() if name not in ("any", "excluded")
+    )
+    text += " flagged"
+    if excluded:
+        parts = ", ".join(f"{name} {n}" for name, n in excluded.items() if name != "any")
+        text += f"; {excluded.get('any', 0)} left out by qc_exclude ({parts})"
+    return text
+
+
+def qc_summary_line(totals: dict[str, Any]) -> str:
+    limits = ", ".join(
+        f"{name} {'<' if name == 'blur' else '>='} {value:g}"
+        for name, value in totals["thresholds"].items()
+    )
+    flagged = totals["flagged"]
+    return f"quality control ({limits}): {flagged['any']} tiles flagged: " + qc_counts_text(
+        flagged, totals["excluded"]
+    )
 
 
 def run(args: argparse.Namespace) -> int:

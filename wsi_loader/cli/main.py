@@ -15,7 +15,19 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from wsi_loader.cli import bench, demo, export, features, index, info, quarantine, view
+from wsi_loader.cli import (
+    bench,
+    demo,
+    export,
+    features,
+    index,
+    info,
+    predict,
+    quarantine,
+    serve,
+    stain,
+    view,
+)
 from wsi_loader.cli.common import PrintableFormatter, printable
 from wsi_loader.errors import OutputError, WsiLoaderError
 
@@ -65,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action=_VersionAction, help="show the versions a bug report needs and exit"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (index, info, quarantine, view, export, features, bench, demo):
+    commands = (index, info, quarantine, stain, view, export, features, predict, serve)
+    for command in (*commands, bench, demo):
         command.register(sub)  # each sets `run`, the function that carries it out
     return parser
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from wsi_loader.cli.common import COMMON, READS, Subparsers, one_line, open_index
+from wsi_loader.cli.stain import add_stain_options, stain_option
 from wsi_loader.errors import ConfigError
 
 MIN_THUMBNAIL = 16  # inspect --max-size below this draws nothing useful
@@ -19,9 +20,18 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--out", required=True, metavar="FILE.png")
     p.add_argument("--slide", metavar="PATH_OR_ID", help="slide id, path or name (first ok slide)")
     p.add_argument(
-        "--color-by", choices=["tissue", "label", "status", "annotation"], default="tissue"
+        "--color-by",
+        choices=["tissue", "label", "status", "annotation", "qc"],
+        default="tissue",
+        help="qc: the quality-control rule flagging each tile (pen, fold, bubble, blur)",
     )
     p.add_argument("--max-size", type=int, default=1024, help="longest side of the thumbnail")
+    p.add_argument(
+        "--predictions",
+        metavar="DIR",
+        help="draw the tile probabilities of a predict folder (DIR) as a heatmap instead",
+    )
+    p.add_argument("--heatmap-class", metavar="NAME", help="with --predictions: this class only")
     p.set_defaults(run=run_inspect)
     p = sub.add_parser(
         "mosaic", help="a grid of sampled tiles with captions", parents=[COMMON, READS]
@@ -32,7 +42,13 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--slide", metavar="PATH_OR_ID")
     p.add_argument("--label")
     p.add_argument("--status", choices=["ok", "quarantined"])
+    p.add_argument(
+        "--qc",
+        choices=["pen", "blur", "fold", "bubble", "any"],
+        help="only tiles this quality-control rule flags (any: any rule)",
+    )
     p.add_argument("--seed", type=int, default=0)
+    add_stain_options(p, config=True)  # each tile as read, then normalised
     p.set_defaults(run=run_mosaic)
 
 
@@ -47,6 +63,19 @@ def run_inspect(args: argparse.Namespace) -> int:
             value=args.max_size,
         )
     index = open_index(args)
+    if args.predictions:
+        from wsi_loader.heatmaps import prediction_heatmap
+
+        heatmap = prediction_heatmap(
+            index,
+            args.predictions,
+            args.slide,
+            heatmap_class=args.heatmap_class,
+            max_size=args.max_size,
+        )
+        heatmap.save(args.out)
+        print(f"{args.out}: heatmap of {', '.join(heatmap.names)}", file=sys.stderr)
+        return 0
     overview = SlideOverview(index, args.slide, color_by=args.color_by, max_size=args.max_size)
     overview.save(args.out)
     print(
@@ -62,7 +91,14 @@ def run_mosaic(args: argparse.Namespace) -> int:
 
     index = open_index(args)
     mosaic = Mosaic(
-        index, args.n, slide=args.slide, label=args.label, status=args.status, seed=args.seed
+        index,
+        args.n,
+        slide=args.slide,
+        label=args.label,
+        status=args.status,
+        qc=args.qc,
+        seed=args.seed,
+        stain=stain_option(args),
     )
     mosaic.save(args.out)
     print(

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from wsi_loader.config import BagConfig, validate
+from wsi_loader.config import BagConfig, check_keywords, validate
 from wsi_loader.dataset.samplers import key_rng
 from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.index.table import SlideIndex
@@ -46,6 +46,9 @@ class SlideBagDataset(Dataset[Bag]):
         seed: int = 0,
         **options: Any,
     ) -> None:
+        check_keywords(
+            "SlideBagDataset", options, [*TileDataset.option_names(), "k", "chunk_size", "seed"]
+        )
         checked: BagConfig = validate(BagConfig, {"k": k, "chunk_size": chunk_size, "seed": seed})
         if "transform" in options or "batch_transform" in options:
             raise TypeError("SlideBagDataset takes no transform: apply it to the bag's images")

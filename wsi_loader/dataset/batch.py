@@ -7,7 +7,8 @@ lets ``DataLoader(pin_memory=True)`` pin it.
 
 In ``decode="device"`` mode, tiles that are single JPEG storage tiles travel compressed
 (``encoded[i]`` is a complete JPEG stream) and are decoded in the main process, on the GPU when
-there is one; their rows of ``images`` are zero until then.
+there is one (`wsi_loader.gpu.DeviceLoader`); until then their rows of ``images`` are zero and
+their ``ok`` is False, so a loop that forgot to decode them trains on none of them.
 
 ``recycled`` batches (from `make_loader`) live in a buffer the reading process reuses once
 every tensor over it is gone (`wsi_loader.dataset.buffers`).
@@ -50,6 +51,7 @@ class TileBatch:
     # (N, scales, 4) int32: per context tile, its part on the slide (x0, y0, x1, y1; x1, y1
     # exclusive, in its pixels); the rest is the dataset's fill_value
     context_inside: torch.Tensor | None = None
+    epoch: int = 0  # the epoch it was read in (random stain transforms on the device use it)
 
     def __len__(self) -> int:
         return int(self.images.shape[0])

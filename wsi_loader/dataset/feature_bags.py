@@ -27,6 +27,7 @@ from wsi_loader.index.table import (
     warn_missing_spelt,
     warn_similar,
 )
+from wsi_loader.naming import h5_file_names
 
 Bag = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -35,15 +36,20 @@ log = logging.getLogger(__name__)
 class FeatureBagDataset(Dataset[Bag]):
     """Bags of features from a folder of ``<slide>.h5`` files.
 
-    Labels (``label`` is -1 for a slide without one): from ``index`` (its slide labels, matched
-    by slide name; ``label_names`` are the index's ``slide_label_names``), or from ``labels``, a
-    mapping slide name -> label name or a CSV with ``slide`` and ``label`` columns. With
-    ``split`` (and an index), only that split's slides. ``unlabelled="drop"`` leaves out slides
-    without a label.
+    With ``index``: one bag per indexed slide (by path: two slides named ``case`` in different
+    folders are two bags, their files found through ``features.json`` or by the names
+    extraction gives them, ``case.h5`` and ``case-s1.h5``), labelled with the index's slide
+    labels (``label_names`` are its ``slide_label_names``); with ``split``, only that split's
+    slides. Otherwise one bag per file, labelled from ``labels``, a mapping name -> label name
+    or a CSV with ``slide`` and ``label`` columns: by the file's name, then by its slide's
+    name (a name two files' slides share is refused: pass the index). ``label`` is -1 for a
+    slide without one; ``unlabelled="drop"`` leaves such slides out.
 
-    Items: ``features`` (N x D float32), ``coords`` (N x 2 int64), ``label``, ``slide`` (name).
+    Items: ``features`` (N x D float32), ``coords`` (N x 2 int64), ``label``, ``slide`` (the
+    file's name, unique in the folder); ``paths[i]`` is bag i's slide path where known.
     ``max_instances``: at most that many instances per bag, a random subset drawn anew each
-    epoch (`set_epoch`) from ``seed``: the same on every run and every rank.
+    epoch (`set_epoch`, which reaches persistent DataLoader workers too) from ``seed``: the
+    same on every run and every rank.
     """
 
     def __init__(
@@ -71,31 +77,45 @@ class FeatureBagDataset(Dataset[Bag]):
         files = {p.stem: p for p in sorted(self.folder.glob("*.h5")) if not p.name.startswith(".")}
         # features.json maps slide paths to files (names changed because unsafe or taken twice)
         by_path = _files_by_path(self.folder)
-        chosen: dict[str, Path] = {}
-        by_name: dict[str, str] = {}
+        bags: list[tuple[str, Path, str | None, str | None]] = []  # name, file, path, label
         if index is not None:
             opened = index if isinstance(index, SlideIndex) else SlideIndex.open(index)
             if split is not None:
                 opened = opened.view(split=split)
             self.label_names = tuple(opened.slide_label_names)
-            for record in opened.slides:
-                if opened.split is not None and record.split != opened.split:
-                    continue
-                name = slide_name(record.path)
-                file = by_path.get(record.path) or files.get(name)
-                if file is not None and file.is_file():
-                    chosen[name] = file
-                if record.label is not None:
-                    by_name[name] = record.label
+            wanted = [
+                sid
+                for sid, record in enumerate(opened.slides)
+                if opened.split is None or record.split == opened.split
+            ]
+            # without features.json: the names extraction gives (a name's second slide gets
+            # its id), never one file for two slides of the same name
+            named = h5_file_names(opened, wanted)
+            without: list[str] = []
+            for sid in wanted:
+                record = opened.slides[sid]
+                file = by_path.get(record.path) or self.folder / named[sid]
+                if file.is_file():
+                    bags.append((file.stem, file, record.path, record.label))
+                elif record.label is not None:
+                    without.append(record.path)
         else:
-            chosen = dict(files)
+            slide_of = {file: path for path, file in by_path.items()}
+            by_name: dict[str, str] = {}
             if labels is not None:
                 by_name = dict(labels) if isinstance(labels, Mapping) else _read_labels(labels)
                 warn_similar(set(by_name.values()), "labels")
                 warn_missing_spelt(list(by_name.values()))
             self.label_names = tuple(label_order(by_name.values()))
-        names = list(chosen)
-        without = sorted(set(by_name) - set(chosen))
+            # a file's slide name: from features.json, else the file's own name
+            names = {
+                file: slide_name(slide_of[file]) if file in slide_of else stem
+                for stem, file in files.items()
+            }
+            for stem, file in files.items():
+                bags.append((stem, file, slide_of.get(file), _label_of(file, names, by_name)))
+            found = set(files) | set(names.values())
+            without = sorted(set(by_name) - found)
         if without:  # extraction failed or has not run for them: say so, or they vanish
             shown = ", ".join(repr(n) for n in without[:5]) + (", ..." if len(without) > 5 else "")
             log.warning(
@@ -105,22 +125,31 @@ class FeatureBagDataset(Dataset[Bag]):
                 shown,
             )
         if unlabelled == "drop":
-            names = [n for n in names if n in by_name]
-        if not names:
+            bags = [bag for bag in bags if bag[3] is not None]
+        if not bags:
             raise InputError(
                 "no feature files (<slide>.h5) for these slides in the folder", path=str(folder)
             )
         lookup = {name: i for i, name in enumerate(self.label_names)}
-        self.slides = names
-        self.files = [chosen[n] for n in names]
-        self.labels = np.array([lookup.get(by_name.get(n, ""), -1) for n in names], np.int64)
+        self.slides = [name for name, *_ in bags]  # unique: the files' names
+        self.files = [file for _, file, *_ in bags]
+        self.paths = [path for _, _, path, _ in bags]  # the slides' paths, where known
+        self.labels = np.array([lookup.get(label or "", -1) for *_, label in bags], np.int64)
         self.max_instances = max_instances
         self.seed = seed
-        self.epoch = 0
+        # shared memory: set_epoch reaches DataLoader workers that outlive an epoch
+        # (persistent_workers), which hold a copy of this dataset made when they started
+        self._epoch = torch.zeros((), dtype=torch.int64)
+        self._epoch.share_memory_()  # type: ignore[no-untyped-call]
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        """Draw other instance subsets (``max_instances``) this epoch."""
-        self.epoch = epoch
+        """Draw other instance subsets (``max_instances``) this epoch, in this process and in
+        the DataLoader workers that hold a copy of this dataset."""
+        self._epoch.fill_(int(epoch))
 
     def __len__(self) -> int:
         return len(self.files)
@@ -149,6 +178,27 @@ class FeatureBagDataset(Dataset[Bag]):
             "label": int(self.labels[i]),
             "slide": self.slides[i],
         }
+
+
+def _label_of(file: Path, names: Mapping[Path, str], by_name: Mapping[str, str]) -> str | None:
+    """A file's label from labels by name: by its own name (``case-s1``) first, then by its
+    slide's name (``names``), which must not be the slide name of another file as well: two
+    slides named ``case`` in different folders, whose label for 'case' could be either's."""
+    if file.stem in by_name:
+        return by_name[file.stem]
+    name = names[file]
+    if name not in by_name:
+        return None
+    same = sorted(other.name for other, its in names.items() if its == name)
+    if len(same) > 1:
+        stems = ", ".join(Path(other).stem for other in same)
+        raise InputError(
+            f"the label of slide {name!r} fits {len(same)} feature files, of slides of that "
+            f"name in different folders ({', '.join(same)}): give their labels by file name "
+            f"({stems}), or pass index= to label the slides by path",
+            path=str(file.parent),
+        )
+    return by_name[name]
 
 
 def _files_by_path(folder: Path) -> dict[str, Path]:

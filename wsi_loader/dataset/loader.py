@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.util  # its exit handler must be registered before ours (see below)
 import os
 import weakref
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_worker_info
 
-from wsi_loader.config import LoaderConfig, validate
+from wsi_loader.config import LoaderConfig, check_keywords, validate
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing
 from wsi_loader.dataset.look_ahead import BatchPlan, LookAhead
@@ -33,8 +35,9 @@ from wsi_loader.dataset.worker_exit import (
     sigint_held_for_new_workers,
     start_worker,
 )
-from wsi_loader.errors import ConfigError, LoaderTimeoutError
+from wsi_loader.errors import ConfigError, LoaderTimeoutError, LoaderWorkerDiedError
 from wsi_loader.index.table import SlideIndex
+from wsi_loader.parallel import how_it_ended
 
 
 class BatchReads(Dataset[TileBatch]):
@@ -58,13 +61,13 @@ class BatchReads(Dataset[TileBatch]):
         return len(self.tiles)
 
     def __getitem__(self, rows: Sequence[int] | BatchPlan) -> TileBatch:
-        ahead = None
+        ahead, epoch = None, None
         if isinstance(rows, BatchPlan):
-            rows, ahead = rows
+            rows, ahead, epoch = rows
         worker = get_worker_info()
         if self.reading is None or worker is None:
             return self.tiles.read_batch(
-                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead
+                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead, epoch=epoch
             )
         # a numpy view of the shared slots: a plain store per slide read, no torch call
         slots, slot = self.reading.numpy(), worker.id
@@ -75,7 +78,7 @@ class BatchReads(Dataset[TileBatch]):
         self.tiles.reader.on_slide = note
         try:
             return self.tiles.read_batch(
-                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead
+                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead, epoch=epoch
             )
         finally:
             slots[slot] = -1
@@ -132,7 +135,15 @@ class TileLoader(DataLoader[TileBatch]):
             return super()._get_iterator()
 
     def __iter__(self) -> Iterator[TileBatch]:  # type: ignore[override]
-        iterator = super().__iter__()
+        try:
+            # persistent workers are told to start the next epoch here, and torch waits for
+            # each to answer: a worker still stuck times out in this call
+            iterator = super().__iter__()
+        except RuntimeError as exc:
+            timed_out = self._timed_out(exc)
+            if timed_out is None:
+                raise
+            raise timed_out from exc
         if self.num_workers:
             _RUNNING.add(iterator)
         if self.num_workers and self.persistent_workers and self._stopper is None:
@@ -148,24 +159,83 @@ class TileLoader(DataLoader[TileBatch]):
                 batch = next(iterator)
             except StopIteration:
                 return
-            except RuntimeError as exc:
-                if "timed out" not in str(exc) or self.reading is None or self.tiles is None:
+            except (RuntimeError, OSError, EOFError) as exc:
+                failure = self._timed_out(exc) or _worker_died(iterator, exc)
+                if failure is None:
                     raise
-                stuck = sorted({int(s) for s in self.reading.tolist() if s >= 0})
-                paths = [self.tiles.index.slide_path(s) for s in stuck]
-                raise LoaderTimeoutError(
-                    f"no batch within timeout={self.timeout} s; the workers were reading "
-                    f"{', '.join(paths) if paths else 'no slide (stuck elsewhere)'}",
-                    seconds=self.timeout,
-                    slide_ids=stuck,
-                    paths=paths,
-                ) from exc
+                raise failure from exc
             yield batch
+
+    def _timed_out(self, error: BaseException) -> LoaderTimeoutError | None:
+        """torch's timeout (a bare RuntimeError) as `LoaderTimeoutError` naming the slides the
+        workers were reading; None for any other error."""
+        if (
+            not isinstance(error, RuntimeError)
+            or "timed out" not in str(error)
+            or self.reading is None
+            or self.tiles is None
+        ):
+            return None
+        stuck = sorted({int(s) for s in self.reading.tolist() if s >= 0})
+        paths = [self.tiles.index.slide_path(s) for s in stuck]
+        return LoaderTimeoutError(
+            f"no batch within timeout={self.timeout} s; the workers were reading "
+            f"{', '.join(paths) if paths else 'no slide (stuck elsewhere)'}",
+            seconds=self.timeout,
+            slide_ids=stuck,
+            paths=paths,
+        )
 
     def set_epoch(self, epoch: int) -> None:
         set_epoch = getattr(self.tile_sampler, "set_epoch", None)
         if set_epoch is not None:
             set_epoch(epoch)
+        if self.tiles is not None:
+            self.tiles.set_epoch(epoch)  # for a sampler without one (the batches carry it)
+
+
+WORKER_END_WAIT_S = 2.0  # for the fork server to report how a worker that just died ended
+
+
+def _worker_died(iterator: Any, error: BaseException) -> LoaderWorkerDiedError | None:
+    """The error of a loop whose worker process died, saying which worker and how it ended;
+    None when every worker is alive (the error is about something else).
+
+    Why: a forkserver (or spawned) worker is no child of this process, so torch's SIGCHLD
+    handler never says one died: the loop failed with ConnectionResetError (fetching a batch
+    the dead worker had queued, through its socket) or, 5 s later, 'DataLoader worker (pid(s)
+    N) exited unexpectedly'. A worker killed a moment ago may not be reported yet: when the
+    error looks like a dead worker, its end is waited for (bounded)."""
+    workers = list(getattr(iterator, "_workers", None) or [])
+
+    def dead() -> list[tuple[int, Any]]:
+        return [(i, w) for i, w in enumerate(workers) if w.exitcode not in (None, 0)]
+
+    found = dead()
+    text = str(error)
+    if (
+        not found
+        and workers
+        and (
+            isinstance(error, (ConnectionError, EOFError))
+            or "exited unexpectedly" in text
+            or "killed by signal" in text
+        )
+    ):
+        multiprocessing.connection.wait([w.sentinel for w in workers], WORKER_END_WAIT_S)
+        found = dead()
+    if not found:
+        return None
+    described = "; ".join(f"worker {i} (pid {w.pid}) {how_it_ended(w.exitcode)}" for i, w in found)
+    first_id, first = found[0]
+    return LoaderWorkerDiedError(
+        f"a DataLoader worker process died: {described}. If memory ran short, fewer workers "
+        "(num_workers), a smaller batch_size or prefetch_factor need less; the loader's "
+        "other workers are stopped",
+        worker_id=first_id,
+        pid=first.pid,
+        exitcode=first.exitcode,
+    )
 
 
 def make_loader(
@@ -175,6 +245,7 @@ def make_loader(
     shuffle: bool | None = None,
     seed: int | None = None,
     sampler: Sampler[int] | Iterable[int] | None = None,
+    batches: Iterable[Sequence[int]] | None = None,
     drop_last: bool = False,
     num_workers: int | None = None,
     pin_memory: bool | None = None,
@@ -192,7 +263,10 @@ def make_loader(
     ``sampler`` defaults to a `DistributedTileSampler` (sharded across ranks when
     torch.distributed is initialised; ``shuffle``, default True, and ``seed``, default 0, are
     its options, so giving them with your own ``sampler`` is an error); call
-    ``loader.set_epoch(e)`` every epoch. Every option is validated (`LoaderConfig`, and
+    ``loader.set_epoch(e)`` every epoch. ``batches``: the batches to read, in this order,
+    instead of ``sampler`` cut into ``batch_size`` pieces (batch ``k`` goes to worker
+    ``k % num_workers``: whole-slide passes give each worker its own part of a slide, see
+    `wsi_loader.dataset.scan`). Every option is validated (`LoaderConfig`, and
     `DatasetConfig` for the dataset's) and a bad one is a `ConfigError` naming it.
     ``num_workers`` defaults to the usable cores (at most 8); ``pin_memory`` to whether CUDA is
     available. ``decode="device"`` ships single-JPEG-tile reads compressed, for
@@ -206,9 +280,11 @@ def make_loader(
     bounded by the dataset's ``prefetch_mb``; see `wsi_loader.dataset.look_ahead`).
     ``timeout`` (seconds; needs workers): no batch for that long raises `LoaderTimeoutError`
     (a `TimeoutError`) naming the slides the workers were reading (a hung network share, a
-    file that blocks) instead of waiting forever. Workers of an index of remote slides start
-    with ``forkserver`` where the default is ``fork`` (obstore's runtime does not survive
-    fork). Other keyword arguments go to `TileDataset`
+    file that blocks) instead of waiting forever. Workers start as they do for local slides
+    when the index's remote slides are read through libcurl (``s3://`` with keys in the
+    environment, ``http(s)://``); for those read through obstore (``gs://``, ``az://``, S3 with
+    an instance role) they start with ``forkserver`` where the default is ``fork`` (obstore's
+    runtime does not survive fork). Other keyword arguments go to `TileDataset`
     (``transform``, ``batch_transform``, ``split``, ``on_error``, ``context``...):
     ``context=[(2.0, 224)]`` gives every batch ``context[k]``, one NHWC uint8 tensor per scale
     of tiles co-centred with ``images``, read in the same batch read.
@@ -231,12 +307,17 @@ def make_loader(
             "timeout": timeout,
         },
     )
-    if sampler is not None and (opts.shuffle is not None or opts.seed is not None):
+    if batches is not None and sampler is not None:
+        raise ConfigError("give sampler or batches, not both", key="batches")
+    if (sampler is not None or batches is not None) and (
+        opts.shuffle is not None or opts.seed is not None
+    ):
         raise ConfigError(
             "shuffle and seed are options of the default sampler; with your own sampler, set "
             "them on it",
             key="shuffle" if opts.shuffle is not None else "seed",
         )
+    check_keywords("make_loader", dataset_options, [*TileDataset.option_names(), *_OWN_KEYWORDS])
     if dataset_options and isinstance(data, TileDataset):
         raise ConfigError(
             f"dataset options ({', '.join(sorted(dataset_options))}) apply only when "
@@ -251,17 +332,17 @@ def make_loader(
             key="on_error",
             value="substitute",
         )
-    if sampler is None:
+    if sampler is None and batches is None:
         sampler = DistributedTileSampler(
             tiles,
             shuffle=True if opts.shuffle is None else opts.shuffle,
             seed=opts.seed or 0,
         )
     context = opts.multiprocessing_context
-    if tiles.reader.remote and context in (None, "fork"):
+    if not tiles.reader.fork_safe and context in (None, "fork"):
         if context == "fork":
             raise ConfigError(
-                "this index's slides are on object storage, read with obstore, whose runtime "
+                "this index's slides are on object storage read with obstore, whose runtime "
                 "does not survive fork() once this process has used it (its threads stay "
                 "behind and workers hang): use multiprocessing_context='forkserver' (the "
                 "default here) or 'spawn'",
@@ -301,7 +382,10 @@ def make_loader(
         ),
         batch_size=None,
         sampler=LookAhead(
-            BatchSampler(sampler, batch_size, drop_last), max(1, workers), opts.prefetch
+            batches if batches is not None else BatchSampler(sampler or [], batch_size, drop_last),
+            max(1, workers),
+            opts.prefetch,
+            sampler,
         ),
         num_workers=workers,
         collate_fn=_passthrough,
@@ -312,9 +396,17 @@ def make_loader(
         timeout=opts.timeout if workers else 0,
         worker_init_fn=partial(start_worker, temp_folder=parent_temp_folder()) if workers else None,
     )
-    loader.tile_sampler = sampler
+    loader.tile_sampler = sampler if sampler is not None else []
     loader.reading, loader.tiles = reading, tiles
     return loader
+
+
+# make_loader's own keywords, suggested for a misspelt one (batch_sise) among the dataset's
+_OWN_KEYWORDS = [
+    name
+    for name in inspect.signature(make_loader).parameters
+    if name not in ("data", "dataset_options")
+]
 
 
 def _start_method() -> str:
@@ -364,4 +456,4 @@ def _pickles(value: object) -> bool:
 
 def _can_fork(tiles: TileDataset) -> bool:
     """Whether fork is an option to suggest (not for obstore's remote slides; see above)."""
-    return "fork" in multiprocessing.get_all_start_methods() and not tiles.reader.remote
+    return "fork" in multiprocessing.get_all_start_methods() and tiles.reader.fork_safe

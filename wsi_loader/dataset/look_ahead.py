@@ -13,27 +13,36 @@ vain, bounded by the reading process's prefetch budget.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import NamedTuple
 
 
 class BatchPlan(NamedTuple):
-    """The rows of one batch and of the batches its reader reads after it."""
+    """The rows of one batch and of the batches its reader reads after it, and the sampler's
+    epoch (random per-tile transforms draw from it: the same in every worker)."""
 
     rows: list[int]
     ahead: list[int]
+    epoch: int = 0
 
 
 class LookAhead:
     """Batches of ``batches`` as `BatchPlan` objects, for ``streams`` readers (workers, or 1)
     each told its next ``depth`` batches."""
 
-    def __init__(self, batches: Iterable[list[int]], streams: int, depth: int) -> None:
+    def __init__(
+        self,
+        batches: Iterable[Sequence[int]],
+        streams: int,
+        depth: int,
+        epoch_of: object = None,
+    ) -> None:
         if streams < 1 or depth < 0:
             raise ValueError(f"streams must be >= 1 and depth >= 0, got {streams}, {depth}")
         self.batches = batches
         self.streams = streams
         self.depth = depth
+        self.epoch_of = epoch_of  # the sampler whose ``epoch`` the batches carry
 
     def __len__(self) -> int:
         if not isinstance(self.batches, Sized):
@@ -41,6 +50,7 @@ class LookAhead:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[BatchPlan]:
+        epoch = int(getattr(self.epoch_of, "epoch", 0) or 0)
         batches = iter(self.batches)
         window: deque[list[int]] = deque()
         wanted = self.streams * self.depth  # batches to know beyond the current one
@@ -52,7 +62,7 @@ class LookAhead:
             rows = window.popleft()
             # the same reader's next batches: every streams-th one from here
             same = [window[j] for j in range(self.streams - 1, len(window), self.streams)]
-            yield BatchPlan(rows, [row for batch in same[: self.depth] for row in batch])
+            yield BatchPlan(rows, [row for batch in same[: self.depth] for row in batch], epoch)
             nxt = next(batches, None)
             if nxt is not None:
                 window.append(list(nxt))

@@ -49,7 +49,9 @@ def retry(index: SlideIndex, slide: str | None = None, retries: int = 2) -> tupl
     """Read the quarantined tiles and slides again; remove the records that read fine now.
     Returns (still failing, cleared)."""
     by_path = {record.path: sid for sid, record in enumerate(index.slides)}
-    reader = TileReader(index, on_error="fill", retries=retries, record_failures=False)
+    reader = TileReader(
+        index, on_error="fill", retries=retries, record_failures=False, report_failures=False
+    )
     tile = np.empty((reader.tile_size, reader.tile_size, 3), dtype=np.uint8)
     fixed: set[tuple[Any, ...]] = set()
     try:

@@ -63,7 +63,7 @@ from wsi_loader.slides.base import (
     supports,
 )
 from wsi_loader.slides.pool import HandlePool
-from wsi_loader.slides.storage import is_url
+from wsi_loader.slides.storage import is_url, survives_fork
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,7 @@ class TileReader:
         pool: HandlePool | None = None,
         backend: str | None = None,
         record_failures: bool = True,
+        report_failures: bool = True,
         context: Sequence[Scale] = (),
     ) -> None:
         if on_error not in ON_ERROR:
@@ -204,6 +205,10 @@ class TileReader:
         self.pool = pool if pool is not None else HandlePool()  # an empty pool is falsy
         self.backend = backend or "auto"  # per process: the fastest correct reader
         self.record_failures = record_failures
+        # one WARNING per slide per process for failed tiles (see `_report_tile_failures`)
+        self.report_failures = report_failures
+        self._reported: set[int] = set()
+        self._unreported: dict[int, tuple[int, dict[str, Any]]] = {}  # this call's: count, first
         self.tile_size = int(index.params["tile_size"])
         # co-centred context tiles read beside each row (see wsi_loader.dataset.context)
         self.context: list[Scale] = [(float(m), int(s)) for m, s in context]
@@ -226,6 +231,9 @@ class TileReader:
         self._verified: dict[str, tuple[int, int, int, int]] = {}
         self._slide_start = index.slide_starts()
         self.remote = any(is_url(p) for p in self._paths)  # slides on object storage
+        # whether processes forked after this one read its slides can read them (obstore's
+        # clients cannot; libcurl's are made per process)
+        self.fork_safe = all(survives_fork(p) for p in self._paths)
         self._announced = np.zeros(0, dtype=np.int64)  # rows the last look-ahead named
 
     def _verify(self, path: str) -> None:
@@ -303,38 +311,45 @@ class TileReader:
         slide_id, x, y, level, size = window
         path, backend, t = self._paths[slide_id], self.backend, int(dest.shape[0])
         last: SlideError | None = tried
-        for attempt in range(0 if tried is None else 1, self.retries + 1):
-            if last is not None and is_transient(last):
-                time.sleep(min(BACKOFF_S * 2**attempt, 1.0))
-            try:
-                reader = self.get_reader(slide_id)
-            except SlideError as exc:
-                if not is_transient(exc):
-                    raise  # the slide as a whole (a slide fault): retrying each tile can't help
-                last = exc
-                continue
-            try:
-                if size == t and supports(reader, ReadsInto):
-                    reader.read_region_into(dest, x, y, level, size, size)
-                elif size != t and supports(reader, ReadsScaled):  # DCT downscaling
-                    dest[...] = reader.read_region_scaled(x, y, level, size, size, t, t)
-                else:
-                    dest[...] = resize(reader.read_region(x, y, level, size, size), t, t)
-                return
-            except SlideError as exc:  # includes TileReadError, not found, unopenable
-                self.pool.discard(path, backend)  # its error state may be latched
-                last = exc
-                log.debug("read of %s (%d, %d) failed, attempt %d: %s", path, x, y, attempt, exc)
-        assert last is not None
-        if is_transient(last):
-            raise TransientReadError(
-                f"read at level-0 ({x}, {y}), level {level} failed for want of a resource "
-                f"after {self.retries + 1} attempts: {last}",
-                path=path,
-            ) from last
-        if isinstance(last, TileReadError):
-            raise last
-        raise TileReadError.for_region(path, x, y, level, size, size, last) from last
+        try:
+            for attempt in range(0 if tried is None else 1, self.retries + 1):
+                if last is not None and is_transient(last):
+                    time.sleep(min(BACKOFF_S * 2**attempt, 1.0))
+                try:
+                    reader = self.get_reader(slide_id)
+                except SlideError as exc:
+                    if not is_transient(exc):
+                        raise  # the slide as a whole (a slide fault): retrying tiles can't help
+                    last = exc
+                    continue
+                try:
+                    if size == t and supports(reader, ReadsInto):
+                        reader.read_region_into(dest, x, y, level, size, size)
+                    elif size != t and supports(reader, ReadsScaled):  # DCT downscaling
+                        dest[...] = reader.read_region_scaled(x, y, level, size, size, t, t)
+                    else:
+                        dest[...] = resize(reader.read_region(x, y, level, size, size), t, t)
+                    return
+                except SlideError as exc:  # includes TileReadError, not found, unopenable
+                    self.pool.discard(path, backend)  # its error state may be latched
+                    last = exc
+                    log.debug(  # the text: a record kept by a handler must not hold the frames
+                        "read of %s (%d, %d) failed, try %d: %s", path, x, y, attempt, str(exc)
+                    )
+            assert last is not None
+            if is_transient(last):
+                raise TransientReadError(
+                    f"read at level-0 ({x}, {y}), level {level} failed for want of a resource "
+                    f"after {self.retries + 1} attempts: {last}",
+                    path=path,
+                ) from last
+            if isinstance(last, TileReadError):
+                raise last
+            raise TileReadError.for_region(path, x, y, level, size, size, last) from last
+        finally:
+            # ``last``'s traceback holds this frame, which holds ``last`` and ``dest`` (a row
+            # of a whole batch buffer): a cycle only a full collection frees, so cut it
+            last = tried = None
 
     def read_window(
         self, slide_id: int, l0_x: int, l0_y: int, level: int, size: int, dest: RGBArray
@@ -354,7 +369,7 @@ class TileReader:
         self._keep({"kind": "transient", "slide_id": slide_id, "error": str(error)})
         if slide_id not in self._transient_logged:
             self._transient_logged.add(slide_id)
-            log.warning("%s (not quarantined: the slide is fine)", error)
+            log.warning("%s (not quarantined: the slide is fine)", str(error))
 
     def _slide_fault(self, slide_id: int, error: SlideError) -> None:
         """Report a slide that cannot be opened: once per slide per process."""
@@ -364,7 +379,7 @@ class TileReader:
         self.slide_faults[slide_id] = reason
         record = self.index.slides[slide_id]
         log.warning(
-            "slide %s cannot be read, its tiles are not ok: %s", self._paths[slide_id], error
+            "slide %s cannot be read, its tiles are not ok: %s", self._paths[slide_id], reason
         )
         entry = {
             "kind": "slide",
@@ -382,7 +397,8 @@ class TileReader:
         except OSError as exc:
             self._unrecorded(exc)
 
-    def _record(self, row: int, error: TileReadError) -> None:
+    def _record(self, row: int, error: TileReadError) -> dict[str, Any]:
+        """Keep a tile failure and append it to the quarantine; the record."""
         cols = self.index.columns
         slide_id = int(cols["slide_id"][row])
         x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
@@ -400,11 +416,38 @@ class TileReader:
         }
         self._keep(entry)
         if not self.record_failures:
-            return
+            return entry
         try:
             self._kept_quarantine().record_tile(entry)
         except OSError as exc:
             self._unrecorded(exc)
+        return entry
+
+    def _report_tile_failures(self, rows: npt.NDArray[np.int64]) -> None:
+        """Say the tile failures of slides whose first ones this call met: one WARNING per
+        slide per process, with the count in this read. A slide that fails 13% of its tiles
+        would otherwise go unnoticed, since failed tiles only come back not ok; logging each
+        one would bury everything else (every epoch meets them again)."""
+        slide_ids = self.index.columns["slide_id"][rows]
+        kept = "the dataset's failures"
+        if self.record_failures and not self._quarantine_unwritable:
+            kept += f" and the quarantine ({self.index.quarantine.path})"
+        for slide_id, (count, first) in self._unreported.items():
+            self._reported.add(slide_id)
+            log.warning(
+                "%d of %d tiles of slide %s in this read failed and are not ok (on_error=%s; "
+                "the first at level-0 (%d, %d): %s). Later tile failures of this slide are not "
+                "logged by this process: %s list every one",
+                count,
+                int(np.count_nonzero(slide_ids == slide_id)),
+                self._paths[slide_id],
+                self.on_error,
+                first["x"],
+                first["y"],
+                first["error"],
+                kept,
+            )
+        self._unreported.clear()
 
     def _kept_quarantine(self) -> Quarantine:
         """One Quarantine object per reader: it remembers the records it has seen, so a
@@ -490,7 +533,7 @@ class TileReader:
                     if self.context:
                         self._prefetch_context(reader, rows_of[slide_id])
             except SlideError as exc:
-                log.debug("prefetch of %s skipped: %s", self._paths[slide_id], exc)
+                log.debug("prefetch of %s skipped: %s", self._paths[slide_id], str(exc))
 
     def _prefetch_context(self, reader: Prefetching, rows: list[int]) -> None:
         """`prefetch` of the context windows of ``rows`` (one slide's), scale by scale."""
@@ -595,24 +638,31 @@ class TileReader:
         # `_read_into` (retries, failure policy): one place decides what a failure means.
         # (read_batch of aligned JPEG tiles: 314 -> 306 us a tile, decode ~290 us.)
         reader, reader_of = None, -1
-        for i in todo:
-            slide_id, x, y, level, size = windows[i]
+        try:
+            for i in todo:
+                slide_id, x, y, level, size = windows[i]
+                tried = None
+                if size == t and slide_id not in faulted:
+                    if slide_id != reader_of:
+                        reader, reader_of = self._reader_into(slide_id), slide_id
+                    if reader is not None:
+                        try:
+                            reader.read_region_into(result.pixels[i], x, y, level, size, size)
+                            if self.slide_faults:  # the slide is back: a later fault is reported
+                                self.slide_faults.pop(slide_id, None)
+                            continue
+                        except SlideError as exc:
+                            self.pool.discard(self._paths[slide_id], self.backend)  # may be latched
+                            reader, reader_of, tried = None, -1, exc
+                self._read_into(int(rows[i]), windows[i], i, result, faulted, tried)
+            if self.context:
+                self._read_contexts(rows, order, result, faulted, context_done)
+            self._report_tile_failures(rows)
+        finally:
+            # the errors' tracebacks hold the frames that hold them and ``result``
+            faulted.clear()
             tried = None
-            if size == t and slide_id not in faulted:
-                if slide_id != reader_of:
-                    reader, reader_of = self._reader_into(slide_id), slide_id
-                if reader is not None:
-                    try:
-                        reader.read_region_into(result.pixels[i], x, y, level, size, size)
-                        if self.slide_faults:  # the slide is back: a later fault is reported
-                            self.slide_faults.pop(slide_id, None)
-                        continue
-                    except SlideError as exc:
-                        self.pool.discard(self._paths[slide_id], self.backend)  # may be latched
-                        reader, reader_of, tried = None, -1, exc
-            self._read_into(int(rows[i]), windows[i], i, result, faulted, tried)
-        if self.context:
-            self._read_contexts(rows, order, result, faulted, context_done)
+            self._unreported.clear()  # raised instead (on_error="raise"): the error says it
         return result
 
     def _reader_into(self, slide_id: int) -> ReadsInto | None:
@@ -699,42 +749,56 @@ class TileReader:
         tried: SlideError | None = None,
         read: Callable[[], None] | None = None,
     ) -> None:
-        """Read slot ``i`` (``read``: by default the row's main window) and apply the failure
-        policy when it fails: the one place that decides what a failure means."""
+        """Read slot ``i`` (``read``: by default the row's main window) with the retries, then
+        apply the failure policy: the one place that decides what a failure means. ``faulted``:
+        slides of this call found unreadable (their other rows fail at once)."""
         slide_id = window[0]
+        error = faulted.get(slide_id)
         try:
-            if slide_id in faulted:
-                raise faulted[slide_id]
-            if read is None:
-                self._read_window(window, result.pixels[i], tried)
-            else:
-                read()
-            if self.slide_faults:  # the slide is back: a later fault is reported again
-                self.slide_faults.pop(slide_id, None)
-            return
-        except TileReadError as exc:
-            self._record(row, exc)
-            result.ok[i] = False
-            result.errors[i] = exc.cause or str(exc)
-            if self.on_error == "raise":
-                raise
-        except TransientReadError as exc:  # not the data's fault: reported, never quarantined
-            faulted[slide_id] = exc  # the rest of this call's tiles of the slide fail fast
-            self._transient(slide_id, exc)
-            result.ok[i] = False
-            result.errors[i] = f"resource error: {exc}"
-            if self.on_error == "raise":
-                raise
-        except SlideError as exc:  # the whole slide: no substitute from it either
-            faulted[slide_id] = exc
-            self._slide_fault(slide_id, exc)
-            result.ok[i] = False
-            result.errors[i] = f"slide fault: {exc}"
-            if self.on_error == "raise":
-                raise
-            self._fill(i, result)
-            return
-        if self.on_error == "substitute":
+            if error is None:
+                try:
+                    if read is None:
+                        self._read_window(window, result.pixels[i], tried)
+                    else:
+                        read()
+                except SlideError as exc:
+                    error = exc
+                else:
+                    if self.slide_faults:  # the slide is back: a later fault is reported again
+                        self.slide_faults.pop(slide_id, None)
+                    return
+            self._failed(row, i, error, result, faulted)
+        finally:
+            error = tried = None  # their tracebacks hold this frame (see `_read_window`)
+
+    def _failed(
+        self,
+        row: int,
+        i: int,
+        error: SlideError,
+        result: ReadResult,
+        faulted: dict[int, SlideError],
+    ) -> None:
+        """Report a row that could not be read and apply the failure policy to it."""
+        slide_id = int(self.index.columns["slide_id"][row])
+        result.ok[i] = False
+        if isinstance(error, TileReadError):
+            entry = self._record(row, error)
+            result.errors[i] = error.cause or str(error)
+            if self.report_failures and slide_id not in self._reported:
+                count, first = self._unreported.get(slide_id, (0, entry))
+                self._unreported[slide_id] = (count + 1, first)
+        elif isinstance(error, TransientReadError):  # not the data's fault: never quarantined
+            faulted[slide_id] = error  # the rest of this call's tiles of the slide fail fast
+            self._transient(slide_id, error)
+            result.errors[i] = f"resource error: {error}"
+        else:  # the whole slide: no substitute from it either
+            faulted[slide_id] = error
+            self._slide_fault(slide_id, error)
+            result.errors[i] = f"slide fault: {error}"
+        if self.on_error == "raise":
+            raise error
+        if self.on_error == "substitute" and isinstance(error, TileReadError):
             found = self._substitute(row, i, result)
             if found is not None:
                 result.source_rows[i] = found

@@ -8,6 +8,8 @@ index's memory-mapped numpy columns, so worker memory stays flat in the index si
 
 from __future__ import annotations
 
+import inspect
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +33,9 @@ from wsi_loader.errors import ConfigError
 from wsi_loader.index.health import require_slides
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.slides.pool import HandlePool
+from wsi_loader.stain import as_stain
+
+log = logging.getLogger(__name__)
 
 Sample = dict[str, Any]
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -127,6 +132,10 @@ class TileDataset(Dataset[Sample]):
     tensor of the same shape (flips, rotations, colour jitter), written back into the batch.
     ``batch_transform`` runs on each `TileBatch` in the process that reads and returns a
     `TileBatch` (any image shape or dtype; batch buffers are then not reused).
+    ``stain``: stain transforms of `wsi_loader.stain` (`Normalize`, `HEDJitter`, ...; one or a
+    list), applied to each batch in the process that reads (numpy, before ``transform``),
+    bound to this index; random ones draw from (seed, epoch, row): make_loader's batches carry
+    their sampler's epoch, ``ds[row]`` reads use `set_epoch`'s.
 
     Options (validated like the YAML ``dataset`` section, `DatasetConfig`; a wrong type or
     range is a `ConfigError` naming the option): ``split`` reads one split; ``missing_slides``
@@ -136,8 +145,9 @@ class TileDataset(Dataset[Sample]):
     ``max_open_slides``: files open per process (LRU); ``layout_cache_mb``: parsed layouts
     that raw-read slides keep when closed, so reopening them is cheap (see `HandlePool`).
     Slides on object storage (URLs): ``prefetch_mb`` bounds the bytes each process fetches
-    ahead of its reads; ``remote_cache_dir`` / ``remote_cache_gb`` hold local copies of the
-    remote slides only OpenSlide reads (see `wsi_loader.slides.storage`).
+    ahead of its reads and keeps for later ones (least recently used out);
+    ``remote_cache_dir`` / ``remote_cache_gb`` hold local copies of the remote slides only
+    OpenSlide reads (see `wsi_loader.slides.storage`).
     ``decode_threads``: threads that read and decode the tiles of one batch read (`read_batch`,
     ``__getitems__``; see `TileReader.read`). ``None`` divides the usable cores among the
     reading processes: all of them with ``num_workers=0``, one each with one worker per core;
@@ -161,7 +171,7 @@ class TileDataset(Dataset[Sample]):
         max_open_slides: int = 16,
         openslide_cache_mb: int = 64,
         layout_cache_mb: int = 64,
-        prefetch_mb: int = 64,
+        prefetch_mb: int = 256,
         remote_cache_dir: str = "~/.cache/wsi_loader/slides",
         remote_cache_gb: float = 100,
         exclude_quarantined: bool = False,
@@ -174,8 +184,10 @@ class TileDataset(Dataset[Sample]):
         decode_threads: int | None = None,
         quarantine: str | os.PathLike[str] | None = None,
         context: Sequence[tuple[float, int]] | None = None,
+        stain: Any = None,
     ) -> None:
         _check_callable("transform", transform)
+        stain_steps = as_stain(stain)
         _check_callable("batch_transform", batch_transform)
         options: DatasetConfig = validate(
             DatasetConfig,
@@ -228,6 +240,21 @@ class TileDataset(Dataset[Sample]):
         self.slide_labels = index.slide_labels()
         self.label_names = index.label_names
         self.slide_label_names = index.slide_label_names
+        self.stain = None if stain_steps is None else stain_steps.bind(index)
+        self._said_encoded = False
+        self.epoch = 0  # of the random stain transforms in per-item reads (set_epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch random stain transforms draw from in ``ds[row]`` reads (make_loader's
+        batches carry their sampler's epoch instead)."""
+        self.epoch = int(epoch)
+
+    @staticmethod
+    def option_names() -> list[str]:
+        """The keyword options of `TileDataset` (what `make_loader` and `SlideBagDataset` pass
+        on to it)."""
+        names = inspect.signature(TileDataset.__init__).parameters
+        return [name for name in names if name not in ("self", "index")]
 
     @staticmethod
     def _context_scales(index: SlideIndex, options: DatasetConfig) -> list[tuple[float, int]]:
@@ -297,6 +324,9 @@ class TileDataset(Dataset[Sample]):
 
     def _samples(self, rows: np.ndarray, result: ReadResult) -> list[Sample]:
         cols = self.index.columns
+        if self.stain is not None:
+            slide_ids = np.asarray(cols["slide_id"][rows], dtype=np.int64)
+            self.stain.apply_numpy(result.pixels, slide_ids, rows, self.epoch, result.ok)
         labels = self.tile_labels(rows).tolist()
         coverage = self.index.coverage
         samples = []
@@ -359,12 +389,32 @@ class TileDataset(Dataset[Sample]):
                 )
             pixels[i] = out.numpy().transpose(1, 2, 0)
 
+    def _stain_in_place(
+        self, pixels: np.ndarray, rows: np.ndarray, result: ReadResult, epoch: int
+    ) -> None:
+        """The stain transforms on a batch read into ``pixels`` (tiles still compressed for
+        the device are left to `DeviceLoader`, with a warning once)."""
+        assert self.stain is not None
+        ok = np.asarray(result.ok, dtype=bool)
+        if result.encoded is not None:
+            encoded = np.array([e is not None for e in result.encoded], dtype=bool)
+            if encoded.any() and not self._said_encoded:
+                self._said_encoded = True
+                log.warning(
+                    "decode='device': tiles decoded on the device skip the dataset's stain "
+                    "transforms; give them to DeviceLoader(stain=...) instead"
+                )
+            ok &= ~encoded
+        slide_ids = np.asarray(self.index.columns["slide_id"][rows], dtype=np.int64)
+        self.stain.apply_numpy(pixels, slide_ids, rows, epoch, ok)
+
     def read_batch(
         self,
         rows: Sequence[int],
         encoded: bool = False,
         buffers: BufferRing | None = None,
         ahead: Sequence[int] | None = None,
+        epoch: int | None = None,
     ) -> TileBatch:
         """Read rows into one `TileBatch` (NHWC uint8); see `make_loader`. ``ahead``: rows
         this process reads next, whose bytes are requested before this batch is decoded.
@@ -394,6 +444,9 @@ class TileDataset(Dataset[Sample]):
                 ahead=ahead,
                 context_out=[tiles.numpy() for tiles, _ in context],
             )
+            epoch = self.epoch if epoch is None else epoch
+            if self.stain is not None:
+                self._stain_in_place(pixels, array, result, epoch)
             if self.transform is not None:
                 self._transform_in_place(pixels)
         except BaseException:
@@ -403,9 +456,12 @@ class TileDataset(Dataset[Sample]):
             raise
         cols = self.index.columns
         slide_id = np.asarray(cols["slide_id"][array], dtype=np.int64)
+        ok = result.ok
+        if result.encoded is not None:  # not ok until decoded (DeviceLoader): zeros till then
+            ok = ok & np.array([e is None for e in result.encoded], dtype=bool)
         batch = TileBatch(
             images=images,
-            ok=torch.tensor(result.ok),
+            ok=torch.tensor(ok),
             substituted=torch.tensor(result.substituted),
             rows=torch.tensor(array),
             slide_id=torch.tensor(slide_id),
@@ -421,6 +477,7 @@ class TileDataset(Dataset[Sample]):
             recycled=recycled,
             context=[tiles for tiles, _ in context] if self.context else None,
             context_inside=(torch.from_numpy(result.context_inside) if self.context else None),
+            epoch=epoch,
         )
         if self.batch_transform is not None:
             batch = self.batch_transform(batch)

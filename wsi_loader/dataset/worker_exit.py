@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.util
 import os
 import signal
@@ -103,6 +104,33 @@ def start_worker(worker_id: int, temp_folder: str | None = None) -> None:
     what a worker sets up once, before its first batch."""
     use_parent_temp_folder(temp_folder)
     leave_parent_process_group()
+    exit_with_parent()
+
+
+def exit_with_parent() -> None:
+    """In a new worker (`start_worker`): end it as soon as the process that started it ends.
+
+    Why: torch's watchdog ends a worker when its parent process id changes. A forkserver
+    worker's parent is the fork server, which never changes, and the fork server lives as long
+    as any process holds its lifeline, which multiprocessing hands to every process it forks:
+    after kill -9 of a training script, the fork server and its workers stayed alive for good
+    (~380 MB each). A spawned worker noticed within 5 s, then could wait forever at exit for
+    its queue's feeder thread to write into a pipe nobody reads. multiprocessing gives every
+    child a sentinel of its starter (a pipe whose other end only that process holds, at EOF
+    once it is gone): a daemon thread waits on it and ends the worker at once (exit status
+    1; there is nobody left to hand a batch to). Once its workers are gone the fork server
+    ends by itself. Forked workers share the sentinel with their siblings, which keeps it
+    open until they are all gone: torch's watchdog ends those."""
+    parent = multiprocessing.parent_process()
+    sentinel = getattr(parent, "sentinel", None)
+    if not isinstance(sentinel, int):
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="wsi-parent-watch", daemon=True).start()
 
 
 def leave_parent_process_group() -> None:

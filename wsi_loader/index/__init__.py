@@ -4,6 +4,7 @@ This layer never imports torch, so indexing runs on machines without it.
 """
 
 from wsi_loader.index.builder import build_index, index_slide
+from wsi_loader.index.qc import qc_filter
 from wsi_loader.index.quarantine import Quarantine
 from wsi_loader.index.table import SCHEMA_VERSION, TILE_COLUMNS, SlideIndex, SlideRecord
 
@@ -15,4 +16,5 @@ __all__ = [
     "SlideRecord",
     "build_index",
     "index_slide",
+    "qc_filter",
 ]

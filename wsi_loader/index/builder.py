@@ -28,10 +28,18 @@ from wsi_loader.errors import (
     ResolutionError,
     SlideError,
 )
+from wsi_loader.index import qc
+from wsi_loader.index.analyses import analyse_slide
 from wsi_loader.index.annotations import AnnotationReport, files_digest, formats, match_annotations
 from wsi_loader.index.annotations.formats import read_annotations, shorten
 from wsi_loader.index.annotations.regions import ReadShapes, read_shapes
-from wsi_loader.index.annotations.tiles import annotate_slide, label_names, label_tiles, to_columns
+from wsi_loader.index.annotations.tiles import (
+    SlideAnnotations,
+    annotate_slide,
+    label_names,
+    label_tiles,
+    to_columns,
+)
 from wsi_loader.index.geometry import grid, mag_disagreement, plan_read
 from wsi_loader.index.inputs import (
     LabelReport,
@@ -42,7 +50,9 @@ from wsi_loader.index.inputs import (
     identify,
     join_labels,
 )
+from wsi_loader.index.lowres import FloatArray, TileBoxes
 from wsi_loader.index.quarantine import Quarantine, coords_in
+from wsi_loader.index.stain import is_current as stain_is_current
 from wsi_loader.index.table import (
     CURRENT,
     TILE_COLUMNS,
@@ -57,7 +67,7 @@ from wsi_loader.index.table import (
     warn_split_gaps,
     write_index,
 )
-from wsi_loader.index.tissue import read_mask_image, tile_fractions, tissue_mask
+from wsi_loader.index.tissue_masks import MaskReport, match_masks
 from wsi_loader.parallel import (
     GivenUp,
     progress_bar,
@@ -88,6 +98,12 @@ GRID_PARAMS = (
     "exclude",
     "max_excluded",
     "annotation_objects",  # which QuPath objects are regions
+    # tissue detection and quality control
+    "tissue_detector",
+    "tissue_masks",
+    "tissue_class",
+    "qc",
+    "qc_exclude",
 )
 
 
@@ -97,6 +113,7 @@ class SlideTask:
     stored_path: str
     config: IndexConfig
     annotations: tuple[str, ...] = ()  # the slide's annotation files (with cfg.annotations)
+    tissue_mask: str | None = None  # the slide's tissue mask image (with cfg.tissue_masks)
 
 
 def _empty_tiles() -> TileArrays:
@@ -197,18 +214,26 @@ def _index_slide(
                     files, cfg, meta.dimensions, l0_x, l0_y, plan.l0_footprint, parsed.result()
                 )
             )
-        if cfg.min_tissue > 0 and len(l0_x):
-            image, mask_level = read_mask_image(reader, cfg.mask_max_size)
-            mask = tissue_mask(image)
-            tissue = tile_fractions(mask, meta.dimensions, l0_x, l0_y, plan.l0_footprint)
-            record = replace(record, mask_level=mask_level)
-        else:
-            tissue = np.ones(len(l0_x), dtype=np.float32)
+        analysis = analyse_slide(
+            reader, cfg, TileBoxes(l0_x, l0_y, plan.l0_footprint), plan.level, mpp, task.tissue_mask
+        )
+        record = replace(record, **analysis.record)
+        if task.tissue_mask is not None:
+            record = replace(
+                record,
+                tissue_mask=task.tissue_mask,
+                tissue_mask_digest=files_digest([task.tissue_mask]),
+            )
+        for note in analysis.notes:
+            record = replace(record, warning=join_notes(record.warning, note))
+        tissue = analysis.tissue
         notes_digest = None
         if annotating is not None and files:
             with contextlib.suppress(OSError):  # the annotation thread reports the file
                 notes_digest = files_digest(files)
         annotated = annotating.result() if annotating is not None else None
+        if annotated is not None and cfg.tissue_class is not None:
+            tissue, record = _class_tissue(tissue, annotated, cfg.tissue_class, record)
         keep = tissue >= cfg.min_tissue
         if annotated is not None:
             keep &= annotated.keep
@@ -220,6 +245,16 @@ def _index_slide(
             )
             for note in annotated.notes:
                 record = replace(record, warning=join_notes(record.warning, note))
+        if cfg.qc_exclude and analysis.columns:
+            flagged = qc.flags(analysis.columns, cfg.qc_exclude, cfg.qc_thresholds)
+            dropped = np.zeros(len(keep), dtype=bool)
+            for mask in flagged.values():
+                dropped |= mask & keep
+            excluded = {name: int((mask & keep).sum()) for name, mask in flagged.items()}
+            record = replace(
+                record, qc=(record.qc or {}) | {"excluded": excluded | {"any": int(dropped.sum())}}
+            )
+            keep &= ~dropped
         tiles: TileArrays = {
             "slide_id": np.zeros(int(keep.sum()), dtype=np.int32),  # set when assembled
             "l0_x": l0_x[keep].astype(np.int32),
@@ -230,18 +265,23 @@ def _index_slide(
         }
         if annotated is not None:
             tiles["coverage"] = annotated.coverage[keep]
+        for name, values in analysis.columns.items():
+            tiles[name] = values[keep]
         if not len(l0_x):
             record = replace(
                 record, warning=join_notes(record.warning, "the slide is smaller than one tile")
             )
         elif not keep.any():
             why = "min_tissue" if annotated is None else "min_tissue and the annotation filters"
+            why += " and qc_exclude" if cfg.qc_exclude else ""
             record = replace(record, warning=join_notes(record.warning, f"no tile passes {why}"))
         return replace(record, tiles=int(keep.sum())), tiles
     except SlideError as exc:
         return replace(record, status="failed", error=_reason(exc)), _empty_tiles()
     except AnnotationError as exc:
         return replace(record, status="failed", error=f"annotations: {exc}"), _empty_tiles()
+    except InputError as exc:  # the user's tissue mask
+        return replace(record, status="failed", error=str(exc)), _empty_tiles()
     except Exception as exc:  # a malformed file must not stop the run
         log.debug("indexing %s failed", entry.path, exc_info=True)
         return replace(
@@ -249,6 +289,19 @@ def _index_slide(
         ), _empty_tiles()
     finally:
         reader.close()
+
+
+def _class_tissue(
+    tissue: FloatArray, annotated: SlideAnnotations, name: str, record: SlideRecord
+) -> tuple[FloatArray, SlideRecord]:
+    """The share of each tile the annotation class ``name`` covers, as its tissue; a slide
+    without that class keeps what the pixels say, with a note."""
+    classes = list(annotated.areas)
+    if name not in classes:
+        note = f"no {name!r} annotation (tissue_class): tissue found by {record.tissue_detector}"
+        return tissue, replace(record, warning=join_notes(record.warning, note))
+    share = annotated.coverage[:, classes.index(name)].astype(np.float32)
+    return share, replace(record, tissue_detector="annotation", tissue_reason=f"class {name!r}")
 
 
 def _reason(exc: SlideError) -> str:
@@ -280,6 +333,14 @@ def _exists(path: str) -> bool:
     return True
 
 
+def _remote_reason(url: str) -> str:
+    try:
+        remote_stat(url, retries=0)
+    except SlideError as exc:
+        return f"{exc}; nothing was written"
+    return f"{url} answers now; run again"
+
+
 def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     """The existing index at ``out`` if its grid parameters match ``config``."""
     if not os.path.exists(os.path.join(out, CURRENT)):
@@ -289,10 +350,15 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     built = {**IndexConfig().model_dump(), **index.params}  # older indexes lack newer keys
     # min_coverage picks tiles only through roi; otherwise it only relabels (no re-read)
     params = GRID_PARAMS + (("min_coverage",) if built["roi"] or wanted["roi"] else ())
+    # QC thresholds pick tiles only through qc_exclude; otherwise they only change counts
+    params += ("qc_thresholds",) if built["qc_exclude"] or wanted["qc_exclude"] else ()
     # compared as stored (JSON: tuples of the config are lists in meta.json)
     changed = [k for k in params if _as_stored(built.get(k)) != _as_stored(wanted.get(k))]
     if changed:
         log.info("grid parameters changed (%s): re-indexing every slide", ", ".join(changed))
+        return None
+    if config.qc != "none" and not all(name in index.columns for name in qc.QC_COLUMNS):
+        log.info("the index has no quality-control columns: re-indexing every slide")
         return None
     return index
 
@@ -429,6 +495,63 @@ def _same_annotations(record: SlideRecord, files: tuple[str, ...], cfg: IndexCon
         return False
 
 
+def _same_mask(record: SlideRecord, mask: str | None) -> bool:
+    """Whether a carried-over slide's tissue mask is still the one it was indexed with."""
+    if mask != record.tissue_mask:
+        return False
+    if mask is None:
+        return True
+    try:
+        return record.tissue_mask_digest == files_digest([mask])
+    except OSError:
+        return False
+
+
+def _with_qc_columns(arrays: TileArrays) -> TileArrays:
+    """``arrays`` with every QC column (NaN where a slide has none: a failed slide)."""
+    rows = len(arrays["l0_x"])
+    missing = {
+        name: np.full(rows, np.nan, dtype=dtype)
+        for name, dtype in qc.QC_COLUMNS.items()
+        if name not in arrays
+    }
+    return {**arrays, **missing} if missing else arrays
+
+
+def _warn_masks(report: MaskReport, source: str, detector: str) -> None:
+    if report.unmatched_files:
+        first = ", ".join(os.path.basename(f) for f in report.unmatched_files[:5])
+        log.warning(
+            "%s: %d tissue masks match no slide (%s)", source, len(report.unmatched_files), first
+        )
+    if report.slides_without:
+        first = ", ".join(os.path.basename(p) for p in report.slides_without[:5])
+        log.warning(
+            "%d slides have no tissue mask; their tissue is found by the %s detector (%s)",
+            len(report.slides_without),
+            detector,
+            first,
+        )
+
+
+def _warn_dark_field(records: list[SlideRecord], forced: str) -> None:
+    """Say which slides were found to be dark field (fluorescence) and had their tissue found
+    by intensity: a brightfield archive with black margins would want to know."""
+    if forced != "auto":
+        return
+    dark = [r.path for r in records if r.status == "ok" and r.tissue_detector == "fluorescence"]
+    if dark:
+        log.warning(
+            "%d slide%s look%s dark field (fluorescence), so tissue was found by intensity "
+            "instead of colour: %s%s (tissue_detector: brightfield forces the colour rule)",
+            len(dark),
+            "s" if len(dark) != 1 else "",
+            "" if len(dark) != 1 else "s",
+            ", ".join(os.path.basename(p) for p in dark[:5]),
+            ", ..." if len(dark) > 5 else "",
+        )
+
+
 def _warn_annotations(report: AnnotationReport, source: str) -> None:
     if report.unmatched_files:
         first = ", ".join(os.path.basename(f) for f in report.unmatched_files[:5])
@@ -449,7 +572,12 @@ def _check_class_names(
     """A class named in an option must be in some annotation file: a typo would otherwise
     silently keep no tile (roi) or drop none (exclude). Checked before any slide is read;
     files that fail to parse fail their slide later, with the reason."""
-    named = {"roi": cfg.roi, "exclude": cfg.exclude, "class_priority": cfg.class_priority}
+    named = {
+        "roi": cfg.roi,
+        "exclude": cfg.exclude,
+        "class_priority": cfg.class_priority,
+        "tissue_class": [cfg.tissue_class] if cfg.tissue_class else [],
+    }
     if not any(named.values()):
         return
     found: set[str] = set()
@@ -581,6 +709,8 @@ def _build(
             f"no slide files found in {', '.join(names) or 'no inputs'}; nothing was written"
         )
     if not any(_exists(e.path) for e in entries):
+        if all(is_url(e.path) for e in entries):  # say the store's reason (unreachable...)
+            raise InputError(f"none of the inputs can be read: {_remote_reason(entries[0].path)}")
         raise InputError(
             f"none of the inputs exists ({', '.join(names[:3])}); is the share mounted? "
             "Nothing was written"
@@ -601,6 +731,10 @@ def _build(
             "the manifest's 'annotations' column is only read with annotations set: pass the "
             "manifest as --annotations (annotations=...) to use it"
         )
+    masks: dict[str, str] = {}
+    if cfg.tissue_masks is not None:
+        masks, mask_report = match_masks(entries, cfg.tissue_masks)
+        _warn_masks(mask_report, cfg.tissue_masks, cfg.tissue_detector)
     previous = _previous(out, cfg)
     old = records_by_path(previous) if previous else {}
     old_classes = list(previous.classes) if previous else []
@@ -619,6 +753,8 @@ def _build(
             and not hit[1].excluded
             and previous is not None
             and _same_annotations(hit[1], files, cfg)
+            and stain_is_current(hit[1].stain, hit[1].stain_error)  # else: an older estimate
+            and _same_mask(hit[1], masks.get(entry.path))
         ):
             try:
                 digest: str | None = fingerprint(entry.path)[2]
@@ -639,7 +775,15 @@ def _build(
                 slots.append((record, arrays))
                 reused += 1
                 continue
-        slots.append(SlideTask(entry=entry, stored_path=stored, config=cfg, annotations=files))
+        slots.append(
+            SlideTask(
+                entry=entry,
+                stored_path=stored,
+                config=cfg,
+                annotations=files,
+                tissue_mask=masks.get(entry.path),
+            )
+        )
     tasks = [s for s in slots if isinstance(s, SlideTask)]
     log.info("%d slides: %d unchanged, %d to index", len(entries), reused, len(tasks))
     if cfg.annotations is not None:
@@ -649,6 +793,9 @@ def _build(
     done = iter(_run(tasks, cfg, executor, progress))
     results = [next(done) if isinstance(s, SlideTask) else s for s in slots]
     results.sort(key=lambda r: r[0].path)
+    if cfg.qc != "none":  # failed slides too: a column is written when every slide has it
+        results = [(record, _with_qc_columns(arrays)) for record, arrays in results]
+    _warn_dark_field([record for record, _ in results], cfg.tissue_detector)
     _say_failures([record for record, _ in results], out)
     if had_ok and not any(record.status == "ok" for record, _ in results):
         raise InputError(

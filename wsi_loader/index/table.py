@@ -30,7 +30,7 @@ import re
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -42,7 +42,10 @@ import numpy.typing as npt
 from wsi_loader.errors import ConfigError, IndexFormatError
 from wsi_loader.files import lock
 from wsi_loader.index.checks import check_params, check_slides, check_values
+from wsi_loader.index.qc import QC_COLUMNS, built_thresholds, excluded_counts, qc_totals
+from wsi_loader.index.qc import counts as qc_counts
 from wsi_loader.index.quarantine import Quarantine, coords_in
+from wsi_loader.index.stain import summary as stain_summary
 from wsi_loader.slides.storage import expand_home, is_url, url_join
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,8 @@ OPTIONAL_COLUMNS: dict[str, np.dtype[Any]] = {
     "coverage": np.dtype(np.float32),
     # label id (position in label_names) from the annotations, -1 when none
     "tile_label": np.dtype(np.int32),
+    # quality control (index/qc.py): qc_focus, qc_pen, qc_fold, qc_bubble, qc_background
+    **QC_COLUMNS,
 }
 
 
@@ -106,6 +111,15 @@ class SlideRecord:
     annotations: list[str] | None = None  # annotation files of the slide (absolute paths)
     annotation_digest: str | None = None  # of their contents: changed files re-index the slide
     class_areas: dict[str, float] | None = None  # annotated class -> level-0 area (px^2)
+    # from the tissue of the low-resolution image (index/stain.py): H and E optical-density
+    # vectors, max concentrations, LAB moments; or why there is no estimate (stain_error)
+    stain: dict[str, Any] | None = None
+    stain_error: str | None = None
+    tissue_detector: str | None = None  # brightfield | fluorescence | mask | annotation
+    tissue_reason: str | None = None  # why that detector (what the picture looked like)
+    tissue_mask: str | None = None  # the user's mask image (tissue_masks)
+    tissue_mask_digest: str | None = None  # of its contents: a changed mask re-indexes
+    qc: dict[str, Any] | None = None  # quality-control summary (index/qc.py), excluded counts
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SlideRecord:
@@ -114,6 +128,8 @@ class SlideRecord:
 
 
 TileArrays = dict[str, npt.NDArray[Any]]
+# a row filter: the columns (name -> array) in, one bool per row out
+Where = Callable[[Mapping[str, npt.NDArray[Any]]], npt.ArrayLike]
 
 
 def mapped(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -177,6 +193,7 @@ class SlideIndex:
     columns: TileArrays
     root: str | None = None
     excluded: int = 0  # quarantined tiles left out when opened with exclude_quarantined
+    filtered: int = 0  # rows left out by a ``where``
     label_names: tuple[str, ...] = field(default_factory=tuple)
     slide_label_names: tuple[str, ...] = field(default_factory=tuple)
     classes: tuple[str, ...] = field(default_factory=tuple)
@@ -200,6 +217,7 @@ class SlideIndex:
         split: str | None = None,
         generation: str | None = None,
         quarantine: str | os.PathLike[str] | None = None,
+        where: Where | None = None,
     ) -> SlideIndex:
         """Open an index directory.
 
@@ -209,6 +227,9 @@ class SlideIndex:
         ``generation`` opens that generation instead of the current one (while it exists).
         ``quarantine`` is the file failed reads are appended to and excluded from, instead of
         DIR/quarantine.jsonl (an index on a read-only mount, or one per user).
+        ``where`` keeps the rows it returns True for: a function of the columns (name ->
+        array, ``index.columns``) returning one bool per row, e.g. ``lambda c: c["qc_pen"] <
+        0.05`` or `wsi_loader.index.qc_filter` ("pen", "blur").
         """
         base = Path(path)
         if generation is None:
@@ -219,7 +240,7 @@ class SlideIndex:
             gen = base / generation
         index = cls._open_generation(base, gen, None if root is None else expand_home(root))
         return index.view(
-            exclude_quarantined=exclude_quarantined, split=split, quarantine=quarantine
+            exclude_quarantined=exclude_quarantined, split=split, quarantine=quarantine, where=where
         )
 
     @classmethod
@@ -322,10 +343,12 @@ class SlideIndex:
         split: str | None = None,
         drop_slides: Iterable[int] = (),
         quarantine: str | os.PathLike[str] | None = None,
+        where: Where | None = None,
     ) -> SlideIndex:
         """This index narrowed further: a remapped ``root``, quarantined tiles left out, only
-        the slides of ``split``, or without the slides ``drop_slides``; or with its quarantine
-        in another file (``quarantine``, see `open`). Views compose."""
+        the slides of ``split``, without the slides ``drop_slides``, or only the rows
+        ``where`` keeps (see `open`); or with its quarantine in another file (``quarantine``,
+        see `open`). Views compose."""
         index = self if root is None else replace(self, root=expand_home(root))
         if quarantine is not None:
             index = replace(index, quarantine_file=quarantine_file(quarantine))
@@ -356,6 +379,9 @@ class SlideIndex:
         if exclude_quarantined:
             bad = index.quarantined_mask()
             index = index._keep_rows(~bad, excluded=index.excluded + int(bad.sum()))
+        if where is not None:
+            keep = _where_rows(where, index)
+            index = index._keep_rows(keep, filtered=index.filtered + int((~keep).sum()))
         return index
 
     def __repr__(self) -> str:
@@ -368,6 +394,8 @@ class SlideIndex:
             what.append(f"split={self.split!r}")
         if self.excluded:
             what.append(f"{self.excluded} quarantined tiles excluded")
+        if self.filtered:
+            what.append(f"{self.filtered} tiles left out by where")
         if self.dropped_slides:
             what.append(f"{len(self.dropped_slides)} slides dropped")
         return f"SlideIndex({str(self.path)!r}: {', '.join(what)})"
@@ -515,6 +543,8 @@ class SlideIndex:
                 entry["tiles"] += int(starts[sid + 1] - starts[sid])
         for name, entry in split_counts.items():
             entry["labels"] = self.label_counts(name)
+        limits = built_thresholds(self.params)
+        per_slide_qc = qc_counts(self.columns, starts, limits)
         return {
             "path": str(self.path),
             "schema_version": self.schema_version,
@@ -534,6 +564,7 @@ class SlideIndex:
             "splits": split_counts,
             "copies": self.meta.get("copies", []),
             "build": self.meta.get("build"),
+            "stain": stain_summary((s.path, s.stain) for s in self.slides if s.status == "ok"),
             "slides": [
                 {
                     "slide_id": i,
@@ -556,10 +587,21 @@ class SlideIndex:
                     "vendor": s.vendor,
                     "width": s.width,
                     "height": s.height,
+                    "stain": s.stain,
+                    "stain_error": s.stain_error,
+                    "tissue_detector": s.tissue_detector,
+                    "tissue_reason": s.tissue_reason,
+                    "qc": None
+                    if per_slide_qc is None
+                    else per_slide_qc[i] | {"excluded": excluded_counts(s.qc)},
                 }
                 for i, s in enumerate(self.slides)
                 if self.split is None or s.split == self.split
             ],
+            "qc": None
+            if per_slide_qc is None
+            else qc_totals(per_slide_qc, limits, self.slides, self.split),
+            "filtered": self.filtered,
             "quarantine_path": str(self.quarantine.path),
             "quarantine": {
                 "tiles": sum(r.get("kind", "tile") == "tile" for r in records),
@@ -567,6 +609,22 @@ class SlideIndex:
             },
             "quarantined": records,
         }
+
+
+def _where_rows(where: Where, index: SlideIndex) -> npt.NDArray[np.bool_]:
+    """What ``where`` keeps of ``index``'s rows, checked: one bool per row."""
+    if not callable(where):
+        raise TypeError(
+            f"where must be a function of the columns returning one bool per row, got "
+            f"{type(where).__name__}"
+        )
+    keep = np.asarray(where(index.columns))
+    if keep.dtype != np.bool_ or keep.shape != (len(index),):
+        raise ValueError(
+            f"where must return {len(index)} booleans (one per row), got {keep.dtype} of shape "
+            f"{keep.shape}; compare columns, e.g. lambda c: c['qc_pen'] < 0.05"
+        )
+    return keep
 
 
 def quarantine_file(path: str | os.PathLike[str]) -> Path:

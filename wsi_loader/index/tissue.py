@@ -1,13 +1,21 @@
-"""Tissue detection on a low-resolution image: Otsu on saturation, then morphology.
+"""Tissue detection on a low-resolution image, by the detector that fits the slide.
 
-Brightfield tissue is coloured (stain) while glass is near-white or grey, so saturation
-separates them better than brightness. The mask image comes from the lowest-resolution level
-(`read_mask_image`), never from level 0 of a pyramidal slide.
+- ``brightfield`` (H&E, IHC): tissue is coloured (stain) while glass is near-white or grey,
+  so Otsu's threshold on saturation separates them better than brightness.
+- ``fluorescence`` (dark field): glass is black and tissue glows, so the rule inverts and
+  works on intensity (the brightest channel): above the glass's own level and noise.
+
+Either is followed by the same morphology (closing, opening, holes filled). `choose_detector`
+picks one per slide from its pixels (a dark-field picture: most of it dark) unless one is
+forced. The mask image comes from the lowest-resolution level (`read_mask_image`), never from
+level 0 of a pyramidal slide.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -53,22 +61,86 @@ def saturation(rgb: RGBArray) -> npt.NDArray[np.float32]:
     return sat
 
 
-def tissue_mask(rgb: RGBArray) -> BoolArray:
-    """Boolean tissue mask of a low-resolution RGB image: Otsu on saturation, a closing and an
+Detector = Literal["brightfield", "fluorescence"]
+DETECTORS: tuple[Detector, ...] = ("brightfield", "fluorescence")
+# A picture whose typical pixel is this dark (brightest channel, of 255) is dark field: glass
+# under brightfield light is ~240, stained tissue 150-220; fluorescence glass is 0-10.
+DARK_FIELD_BRIGHTNESS = 100
+
+
+@dataclass(frozen=True)
+class PixelRule:
+    """Which pixels of a low-resolution picture are stained tissue (before morphology): the
+    detector and its threshold on the slide (saturation 0..1, or intensity 0..255)."""
+
+    detector: Detector
+    threshold: float
+
+    def stained(self, rgb: RGBArray) -> BoolArray:
+        if self.detector == "fluorescence":
+            found: BoolArray = brightness(rgb) > self.threshold
+            return found
+        found = saturation(rgb) > self.threshold
+        return found
+
+
+def brightness(rgb: RGBArray) -> npt.NDArray[np.uint8]:
+    """The brightest channel of each pixel (a fluorescence channel is often shown in one)."""
+    high: npt.NDArray[np.uint8] = np.maximum(np.maximum(rgb[..., 0], rgb[..., 1]), rgb[..., 2])
+    return high
+
+
+def typical_brightness(rgb: RGBArray) -> float:
+    """The median brightest channel, leaving out pure black (areas a scanner did not scan,
+    written as 0 by some converters): what most of the picture looks like."""
+    high = brightness(rgb)
+    lit = high[high > 0]
+    return float(np.median(lit)) if lit.size else 0.0
+
+
+def choose_detector(rgb: RGBArray, forced: str = "auto") -> tuple[Detector, str]:
+    """The detector for a slide, and why: ``forced`` (brightfield / fluorescence) as given,
+    else from the picture (dark field when its typical pixel is dark)."""
+    typical = typical_brightness(rgb)
+    looks = "dark field" if typical < DARK_FIELD_BRIGHTNESS else "bright field"
+    seen = f"{looks}: typical brightness {typical:.0f}/255"
+    if forced == "brightfield":
+        return "brightfield", f"forced ({seen})"
+    if forced == "fluorescence":
+        return "fluorescence", f"forced ({seen})"
+    return ("fluorescence" if typical < DARK_FIELD_BRIGHTNESS else "brightfield"), seen
+
+
+def pixel_rule(rgb: RGBArray, detector: Detector) -> PixelRule:
+    """The slide's threshold for ``detector``: Otsu on saturation (brightfield; at least
+    `MIN_SATURATION`), or for fluorescence the lower of Otsu on log intensity and the
+    glass's level plus four times its noise (dim tissue between bright nuclei is tissue)."""
+    if detector == "brightfield":
+        return PixelRule(detector, max(otsu_threshold(saturation(rgb)), MIN_SATURATION))
+    high = brightness(rgb).astype(np.float32)
+    glass = float(np.percentile(high, 5))
+    dark = high[high <= 2 * glass + 3]
+    noise = max(1.0, float(dark.std())) if dark.size else 1.0
+    scale = math.log1p(255.0)
+    otsu = math.expm1(otsu_threshold(np.log1p(high) / scale) * scale)
+    return PixelRule(detector, max(glass + 2.0, min(otsu, glass + 4 * noise + 2)))
+
+
+def tissue_mask(rgb: RGBArray, rule: PixelRule | None = None) -> BoolArray:
+    """Boolean tissue mask of a low-resolution RGB image: the stained pixels of ``rule``
+    (default: brightfield, Otsu on saturation), a closing and an
     opening with the 4-neighbour cross (``radius`` times each), then holes filled. The same
     pixels as scipy.ndimage's binary_closing/opening/fill_holes (border outside = 0), in
     ~1/7 of the time: plain shifted ANDs and ORs, and one labelling for the holes."""
-    sat = saturation(rgb)
-    threshold = max(otsu_threshold(sat), MIN_SATURATION)
-    mask = sat > threshold
+    mask = (rule or pixel_rule(rgb, "brightfield")).stained(rgb)
     radius = max(1, round(max(mask.shape) / 512))
     for grow in (True, False, False, True):  # closing (grow, shrink), opening (shrink, grow)
         for _ in range(radius):
-            mask = _cross_step(mask, grow)
-    return _fill_holes(mask)
+            mask = cross_step(mask, grow)
+    return fill_holes(mask)
 
 
-def _cross_step(mask: BoolArray, grow: bool) -> BoolArray:
+def cross_step(mask: BoolArray, grow: bool) -> BoolArray:
     """One dilation (``grow``) or erosion by the 4-neighbour cross; outside the image is
     background, so erosion eats into the border."""
     h, w = mask.shape
@@ -82,7 +154,7 @@ def _cross_step(mask: BoolArray, grow: bool) -> BoolArray:
     return out
 
 
-def _fill_holes(mask: BoolArray) -> BoolArray:
+def fill_holes(mask: BoolArray) -> BoolArray:
     """The mask with every background area not 4-connected to the image's edge filled."""
     labels, count = ndimage.label(~mask)
     if count == 0:

@@ -8,6 +8,9 @@ the scanned region) are composited onto white, the slide background.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -31,6 +34,36 @@ MIN_PLAUSIBLE_MPP = 0.01
 
 
 NON_SQUARE = 0.01  # relative MPP difference across / down worth a word (not rounding)
+NOT_REGULAR = "not a regular file (a FIFO, device or folder)"
+
+
+def require_regular(path: str) -> None:
+    """Raise ``OSError`` (EINVAL, `NOT_REGULAR`) unless ``path`` is a regular file: opening a
+    FIFO blocks until something writes to it, forever. For libraries that open the file by
+    name themselves (OpenSlide); missing files are left to the open that follows."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, NOT_REGULAR, path)
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of ``path`` (not inherited by children, PEP 446), refusing
+    anything but a regular file without ever blocking: checked before the open (no device's
+    open is tried), and on the opened file, which ``O_NONBLOCK`` lets a FIFO put in its place
+    meanwhile be opened at once instead of waiting for a writer. Raises ``OSError``."""
+    require_regular(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, NOT_REGULAR, path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def non_square_note(mpp_x: float | None, mpp_y: float | None) -> str | None:
@@ -181,11 +214,39 @@ class PlansSegments(Protocol):
     def segment_cache_bytes(self) -> int: ...
 
 
+class StoredSizes(NamedTuple):
+    """The compressed size of every storage tile of a level: ``counts[row, col]`` bytes for
+    the tile whose level pixels start at (``col * tile_w``, ``row * tile_h``)."""
+
+    counts: npt.NDArray[np.int64]
+    tile_w: int
+    tile_h: int
+
+
+@runtime_checkable
+class KnowsStoredSizes(Protocol):
+    """Tells how many compressed bytes each storage tile of a level holds, from the file's
+    layout alone (no pixel decoded): the sharper the tile, the more bytes. None for a level
+    not stored as compressed tiles."""
+
+    def stored_sizes(self, level: int) -> StoredSizes | None: ...
+
+
 @runtime_checkable
 class ReadsEncoded(Protocol):
     """Hands out a window's compressed stream (for a GPU decoder); None when it cannot."""
 
     def read_encoded(
+        self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int
+    ) -> bytes | None: ...
+
+
+@runtime_checkable
+class ReadsStoredJpeg(Protocol):
+    """Hands out a window's stored JPEG, YCbCr or RGB, as one complete stream that any
+    libjpeg-based decoder (a browser) reads; None when the window is not one stored tile."""
+
+    def read_stored_jpeg(
         self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int
     ) -> bytes | None: ...
 
@@ -294,3 +355,8 @@ class BytesLRU(Generic[Value]):
     def clear(self) -> None:
         self._items.clear()
         self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the kept values hold."""
+        return self._bytes

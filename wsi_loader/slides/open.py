@@ -27,7 +27,7 @@ from typing import Literal
 import openslide
 
 from wsi_loader.errors import SlideNotFoundError, SlideOpenError
-from wsi_loader.slides.base import SlideReader
+from wsi_loader.slides.base import NOT_REGULAR, SlideReader
 from wsi_loader.slides.local_copies import LocalCopies
 from wsi_loader.slides.openslide_backend import OpenSlideReader
 from wsi_loader.slides.storage import RangeStore, is_url, local_path
@@ -68,7 +68,7 @@ def open_slide(
     except OSError as exc:
         raise SlideOpenError(f"cannot stat the slide: {exc.strerror}", path=path) from exc
     if not stat.S_ISREG(mode):  # opening a FIFO would block forever
-        raise SlideOpenError("not a regular file (a FIFO, device or folder)", path=path)
+        raise SlideOpenError(NOT_REGULAR, path=path)
     if backend == "openslide":
         return OpenSlideReader(path, cache)
     if backend == "tiff":

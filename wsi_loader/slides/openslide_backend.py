@@ -21,6 +21,7 @@ from wsi_loader.slides.base import (
     SlideReader,
     closed_error,
     non_square_note,
+    require_regular,
     resize,
     rgba_to_rgb,
 )
@@ -50,6 +51,10 @@ class OpenSlideReader(SlideReader):
     def __init__(self, path: str, cache: openslide.OpenSlideCache | None = None) -> None:
         self.path = path
         self.broken = False
+        try:
+            require_regular(path)  # OpenSlide opens it by name: a FIFO would block it
+        except OSError as exc:
+            raise SlideOpenError(str(exc.strerror), path=path) from exc
         try:
             self._slide = openslide.OpenSlide(path)
         except openslide.OpenSlideError as exc:  # includes OpenSlideUnsupportedFormatError

@@ -51,8 +51,9 @@ class HandlePool:
     (`DistributedTileSampler(slide_window=...)`).
 
     Remote slides (URLs): ``prefetch_bytes`` bounds the byte ranges fetched ahead of the
-    reads in this process (a `RangeStore`); slides only OpenSlide reads are copied into
-    ``remote_cache_dir``, at most ``remote_cache_bytes`` (shared by the machine's processes).
+    reads, and kept for later reads, in this process (a `RangeStore`); slides only OpenSlide
+    reads are copied into ``remote_cache_dir``, at most ``remote_cache_bytes`` (shared by the
+    machine's processes).
     """
 
     def __init__(
@@ -60,7 +61,7 @@ class HandlePool:
         max_open: int = 16,
         openslide_cache_bytes: int = 64 * 2**20,
         layout_cache_bytes: int = 64 * 2**20,
-        prefetch_bytes: int = 64 * 2**20,
+        prefetch_bytes: int = 256 * 2**20,
         remote_cache_dir: str = DEFAULT_FOLDER,
         remote_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:

@@ -5,24 +5,34 @@ no reader knows where its bytes come from.
 
 * Local files: ``pread`` (in the reader); `read_ahead` asks the kernel to read the next
   ranges ahead (``posix_fadvise(WILLNEED)``), so a cold page cache does not stall the decoder.
-* `RemoteBytes`: obstore (Rust's object_store: S3 ``s3://``, GCS ``gs://``, Azure ``az://``,
-  plain HTTP ``https://``). The ranges of one call are coalesced and fetched concurrently on
-  a few threads per process (obstore releases the GIL while it waits) into a per-process
-  `RangeStore` bounded in bytes; reads take their bytes from it, or fetch them when nobody
-  asked earlier. obstore retries timeouts, connection errors, 429 and 5xx with backoff. Then,
-  if the object no longer answers a metadata request, the store is down:
-  `TransientReadError` (or `SlideNotFoundError` when the object is gone), a slide fault,
-  nothing quarantined; if it answers, only these bytes keep failing: a ValueError, which the
-  reader turns into a failed (quarantined) tile.
+* `RemoteBytes`: an object read by range requests through the process's `RangeStore`
+  (`range_cache`): the ranges of the next batches are planned together (merged by a cost
+  model learnt from this store's answers, `request_plan`), fetched concurrently, and kept
+  within a byte budget, so a range already held or in flight is never asked again.
+* Clients, made in each process when it first asks (a forked worker makes its own):
+  ``s3://`` with keys in the environment and ``http(s)://`` go through libcurl
+  (`curl_client`: fork-safe, half the CPU per request); other stores (``gs://``, ``az://``,
+  S3 with an instance role) through obstore (Rust's object_store), whose runtime does not
+  survive fork: `survives_fork` says which.
 
-Why obstore, not fsspec/s3fs: measured here against one S3 endpoint, a range request costs the
-client ~0.35 ms of CPU through obstore and ~2.5 ms through s3fs (botocore resolves endpoints
-and signs in Python), more than decoding the tile; at the same concurrency obstore is the one
-that keeps a 2-core reader decoding.
+Faults. Each range request has a deadline and a hedge derived from the latency seen so far
+(`request_plan.CostModel`). An answer shorter than the range asked for, a reset, a stall, a 5xx
+or 429 is retried (`RETRIES` on top of the client's own); when short answers, resets or stalls
+keep coming it is a `TransientReadError` (never a tile or slide fault), when the server keeps
+refusing one range while the object answers, a failed tile. A 404 is permanent: not retried, said in
+words (`SlideNotFoundError`: which bucket or object is missing); a 403 is access denied. An
+object whose ETag changed since it was opened answers 412 to our ``If-Match``: that, and only
+that, is a rewritten slide (`SlideChangedError`).
+
+Integrity: range answers carry no checksum in S3, GCS or plain HTTP, so a byte flipped on the
+way is caught only by TLS (``https://``, and every S3/GCS/Azure endpoint) or by the decoder;
+over plain ``http://`` integrity is the network's. Whole-object downloads (`download`) are
+checked against the object's size, and against its MD5 where the ETag is one (S3 objects
+uploaded in one part).
 
 Credentials and endpoints come from the storage client's usual environment
-(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``AWS_REGION``,
-``GOOGLE_APPLICATION_CREDENTIALS``, ...); nothing here stores them.
+(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL``,
+``AWS_REGION``, ``GOOGLE_APPLICATION_CREDENTIALS``, ...); nothing here stores them.
 """
 
 from __future__ import annotations
@@ -31,49 +41,28 @@ import concurrent.futures
 import fnmatch
 import hashlib
 import io
-import logging
 import os
 import posixpath
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Iterable
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
-from wsi_loader.errors import (
-    ForkUnsafeError,
-    SlideNotFoundError,
-    SlideOpenError,
-    TransientReadError,
+from wsi_loader.errors import SlideOpenError, TransientReadError
+from wsi_loader.slides import curl_client
+from wsi_loader.slides.range_cache import RangeStore
+from wsi_loader.slides.remote_clients import RemoteStat, client_for
+from wsi_loader.slides.remote_errors import (
+    RETRIES,
+    StatusError,
+    object_key,
+    with_retries,
 )
+from wsi_loader.slides.request_plan import MAX_REQUEST, CostModel, Range, coalesce_groups
 
-log = logging.getLogger(__name__)
+__all__ = ["MAX_REQUEST", "Range", "RangeStore", "RemoteBytes", "RemoteStat", "coalesce"]
 
-Range = tuple[int, int]  # (offset, size)
-COALESCE_GAP = 64 * 1024  # ranges closer than this are fetched by one request
-MAX_REQUEST = 8 * 2**20  # but no request larger than this (requests run concurrently)
-RETRIES = 2  # our attempts on top of obstore's own retries (which do the backoff)
-BACKOFF_S = 0.1
+COALESCE_GAP = 64 * 1024  # `coalesce`'s default (local read-ahead; remote gaps: CostModel)
 PARSE_BLOCK = 256 * 1024  # block size of the file object tifffile parses the header through
-FETCH_THREADS = 64  # concurrent range requests per process (they wait; obstore frees the GIL)
-# obstore's retries of timeouts, connection errors, 429 and 5xx
-RETRY_CONFIG: Any = {
-    "max_retries": 4,
-    "backoff": {
-        "init_backoff": timedelta(milliseconds=100),
-        "max_backoff": timedelta(seconds=2),
-        "base": 2,
-    },
-    "retry_timeout": timedelta(seconds=60),
-}
-CLIENT_OPTIONS: Any = {
-    "allow_http": True,  # an http:// URL or endpoint is what the user asked for
-    "connect_timeout": timedelta(seconds=10),
-    "timeout": timedelta(seconds=120),
-}
 
 
 def is_url(path: str) -> bool:
@@ -101,221 +90,40 @@ def url_join(folder: str, name: str) -> str:
     return f"{scheme}://{posixpath.normpath(posixpath.join(rest, name))}"
 
 
-FORK_ADVICE = (
-    "obstore, which reads slides from URLs, was used by this process's parent before it forked, "
-    "and its runtime does not survive fork() (its threads stay behind): start the worker "
-    "processes with multiprocessing_context='forkserver' or 'spawn' (make_loader does so "
-    "by itself for indexes of remote slides)"
-)
-
-
-class _Clients:
-    """obstore stores by ``scheme://bucket`` (one HTTP client each, reused), and the fetch
-    threads, of this process: recreated after a fork (a child never uses its parent's
-    connections or threads). obstore's own runtime cannot be recreated: a child forked after
-    its parent used obstore refuses to (`ForkUnsafeError`) instead of hanging."""
-
-    def __init__(self, inherited: bool = False) -> None:
-        self.inherited = inherited  # the parent used obstore before forking this process
-        self.used = False
-        self.pid = os.getpid()
-        self.stores: dict[str, Any] = {}
-        self.threads: concurrent.futures.ThreadPoolExecutor | None = None
-        self.lock = threading.Lock()
-
-    def store(self, root: str, url: str) -> Any:
-        if self.inherited:
-            raise ForkUnsafeError(FORK_ADVICE)
-        with self.lock:
-            found = self.stores.get(root)
-            if found is None:
-                self.used = True
-                try:
-                    from obstore.store import from_url
-                except ImportError as exc:  # an optional dependency
-                    raise SlideOpenError(
-                        "reading slides from URLs needs obstore (pip install 'wsi_loader[remote]')",
-                        path=url,
-                    ) from exc
-                try:
-                    found = from_url(root, client_options=CLIENT_OPTIONS, retry_config=RETRY_CONFIG)
-                except Exception as exc:  # an unknown scheme, a bad configuration
-                    advice = _CREDENTIALS_ADVICE.get(urlsplit(url).scheme, "")
-                    hint = f"; {advice}" if "Account must be specified" in str(exc) else ""
-                    raise SlideOpenError(
-                        f"cannot open this URL: {_short(exc)}{hint}", path=url
-                    ) from exc
-                self.stores[root] = found
-            return found
-
-    def pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self.lock:
-            if self.threads is None:
-                self.threads = concurrent.futures.ThreadPoolExecutor(
-                    FETCH_THREADS, thread_name_prefix="wsi-fetch"
-                )
-            return self.threads
-
-
-_current = {"clients": _Clients()}
-
-
-def _here() -> _Clients:
-    clients = _current["clients"]
-    if clients.pid != os.getpid():
-        clients = _current["clients"] = _Clients(clients.used or clients.inherited)
-    return clients
-
-
-def locate(url: str) -> tuple[Any, str]:
-    """The obstore store of ``url`` and the object's path in it."""
-    parts = urlsplit(url)
-    if not parts.netloc:
-        raise SlideOpenError("a URL needs a bucket or host", path=url)
-    root = f"{parts.scheme}://{parts.netloc}"
-    return _here().store(root, url), unquote(parts.path).lstrip("/")
-
-
-# What obstore's error says when it found no credentials in the environment and asked the
-# machine's instance metadata service (AWS IMDS, GCE metadata server, Azure IMDS) instead.
-_METADATA_PATHS = (
-    "/latest/api/token",
-    "/latest/meta-data",
-    "computeMetadata",
-    "/metadata/identity",
-)
-_CREDENTIALS_ADVICE = {
-    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (obstore does not read ~/.aws "
-    'profiles; `eval "$(aws configure export-credentials --format env)"` exports a profile\'s)',
-    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file (or "
-    "GOOGLE_SERVICE_ACCOUNT)",
-    "az": "set AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or a SAS token)",
-}
-
-
-def _kind(exc: BaseException) -> str:
-    """ "missing", "denied", "no-credentials", "transient" (network or server trouble), or
-    "other"."""
-    name = type(exc).__name__
-    if name == "NotFoundError" or isinstance(exc, FileNotFoundError):
-        return "missing"
-    if name == "GenericError" and any(part in str(exc) for part in _METADATA_PATHS):
-        return "no-credentials"  # retrying cannot help
-    if name in ("PermissionDeniedError", "UnauthenticatedError") or isinstance(
-        exc, PermissionError
-    ):
-        return "denied"
-    if name == "GenericError" or isinstance(exc, ConnectionError | TimeoutError):
-        return "transient"
-    return "other"
-
-
-def retryable(exc: BaseException) -> bool:
-    """Network and server trouble, not a missing object, a refused credential, or a bug."""
-    return _kind(exc) == "transient"
-
-
-def _short(exc: BaseException, limit: int = 500) -> str:
-    """An error's message on one line, without the debug dump obstore appends."""
-    return " ".join(str(exc).split("Debug source:")[0].split())[:limit]
-
-
-def _failure(url: str, what: str, exc: BaseException, attempts: int) -> Exception:
-    kind = _kind(exc)
-    text = _short(exc)
-    if kind == "missing":
-        return SlideNotFoundError("the object does not exist", path=url)
-    if kind == "denied":
-        return SlideOpenError(f"access denied: {text}", path=url)
-    if kind == "no-credentials":
-        scheme = urlsplit(url).scheme
-        advice = _CREDENTIALS_ADVICE.get("s3" if scheme == "s3a" else scheme, "")
-        return SlideOpenError(
-            "no credentials for this store: none in the environment, and the machine's "
-            f"instance metadata service gave none{f'; {advice}' if advice else ''} "
-            f"({type(exc).__name__}: {_short(exc, 200)})",
-            path=url,
-        )
-    if kind == "transient":
-        return TransientReadError(
-            f"{what} failed after {attempts} attempts: {type(exc).__name__}: {text}", path=url
-        )
-    if type(exc).__module__.startswith("obstore"):
-        return SlideOpenError(f"{what}: {type(exc).__name__}: {text}", path=url)
-    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
-
-
-def with_retries(url: str, what: str, call: Callable[[], Any], retries: int = RETRIES) -> Any:
-    """``call()``, again (after obstore's own retries) when it fails for a network reason."""
-    for attempt in range(retries + 1):
-        try:
-            return call()
-        except Exception as exc:  # classified by `_kind`; the rest propagates
-            if not retryable(exc) or attempt == retries:
-                raise _failure(url, what, exc, attempt + 1) from exc
-            log.debug("%s of %s failed (attempt %d): %s", what, url, attempt + 1, exc)
-            time.sleep(BACKOFF_S * 2**attempt)
-    raise AssertionError("unreachable")
-
-
-@dataclass(frozen=True)
-class RemoteStat:
-    size: int
-    mtime_ns: int
-    version: str  # ETag (or last-modified) of the object: changes when it is rewritten
+def survives_fork(url: str) -> bool:
+    """Whether a process forked after reading ``url`` can read it too (libcurl's clients are
+    made per process; obstore's runtime is not)."""
+    return not is_url(url) or curl_client.endpoint_for(url) is not None
 
 
 def remote_stat(url: str, retries: int = RETRIES) -> RemoteStat:
     """Size, modification time and version of an object; `SlideNotFoundError` when it does
     not exist, `TransientReadError` when the store cannot be reached."""
-    import obstore
-
-    store, path = locate(url)
-    meta = with_retries(url, "metadata request", lambda: obstore.head(store, path), retries)
-    modified = meta.get("last_modified")
-    mtime_ns = int(modified.timestamp() * 1e9) if hasattr(modified, "timestamp") else 0
-    version = str(meta.get("e_tag") or meta.get("version") or mtime_ns).strip('"')
-    return RemoteStat(size=int(meta["size"]), mtime_ns=mtime_ns, version=version)
+    client = client_for(url)
+    return with_retries(url, "metadata request", lambda: client.head(url), retries)  # type: ignore[no-any-return]
 
 
 def read_range(url: str, offset: int, size: int, retries: int = RETRIES) -> bytes:
-    """Bytes ``offset`` .. ``offset + size`` of an object."""
-    store, path = locate(url)
-    return _get_range(store, path, url, offset, size, retries)
-
-
-def _get_range(store: Any, path: str, url: str, offset: int, size: int, retries: int) -> bytes:
-    import obstore
-
-    data = with_retries(
-        url,
-        "range read",
-        lambda: obstore.get_range(store, path, start=offset, end=offset + size),
-        retries,
+    """Bytes ``offset`` .. ``offset + size`` of an object (with retries)."""
+    client = client_for(url)
+    return with_retries(  # type: ignore[no-any-return]
+        url, "range read", lambda: client.submit(url, offset, size, None).result(), retries
     )
-    return bytes(data)
 
 
 def download(url: str, dest: str) -> None:
-    """The whole object into the file ``dest`` (streamed)."""
-    import obstore
-
-    store, path = locate(url)
-
-    def fetch() -> None:
-        with open(dest, "wb") as fh:
-            for chunk in obstore.get(store, path).stream(min_chunk_size=8 * 2**20):
-                fh.write(chunk)
-
-    with_retries(url, "download", fetch)
+    """The whole object into the file ``dest`` (streamed), checked against its size (and its
+    MD5 where the ETag is one)."""
+    client = client_for(url)
+    stat = remote_stat(url)
+    with_retries(url, "download", lambda: client.download(url, dest, stat.size, stat.etag))
 
 
 def list_objects(url: str, suffixes: Iterable[str]) -> list[str]:
     """Objects under a URL prefix (or matching a URL glob) whose names end with ``suffixes``,
     as full URLs, sorted."""
-    import obstore
-
-    store, path = locate(url)
+    client = client_for(url)
+    path = object_key(url)
     pattern = path if set("*?[") & set(path) else None
     prefix = path.split("*")[0].split("?")[0].split("[")[0] if pattern else path
     if prefix and not prefix.endswith("/") and pattern is None:
@@ -326,15 +134,13 @@ def list_objects(url: str, suffixes: Iterable[str]) -> list[str]:
 
     def listing() -> list[str]:
         found = []
-        for batch in obstore.list(store, prefix=prefix.rsplit("/", 1)[0] or None):
-            for meta in batch:
-                key = str(meta["path"])
-                if not key.startswith(prefix) or posixpath.basename(key).startswith("."):
-                    continue
-                if pattern is not None and not fnmatch.fnmatchcase(key, pattern):
-                    continue
-                if key.lower().endswith(wanted):
-                    found.append(root + key)
+        for key in client.list(url, prefix):
+            if not key.startswith(prefix) or posixpath.basename(key).startswith("."):
+                continue
+            if pattern is not None and not fnmatch.fnmatchcase(key, pattern):
+                continue
+            if key.lower().endswith(wanted):
+                found.append(root + key)
         return found
 
     try:
@@ -361,127 +167,6 @@ def remote_content(url: str, size: int) -> bytes:
 def coalesce(ranges: Iterable[Range], gap: int = COALESCE_GAP) -> list[Range]:
     """Merge sorted ranges closer than ``gap`` bytes into requests of at most `MAX_REQUEST`."""
     return [request for request, _ in coalesce_groups(ranges, gap)]
-
-
-def coalesce_groups(
-    ranges: Iterable[Range], gap: int = COALESCE_GAP
-) -> list[tuple[Range, list[Range]]]:
-    """`coalesce`, each request with the ranges it serves (one pass over the sorted ranges)."""
-    groups: list[tuple[list[int], list[Range]]] = []
-    for offset, size in sorted(set(ranges)):
-        if groups:
-            last, members = groups[-1]
-            end = max(last[0] + last[1], offset + size)
-            if offset - (last[0] + last[1]) <= gap and end - last[0] <= MAX_REQUEST:
-                last[1] = end - last[0]
-                members.append((offset, size))
-                continue
-        groups.append(([offset, size], [(offset, size)]))
-    return [((o, s), members) for (o, s), members in groups]
-
-
-class _Block:
-    """One request's bytes (in flight or done) and the ranges of it still to be read."""
-
-    __slots__ = ("future", "offset", "size", "wanted")
-
-    def __init__(self, offset: int, size: int, future: concurrent.futures.Future[bytes]) -> None:
-        self.offset, self.size, self.future = offset, size, future
-        self.wanted: set[Range] = set()
-
-
-class RangeStore:
-    """Fetched and in-flight byte ranges of one process, bounded by ``max_bytes``.
-
-    A block leaves when every range it was fetched for has been read, or, oldest first, when
-    a new fetch needs its room; a fetch that does not fit is not started (the read fetches it
-    then). Owned by one thread (the reading one); the fetches run on the fetch threads.
-    """
-
-    def __init__(self, max_bytes: int = 64 * 2**20) -> None:
-        self.max_bytes = max_bytes
-        self._pid = os.getpid()
-        self._blocks: OrderedDict[tuple[str, int], _Block] = OrderedDict()
-        self._by_range: dict[tuple[str, Range], _Block] = {}
-        self._bytes = 0
-        # counters, for benchmarks and `wsi-loader bench`
-        self.requests = 0
-        self.bytes_fetched = 0
-        self.bytes_read = 0
-
-    def __getstate__(self) -> dict[str, int]:
-        return {"max_bytes": self.max_bytes}
-
-    def __setstate__(self, state: dict[str, int]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
-
-    def _check_process(self) -> None:
-        if self._pid != os.getpid():  # a forked child: the parent's futures are not ours
-            self.__init__(self.max_bytes)  # type: ignore[misc]
-
-    def start(self, source: RemoteBytes, ranges: Iterable[Range]) -> None:
-        """Start fetching ``ranges`` of ``source`` (coalesced) unless pending already."""
-        self._check_process()
-        todo = [r for r in ranges if (source.url, r) not in self._by_range]
-        for (offset, size), members in coalesce_groups(todo):
-            if not self._make_room(size):
-                log.debug("prefetch budget of %d bytes is spent", self.max_bytes)
-                break
-            block = _Block(offset, size, source.submit(offset, size))
-            self.requests += 1
-            self.bytes_fetched += size
-            self._blocks[(source.url, offset)] = block
-            self._bytes += size
-            block.wanted.update(members)
-            for r in members:
-                self._by_range[(source.url, r)] = block
-
-    def _make_room(self, size: int) -> bool:
-        if size > self.max_bytes:
-            return False
-        for key in list(self._blocks):
-            if self._bytes + size <= self.max_bytes:
-                break
-            block = self._blocks[key]
-            if not block.future.done():
-                continue  # in flight: someone asked for it, let it land
-            self._drop(key, block)
-        return self._bytes + size <= self.max_bytes
-
-    def _drop(self, key: tuple[str, int], block: _Block) -> None:
-        del self._blocks[key]
-        self._bytes -= block.size
-        for r in block.wanted:
-            self._by_range.pop((key[0], r), None)
-
-    def take(self, url: str, offset: int, size: int) -> bytes | None:
-        """The bytes of a range fetched (or being fetched) earlier; waits for an in-flight
-        fetch. None when nobody asked for it or its fetch failed (the caller fetches it)."""
-        self._check_process()
-        block = self._by_range.pop((url, (offset, size)), None)
-        if block is None:
-            return None
-        block.wanted.discard((offset, size))
-        if not block.wanted and (url, block.offset) in self._blocks:
-            self._drop((url, block.offset), block)
-        try:
-            data = block.future.result()
-        except Exception as exc:  # read again (with retries) by the caller
-            log.debug("prefetch of %s failed: %s", url, exc)
-            return None
-        start = offset - block.offset
-        self.bytes_read += size
-        return data[start : start + size]
-
-    def forget(self, url: str) -> None:
-        """Drop every block of ``url`` (its object changed or its reader is gone for good)."""
-        for key, block in list(self._blocks.items()):
-            if key[0] == url:
-                self._drop(key, block)
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
 
 
 def read_ahead(fd: int, ranges: Iterable[Range]) -> None:
@@ -549,47 +234,76 @@ class RemoteBytes:
         self.url = url
         self.store = store
         self.retries = retries
-        self._store, self._path = locate(url)  # in this process: readers never cross a fork
+        self._client = client_for(url)  # in this process: readers never cross a fork
         self.stat = remote_stat(url, retries)
 
     @property
     def size(self) -> int:
         return self.stat.size
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """What the store files this object's bytes under: a new version, new bytes."""
+        return (self.url, self.stat.version)
+
+    @property
+    def model(self) -> CostModel:
+        return self._client.model
+
     def open_for_parsing(self) -> io.BufferedReader:
         """A seekable file object for tifffile's header parse (a few block requests)."""
         return io.BufferedReader(_BlockFile(self), buffer_size=65536)
 
     def submit(self, offset: int, size: int) -> concurrent.futures.Future[bytes]:
-        """Start one range request (with its retries) on this process's fetch threads."""
-        return _here().pool().submit(self.fetch, offset, size)
+        """Start one range request (hedged, with a deadline; no retries)."""
+        future = self._client.submit(self.url, offset, size, self.stat.etag)
+        transfers = getattr(self._client, "transfers", None)
+        if transfers is not None:
+            self.store.hedged = transfers.hedges
+        return future
 
     def fetch(self, offset: int, size: int) -> bytes:
         """One range request now (with the retries), bypassing the store."""
-        return _get_range(self._store, self._path, self.url, offset, size, self.retries)
+        return with_retries(  # type: ignore[no-any-return]
+            self.url,
+            "range read",
+            lambda: self.submit(offset, size).result(),
+            self.retries,
+        )
 
     def read(self, offset: int, size: int) -> bytes:
-        """A range's bytes: from the store when prefetched, else fetched now."""
-        data = self.store.take(self.url, offset, size)
+        """A range's bytes: from the store when held or in flight, else fetched now (and
+        kept). A range that keeps failing is a `TransientReadError` (the transport: short
+        answers, stalls, 5xx) when the object still answers; a 404 or a new ETag say so."""
+        data = self.store.take(self.key, offset, size)
+        self._client.poke()  # answers to earlier requests move on while this one decodes
+        if data is None:
+            self.store.start(self, [(offset, size)])
+            data = self.store.take(self.key, offset, size)
         if data is not None:
             return data
-        self.store.requests += 1
-        self.store.bytes_fetched += size
-        self.store.bytes_read += size
+        with self.store._lock:
+            self.store.requests += 1
+            self.store.bytes_fetched += size
+            self.store.bytes_read += size
         try:
             return self.fetch(offset, size)
         except TransientReadError as exc:
             failure = exc
-        # the store down (a slide fault), or only this range failing (a tile fault)? Raised
-        # outside the handler: a tile fault must not carry the resource error as its cause
+        # the store down, or the object gone or changed: a slide fault (raised here)
         remote_stat(self.url, retries=0)
-        raise ValueError(
-            f"bytes {offset}..{offset + size} keep failing while the object answers: {failure}"
-        )
+        message = f"bytes {offset}..{offset + size} keep failing while the object answers"
+        if isinstance(failure.__cause__, StatusError):
+            # only these bytes, refused by the server: a failed tile (quarantined), raised
+            # outside the handler so that it does not carry the transient error as its cause
+            raise ValueError(f"{message}: {failure}")
+        # short answers, stalls, resets: the transport's, never the tile's or the slide's
+        raise TransientReadError(f"{message}: {failure}", path=self.url)
 
     def prefetch(self, ranges: Iterable[Range]) -> None:
-        """Start fetching ``ranges`` in the background (coalesced, within the budget)."""
+        """Start fetching ``ranges`` in the background (planned, within the budget)."""
         self.store.start(self, ranges)
+        self._client.poke()  # the requests go out now
 
 
 def url_digest(url: str) -> str:

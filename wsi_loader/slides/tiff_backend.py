@@ -9,13 +9,17 @@ corrupt tile raises `TileReadError` and the next read works.
 
 from __future__ import annotations
 
+import errno
+import io
 import logging
 import math
 import os
 import re
+import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import imagecodecs
@@ -26,19 +30,28 @@ import tifffile
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring as xml_from_text
 
-from wsi_loader.errors import SlideOpenError, TileReadError, WsiLoaderError, describe
+from wsi_loader.errors import (
+    SlideNotFoundError,
+    SlideOpenError,
+    TileReadError,
+    WsiLoaderError,
+    describe,
+)
 from wsi_loader.slides.base import (
+    NOT_REGULAR,
     MppSource,
     RGBArray,
     SegmentJob,
     SegmentKey,
     SlideMeta,
     SlideReader,
+    StoredSizes,
     Window,
     closed_error,
     join_notes,
     l0_to_level,
     non_square_note,
+    open_regular,
     resize,
 )
 from wsi_loader.slides.storage import Range, RangeStore, RemoteBytes, is_url, read_ahead
@@ -61,6 +74,7 @@ _OME_UNIT_TO_UM = {
     "in": 25400.0,
 }
 _JPEG = 7
+_UNCOMPRESSED = 1
 _MINISBLACK, _RGB, _YCBCR = 1, 2, 6
 _OLD_JPEG = 6  # Compression: old-style JPEG (TIFF 6.0 section 22, withdrawn)
 # What a corrupt or truncated segment raises (imagecodecs' codec errors are RuntimeErrors,
@@ -74,6 +88,71 @@ _ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
 # Compressions imagecodecs decodes: none, LZW, JPEG, deflate, JPEG 2000 (Aperio), ZSTD, WebP
 RAW_COMPRESSIONS = frozenset({1, 5, 7, 8, 32946, 33003, 33005, 34712, 50000, 50001})
 DCT_SCALES = (2, 4, 8)
+
+
+class _ParseMessages(logging.Filter):
+    """What tifffile logs while a thread of ours parses a file, kept instead of printed.
+
+    Why: tifffile logs its complaints about a malformed file (``invalid page offset`` for a
+    truncated one) at ERROR on every parse, and a slide that fails is parsed again at every
+    retry and batch: 336 lines over 5 epochs for one truncated slide, next to our own one
+    WARNING for it. What it says goes into our error when the parse fails, and to DEBUG when
+    it does not. Other threads' tifffile messages pass (the list is per thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kept: list[str] | None = getattr(self._local, "kept", None)
+        if kept is None:
+            return True
+        kept.append(record.getMessage())
+        return False
+
+    @contextmanager
+    def kept(self) -> Iterator[list[str]]:
+        """The messages tifffile logs in this thread inside the block."""
+        outer = getattr(self._local, "kept", None)
+        kept: list[str] = []
+        self._local.kept = kept
+        try:
+            yield kept
+        finally:
+            self._local.kept = outer
+
+
+_parse_messages = _ParseMessages()
+logging.getLogger("tifffile").addFilter(_parse_messages)
+
+
+def _open_local(path: str) -> int:
+    """`open_regular`, its errors as a slide's (the file is gone, or is not a file)."""
+    try:
+        return open_regular(path)
+    except FileNotFoundError:
+        raise SlideNotFoundError("slide file does not exist", path=path) from None
+    except OSError as exc:
+        reason = exc.strerror if exc.errno != errno.EINVAL else NOT_REGULAR
+        raise SlideOpenError(f"cannot open the slide: {reason}", path=path) from exc
+
+
+def _named_file(fd: int, path: str) -> io.BufferedReader:
+    """A buffered file object over ``fd`` (left open when it is closed) named ``path``, as
+    tifffile names the files it opens itself (their folder is where it finds an OME-TIFF's
+    companion files)."""
+    raw = io.FileIO(fd, "rb", closefd=False)
+    raw.name = path
+    return io.BufferedReader(raw)
+
+
+def _said(messages: list[str], limit: int = 3) -> str:
+    """tifffile's messages for an error text (the first few, each bounded)."""
+    if not messages:
+        return ""
+    shown = "; ".join(m[:200] for m in messages[:limit])
+    more = f" (and {len(messages) - limit} more)" if len(messages) > limit else ""
+    return f" (tifffile said: {shown}{more})"
 
 
 class SegmentCache:
@@ -412,38 +491,29 @@ class TiffReader(SlideReader):
         self._fd = -1
         self._remote: RemoteBytes | None = None
         handle: Any = path
-        try:
-            if is_url(path):
-                self._remote = RemoteBytes(path, store if store is not None else RangeStore())
-                handle = self._remote.open_for_parsing()
-            with tifffile.TiffFile(handle) as tif:
-                if not tif.series:
-                    raise ValueError("no image in the file (truncated, or a TIFF without images)")
-                series = tif.series[0]
-                candidates: list[object] = (
-                    list(tif.pages)  # SVS, as OpenSlide reads it: every tiled page is a level
-                    if series.kind == "svs"
-                    else [level.pages[0] for level in series.levels]
-                )
-                pages = [p for p in candidates if isinstance(p, tifffile.TiffPage)]
-                if series.kind == "svs":
-                    pages = [p for p in pages if p.is_tiled]
-                self._levels = [_Level(page) for page in pages]
-                ome = tif.ome_metadata if series.kind == "ome" else None
-                self.meta = self._read_meta(series, pages[0], ome)
-                if self._remote is None:
-                    # our own descriptor on the file tifffile parsed (pread: no file position)
-                    self._fd = os.dup(tif.filehandle.fileno())
-            self._refuse_undecodable_old_jpeg()
-        except WsiLoaderError:
-            self.close()
-            raise  # a missing object, an unreachable store: said as it is
-        except Exception as exc:  # tifffile raises many types for malformed input
-            self.close()
-            raise SlideOpenError(f"tifffile: {type(exc).__name__}: {exc}", path=path) from exc
-        finally:
-            if handle is not path:
-                handle.close()
+        with _parse_messages.kept() as said:
+            try:
+                if is_url(path):
+                    self._remote = RemoteBytes(path, store if store is not None else RangeStore())
+                    handle = self._remote.open_for_parsing()
+                else:  # our own descriptor (pread: no file position), lent to tifffile
+                    self._fd = _open_local(path)
+                    handle = _named_file(self._fd, path)
+                self._parse(handle)
+                self._refuse_undecodable_old_jpeg()
+            except WsiLoaderError:
+                self.close()
+                raise  # a missing object, an unreachable store: said as it is
+            except Exception as exc:  # tifffile raises many types for malformed input
+                self.close()
+                raise SlideOpenError(
+                    f"tifffile: {type(exc).__name__}: {exc}{_said(said)}", path=path
+                ) from exc
+            finally:
+                if handle is not path:
+                    handle.close()
+        if said:
+            log.debug("parsing %s, tifffile said: %s", path, "; ".join(said))
         self._identity = _identity(os.fstat(self._fd)) if self._remote is None else None
         self._closed = False
         self._cache = cache if cache is not None else SegmentCache()
@@ -463,6 +533,24 @@ class TiffReader(SlideReader):
                     f"old-style JPEG (Compression 6) that cannot be decoded: {describe(exc)}",
                     path=self.path,
                 ) from exc
+
+    def _parse(self, handle: Any) -> None:
+        """Read the levels' layout and the metadata; keep a descriptor of a local file."""
+        with tifffile.TiffFile(handle) as tif:
+            if not tif.series:
+                raise ValueError("no image in the file (truncated, or a TIFF without images)")
+            series = tif.series[0]
+            candidates: list[object] = (
+                list(tif.pages)  # SVS, as OpenSlide reads it: every tiled page is a level
+                if series.kind == "svs"
+                else [level.pages[0] for level in series.levels]
+            )
+            pages = [p for p in candidates if isinstance(p, tifffile.TiffPage)]
+            if series.kind == "svs":
+                pages = [p for p in pages if p.is_tiled]
+            self._levels = [_Level(page) for page in pages]
+            ome = tif.ome_metadata if series.kind == "ome" else None
+            self.meta = self._read_meta(series, pages[0], ome)
 
     def _read_meta(
         self, series: tifffile.TiffPageSeries, base_page: tifffile.TiffPage, ome: str | None
@@ -752,17 +840,38 @@ class TiffReader(SlideReader):
     def read_encoded(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> bytes | None:
         """The complete JPEG stream of a window that is exactly one YCbCr JPEG storage tile
         (tables spliced in), for decoding elsewhere (GPU); None when the window is not one."""
+        if not self._levels[level].dct_scalable:
+            return None
+        return self.read_stored_jpeg(l0_x, l0_y, level, l_w, l_h)
+
+    def read_stored_jpeg(
+        self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int
+    ) -> bytes | None:
+        """`read_encoded` for RGB JPEG tiles too (Aperio's, with the Adobe marker saying they
+        are RGB, which libjpeg-based decoders such as browsers honour; nvJPEG may not)."""
         if self._closed:
             raise closed_error(self.path)
         lv = self._levels[level]
         index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
-        if index is None or not lv.dct_scalable:
+        if index is None or lv.jpeg_colorspace is None:
             return None
         try:
             data = self._raw(level, index)
         except DATA_ERRORS as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
         return lv.complete_jpeg(data)
+
+    def stored_sizes(self, level: int) -> StoredSizes | None:
+        """Bytes of each storage tile of ``level`` (from the parsed layout; nothing is read),
+        None when the level is stored uncompressed or in strips."""
+        lv = self._levels[level]
+        if (
+            not lv.is_tiled
+            or lv.compression == _UNCOMPRESSED
+            or len(lv.counts) != lv.across * lv.down
+        ):
+            return None
+        return StoredSizes(lv.counts.reshape(lv.down, lv.across), lv.seg_w, lv.seg_h)
 
     def qualifies(self) -> bool:
         """Whether the auto backend reads this file with the raw path rather than OpenSlide:
@@ -841,7 +950,7 @@ class TiffReader(SlideReader):
             self._closed = False
             return True
         try:
-            fd = os.open(self.path, os.O_RDONLY)  # not inherited by children (PEP 446)
+            fd = open_regular(self.path)  # a FIFO put in its place must not block it
         except OSError:
             return False
         if _identity(os.fstat(fd)) != self._identity:

@@ -1,0 +1,203 @@
+"""Stain normalisation throughput: this library's batched maps with slide vectors against the peers.
+
+    .venv/bin/python benchmarks/bench_stain.py [--tiles 256] [--batch-size 64] [--device cpu]
+        [--skip-loader]
+
+On the same tiles (256 px, from synthetic slides stained with known vectors), in one run:
+
+- ``ours numpy`` / ``ours torch``: `wsi_loader.stain.Normalize("macenko" | "reinhard")` with
+  each slide's values from the index, whole batches; numpy (OpenCV) is what DataLoader workers
+  run, torch what `DeviceLoader` runs on ``--device``.
+- ``torchstain per tile``: torchstain's Macenko / Reinhard (torch backend), one tile at a time,
+  as its README does it (a fit per tile inside ``normalize``).
+- ``torch-staintools``: its batched Macenko (least-squares concentrations) estimating every
+  tile, and with its stain-matrix cache keyed by slide (its nearest to slide vectors); Reinhard
+  batched. Needs torchvision; skipped (with the reason) when it cannot be imported.
+- make_loader throughput with and without normalisation in the workers (the CPU path).
+
+Prints tiles/s and ratios to torchstain per tile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from common import scratch_folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from wsi_loader.dataset import TileDataset, make_loader
+from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.stain import Normalize, resolve_target
+from wsi_loader.synthetic import SlideSpec, write_svs
+
+STAINS = (
+    ((0.5626, 0.7201, 0.4062), (0.2159, 0.8012, 0.5581)),
+    ((0.65, 0.70, 0.29), (0.30, 0.80, 0.45)),
+)
+
+
+def best_rate(fn: Callable[[], Any], tiles: int, repeats: int) -> float:
+    fn()  # warm-up (OpenCV tables, torch kernels)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return tiles / best
+
+
+def archive(folder: Path, width: int) -> SlideIndex:
+    for i, stain in enumerate(STAINS):
+        spec = SlideSpec(width, int(width * 0.75), seed=20 + i, stain=stain)
+        write_svs(str(folder / f"s{i}.svs"), spec)
+    return build_index([folder], folder / "idx", tile_size=256, level=0, min_tissue=0.5)
+
+
+def torchstain_rates(method: str, target: np.ndarray, pixels: np.ndarray, reps: int) -> float:
+    import torchstain
+
+    chw = [torch.from_numpy(t).permute(2, 0, 1) for t in pixels]
+    if method == "macenko":
+        normalizer = torchstain.normalizers.MacenkoNormalizer(backend="torch")
+        normalizer.fit(torch.from_numpy(target).permute(2, 0, 1))
+
+        def run() -> None:
+            for tile in chw:
+                normalizer.normalize(tile, stains=False)
+
+    else:
+        normalizer = torchstain.normalizers.ReinhardNormalizer(backend="torch")
+        normalizer.fit(torch.from_numpy(target).permute(2, 0, 1))
+
+        def run() -> None:
+            for tile in chw:
+                normalizer.normalize(tile)
+
+    return best_rate(run, len(pixels), reps)
+
+
+def staintools_rates(
+    method: str, target: np.ndarray, pixels: np.ndarray, slide_ids: np.ndarray, args: Any
+) -> dict[str, float] | str:
+    try:
+        from torch_staintools.normalizer import NormalizerBuilder
+    except Exception as exc:  # not installed, or its torchvision does not import
+        return f"torch-staintools not importable ({type(exc).__name__}: {exc})"
+    device = torch.device(args.device)
+    unit = torch.from_numpy(pixels).permute(0, 3, 1, 2).float().div(255).to(device)
+    fit = torch.from_numpy(target).permute(2, 0, 1)[None].float().div(255).to(device)
+    batches = [unit[i : i + args.batch_size] for i in range(0, len(unit), args.batch_size)]
+    rates: dict[str, float] = {}
+    if method == "reinhard":
+        norm = NormalizerBuilder.build("reinhard").to(device)
+        norm.fit(fit)
+        rates["batched"] = best_rate(lambda: [norm(b) for b in batches], len(pixels), args.repeats)
+        return rates
+    norm = NormalizerBuilder.build("macenko", concentration_solver="ls").to(device)
+    norm.fit(fit)
+    rates["batched"] = best_rate(lambda: [norm(b) for b in batches], len(pixels), args.repeats)
+    cached = NormalizerBuilder.build(
+        "macenko", concentration_solver="ls", use_cache=True, device=device
+    ).to(device)
+    cached.fit(fit)
+    keys = [[f"slide{int(s)}" for s in slide_ids[i : i + args.batch_size]] for i in
+            range(0, len(unit), args.batch_size)]  # fmt: skip
+    rates["cache by slide"] = best_rate(
+        lambda: [cached(b, cache_keys=k) for b, k in zip(batches, keys, strict=True)],
+        len(pixels),
+        args.repeats,
+    )
+    return rates
+
+
+def loader_rate(index: SlideIndex, args: Any, stain: Any) -> float:
+    loader = make_loader(
+        index, batch_size=args.batch_size, num_workers=args.workers, stain=stain, seed=0
+    )
+    best = 0.0
+    for epoch in range(args.repeats + 1):
+        loader.set_epoch(epoch)
+        start, count = time.perf_counter(), 0
+        for batch in loader:
+            count += len(batch)
+        if epoch:  # the first epoch starts the workers
+            best = max(best, count / (time.perf_counter() - start))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiles", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--width", type=int, default=8192, help="level-0 width of each slide")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--workers", type=int, default=2, help="make_loader's workers")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-loader", action="store_true")
+    parser.add_argument("--tmp", help="scratch folder (default: a temporary one)")
+    args = parser.parse_args()
+    folder = scratch_folder(args.tmp, "bench-stain-")
+    index = archive(folder, args.width)
+    cols = index.columns
+    rows = np.flatnonzero(cols["tissue"] >= 0.5)
+    rows = np.random.default_rng(0).choice(rows, min(args.tiles, len(rows)), replace=False)
+    pixels = TileDataset(index).reader.read(rows).pixels.copy()
+    slide_ids = np.asarray(cols["slide_id"][rows], dtype=np.int64)
+    target_tile = pixels[0]
+    device = torch.device(args.device)
+    print(
+        f"{len(pixels)} tiles of 256 px from {len(index.slides)} slides, batches of "
+        f"{args.batch_size}, torch threads {torch.get_num_threads()}, device {device}"
+    )
+    print(f"{'method':9} {'way':34} {'tiles/s':>9} {'vs torchstain':>14}")
+    for method in ("macenko", "reinhard"):
+        op = Normalize(method, target=resolve_target(target_tile)).bind(index)
+        peer = torchstain_rates(method, target_tile, pixels, args.repeats)
+
+        def numpy_path(op: Normalize = op) -> None:
+            for i in range(0, len(pixels), args.batch_size):
+                batch = pixels[i : i + args.batch_size].copy()
+                op.apply_numpy(batch, slide_ids[i : i + args.batch_size],
+                               rows[i : i + args.batch_size])  # fmt: skip
+
+        on_device = torch.from_numpy(pixels).to(device)
+
+        def torch_path(op: Normalize = op, images: torch.Tensor = on_device) -> None:
+            for i in range(0, len(pixels), args.batch_size):
+                part = slice(i, i + args.batch_size)
+                op.apply_torch(images[part], slide_ids[part], rows[part])
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+
+        ways = {
+            "torchstain per tile (torch)": peer,
+            "ours, slide values, numpy (workers)": best_rate(numpy_path, len(pixels), args.repeats),
+            f"ours, slide values, torch ({device.type})": best_rate(
+                torch_path, len(pixels), args.repeats
+            ),
+        }
+        tools = staintools_rates(method, target_tile, pixels, slide_ids, args)
+        if isinstance(tools, str):
+            print(f"  ({tools})")
+        else:
+            ways.update({f"torch-staintools {k} ({device.type})": v for k, v in tools.items()})
+        for way, rate in ways.items():
+            print(f"{method:9} {way:34} {rate:9.0f} {rate / peer:13.1f}x")
+    if not args.skip_loader:
+        base = loader_rate(index, args, None)
+        print(f"make_loader, {args.workers} workers, {len(index)} tiles per epoch:")
+        print(f"  no stain: {base:.0f} tiles/s")
+        for method in ("macenko", "reinhard"):
+            rate = loader_rate(index, args, Normalize(method))
+            print(f"  {method}: {rate:.0f} tiles/s (cost {100 * (1 - rate / base):.0f}%)")
+
+
+if __name__ == "__main__":
+    main()

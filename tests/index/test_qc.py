@@ -1,0 +1,294 @@
+"""Quality control at index time: columns, rules, filters, costs, and validation against
+synthetic slides whose artefacts are painted with known masks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import ndimage, stats
+
+from tests.conftest import SlideFactory
+from wsi_loader.cli.main import main
+from wsi_loader.index import SlideIndex, build_index, qc, qc_filter
+from wsi_loader.index.lowres import TileBoxes, box_means
+from wsi_loader.index.qc_pixels import BLUE_PEN, GREEN_PEN, RED_INK_HUE, RED_PEN, pen_ink
+from wsi_loader.slides import open_slide
+from wsi_loader.synthetic import SlideSpec, tissue_of, with_qc_artefacts
+from wsi_loader.synthetic_artefacts import score, truth_shares
+
+# 10k x 7.5k at 0.5 um/px: lowest level 1/16, so QC works on an 8 um/px picture; seed 4
+# places two pen strokes, a blurred region, two folds and two bubbles on its tissue
+QC_SPEC = with_qc_artefacts(SlideSpec(width=10_000, height=7_500, seed=4), scale=0.8)
+
+
+@pytest.fixture(scope="module")
+def qc_index(make_slide: SlideFactory, tmp_path_factory: pytest.TempPathFactory) -> SlideIndex:
+    path = make_slide(width=10_000, height=7_500, seed=4, artefacts=QC_SPEC.artefacts)
+    return build_index([path], tmp_path_factory.mktemp("qc") / "idx", tile_size=256, mpp=0.5)
+
+
+def truth_of(index: SlideIndex, spec: SlideSpec = QC_SPEC) -> dict[str, np.ndarray]:
+    cols = index.columns
+    return truth_shares(
+        spec.artefacts,
+        tissue_of(spec),
+        (spec.width, spec.height),
+        np.asarray(cols["l0_x"], dtype=np.int64),
+        np.asarray(cols["l0_y"], dtype=np.int64),
+        256.0,
+    )
+
+
+def test_every_rule_finds_its_painted_artefacts(qc_index: SlideIndex) -> None:
+    truth = truth_of(qc_index)
+    flagged = qc.flags(qc_index.columns)
+    for rule in qc.RULES:
+        found = score(rule, flagged[rule], truth)
+        assert found.positives >= 3, (rule, found)  # the slide has this artefact on tissue
+        assert found.precision >= 0.9, (rule, found)
+        assert found.recall >= 0.9, (rule, found)
+
+
+def test_focus_orders_tiles_as_the_laplacian_of_decoded_tiles_does(qc_index: SlideIndex) -> None:
+    """qc_focus comes from stored JPEG sizes, nothing decoded; blurred tiles rank low on it
+    as on the variance of the Laplacian of the decoded level-0 tiles."""
+    truth = truth_of(qc_index)
+    cols = qc_index.columns
+    rows = np.flatnonzero(np.isfinite(cols["qc_focus"]) & (truth["pen"] < 0.02))
+    with open_slide(qc_index.slide_path(0)) as reader:
+        lap = np.array(
+            [
+                ndimage.laplace(
+                    reader.read_region(int(cols["l0_x"][r]), int(cols["l0_y"][r]), 0, 256, 256)
+                    .astype(np.float32)
+                    .mean(axis=-1)
+                ).var()
+                for r in rows
+            ]
+        )
+    focus = cols["qc_focus"][rows]
+    assert stats.spearmanr(focus, lap).statistic > 0.4  # content varies too, in both
+    blurred, sharp = truth["blur"][rows] >= 0.5, truth["blur"][rows] < 0.02
+    assert blurred.sum() >= 10
+    # both put blurred tiles below sharp ones (AUC: the share of pairs ordered so)
+    for measure in (focus, lap):
+        pairs = measure[blurred][:, None] < measure[sharp][None, :]
+        assert pairs.mean() > 0.95
+    assert np.median(focus[blurred]) < 0.5 < np.median(focus[sharp])
+
+
+def test_columns_are_in_the_index_and_in_range(qc_index: SlideIndex) -> None:
+    for name in qc.QC_COLUMNS:
+        assert qc_index.columns[name].dtype == np.float32
+    for name in ("qc_pen", "qc_fold", "qc_bubble", "qc_background"):
+        values = qc_index.columns[name]
+        assert np.nanmin(values) >= 0 and np.nanmax(values) <= 1
+    record = qc_index.slides[0]
+    assert record.tissue_detector == "brightfield"
+    assert record.qc is not None and record.qc["focus_source"] == "stored bytes, level 0"
+    reopened = SlideIndex.open(qc_index.path)  # read back from disk
+    assert set(qc.QC_COLUMNS) <= set(reopened.columns)
+
+
+def test_qc_none_measures_nothing(
+    make_slide: SlideFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("quality control ran with qc none")
+
+    monkeypatch.setattr("wsi_loader.index.analyses.measure_sharpness", refuse)
+    monkeypatch.setattr("wsi_loader.index.qc.measure", refuse)
+    index = build_index([make_slide(width=3000, height=2000, seed=1)], tmp_path / "i", qc="none")
+    assert not set(qc.QC_COLUMNS) & set(index.columns)
+    assert index.slides[0].qc is None
+    assert index.summary()["qc"] is None
+
+
+def test_qc_exclude_drops_flagged_tiles_and_counts_them(
+    qc_index: SlideIndex, tmp_path: Path
+) -> None:
+    source = qc_index.slide_path(0)
+    dropped = build_index([source], tmp_path / "x", tile_size=256, mpp=0.5, qc_exclude=["pen"])
+    pen = qc.flags(qc_index.columns, ["pen"])["pen"]
+    assert len(dropped) == len(qc_index) - int(pen.sum()) > 0
+    assert dropped.slides[0].qc is not None
+    assert dropped.slides[0].qc["excluded"] == {"pen": int(pen.sum()), "any": int(pen.sum())}
+    assert not qc.flags(dropped.columns, ["pen"])["pen"].any()
+    summary = dropped.summary()
+    assert summary["qc"]["excluded"] == {"pen": int(pen.sum()), "any": int(pen.sum())}
+    assert summary["slides"][0]["qc"]["pen"] == 0
+
+
+def test_thresholds_change_what_rules_flag(qc_index: SlideIndex) -> None:
+    strict = qc.flags(qc_index.columns, ["blur"], {"blur": 0.9})["blur"]
+    lenient = qc.flags(qc_index.columns, ["blur"], {"blur": 0.2})["blur"]
+    default = qc.flags(qc_index.columns, ["blur"])["blur"]
+    assert lenient.sum() < default.sum() < strict.sum()
+    with pytest.raises(ValueError, match="no QC rule 'smudge'"):
+        qc.flags(qc_index.columns, ["smudge"])
+
+
+def test_open_where_keeps_what_the_filter_keeps(qc_index: SlideIndex) -> None:
+    flagged = qc.flags(qc_index.columns, ["pen", "blur"])
+    expected = ~(flagged["pen"] | flagged["blur"])
+    view = SlideIndex.open(qc_index.path, where=qc_filter("pen", "blur"))
+    assert len(view) == int(expected.sum())
+    assert view.filtered == len(qc_index) - len(view)
+    assert np.array_equal(view.source_rows, np.flatnonzero(expected))
+    lambda_view = SlideIndex.open(qc_index.path, where=lambda c: c["qc_pen"] < 0.1)
+    assert len(lambda_view) == int((qc_index.columns["qc_pen"] < 0.1).sum())
+    with pytest.raises(ValueError, match="booleans"):
+        SlideIndex.open(qc_index.path, where=lambda c: c["qc_pen"])
+    with pytest.raises(ValueError, match="no QC rule"):
+        qc_filter("smudge")
+
+
+def test_cli_index_excludes_and_info_counts(qc_index: SlideIndex, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "cli"
+    source = qc_index.slide_path(0)
+    code = main(
+        ["index", source, "--out", str(out), "--qc-exclude", "pen,blur", "--qc-threshold",
+         "blur=0.4", "--no-progress"]
+    )  # fmt: skip
+    assert code == 0
+    assert "left out by --qc-exclude" in capsys.readouterr().err
+    assert main(["info", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["qc"]["thresholds"]["blur"] == 0.4
+    slide = summary["slides"][0]
+    assert slide["qc"]["excluded"]["pen"] > 0 and slide["qc"]["excluded"]["blur"] > 0
+    assert slide["qc"]["pen"] == slide["qc"]["blur"] == 0
+    assert set(slide["qc"]) == {"pen", "blur", "fold", "bubble", "any", "excluded"}
+    assert main(["info", str(out)]) == 0
+    assert "quality control (pen >= 0.1, blur < 0.4" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["index", source, "--out", str(out), "--qc-exclude", "smudge"])
+    assert main(["index", source, "--out", str(out), "--qc", "none", "--qc-exclude", "pen"]) == 2
+    assert "need quality control on" in capsys.readouterr().err
+
+
+def test_inspect_colours_tiles_by_rule_and_mosaic_samples_flagged(
+    qc_index: SlideIndex, tmp_path: Path
+) -> None:
+    from wsi_loader.view import QC_COLOURS, Mosaic, SlideOverview
+
+    overview = SlideOverview(qc_index, 0, color_by="qc", max_size=400)
+    drawn = {cell.qc for cell in overview.cells}
+    assert {"pen", "blur", "fold"} <= drawn
+    legend = dict((text.split(" ")[0], colour) for colour, text in overview._legend_entries())
+    assert legend["pen"] == QC_COLOURS["pen"]
+    mosaic = Mosaic(qc_index, 4, qc="fold", tile_px=32)
+    fold = qc.flags(qc_index.columns, ["fold"])["fold"]
+    assert fold[mosaic.rows].all()
+    out = tmp_path / "q.png"
+    assert main(["inspect", str(qc_index.path), "--out", str(out), "--color-by", "qc"]) == 0
+    assert main(["mosaic", str(qc_index.path), "--out", str(out), "--qc", "any", "--n", "4"]) == 0
+
+
+def test_an_index_without_qc_columns_is_rebuilt_with_them(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    slide = make_slide(width=3000, height=2000, seed=1)
+    before = build_index([slide], tmp_path / "i", qc="none")
+    assert "qc_focus" not in before.columns
+    after = build_index([slide], tmp_path / "i")
+    assert after.meta["build"] == {"unchanged": 0, "indexed": 1}
+    assert "qc_focus" in after.columns
+    again = build_index([slide], tmp_path / "i")
+    assert again.meta["build"] == {"unchanged": 1, "indexed": 0}
+    assert np.array_equal(again.columns["qc_pen"], after.columns["qc_pen"], equal_nan=True)
+
+
+def test_a_failed_slide_does_not_drop_the_qc_columns(
+    make_slide: SlideFactory, tmp_path: Path, testdata: Path
+) -> None:
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "a.svs").write_bytes(make_slide(width=3000, height=2000, seed=1).read_bytes())
+    (folder / "broken.svs").write_bytes((testdata / "broken.svs").read_bytes())
+    index = build_index([folder], tmp_path / "i")
+    assert [s.status for s in index.slides] == ["ok", "failed"]
+    assert "qc_focus" in index.columns
+
+
+def test_pen_table_is_histolabs_rules(tmp_path: Path) -> None:
+    """The 256 x 256 lookup tables give exactly what testing every triple gives."""
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (200_000, 1, 3), dtype=np.uint8)
+    r, g, b = (rgb[..., i].astype(int) for i in range(3))
+    blue = np.zeros(r.shape, bool)
+    green = np.zeros(r.shape, bool)
+    red = np.zeros(r.shape, bool)
+    for tr, tg, tb in BLUE_PEN:
+        blue |= (r < tr) & (g < tg) & (b > tb)
+    for tr, tg, tb in GREEN_PEN:
+        green |= (r < tr) & (g > tg) & (b > tb)
+    for tr, tg, tb in RED_PEN:
+        red |= (r > tr) & (g < tg) & (b < tb)
+    red &= 10 * (b - g) <= RED_INK_HUE * (r - g)
+    black = (rgb.max(-1) <= 90) & (rgb.max(-1).astype(int) - rgb.min(-1) <= 35)
+    assert np.array_equal(pen_ink(rgb), blue | green | red | black)
+
+
+def test_box_means_are_exact_area_weighted_means() -> None:
+    rng = np.random.default_rng(1)
+    raster = rng.random((7, 9))
+    # a raster pixel is 10 level-0 px; footprints 13 px wide at fractional pixel positions
+    tiles = TileBoxes(np.array([0, 4, 17, 55, 80]), np.array([0, 9, 33, 2, 60]), 13.0)
+    got = box_means(raster, 0.1, 0.1, tiles)
+    fine = np.kron(raster, np.ones((10, 10)))  # each level-0 pixel
+    for i, (x, y) in enumerate(zip(tiles.l0_x, tiles.l0_y, strict=True)):
+        part = fine[y : y + 13, x : x + 13]
+        assert got[i] == pytest.approx(part.mean(), rel=1e-5)
+
+
+def test_config_checks_qc_options() -> None:
+    from wsi_loader.config import QC_RULES, IndexConfig
+
+    assert tuple(qc.RULES) == QC_RULES
+    with pytest.raises(ValueError, match="no QC rule 'smudge'"):
+        IndexConfig(qc_thresholds={"smudge": 0.1})
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        IndexConfig(qc_thresholds={"pen": 2.0})
+    with pytest.raises(ValueError, match="need quality control on"):
+        IndexConfig(qc="none", qc_exclude=["pen"])
+
+
+@pytest.mark.testdata
+def test_no_tissue_tile_of_cmu1_is_flagged_blurred(testdata: Path, tmp_path: Path) -> None:
+    index = build_index([testdata / "CMU-1-Small-Region.svs"], tmp_path / "i", mpp=0.5)
+    assert len(index) > 20
+    assert not qc.flags(index.columns, ["blur"])["blur"].any()
+    assert np.nanmin(index.columns["qc_focus"]) > 0.6
+
+
+def test_new_thresholds_without_exclusion_recount_without_reading(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    slide = make_slide(width=3000, height=2000, seed=1)
+    build_index([slide], tmp_path / "i", qc_thresholds={"blur": 0.4})
+    again = build_index([slide], tmp_path / "i", qc_thresholds={"blur": 0.6})
+    assert again.meta["build"] == {"unchanged": 1, "indexed": 0}
+    assert again.summary()["qc"]["thresholds"]["blur"] == 0.6
+    excluding = build_index(
+        [slide], tmp_path / "i", qc_thresholds={"blur": 0.6}, qc_exclude=["pen"]
+    )
+    assert excluding.meta["build"] == {"unchanged": 0, "indexed": 1}  # tiles may go
+
+
+def test_a_malformed_qc_summary_in_slides_json_is_ignored(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    index = build_index([make_slide(width=3000, height=2000, seed=1)], tmp_path / "i")
+    slides_json = index.path / str(index.meta["generation"]) / "slides.json"
+    records = json.loads(slides_json.read_text())
+    records[0]["qc"] = {"excluded": {"pen": "many", "smudge": 3, "blur": 2}}
+    slides_json.write_text(json.dumps(records))
+    summary = SlideIndex.open(index.path).summary()
+    assert summary["slides"][0]["qc"]["excluded"] == {"blur": 2}
+    records[0]["qc"] = 5
+    slides_json.write_text(json.dumps(records))
+    assert SlideIndex.open(index.path).summary()["slides"][0]["qc"]["excluded"] == {}

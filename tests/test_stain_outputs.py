@@ -1,0 +1,194 @@
+"""The stain options of the commands and outputs: stain, export, features, mosaic."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from wsi_loader.cli.main import main
+from wsi_loader.dataset import TileDataset
+from wsi_loader.export import export_index
+from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.index.stain import read_reference
+from wsi_loader.stain import Normalize, resolve_target
+from wsi_loader.view import Mosaic
+
+STAINS = (
+    ((0.5626, 0.7201, 0.4062), (0.2159, 0.8012, 0.5581)),
+    ((0.65, 0.7, 0.29), (0.3, 0.8, 0.45)),
+)
+
+
+@pytest.fixture(scope="module")
+def two_stains(tmp_path_factory: pytest.TempPathFactory) -> SlideIndex:
+    from wsi_loader.synthetic import SlideSpec, write_svs
+
+    folder = tmp_path_factory.mktemp("two")
+    for i, stain in enumerate(STAINS):
+        write_svs(str(folder / f"s{i}.svs"), SlideSpec(2560, 2048, seed=10 + i, stain=stain))
+    (folder / "labels.csv").write_text("slide,label\ns0,lab-a\ns1,lab-b\n")  # image folders
+    labels = str(folder / "labels.csv")
+    return build_index([folder], folder / "idx", tile_size=256, level=0, min_tissue=0.5,
+                       labels=labels)  # fmt: skip
+
+
+def test_stain_command_lists_and_writes_the_reference(
+    two_stains: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["stain", str(two_stains.path)]) == 0
+    listed = capsys.readouterr().out
+    assert listed.count(" H (") == 2
+    out = tmp_path / "ref.json"
+    assert main(["stain", str(two_stains.path), "--reference", "--out", str(out), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    written, median = read_reference(out), resolve_target(two_stains)
+    assert np.allclose(written.matrix(), median.matrix(), atol=1e-5)  # rounded to 6 places
+    assert np.allclose(written.lab_mean, median.lab_mean, atol=1e-3)
+    assert resolve_target(out) == written
+    assert printed["H"] == json.loads(out.read_text())["H"]
+    assert main(["stain", str(two_stains.path), "--json"]) == 0
+    assert [s["stain"] is not None for s in json.loads(capsys.readouterr().out)] == [True, True]
+
+
+def test_export_writes_normalised_tiles_and_records_the_target(
+    two_stains: SlideIndex, tmp_path: Path
+) -> None:
+    target = resolve_target(two_stains.slide_path(1))
+    report = export_index(two_stains, tmp_path / "out", stain=Normalize("macenko", target=target))
+    assert report.tiles == len(two_stains)
+    with (tmp_path / "out" / "manifest.csv").open() as fh:
+        first = next(csv.DictReader(fh))
+    row = int(first["row"])
+    with Image.open(tmp_path / "out" / first["file"]) as png:
+        exported = np.asarray(png)
+    tile = TileDataset(two_stains).reader.read(np.array([row])).pixels.copy()
+    op = Normalize("macenko", target=target).bind(two_stains)
+    op.apply_numpy(tile, two_stains.columns["slide_id"][[row]], [row])
+    # the export's target went through its JSON settings (6 decimals): +-1 grey level
+    assert np.abs(exported.astype(int) - tile[0]).max() <= 1
+    settings = json.loads((tmp_path / "out" / "export.json").read_text())["settings"]
+    assert json.loads(settings["stain"])[0]["target"]["H"] == target.as_json()["H"]
+    plain = export_index(two_stains, tmp_path / "plain")
+    with (tmp_path / "plain" / "manifest.csv").open() as fh:
+        assert next(csv.DictReader(fh))["sha256"] != first["sha256"]
+    assert plain.tiles == report.tiles
+
+
+def test_export_command_options(two_stains: SlideIndex, tmp_path: Path) -> None:
+    ref = tmp_path / "ref.json"
+    assert main(["stain", str(two_stains.path), "--reference", "--out", str(ref)]) == 0
+    out = tmp_path / "out"
+    args = ["export", str(two_stains.path), "--out", str(out), "--stain", "reinhard"]
+    assert main([*args, "--stain-target", str(ref), "--no-progress"]) == 0
+    assert "reinhard" in json.loads((out / "export.json").read_text())["settings"]["stain"]
+    with pytest.raises(SystemExit):
+        main(["export", str(two_stains.path), "--out", str(out), "--stain", "vahadane"])
+    assert main(["export", str(two_stains.path), "--out", str(tmp_path / "x"),
+                 "--stain-target", str(ref)]) == 2  # fmt: skip
+
+
+def test_features_with_stain_differ_and_are_recomputed(
+    two_stains: SlideIndex, tmp_path: Path
+) -> None:
+    pytest.importorskip("h5py")
+    from wsi_loader.features import extract
+
+    out = tmp_path / "features"
+    extract(two_stains, "tests.feature_models:tiny", out, batch_size=16, workers=0)
+    import h5py
+
+    name = Path(two_stains.slides[0].path).stem + ".h5"
+    with h5py.File(out / name) as h5:
+        plain = h5["features"][:]
+    target = resolve_target(two_stains.slide_path(1))
+    report = extract(
+        two_stains, "tests.feature_models:tiny", out, batch_size=16, workers=0,
+        stain=Normalize("macenko", target=target),
+    )  # fmt: skip
+    assert report.written == 2 and report.skipped == 0  # the stain is part of the content
+    with h5py.File(out / name) as h5:
+        normalised = h5["features"][:]
+    assert plain.shape == normalised.shape and not np.allclose(plain, normalised)
+
+
+def test_mosaic_shows_each_tile_before_and_after(two_stains: SlideIndex, tmp_path: Path) -> None:
+    mosaic = Mosaic(two_stains, 3, stain=Normalize("reinhard"))
+    assert len(mosaic.rows) == 6 and list(mosaic.after) == [False, True] * 3
+    assert mosaic.columns % 2 == 0
+    out = tmp_path / "m.png"
+    assert main(["mosaic", str(two_stains.path), "--out", str(out), "--n", "2",
+                 "--stain", "macenko"]) == 0  # fmt: skip
+    with Image.open(out) as image:
+        assert image.size[0] > 0
+
+
+def _manifest_hashes(folder: Path) -> list[str]:
+    with (folder / "manifest.csv").open() as fh:
+        return [row["sha256"] for row in csv.DictReader(fh)]
+
+
+def test_the_config_files_stain_section(
+    two_stains: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref = tmp_path / "ref.json"
+    assert main(["stain", str(two_stains.path), "--reference", "--out", str(ref)]) == 0
+    idx = str(two_stains.path)
+    flags = tmp_path / "flags"
+    assert main(["export", idx, "--out", str(flags), "--stain", "macenko", "--stain-target",
+                 str(ref), "--no-progress"]) == 0  # fmt: skip
+    config = tmp_path / "c.yaml"
+    config.write_text(f"stain:\n  normalize: macenko\n  target: {ref}\n")
+    from_file = tmp_path / "file"
+    assert main(["export", idx, "--out", str(from_file), "--config", str(config),
+                 "--no-progress"]) == 0  # fmt: skip
+    assert _manifest_hashes(from_file) == _manifest_hashes(flags)
+    # the flags override the file's normalize and target
+    config.write_text("stain:\n  normalize: reinhard\n  target: elsewhere.png\n")
+    both = tmp_path / "both"
+    assert main(["export", idx, "--out", str(both), "--config", str(config), "--stain",
+                 "macenko", "--stain-target", str(ref), "--no-progress"]) == 0  # fmt: skip
+    assert _manifest_hashes(both) == _manifest_hashes(flags)
+    # mosaic and features read it too (--config): normalisation, then the augmentations
+    config.write_text(f"stain:\n  normalize: macenko\n  target: {ref}\n  augment:\n"
+                      "  - hed_jitter: {sigma: 0.2, bias: 0.1}\n  seed: 3\n")  # fmt: skip
+    pictures = {}
+    for name, extra in (("flags", ["--stain", "macenko", "--stain-target", str(ref)]),
+                        ("file", ["--config", str(config)])):  # fmt: skip
+        out = tmp_path / f"{name}.png"
+        assert main(["mosaic", idx, "--out", str(out), "--n", "2", *extra]) == 0
+        with Image.open(out) as image:
+            pictures[name] = np.asarray(image).astype(int)
+    assert pictures["flags"].shape == pictures["file"].shape
+    assert np.abs(pictures["flags"] - pictures["file"]).max() > 10  # jittered after
+    # a bad section is refused naming the file and the key
+    config.write_text("stain:\n  normalise: macenko\n")
+    for command in (["mosaic", idx, "--out", str(tmp_path / "m.png")],
+                    ["features", idx, "--model", "tests.feature_models:tiny", "--out",
+                     str(tmp_path / "f")]):  # fmt: skip
+        capsys.readouterr()
+        assert main([*command, "--config", str(config)]) == 2
+        said = capsys.readouterr().err
+        assert "unknown key 'stain.normalise' (did you mean 'normalize'?)" in said
+
+
+def test_stain_from_config_builds_the_transforms_in_order() -> None:
+    from tests.conftest import REPO
+    from wsi_loader.config import load_config
+    from wsi_loader.stain import HEDJitter, StainJitter, stain_from_config
+
+    config = load_config(REPO / "configs" / "stain.yaml").stain
+    steps = stain_from_config(config)
+    assert steps is not None and [type(s) for s in steps] == [Normalize, HEDJitter, StainJitter]
+    normalize, hed, jitter = steps
+    assert isinstance(normalize, Normalize) and normalize.target == "ref.json"
+    assert isinstance(hed, HEDJitter) and (hed.sigma, hed.bias, hed.seed) == (0.03, 0.03, 7)
+    assert isinstance(jitter, StainJitter) and (jitter.sigma, jitter.seed) == (0.05, 8)
+    overridden = stain_from_config(config, "reinhard", "other.json")
+    assert overridden is not None and isinstance(overridden[0], Normalize)
+    assert (overridden[0].method, overridden[0].target) == ("reinhard", "other.json")
+    assert stain_from_config(type(config)()) is None

@@ -1,0 +1,174 @@
+"""`wsi-loader predict`: tile probabilities, QuPath tile objects, heatmaps and slide results
+(or, over a features folder, a MIL model's slide predictions and attention heatmaps)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from wsi_loader.cli.common import (
+    COMMON,
+    READS,
+    TILES,
+    Subparsers,
+    class_names,
+    init_distributed,
+    one_line,
+)
+from wsi_loader.cli.features import unfinished_slides
+from wsi_loader.cli.stain import add_stain_options, stain_option
+from wsi_loader.errors import ConfigError
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="run a trained model over every tile: per-slide CSV/GeoJSON, heatmaps, slide results",
+        parents=[COMMON, READS, TILES],
+        description="Write DIR/model-outputs-csv/<slide>.csv (minx,miny,width,height,"
+        "prob_<class>), DIR/model-outputs-geojson/<slide>.geojson (QuPath tile objects), "
+        "DIR/heatmaps/<slide>.png, DIR/slides.csv, DIR/metrics.json (when slides or tiles have "
+        "labels) and DIR/predict.json. Reruns skip complete slides; under torchrun, ranks split "
+        "the slides. With --mil-model, IDX is a features folder (wsi-loader features) and a MIL "
+        "model runs over each slide's bag.",
+    )
+    p.add_argument("index", metavar="IDX", help="an index, or a features folder (--mil-model)")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument(
+        "--model",
+        metavar="SPEC",
+        help="torchvision:NAME, timm:NAME, package.module:callable, or a TorchScript file "
+        "(model.pt, with model.json or WSInfer's config.json beside it)",
+    )
+    model.add_argument(
+        "--mil-model",
+        metavar="SPEC",
+        help="a bag model (package.module:callable or TorchScript) over FEATURES_DIR: "
+        "features (1, N, D) -> logits, or (logits, attention)",
+    )
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--classes", type=class_names, metavar="A,B,..", help="class names, in order")
+    p.add_argument("--multi-label", action="store_true", help="sigmoid per class, not softmax")
+    p.add_argument("--tta", choices=["none", "flips", "d4"], default="none")
+    p.add_argument("--batch-size", type=int, default=64, metavar="B")
+    p.add_argument("--device", metavar="D", help="cuda, cuda:1, cpu (default: cuda if there)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    p.add_argument("--workers", type=int, metavar="N", help="DataLoader workers")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=0,
+        metavar="S",
+        help="no batch for S seconds (a read that hangs): leave the slides being read for the "
+        "next run and go on (needs workers; 0: wait forever)",
+    )
+    p.add_argument("--heatmap-class", metavar="NAME", help="draw this class only")
+    p.add_argument("--heatmap-size", type=int, default=1024, metavar="PX")
+    p.add_argument("--no-heatmaps", action="store_true")
+    p.add_argument(
+        "--slide-rule",
+        choices=["mean", "max", "topk"],
+        default="mean",
+        help="a slide's score per class: mean, max or top-k mean of its tile probabilities",
+    )
+    p.add_argument("--top-k", type=int, default=10, metavar="K")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.5,
+        help="for the share of tiles at or above it, and multi-label slide calls",
+    )
+    p.add_argument(
+        "--index",
+        dest="mil_index",
+        metavar="IDX",
+        help="with --mil-model: the index the features "
+        "came from (finds the slides for heatmaps and labels; default: the paths in the files)",
+    )
+    p.add_argument("--labels", metavar="CSV", help="with --mil-model: slide labels for metrics")
+    p.add_argument("--no-progress", action="store_true")
+    add_stain_options(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from wsi_loader.slide_metrics import table
+
+    # `--model mymodels:classifier` finds mymodels.py in the current folder, as python -m does
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    init_distributed()
+    common = {
+        "classes": args.classes,
+        "multi_label": args.multi_label,
+        "heatmaps": not args.no_heatmaps,
+        "heatmap_class": args.heatmap_class,
+        "heatmap_size": args.heatmap_size,
+        "slide_rule": args.slide_rule,
+        "top_k": args.top_k,
+        "threshold": args.threshold,
+    }
+    if args.mil_model and args.stain:
+        raise ConfigError(
+            "--stain goes with --model: a MIL model reads features, stain them when you "
+            "extract them (wsi-loader features --stain)",
+            path="command line",
+        )
+    if not args.mil_model and (args.mil_index or args.labels):
+        raise ConfigError(
+            "--index and --labels go with --mil-model (a features folder); an index's labels "
+            "are used by --model as they are",
+            path="command line",
+        )
+    if args.mil_model:
+        from wsi_loader.mil import predict_bags
+
+        report = predict_bags(
+            args.index,
+            args.mil_model,
+            args.out,
+            index=args.mil_index,
+            labels=args.labels,
+            device=args.device,
+            split=args.split,
+            root=args.root,
+            **common,
+        )
+    else:
+        from wsi_loader.inference import predict
+
+        report = predict(
+            args.index,
+            args.model,
+            args.out,
+            tta=args.tta,
+            batch_size=args.batch_size,
+            device=args.device,
+            dtype=args.dtype,
+            workers=args.workers,
+            split=args.split,
+            root=args.root,
+            missing_slides=args.missing_slides,
+            quarantine=args.quarantine,
+            timeout=args.timeout,
+            progress=not args.no_progress,
+            stain=stain_option(args),
+            **common,
+        )
+    print(
+        f"{report.tiles} tiles of {report.written} slides -> {args.out} ({report.skipped} slides "
+        f"already complete, {report.failed} tiles failed: see predict.json); "
+        f"slide results: {Path(args.out) / 'slides.csv'}",
+        file=sys.stderr,
+    )
+    for level in ("slides", "tiles"):
+        if report.metrics and level in report.metrics:
+            print(table(report.metrics[level], f"{level[:-1]} level"), file=sys.stderr)
+    for row in report.slide_results[:20]:
+        label = f" (label {one_line(row['label'])})" if row["label"] else ""
+        print(f"  {one_line(row['name'])}: {one_line(row['predicted'])}{label}", file=sys.stderr)
+    if len(report.slide_results) > 20:
+        print(f"  ... {len(report.slide_results) - 20} more in slides.csv", file=sys.stderr)
+    return unfinished_slides(report)
