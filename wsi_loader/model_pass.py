@@ -378,10 +378,10 @@ class _Run:
             ):
                 output = output_rows(self.forward(image), len(image))
             if self.report.dim is not None and output.shape[1] != self.report.dim:
-                what = f"context tiles of scale {scale}" if scale else "tiles"
+                what = f" (context tiles of scale {scale})" if scale else ""
                 raise BadOutputError(
-                    f"returned {output.shape[1]} values per tile for the {what} of this "
-                    f"batch, {self.report.dim} in the first: the width must not change"
+                    f"returned {output.shape[1]} values per tile in this batch{what}, "
+                    f"{self.report.dim} in the first: the width must not change"
                 )
         except BadOutputError as exc:
             paths = sorted({self.view.slides[int(s)].path for s in batch["slide_id"].tolist()})
