@@ -108,3 +108,23 @@ def test_formats_without_a_place_for_context_refuse_it(index: SlideIndex, tmp_pa
     report = export_index(index, tmp_path / "b", format="imagefolder")
     assert report.tiles == len(index)
     assert not list((tmp_path / "b").rglob("*ctx*"))
+
+
+def test_stain_transforms_apply_to_the_context_tiles(index: SlideIndex, tmp_path: Path) -> None:
+    """The export's stain transforms give each context tile its tile's transform, as the
+    dataset does."""
+    from wsi_loader.stain import HEDJitter
+
+    out = tmp_path / "stained"
+    export_index(
+        index, out, format="webdataset", image_format="png", stain=HEDJitter(0.1, 0.05, seed=4)
+    )
+    ds = TileDataset(index, record_failures=False, stain=HEDJitter(0.1, 0.05, seed=4))
+    plain = TileDataset(index, record_failures=False)
+    for fields in list(samples(out).values())[::9]:
+        row = json.loads(fields["json"])["row"]
+        expected, unstained = ds.read_batch([row]), plain.read_batch([row])
+        for k in range(len(SCALES)):
+            tile = np.asarray(Image.open(io.BytesIO(fields[f"ctx{k + 1}.png"])))
+            assert np.array_equal(tile, expected.context[k][0].numpy())
+            assert not np.array_equal(tile, unstained.context[k][0].numpy())

@@ -307,7 +307,9 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
         if steps is not None:
             read = rows[~done]
             slide_ids = np.asarray(cols["slide_id"][read], dtype=np.int64)
-            steps.bind(index).apply_numpy(result.pixels, slide_ids, read, 0, result.ok)
+            bound = steps.bind(index)
+            for scale in (result.pixels, *result.context):  # context tiles as their tile
+                bound.apply_numpy(scale, slide_ids, read, 0, result.ok)
     encoded = _encode_all(result.pixels, result.ok, unit.options, unit.threads)
     context_encoded = [
         _encode_all(tiles, result.ok, unit.options, unit.threads) for tiles in result.context

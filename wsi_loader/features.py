@@ -121,7 +121,7 @@ def extract(
 
     ``context=[(mpp, size), ...]`` (default: the index's ``index --context``; ``[]`` none)
     also encodes every tile's co-centred context tiles with the same model (resized to its
-    input like the tiles; the stain transforms apply to the tiles only).
+    input like the tiles, and given their tile's stain transforms).
     ``context_features="separate"``: ``features`` holds the tiles' own features as without
     context (what CLAM and TRIDENT read), and ``features_ctx1``, ``features_ctx2``... (N x D
     each) those of each scale; ``"concat"``: ``features`` is ``[tile | ctx1 | ...]``

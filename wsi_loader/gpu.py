@@ -261,9 +261,10 @@ class DeviceLoader:
         if isinstance(batch, TileBatch) and self.device.type == "cpu" and self._np_dtype:
             moved = decode_encoded(batch, self.device, self._unwritable, self._quarantines)
             if self.stain is not None:  # numpy, in place: the batch is this process's now
-                self.stain.apply_numpy(
-                    moved.images.numpy(), moved.slide_id, moved.rows, moved.epoch, moved.ok
-                )
+                for tiles in (moved.images, *(moved.context or ())):  # context as its tile
+                    self.stain.apply_numpy(
+                        tiles.numpy(), moved.slide_id, moved.rows, moved.epoch, moved.ok
+                    )
             out = moved.as_dict()
             out["image"] = self._convert_on_cpu(moved.images)
             if moved.context is not None:  # every scale normalised alike
@@ -278,6 +279,11 @@ class DeviceLoader:
                 moved.images = self.stain.apply_torch(
                     moved.images, batch.slide_id, batch.rows, batch.epoch, moved.ok
                 )
+                if moved.context is not None:  # context tiles as their tile
+                    moved.context = [
+                        self.stain.apply_torch(t, batch.slide_id, batch.rows, batch.epoch, moved.ok)
+                        for t in moved.context
+                    ]
             out = moved.as_dict()
             if moved.context is not None:
                 masks = [moved.context_mask(k) for k in range(len(moved.context))]
@@ -285,14 +291,21 @@ class DeviceLoader:
             out = {k: self._to_device(v) for k, v in batch.items()}
             if self.stain is not None:
                 epoch = int(getattr(getattr(self.loader, "dataset", None), "epoch", 0))
-                nhwc = self.stain.apply_torch(
-                    out["image"].permute(0, 2, 3, 1),
-                    batch["slide_id"],
-                    batch["row"],
-                    epoch,
-                    batch["ok"],
-                )
-                out["image"] = nhwc.permute(0, 3, 1, 2)
+                stain = self.stain
+
+                def stained(nchw: torch.Tensor) -> torch.Tensor:
+                    nhwc = stain.apply_torch(
+                        nchw.permute(0, 2, 3, 1),
+                        batch["slide_id"],
+                        batch["row"],
+                        epoch,
+                        batch["ok"],
+                    )
+                    return nhwc.permute(0, 3, 1, 2)
+
+                out["image"] = stained(out["image"])
+                if out.get("context") is not None:  # context tiles as their tile
+                    out["context"] = [stained(tiles) for tiles in out["context"]]
         out["image"] = self._normalise(out["image"])
         if out.get("context") is not None:  # every scale normalised alike
             out["context"] = [self._normalise(tiles) for tiles in out["context"]]

@@ -217,3 +217,39 @@ def test_cuda_device_loader_normalises_every_scale_like_the_cpu(index: SlideInde
             assert b["context"][k].is_cuda and b["context_mask"][k].is_cuda
             torch.testing.assert_close(a["context"][k], b["context"][k].cpu())
             assert torch.equal(a["context_mask"][k], b["context_mask"][k].cpu())
+
+
+def test_stain_transforms_apply_to_every_scale_with_the_tiles_draw(index: SlideIndex) -> None:
+    """A random stain transform draws once per row and epoch: the context tiles of a row get
+    the transform its tile gets (in the dataset, in DeviceLoader, in ds[row]), so the scales
+    of a row keep one colour."""
+    from wsi_loader.stain import HEDJitter
+
+    rows = [0, 5, len(index) - 1]
+    plain = TileDataset(index, context=SCALES, record_failures=False).read_batch(rows)
+    jitter = HEDJitter(0.1, 0.05, seed=3).bind(index)
+    slide_ids, ok = plain.slide_id.numpy(), plain.ok.numpy()
+
+    def expected(tiles: torch.Tensor) -> torch.Tensor:
+        pixels = tiles.numpy().copy()
+        jitter.apply_numpy(pixels, slide_ids, plain.rows.numpy(), 2, ok)
+        return torch.from_numpy(pixels)
+
+    stained = TileDataset(index, context=SCALES, stain=HEDJitter(0.1, 0.05, seed=3))
+    stained.set_epoch(2)
+    got = stained.read_batch(rows)
+    assert torch.equal(got.images, expected(plain.images))
+    assert got.context is not None and plain.context is not None
+    for k in range(len(SCALES)):
+        assert not torch.equal(got.context[k], plain.context[k])  # the jitter did something
+        assert torch.equal(got.context[k], expected(plain.context[k]))
+    sample = stained[rows[1]]
+    for k in range(len(SCALES)):
+        assert torch.equal(sample["context"][k], got.context[k][1].permute(2, 0, 1))
+    # on the device: DeviceLoader(stain=...) on the batch of an unstained dataset
+    want = [normalised(expected(tiles)) for tiles in plain.context]
+    plain.epoch = 2
+    device = DeviceLoader([plain], "cpu", stain=HEDJitter(0.1, 0.05, seed=3), index=index)
+    on_device = next(iter(device))
+    for k in range(len(SCALES)):
+        torch.testing.assert_close(on_device["context"][k], want[k], atol=1e-5, rtol=1e-5)

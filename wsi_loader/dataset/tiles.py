@@ -324,9 +324,10 @@ class TileDataset(Dataset[Sample]):
 
     def _samples(self, rows: np.ndarray, result: ReadResult) -> list[Sample]:
         cols = self.index.columns
-        if self.stain is not None:
+        if self.stain is not None:  # context tiles as their tile: the same draw per row
             slide_ids = np.asarray(cols["slide_id"][rows], dtype=np.int64)
-            self.stain.apply_numpy(result.pixels, slide_ids, rows, self.epoch, result.ok)
+            for pixels in (result.pixels, *result.context):
+                self.stain.apply_numpy(pixels, slide_ids, rows, self.epoch, result.ok)
         labels = self.tile_labels(rows).tolist()
         coverage = self.index.coverage
         samples = []
@@ -407,6 +408,10 @@ class TileDataset(Dataset[Sample]):
             ok &= ~encoded
         slide_ids = np.asarray(self.index.columns["slide_id"][rows], dtype=np.int64)
         self.stain.apply_numpy(pixels, slide_ids, rows, epoch, ok)
+        # context tiles are decoded here whatever ``decode``; the same transform (the same
+        # random draw per row) as their tile, so that the scales of a row stay alike
+        for tiles in result.context:
+            self.stain.apply_numpy(tiles, slide_ids, rows, epoch, result.ok)
 
     def read_batch(
         self,
