@@ -15,10 +15,12 @@ batch 64, each reading the same rows in the same order:
   ``read_region`` per item at the lower level (448 px of level 1, resized to 224 by PIL) in
   the worker (a ``batch_transform`` with one OpenSlide handle per worker).
 
-in two orders: ``random`` (the default shuffle over every slide: neighbouring rows of a
-batch are far apart, they share no level-0 storage tile) and ``grid`` (rows in grid order, as
-export, features and predict read, or a sampler that keeps locality): neighbouring tiles'
-windows overlap, and their shared storage tiles are decoded once. Four slides (~2,000 tiles
+in three orders: ``random`` (the default shuffle over every slide: neighbouring rows of a
+batch are far apart, they share no level-0 storage tile), ``slide-window`` (the training
+shuffle that keeps locality: `DistributedTileSampler(slide_window=1)`, slides shuffled, then
+tiles shuffled within each slide) and ``grid`` (rows in grid order, as export, features and
+predict read): neighbouring tiles' windows overlap, and their shared storage tiles are
+decoded once. Four slides (~2,000 tiles
 with tissue) so that the passes read more than the caches hold: the level-0 storage tiles
 under the tiles are decoded again and again, while the level-1 ones under the context
 windows (a sixteenth of the slide's pixels: 14 MB per slide decoded at half size, less where
@@ -43,7 +45,7 @@ from common import scratch_folder, synthetic_slide
 from PIL import Image
 
 from wsi_loader.bench import busy_cores
-from wsi_loader.dataset import TileBatch, make_loader
+from wsi_loader.dataset import DistributedTileSampler, TileBatch, TileDataset, make_loader
 from wsi_loader.dataset.reading import TileReader
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.slides import pool as pool_module
@@ -125,6 +127,18 @@ def decodes_per_row(
     return counted[0] / len(rows), counted[1] / len(rows)
 
 
+def slide_window_order(index: SlideIndex, epochs: int) -> list[int]:
+    """Rows as `DistributedTileSampler(slide_window=1)` deals them over ``epochs`` epochs."""
+    sampler = DistributedTileSampler(
+        TileDataset(index, record_failures=False), num_replicas=1, rank=0, slide_window=1
+    )
+    rows: list[int] = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        rows.extend(int(r) for r in sampler)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiles", type=int, default=3000, help="tiles per loader epoch")
@@ -151,6 +165,7 @@ def run(args: argparse.Namespace) -> None:
         "random": np.concatenate(
             [np.random.default_rng(k).permutation(len(index)) for k in range(repeats)]
         )[: args.tiles].tolist(),
+        "slide-window": slide_window_order(index, repeats)[: args.tiles],
         "grid": np.tile(np.arange(len(index)), repeats)[: args.tiles].tolist(),
     }
     if args.busy:
