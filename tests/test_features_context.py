@@ -74,6 +74,9 @@ def test_concatenated_features_and_the_command_line(index: SlideIndex, tmp_path:
         assert json.loads(h5.attrs["context"])["layout"] == "concat"
         assert "features_ctx1" not in h5
     assert features.shape == (len(index), 3 * 16)
+    summary = json.loads((out / "features.json").read_text())
+    assert summary["dim"] == 3 * 16  # the width of `features`, as CLAM's readers see it
+    assert summary["context"]["layout"] == "concat"
     rows = [
         int(np.flatnonzero((index.columns["l0_x"] == x) & (index.columns["l0_y"] == y))[0])
         for x, y in coords.tolist()
