@@ -64,3 +64,21 @@ def test_the_protected_part_is_at_most_half_and_falls_back_to_probation() -> Non
     big = np.zeros((9 * KB,), dtype=np.uint8)
     cache.put(key(200), big)  # larger than the cache: not kept
     assert key(200) not in cache
+
+
+def test_segments_decoded_ahead_stay_until_their_read() -> None:
+    """Decode threads put a batch's segments before its windows read them: those are kept
+    until read, before older segments, whatever was used again meanwhile (the whole-slide
+    scan of test_scan decoded 1.55x its storage tiles when they were evicted first)."""
+    cache = SegmentCache(8 * KB)
+    for i in range(4):  # the protected half full of segments used again, never needed more
+        cache.put(key(i), segment())
+        cache.get(key(i))
+    ahead = [key(100 + i, level=0) for i in range(4)]
+    for k in ahead:
+        cache.put(k, segment(), planned=True)
+    for i in range(4):  # used once each by the reads of the batch meanwhile
+        cache.put(key(200 + i), segment())
+        assert all(k in cache for k in ahead)
+    for k in ahead:
+        assert cache.get(k) is not None  # the read it was decoded for

@@ -167,19 +167,30 @@ class SegmentCache:
     segments used once, which in a plain LRU pushes out the few that are used over and over
     (the coarse-level segments under many tiles' context windows: 224 px at 2.0 um/px of a
     40x slide spans ~19 of its 0.5 um/px tiles). Only `get` is a use; ``key in cache`` only
-    looks. A segment kept by `keep_planned` (decoded ahead by a thread for a window read
-    next) has its first `get` count as the use it was decoded for, not as a reuse.
+    looks. A segment put with ``planned`` (decoded ahead by a thread for a window read next)
+    waits apart until that read, its first `get`, which counts as the use it was decoded for;
+    it is evicted only after every other segment: dropping work done for the next read would
+    decode it again (a whole-slide scan decoded 1.55x its storage tiles that way).
+    Eviction order: probation, protected, then the planned ones, each least recent first.
     """
 
     def __init__(self, max_bytes: int = 32 * 2**20) -> None:
         self.max_bytes = max_bytes
-        self._probation: OrderedDict[SegmentKey, tuple[RGBArray, bool]] = OrderedDict()
+        self._planned: OrderedDict[SegmentKey, RGBArray] = OrderedDict()
+        self._probation: OrderedDict[SegmentKey, RGBArray] = OrderedDict()
         self._protected: OrderedDict[SegmentKey, RGBArray] = OrderedDict()
-        self._probation_bytes = 0
-        self._protected_bytes = 0
+        self._bytes = {"planned": 0, "probation": 0, "protected": 0}
+
+    def _parts(self) -> list[tuple[str, OrderedDict[SegmentKey, RGBArray]]]:
+        """The parts in eviction order."""
+        return [
+            ("probation", self._probation),
+            ("protected", self._protected),
+            ("planned", self._planned),
+        ]
 
     def __contains__(self, key: SegmentKey) -> bool:
-        return key in self._protected or key in self._probation
+        return key in self._protected or key in self._probation or key in self._planned
 
     def get(self, key: SegmentKey) -> RGBArray | None:
         """The segment (a use of it), None when absent."""
@@ -187,23 +198,23 @@ class SegmentCache:
         if pixels is not None:
             self._protected.move_to_end(key)
             return pixels
-        entry = self._probation.get(key)
-        if entry is None:
-            return None
-        pixels, planned = entry
-        if planned:  # the use it was decoded for
-            self._probation[key] = (pixels, False)
-            self._probation.move_to_end(key)
+        pixels = self._planned.pop(key, None)
+        if pixels is not None:  # the use it was decoded for: on probation from now
+            self._bytes["planned"] -= pixels.nbytes
+            self._probation[key] = pixels
+            self._bytes["probation"] += pixels.nbytes
             return pixels
-        del self._probation[key]  # used again: protected
-        self._probation_bytes -= pixels.nbytes
+        pixels = self._probation.pop(key, None)
+        if pixels is None:
+            return None
+        self._bytes["probation"] -= pixels.nbytes  # used again: protected
         self._protected[key] = pixels
-        self._protected_bytes += pixels.nbytes
-        while self._protected_bytes > self.max_bytes // 2:
+        self._bytes["protected"] += pixels.nbytes
+        while self._bytes["protected"] > self.max_bytes // 2:
             old, demoted = self._protected.popitem(last=False)
-            self._protected_bytes -= demoted.nbytes
-            self._probation[old] = (demoted, False)
-            self._probation_bytes += demoted.nbytes
+            self._bytes["protected"] -= demoted.nbytes
+            self._probation[old] = demoted
+            self._bytes["probation"] += demoted.nbytes
         return pixels
 
     def put(self, key: SegmentKey, pixels: RGBArray, planned: bool = False) -> None:
@@ -211,31 +222,26 @@ class SegmentCache:
         if pixels.nbytes > self.max_bytes:
             return
         self.pop(key)
-        self._probation[key] = (pixels, planned)
-        self._probation_bytes += pixels.nbytes
-        while self._probation_bytes + self._protected_bytes > self.max_bytes:
-            if self._probation:
-                _, (evicted, _) = self._probation.popitem(last=False)
-                self._probation_bytes -= evicted.nbytes
-            else:
-                _, evicted = self._protected.popitem(last=False)
-                self._protected_bytes -= evicted.nbytes
+        part = "planned" if planned else "probation"
+        (self._planned if planned else self._probation)[key] = pixels
+        self._bytes[part] += pixels.nbytes
+        while sum(self._bytes.values()) > self.max_bytes:
+            name, segments = next((n, p) for n, p in self._parts() if p)
+            _, evicted = segments.popitem(last=False)
+            self._bytes[name] -= evicted.nbytes
 
     def pop(self, key: SegmentKey) -> RGBArray | None:
-        pixels = self._protected.pop(key, None)
-        if pixels is not None:
-            self._protected_bytes -= pixels.nbytes
-            return pixels
-        entry = self._probation.pop(key, None)
-        if entry is None:
-            return None
-        self._probation_bytes -= entry[0].nbytes
-        return entry[0]
+        for name, segments in self._parts():
+            pixels = segments.pop(key, None)
+            if pixels is not None:
+                self._bytes[name] -= pixels.nbytes
+                return pixels
+        return None
 
     def clear(self) -> None:
-        self._probation.clear()
-        self._protected.clear()
-        self._probation_bytes = self._protected_bytes = 0
+        for name, segments in self._parts():
+            segments.clear()
+            self._bytes[name] = 0
 
 
 def _resolution_mpp(page: tifffile.TiffPage, axis: str = "X") -> float | None:
