@@ -3,6 +3,8 @@ local file, and tiffslide over fsspec (the peer that reads remote slides) at the
 
     .venv/bin/python benchmarks/bench_remote.py [--tiles 2048] [--latencies 0,5,20] [--scratch DIR]
         [--workers 2] [--reader-cpus 0 --bucket-cpus 1]
+    .venv/bin/python benchmarks/bench_remote.py --regimes [--server nginx]   # see regimes()
+    .venv/bin/python benchmarks/bench_remote.py --request-cpu   # see request_cpu()
 
 Set-up, all on 127.0.0.1 (tests/servers.py): one S3 endpoint per latency serving a synthetic
 20k x 15k Aperio slide as ``s3://bench/slide.svs``, answering every request that many ms late
@@ -250,6 +252,11 @@ def main() -> None:
     parser.add_argument("--regime-latency", type=float, default=20)
     parser.add_argument("--keep", action="store_true", help="keep the generated slides")
     parser.add_argument(
+        "--request-cpu",
+        action="store_true",
+        help="CPU of one range request on the read path, without decoding (see request_cpu)",
+    )
+    parser.add_argument(
         "--server",
         choices=("s3", "nginx"),
         default="s3",
@@ -261,6 +268,9 @@ def main() -> None:
     args.bucket_cpus = _cpus(args.bucket_cpus)
     if args.regimes:
         regimes(args)
+        return
+    if args.request_cpu:
+        request_cpu(args)
         return
     latencies = [float(v) for v in args.latencies.split(",")]
 
@@ -384,6 +394,87 @@ def report(best: dict[str, dict[str, float]], latencies: list[float]) -> None:
             f">= 0.8), s3 / tiffslide {ours['tiles_per_s'] / peer['tiles_per_s']:.1f}x "
             "(target at 20 ms >= 5)"
         )
+
+
+# -- what one range request costs the reader ------------------------------------------------------
+def request_child(url: str, count: str, mode: str) -> dict[str, float]:
+    """``count`` random ranges of 15-35 KB, 64 KB apart at least, in batches of 64: "planned",
+    the reader's path (each batch's look-ahead planned two batches ahead through the range
+    store, then every range read), or "libcurl", the same requests straight through
+    `curl_client.Transfers`, a batch at a time. CPU per range after four warm-up batches."""
+    from wsi_loader.slides.range_cache import RangeStore
+    from wsi_loader.slides.storage import RemoteBytes
+
+    store = RangeStore()
+    source = RemoteBytes(url, store)
+    client: Any = source._client  # the libcurl path alone
+    rng = np.random.default_rng(1)
+    n = int(count)
+    offsets = (rng.integers(0, source.size // 65536 - 1, n) * 65536).tolist()
+    sizes = rng.integers(15_000, 35_000, n).tolist()
+    pairs = list(zip(offsets, sizes, strict=True))
+    batches = [pairs[i : i + 64] for i in range(0, n, 64)]
+
+    def run(part: list[list[tuple[int, int]]]) -> None:
+        for i, batch in enumerate(part):
+            if mode == "planned":
+                for ahead in part[i + 1 : i + 3]:
+                    source.prefetch(ahead)
+                for offset, size in batch:
+                    source.read(offset, size)
+            else:
+                futures = [client.submit(url, o, s, source.stat.etag) for o, s in batch]
+                for future in futures:
+                    future.result()
+
+    run(batches[:4])
+    cpu, requests = time.process_time(), store.requests
+    run(batches[4:])
+    ranges = sum(len(b) for b in batches[4:])
+    return {
+        "cpu_us": (time.process_time() - cpu) / ranges * 1e6,
+        "requests_per_range": (store.requests - requests) / ranges if mode == "planned" else 1.0,
+    }
+
+
+def request_cpu(args: argparse.Namespace) -> None:
+    """``--request-cpu``: the CPU one range request costs the reader, decoding left out, against
+    `tests.servers.s3_files` (+``--regime-latency`` ms) on ``--bucket-cpus``, the reader on
+    ``--reader-cpus``; ``--tiles`` ranges of a 2 GB object (a sparse file), best of
+    ``--repeats``. The sparse regime's reader pays this per tile on top of the decode."""
+    scratch = scratch_folder(args.scratch, "wsi-bench-request-")
+    bucket = scratch / "bucket" / "bench"
+    bucket.mkdir(parents=True, exist_ok=True)
+    with open(bucket / "big.bin", "wb") as fh:
+        fh.truncate(2000 * 2**20)
+    best: dict[str, dict[str, float]] = {}
+    with s3_files(scratch / "bucket", args.regime_latency, scratch / "stats.json") as server:
+        if args.bucket_cpus:
+            os.sched_setaffinity(server.proc.pid, args.bucket_cpus)
+        env = {**os.environ, **S3_ENV, "PYTHONPATH": str(REPO), "AWS_ENDPOINT_URL": server.url}
+        code = (
+            "import json, sys; sys.path.insert(0, 'benchmarks'); "
+            "from bench_remote import request_child; "
+            "print(json.dumps(request_child(*sys.argv[1:])))"
+        )
+        for _ in range(args.repeats):
+            for mode in ("planned", "libcurl"):
+                result = subprocess.run(
+                    [sys.executable, "-c", code, "s3://bench/big.bin", str(args.tiles), mode],
+                    env=env, capture_output=True, text=True, cwd=REPO, check=True, timeout=600,
+                    preexec_fn=(lambda: os.sched_setaffinity(0, args.reader_cpus))
+                    if args.reader_cpus else None,
+                )  # fmt: skip
+                out = json.loads(result.stdout.strip().splitlines()[-1])
+                if mode not in best or out["cpu_us"] < best[mode]["cpu_us"]:
+                    best[mode] = out
+    print(f"one range request at +{args.regime_latency:g} ms, {args.tiles} ranges, best of "
+          f"{args.repeats}")  # fmt: skip
+    for mode, out in best.items():
+        print(f"{mode:<8} {out['cpu_us']:6.0f} us CPU per range, "
+              f"{out['requests_per_range']:.2f} requests per range")  # fmt: skip
+    if not args.keep:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # -- dense and sparse regimes on realistic sizes -----------------------------------------------

@@ -9,9 +9,10 @@
    and with the decode on the GPU (``decode="device"``, nvJPEG through torchvision).
    The step is a real torchvision ResNet-50 forward + backward (bf16 autocast, channels_last)
    timed on this device; without torchvision, a fixed 50 ms.
-3. On CUDA with torchvision: feature extraction (`wsi_loader.features.extract`) behind a
-   ResNet-50 in bf16, and the share of the wall time the GPU was busy with the model (CUDA
-   events around each forward); target >= 90%.
+3. On CUDA with torchvision: feature extraction (`wsi_loader.features.extract`) and whole-
+   slide inference (`wsi_loader.predict`, every output written) behind a ResNet-50 in bf16,
+   and the share of the wall time the GPU was busy with the model (CUDA events around each
+   forward); target >= 90%.
 
 Writes ``gpu_check.json`` and ``pytest.log`` under ``--out``. Runs on CPU too (``--device
 cpu``), which is how it is smoke-tested where there is no GPU.
@@ -66,14 +67,19 @@ def resnet50_step_ms(device: str, batch: int, size: int) -> float | None:
     return (time.perf_counter() - start) / repeats * 1000
 
 
-def features_busy_share(index: Any, out: Path, batch: int, workers: int) -> dict[str, Any] | None:
-    """Extract ResNet-50 (random weights: the time does not depend on them) features in bf16
-    and measure the share of wall time the GPU spent in the model's forward passes."""
+def busy_share(
+    index: Any, out: Path, batch: int, workers: int, command: str = "features"
+) -> dict[str, Any] | None:
+    """Run ResNet-50 (random weights: the time does not depend on them) in bf16 over the
+    index, as ``features`` (the pooled features) or ``predict`` (a 2-class head; CSV, GeoJSON,
+    heatmaps and slide results written as the command writes them), and measure the share of
+    wall time the GPU spent in the model's forward passes."""
     try:
         import torchvision
     except ImportError:
         return None
     from wsi_loader.features import encoder_from, extract
+    from wsi_loader.inference import predict
 
     class Timed(torch.nn.Module):
         def __init__(self, inner: torch.nn.Module) -> None:
@@ -90,16 +96,17 @@ def features_busy_share(index: Any, out: Path, batch: int, workers: int) -> dict
             return y
 
     resnet = torchvision.models.resnet50()
-    resnet.fc = torch.nn.Identity()
+    resnet.fc = torch.nn.Identity() if command == "features" else torch.nn.Linear(2048, 2)
     timed = Timed(resnet)
     encoder = encoder_from(
         (timed, {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225), "size": 224})
     )
+    run = extract if command == "features" else predict
     start = time.perf_counter()
-    report = extract(
+    report = run(
         index,
         encoder,
-        out / "features",
+        out / command,
         batch_size=batch,
         workers=workers,
         dtype="bfloat16",
@@ -108,7 +115,7 @@ def features_busy_share(index: Any, out: Path, batch: int, workers: int) -> dict
     torch.cuda.synchronize()
     wall_ms = (time.perf_counter() - start) * 1000
     busy_ms = sum(a.elapsed_time(b) for a, b in timed.events)
-    shutil.rmtree(out / "features")  # only the reports come back
+    shutil.rmtree(out / command)  # only the reports come back
     return {
         "tiles": report.tiles,
         "tiles_per_s": round(report.tiles / wall_ms * 1000, 1),
@@ -171,8 +178,9 @@ def main() -> None:
     report["bench"] = result
     print(format_table(result), flush=True)
     if args.device == "cuda":
-        report["features"] = features_busy_share(index, out, 256, max(args.workers))
-        print(json.dumps(report["features"]), flush=True)
+        for command in ("features", "predict"):
+            report[command] = busy_share(index, out, 256, max(args.workers), command)
+            print(command, json.dumps(report[command]), flush=True)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     for path in scratch.iterdir():  # the slides stay behind: only the reports come back
         path.unlink()

@@ -11,8 +11,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import geojson
 import numpy as np
 import pytest
 import shapely
@@ -22,7 +24,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from tests.conftest import REPO, SlideFactory, corrupt_rows
 from tests.feature_models import Oriented, PoolLinear, classifier
-from tests.test_features import openslide_tile
+from tests.test_features import GOOD_HANGS, openslide_tile
 from wsi_loader.cli import main
 from wsi_loader.errors import ConfigError, ModelOutputError
 from wsi_loader.heatmaps import SlideHeatmap, prediction_heatmap
@@ -84,6 +86,8 @@ def test_geojson_is_valid_and_read_back_by_our_qupath_reader(
         tiles = TilePredictions.read_csv(out / "model-outputs-csv" / f"{stem}.csv")
         path = out / "model-outputs-geojson" / f"{stem}.geojson"
         document = json.loads(path.read_text())
+        checked = geojson.loads(path.read_text())  # python-geojson's validation
+        assert checked.is_valid, checked.errors()
         assert document["type"] == "FeatureCollection"
         assert len(document["features"]) == len(tiles.boxes)
         for feature in document["features"][:20]:  # GeoJSON: closed, valid polygon rings
@@ -194,6 +198,21 @@ def test_metrics_equal_scikit_learn_on_a_constructed_case() -> None:
         low, high = auc["ci95"]
         assert low < auc["auc"] < high and low > 0.5 and high <= 1
         assert auc["bootstrap_rounds"] == 1000
+    # two classes, scores that sum to 1: the same resamples for both, so both classes get the
+    # same AUCs and intervals, and one is never missing where the other is there (with a seed
+    # per class they differed, and on 2 slides one interval was said and the other not)
+    two = rng.integers(0, 2, size=40)
+    p1 = np.clip(two * 0.25 + rng.integers(0, 5, size=40) / 8, 0, 1)  # exact eighths: 1 - p
+    pair = metrics(two, np.stack([1 - p1, p1], axis=1), ("x", "y"), SlideRule())
+    assert pair["roc_auc"]["x"] == pair["roc_auc"]["y"]
+    assert pair["roc_auc"]["x"]["ci95"][0] < pair["roc_auc"]["x"]["auc"]
+    # one of each class: half the resamples hold both, too few of 10 for an interval
+    few = metrics(np.array([0, 1]), np.array([[0.4, 0.6], [0.3, 0.7]]), ("x", "y"), SlideRule(),
+                  rounds=10, seed=3)  # fmt: skip
+    assert few["roc_auc"]["x"] == few["roc_auc"]["y"]
+    assert few["roc_auc"]["y"]["bootstrap_rounds"] == 3  # of 10, with seed 3
+    assert few["roc_auc"]["y"]["ci95"] == [None, None]
+    assert few["roc_auc"]["y"]["why"].startswith("3 of 10 resamples hold both")
     # grouped (tiles of slides): the interval of resampled groups is wider than of items
     groups = np.repeat(np.arange(12), 10)
     grouped = metrics(labels, scores, ("a", "b", "c"), SlideRule(), groups=groups, rounds=200)
@@ -445,3 +464,105 @@ def test_stain_normalisation_changes_the_probabilities_and_is_part_of_the_conten
                  "--out", str(tmp_path / "cli"), "--workers", "0", "--no-progress",
                  "--stain", "reinhard"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
+
+
+def test_the_softmax_is_torchs_softmax() -> None:
+    from wsi_loader.inference import _softmax
+
+    logits = torch.randn(64, 5, generator=torch.Generator().manual_seed(1)) * 30
+    logits[0] = torch.tensor([1e4, -1e4, 0.0, 1e4, 3.0])  # large: shifted by the maximum
+    # within an ulp or two of float32 at 1.0 (exp of another implementation)
+    torch.testing.assert_close(_softmax(logits), F.softmax(logits, 1), rtol=0, atol=2.5e-7)
+
+
+@pytest.mark.timeout(240)
+def test_a_slide_that_hangs_is_left_for_the_next_run_after_timeout(
+    index: SlideIndex,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    hook_workers: Callable[[str], None],
+) -> None:
+    """As for features (the same pass): with ``timeout`` the slide whose read hangs gets no
+    files and is listed as incomplete with the reason, the other slide is written, and the
+    next run does the hung slide only."""
+    from wsi_loader.slides import tiff_backend
+
+    hook_workers(GOOD_HANGS)  # spawned or forkserver workers
+    real = tiff_backend.TiffReader._raw
+
+    def _hangs(self: tiff_backend.TiffReader, level: int, i: int) -> bytes:
+        if self.path.endswith("good.svs"):
+            time.sleep(3600)
+        return real(self, level, i)
+
+    monkeypatch.setattr(tiff_backend.TiffReader, "_raw", _hangs)  # forked workers
+    out = tmp_path / "p"
+    report = predict(index, "tests.feature_models:classifier", out, workers=1, timeout=5)
+    good = next(s.path for s in index.slides if s.path.endswith("good.svs"))
+    assert [entry["slide"] for entry in report.incomplete] == [good]
+    assert "no batch within timeout=5 s while reading it" in report.incomplete[0]["reason"]
+    assert (out / "model-outputs-csv" / "bad.csv").exists()
+    assert not (out / "model-outputs-csv" / "good.csv").exists()
+    summary = json.loads((out / "predict.json").read_text())
+    assert [entry["slide"] for entry in summary["incomplete"]] == [good]
+    with open(out / "slides.csv", newline="") as fh:
+        assert [row["name"] for row in csv.DictReader(fh)] == ["bad"]
+    monkeypatch.undo()  # the share answers again
+    again = predict(index, "tests.feature_models:classifier", out, workers=1, timeout=5)
+    assert (again.written, again.skipped, again.incomplete) == (1, 1, [])
+
+
+@pytest.mark.parametrize("rule", ["max", "topk"])
+def test_multi_label_sigmoids_and_every_class_over_the_threshold(
+    index: SlideIndex, tmp_path: Path, rule: str
+) -> None:
+    out = tmp_path / "p"
+    predict(index, "tests.feature_models:classifier", out, workers=0, multi_label=True,
+            slide_rule=rule, top_k=3, threshold=0.6)  # fmt: skip
+    model = PoolLinear(dim=2)
+    with open(out / "slides.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 2
+    for row in rows:
+        tiles = TilePredictions.read_csv(out / "model-outputs-csv" / f"{row['name']}.csv")
+        slide = next(i for i, s in enumerate(index.slides) if Path(s.path).stem == row["name"])
+        # the tiles' own sigmoids: each class on its own (rows need not sum to 1)
+        for x, y in tiles.boxes[:3, :2].tolist():
+            tile = F.interpolate(
+                openslide_tile(index, row_of(index, slide, x, y)),
+                size=(64, 64),
+                mode="bilinear",
+                antialias=True,
+            )
+            with torch.inference_mode():
+                expected = torch.sigmoid(model.eval()((tile - MEAN) / STD))[0].numpy()
+            np.testing.assert_allclose(
+                tiles.probabilities[row_of_box(tiles, x, y)], expected, atol=1e-5
+            )
+        p = np.sort(tiles.probabilities.astype(np.float64), axis=0)
+        score = p[-1] if rule == "max" else p[-3:].mean(axis=0)
+        chosen = [c for c, s in zip(("normal", "tumour"), score, strict=True) if s >= 0.6]
+        assert row["predicted"] == ";".join(chosen)
+    run = json.loads((out / "predict.json").read_text())
+    assert run["activation"] == "sigmoid" and run["slide_rule"]["rule"] == rule
+    assert "every class whose" in run["slide_rule"]["predicted"]
+
+
+def row_of_box(tiles: TilePredictions, x: int, y: int) -> int:
+    return int(np.flatnonzero((tiles.boxes[:, 0] == x) & (tiles.boxes[:, 1] == y))[0])
+
+
+def test_split_predicts_the_slides_of_that_split_only(archive: Path, tmp_path: Path) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label,split\ngood,normal,test\nbad,tumour,train\n")
+    index = build_index([archive], tmp_path / "idx", tile_size=256, level=0, labels=str(labels))
+    out = tmp_path / "p"
+    code = main(["predict", str(index.path), "--model", "tests.feature_models:classifier",
+                 "--out", str(out), "--split", "test", "--workers", "0",
+                 "--no-progress"])  # fmt: skip
+    assert code == 0
+    assert sorted(p.name for p in (out / "model-outputs-csv").iterdir()) == ["good.csv"]
+    with open(out / "slides.csv", newline="") as fh:
+        assert [(r["name"], r["label"]) for r in csv.DictReader(fh)] == [("good", "normal")]
+    run = json.loads((out / "predict.json").read_text())
+    assert list(run["slides"]) == [str(archive / "good.svs")]

@@ -18,7 +18,7 @@ import io
 import json
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -59,23 +59,30 @@ class TilePredictions:
     boxes: npt.NDArray[np.int64]
     probabilities: npt.NDArray[np.float32]
     classes: tuple[str, ...]
+    _text: list[list[str]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def csv_bytes(self) -> bytes:
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
         writer.writerow([*BOX_COLUMNS, *(PROB_PREFIX + c for c in self.classes)])
-        numbers = self.probabilities.astype(np.float32).astype(str)  # shortest exact float32
-        for box, probs in zip(self.boxes.tolist(), numbers.tolist(), strict=True):
+        for box, probs in zip(self.boxes.tolist(), self._numbers(), strict=True):
             writer.writerow([*box, *probs])
         return text.getvalue().encode("utf-8")
+
+    def _numbers(self) -> list[list[str]]:
+        """The probabilities as float32's shortest exact decimals (the CSV and the GeoJSON
+        write the same text; converted once)."""
+        if self._text is None:
+            self._text = self.probabilities.astype(np.float32).astype(str).tolist()
+        return self._text
 
     def geojson_bytes(self, slide: str) -> bytes:
         """A FeatureCollection of QuPath tile objects (QuPath 0.4+ imports it by drag and
         drop): the tile's box, its probabilities as ``measurements`` and the most probable
         class as ``classification``. Ids are derived from the slide and the box (the same in
         every run)."""
-        numbers = self.probabilities.astype(np.float32).astype(str).tolist()
-        names = [PROB_PREFIX + c for c in self.classes]
+        numbers = self._numbers()
+        names = [json.dumps(PROB_PREFIX + c) for c in self.classes]  # quoted once, not per tile
         top = np.argmax(self.probabilities, axis=1).tolist() if len(self.boxes) else []
         classifications = [
             json.dumps({"name": c, "color": list(_COLOURS[i % len(_COLOURS)])})
@@ -84,9 +91,7 @@ class TilePredictions:
         features = []
         for (x, y, w, h), probs, best in zip(self.boxes.tolist(), numbers, top, strict=True):
             ring = [[x + w, y], [x + w, y + h], [x, y + h], [x, y], [x + w, y]]
-            measurements = ", ".join(
-                f"{json.dumps(n)}: {p}" for n, p in zip(names, probs, strict=True)
-            )
+            measurements = ", ".join(f"{n}: {p}" for n, p in zip(names, probs, strict=True))
             ident = uuid.uuid5(_IDS, f"{slide}\0{x}\0{y}\0{w}\0{h}")
             features.append(
                 f'{{"type": "Feature", "id": "{ident}", "geometry": {{"type": "Polygon", '

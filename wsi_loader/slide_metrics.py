@@ -188,8 +188,15 @@ def _metrics(
             aucs[name] = {"auc": None, "why": "needs items of this class and of others"}
             continue
         point = float(roc_auc_score(truth, scores[:, i]))
-        low, high, used = _bootstrap(truth, scores[:, i], groups, rounds, seed + i)
+        # the same resamples for every class (one seed): a two-class problem's intervals
+        # mirror each other, and a class's interval is not lost where another's is kept
+        low, high, used = _bootstrap(truth, scores[:, i], groups, rounds, seed)
         aucs[name] = {"auc": point, "ci95": [low, high], "bootstrap_rounds": used}
+        if low is None:
+            aucs[name]["why"] = (
+                f"{used} of {rounds} resamples hold both this class and others: too few "
+                "for an interval"
+            )
     result["roc_auc"] = aucs
     if rule.multi_label:
         decided = scores >= rule.threshold
@@ -264,7 +271,7 @@ def table(result: dict[str, Any], title: str) -> str:
             lines.append(f"  ROC AUC {name}: - ({auc['why']})")
         else:
             low, high = auc["ci95"]
-            interval = f"[{low:.3f}, {high:.3f}]" if low is not None else "[-]"
+            interval = f"[{low:.3f}, {high:.3f}]" if low is not None else f"[-: {auc['why']}]"
             lines.append(f"  ROC AUC {name}: {auc['auc']:.3f} {interval}")
     if "accuracy" in result:
         lines.append(

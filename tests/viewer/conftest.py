@@ -134,3 +134,34 @@ def request(
         return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, body)
     finally:
         connection.close()
+
+
+@dataclasses.dataclass
+class Predicted:
+    """Two slides named ``case.svs`` in different folders, an overlapping grid (256 px tiles
+    every 128 px), and the folder ``wsi-loader predict`` wrote for them."""
+
+    index: SlideIndex
+    out: Path
+    stride: int = 128
+    tile: int = 256
+
+
+@pytest.fixture(scope="package")
+def predicted(make_slide: SlideFactory, tmp_path_factory: pytest.TempPathFactory) -> Predicted:
+    from wsi_loader.cli import main
+
+    root = tmp_path_factory.mktemp("predicted")
+    for folder, size, seed in (("a", (3072, 2048), 41), ("b", (2048, 3072), 42)):
+        (root / folder).mkdir()
+        shutil.copy(
+            make_slide(width=size[0], height=size[1], seed=seed), root / folder / "case.svs"
+        )
+    index = build_index(
+        [root / "a", root / "b"], root / "idx", tile_size=256, stride=128, level=0, min_tissue=0.1
+    )
+    code = main(["predict", str(index.path), "--model", "tests.feature_models:classifier",
+                 "--out", str(root / "out"), "--workers", "0", "--heatmap-size", "256",
+                 "--no-progress"])  # fmt: skip
+    assert code == 0
+    return Predicted(index, root / "out")

@@ -22,8 +22,9 @@ import pytest
 from PIL import Image
 
 from tests.conftest import SlideFactory
-from tests.viewer.conftest import Archive
+from tests.viewer.conftest import Archive, Predicted
 from wsi_loader.index import build_index, qc
+from wsi_loader.predictions import TilePredictions
 from wsi_loader.synthetic import SlideSpec, with_qc_artefacts
 from wsi_loader.view import QC_CLEAN, QC_COLOURS
 from wsi_loader.viewer import ViewerServer
@@ -379,6 +380,104 @@ def test_a_real_scans_rgb_tiles_pass_through_to_the_browser(
             assert opened.errors == []
         finally:
             opened.close()
+
+
+def test_predict_output_class_chooser_opacity_and_a_clicked_tiles_probabilities(
+    browser: Any, predicted: Predicted
+) -> None:
+    """Over what ``wsi-loader predict`` wrote: the chooser lists the run's classes, the chosen
+    class's heatmap is drawn over its cells at the chosen opacity, and a click shows the
+    probabilities of the clicked tile's row of the slide's own CSV (``case-s1.csv``: a second
+    slide named ``case``)."""
+    table = TilePredictions.read_csv(predicted.out / "model-outputs-csv" / "case-s1.csv")
+    with ViewerServer(predicted.index, predictions=predicted.out) as viewer:
+        opened = Page(browser, viewer.slide_url(1))
+        try:
+            opened.settled()
+            chooser = opened.page.locator("#prediction-class option")
+            assert chooser.all_inner_texts() == ["normal", "tumour"]
+            opened.overlays(grid=False, failures=False, annotations=False, predictions=False)
+            base = opened.viewer_pixels()
+            picture, bounds = request_png(viewer.port, "/api/slides/1/predictions/1.png")
+            opened.page.locator("#prediction-class").select_option("1")
+            opened.page.locator("#prediction-opacity").fill("60")
+            opened.overlays(predictions=True)
+            opened.wait("() => window.wsiViewer.state.heatmapKey === '1/1'")
+            opened.evaluate("() => window.wsiViewer.draw()")
+            at_60 = opened.viewer_pixels()
+            opened.page.locator("#prediction-opacity").fill("100")
+            opened.evaluate("() => window.wsiViewer.draw()")
+            at_100 = opened.viewer_pixels()
+            normal, _ = request_png(viewer.port, "/api/slides/1/predictions/0.png")
+            opened.page.locator("#prediction-class").select_option("0")
+            opened.wait("() => window.wsiViewer.state.heatmapKey === '1/0'")
+            opened.evaluate("() => window.wsiViewer.draw()")
+            at_100_normal = opened.viewer_pixels()
+            # cell centres inside the map (the drawing is smoothed between cells; at a
+            # cell's centre it is the cell's colour)
+            rows, cols = picture.shape[:2]
+            cells = [(r, c) for r in range(1, rows - 1) for c in range(1, cols - 1)
+                     if (picture[r - 1 : r + 2, c - 1 : c + 2, 3] == 255).all()]  # fmt: skip
+            points = [
+                (bounds[0] + (c + 0.5) * bounds[2] / cols, bounds[1] + (r + 0.5) * bounds[3] / rows)
+                for r, c in cells
+            ]
+            screen = opened.evaluate(
+                """(points) => points.map(([x, y]) => {
+                    const p = window.wsiViewer.viewer.viewport.imageToViewerElementCoordinates(
+                        new OpenSeadragon.Point(x, y));
+                    return [Math.round(p.x), Math.round(p.y)];
+                })""",
+                points,
+            )
+            height, width = base.shape[:2]
+            checked = 0
+            for (r, c), (sx, sy) in zip(cells, screen, strict=True):
+                if not (0 <= sy < height and 0 <= sx < width - 260):  # not under the navigator
+                    continue
+                heat = picture[r, c, :3].astype(np.int16)
+                assert np.abs(at_100[sy, sx] - heat).max() <= 3, (r, c)
+                other = normal[r, c, :3].astype(np.int16)
+                assert np.abs(at_100_normal[sy, sx] - other).max() <= 3, (r, c)
+                blended = base[sy, sx] * 0.4 + heat * 0.6
+                assert np.abs(at_60[sy, sx] - blended).max() <= 4, (r, c)
+                checked += 1
+            assert checked >= 20
+            # a click off the tile's centre: the tile the grid picks, and its own probabilities
+            x, y = (int(v) for v in table.boxes[len(table.boxes) // 2, :2])
+            sx, sy = opened.evaluate(
+                """([x, y]) => {
+                    const p = window.wsiViewer.viewer.viewport.imageToViewerElementCoordinates(
+                        new OpenSeadragon.Point(x, y));
+                    return [p.x, p.y];
+                }""",
+                [x + 100, y + 90],
+            )
+            box = opened.page.locator("#viewer").bounding_box()
+            opened.page.mouse.click(box["x"] + sx, box["y"] + sy)
+            opened.wait("() => !document.getElementById('details').hidden")
+            shown = dict(
+                line.split("\t", 1)
+                for line in opened.page.locator("#details-table").inner_text().splitlines()
+            )
+            tx, ty = (int(v) for v in shown["level-0 x, y"].split(", "))
+            hit = np.flatnonzero((table.boxes[:, 0] == tx) & (table.boxes[:, 1] == ty))[0]
+            for k, name in enumerate(table.classes):
+                expected = round(float(table.probabilities[hit, k]), 4)
+                assert float(shown[f"P({name})"]) == expected
+            assert opened.errors == []
+        finally:
+            opened.close()
+
+
+def request_png(port: int, path: str) -> tuple[np.ndarray, list[float]]:
+    """A heatmap of the viewer's API: its RGBA pixels and the level-0 rectangle they cover."""
+    from tests.viewer.conftest import request
+
+    reply = request(port, path)
+    assert reply.status == 200
+    picture = np.asarray(Image.open(io.BytesIO(reply.body)).convert("RGBA"))
+    return picture, [float(v) for v in reply.headers["x-bounds"].split(",")]
 
 
 def test_the_qc_mode_colours_each_tile_by_the_rule_that_flags_it(

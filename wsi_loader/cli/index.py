@@ -40,7 +40,20 @@ def register(sub: Subparsers) -> None:
     res = p.add_mutually_exclusive_group()
     res.add_argument("--mpp", type=float, metavar="UM_PER_PX", help="target resolution")
     res.add_argument("--level", type=int, metavar="N", help="read this level (no MPP needed)")
+    res.add_argument(
+        "--mag",
+        type=float,
+        metavar="X",
+        help="target magnification (20 = 20x): the slide's objective power / X is the "
+        "downsample; slides stating none use mpp = 10 / X",
+    )
     p.add_argument("--mpp-tolerance", type=float, metavar="F", help="accepted relative MPP error")
+    p.add_argument(
+        "--context",
+        metavar="MPP:SIZE[,MPP:SIZE]",
+        help="co-centred context tiles that datasets of this index read by default beside each "
+        "tile (e.g. 2.0:224); slides that cannot serve them fail",
+    )
     p.add_argument("--min-tissue", type=float, metavar="F", help="minimum tissue fraction 0..1")
     p.add_argument("--stride", type=int, metavar="PX", help="grid step in output pixels")
     p.add_argument("--labels", metavar="CSV", help="labels CSV joined by path or slide name")
@@ -233,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
             "tile_size",
             "mpp",
             "level",
+            "mag",
+            "context",
             "mpp_tolerance",
             "min_tissue",
             "stride",

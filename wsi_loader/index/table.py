@@ -108,6 +108,8 @@ class SlideRecord:
     read_size: int | None = None  # window edge read, in read-level pixels
     stride: int | None = None  # grid step in read-level pixels
     tile_mpp: float | None = None  # the resolution tiles are delivered at
+    tile_mag: float | None = None  # their magnification (objective power / downsample, or 10/mpp)
+    mag_source: str | None = None  # how tile_mag was found: "objective-power" or "mpp"
     aligned: bool | None = None  # grid starts on storage-tile corners
     mask_level: int | None = None  # the level the tissue mask was computed on
     tiles: int = 0
@@ -581,6 +583,9 @@ class SlideIndex:
                     "mpp": s.mpp,
                     "mpp_source": s.mpp_source,
                     "tile_mpp": s.tile_mpp,
+                    "objective_power": s.objective_power,
+                    "tile_mag": s.tile_mag,
+                    "mag_source": s.mag_source,
                     "read_level": s.read_level,
                     "read_size": s.read_size,
                     "label": s.label,

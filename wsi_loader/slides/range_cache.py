@@ -49,14 +49,19 @@ class Source(Protocol):
 
 
 class _Block:
-    __slots__ = ("future", "offset", "size")
+    """A fetched or in-flight range. Once read it keeps its bytes and drops its future (a
+    future is a handful of objects that the garbage collector would walk for as long as the
+    block is kept: thousands of blocks within the default budget)."""
+
+    __slots__ = ("data", "end", "future", "offset", "size")
 
     def __init__(self, offset: int, size: int, future: concurrent.futures.Future[bytes]) -> None:
-        self.offset, self.size, self.future = offset, size, future
+        self.offset, self.size, self.end = offset, size, offset + size
+        self.future: concurrent.futures.Future[bytes] | None = future
+        self.data: bytes | None = None
 
-    @property
-    def end(self) -> int:
-        return self.offset + self.size
+    def landed(self) -> bool:
+        return self.data is not None or (self.future is not None and self.future.done())
 
 
 class RangeStore:
@@ -74,6 +79,7 @@ class RangeStore:
         self._lock = threading.Lock()
         self._blocks: OrderedDict[tuple[Key, int], _Block] = OrderedDict()  # LRU order
         self._starts: dict[Key, list[int]] = {}  # sorted block offsets per object
+        self._longest: dict[Key, int] = {}  # the largest block ever held of each object
         self._bytes = 0
         # counters, for benchmarks and `wsi-loader bench`
         self.requests = 0  # range requests made (not counting hedges)
@@ -101,10 +107,16 @@ class RangeStore:
         if not starts:
             return None
         end = offset + size
+        reach = end - self._longest[key]  # blocks that start before this end before ``end``
+        blocks = self._blocks
         at = bisect.bisect_right(starts, offset)
-        for start in reversed(starts[max(0, at - 8) : at]):  # blocks rarely overlap much
-            block = self._blocks.get((key, start))
-            if block is not None and block.end >= end:
+        while at > 0:
+            at -= 1
+            start = starts[at]
+            if start < reach:
+                return None
+            block = blocks[(key, start)]
+            if block.end >= end:
                 return block
         return None
 
@@ -124,9 +136,9 @@ class RangeStore:
             if not todo:
                 return
             largest = min(MAX_REQUEST, max(self.max_bytes // 4, 1))  # a few fit the budget
-            for (offset, size), _ in coalesce_groups(todo, source.model.merge_gap(), largest):
-                if self._holding(key, offset, size) is not None:
-                    continue
+            for (offset, size), members in coalesce_groups(todo, source.model.merge_gap(), largest):
+                if len(members) > 1 and self._holding(key, offset, size) is not None:
+                    continue  # (a single range was looked up above)
                 if not self._make_room(size):
                     log.debug("range budget of %d bytes is spent", self.max_bytes)
                     break
@@ -140,6 +152,7 @@ class RangeStore:
             self._bytes -= old.size
         else:
             bisect.insort(self._starts.setdefault(key, []), block.offset)
+        self._longest[key] = max(self._longest.get(key, 0), block.size)
         self._blocks[(key, block.offset)] = block
         self._bytes += block.size
 
@@ -153,7 +166,7 @@ class RangeStore:
         for place, block in self._blocks.items():  # least recently used first
             if needed <= 0:
                 break
-            if block.future.done():  # one in flight: somebody waits for it
+            if block.landed():  # one in flight: somebody waits for it
                 dropped.append((place, block.size))
                 needed -= block.size
         for (key, offset), size_of in dropped:
@@ -169,7 +182,7 @@ class RangeStore:
         starts = self._starts[key]
         del starts[bisect.bisect_left(starts, offset)]
         if not starts:
-            del self._starts[key]
+            del self._starts[key], self._longest[key]
 
     def take(self, key: Key, offset: int, size: int) -> bytes | None:
         """The bytes of a range from a block that holds it (waiting for one in flight); None
@@ -180,20 +193,26 @@ class RangeStore:
             if block is None:
                 return None
             self._blocks.move_to_end((key, block.offset))
-            ready = block.future.done()
-        try:
-            data = block.future.result()
-        except Exception as exc:  # fetched again (with retries) by the caller
-            log.debug("prefetch of %s failed: %s", key[0], exc)
-            with self._lock:
-                if self._blocks.get((key, block.offset)) is block:
-                    self._remove(key, block.offset)
-            return None
+            data, future = block.data, block.future
+            ready = data is not None or (future is not None and future.done())
+        if data is None:
+            assert future is not None
+            try:
+                data = future.result()
+            except Exception as exc:  # fetched again (with retries) by the caller
+                log.debug("prefetch of %s failed: %s", key[0], exc)
+                with self._lock:
+                    if self._blocks.get((key, block.offset)) is block:
+                        self._remove(key, block.offset)
+                return None
         start = offset - block.offset
         with self._lock:
+            block.data, block.future = data, None
             self.reads += 1
             self.hits += ready
             self.bytes_read += size
+        if start == 0 and size == len(data):
+            return data  # the whole block: no copy
         return data[start : start + size]
 
     def forget(self, url: str) -> None:
@@ -201,7 +220,7 @@ class RangeStore:
         self._check_process()
         with self._lock:
             for key, offset in list(self._blocks):
-                if key[0] == url and self._blocks[(key, offset)].future.done():
+                if key[0] == url and self._blocks[(key, offset)].landed():
                     self._remove(key, offset)
 
     @property

@@ -73,17 +73,25 @@ class _CurlStore:
         self.endpoint = endpoint
         self.transfers = transfers
         self.model = CostModel()
+        self._urls: dict[str, tuple[str, str, str]] = {}  # slide URL -> (URL, host, path)
 
     def _request(self, method: str, url: str, **options: Any) -> Request:
-        key = object_key(url)
-        return Request(
-            method,
-            self.endpoint.object_url(key),
-            headers=self.endpoint.headers() + options.pop("headers", []),
-            sigv4=self.endpoint.sigv4,
-            credentials=self.endpoint.credentials,
-            **options,
-        )
+        """A request for the object of ``url``, signed when the store wants it."""
+        target, headers = self._target(method, url)
+        return Request(method, target, headers=headers + options.pop("headers", []), **options)
+
+    def _target(self, method: str, url: str) -> tuple[str, list[str]]:
+        """The URL to ask for the object of ``url``, and the headers that sign the request."""
+        found = self._urls.get(url)
+        if found is None:
+            if len(self._urls) >= 4096:  # an archive of many slides: keep it small
+                self._urls.clear()
+            target = self.endpoint.object_url(object_key(url))
+            parts = urlsplit(target)
+            found = self._urls[url] = (target, parts.netloc, parts.path)
+        target, host, path = found
+        signer = self.endpoint.signer
+        return target, [] if signer is None else signer.headers(method, host, path)
 
     def head(self, url: str) -> RemoteStat:
         answer = self.transfers.request(self._request("HEAD", url, deadline=60.0))
@@ -121,33 +129,29 @@ class _CurlStore:
         self, url: str, offset: int, size: int, etag: str | None
     ) -> concurrent.futures.Future[bytes]:
         """One range request (no retries: the caller's), hedged and bounded by the model."""
-        request = self._request(
-            "GET",
-            url,
-            headers=[f"If-Match: {etag}"] if etag else [],
-            byte_range=(offset, size),
-            hedge_after=self.model.hedge_after(size),
-            deadline=self.model.deadline(size),
-        )
+        model = self.model
+        hedge_after = model.hedge_after(size)
         started = time.monotonic()
-        out: concurrent.futures.Future[bytes] = self.transfers.pending()
-        answer = self.transfers.submit(request)
 
-        def done(future: concurrent.futures.Future[Answer]) -> None:
-            try:
-                data = self._range_body(future.result(), offset, size)
-            except BaseException as exc:  # handed to whoever waits
-                out.set_exception(exc)
-                return
-            if len(future.result().body) == size and not request_hedged(future):
-                self.model.observe(size, time.monotonic() - started)
-            out.set_result(data)
+        def finish(answer: Answer) -> bytes:  # in the thread that drives the transfers
+            data = self._range_body(answer, offset, size)
+            taken = time.monotonic() - started
+            if len(answer.body) == size and taken <= hedge_after:  # whole, and not hedged
+                model.observe(size, taken)
+            return data
 
-        def request_hedged(_: concurrent.futures.Future[Answer]) -> bool:
-            return time.monotonic() - started > (request.hedge_after or float("inf"))
-
-        answer.add_done_callback(done)
-        return out
+        target, headers = self._target("GET", url)
+        request = Request(
+            "GET",
+            target,
+            headers=[*headers, f"If-Match: {etag}"] if etag else headers,
+            byte_range=(offset, size),
+            hedge_after=hedge_after,
+            deadline=model.deadline(size),
+            finish=finish,
+        )
+        future: concurrent.futures.Future[bytes] = self.transfers.submit(request)
+        return future
 
     @staticmethod
     def _range_body(answer: Answer, offset: int, size: int) -> bytes:

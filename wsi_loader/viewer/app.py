@@ -176,7 +176,8 @@ class Viewer:
         if self.predictions is None:
             return None, None
         try:
-            return self.predictions.table(self.index.slide_path(slide_id), slide_id), None
+            # by the path as stored, as predict.json names the slides
+            return self.predictions.table(self.index.slides[slide_id].path, slide_id), None
         except (InputError, OSError) as exc:
             return None, str(exc)
 
@@ -374,16 +375,21 @@ def create_app(
         if sid is None or k is None:
             return _not_found()
 
-        def draw() -> tuple[bytes, tuple[float, ...]] | None:
+        def draw() -> tuple[bytes, tuple[float, ...]] | str | None:
             table, _ = viewer.prediction_table(sid)
             if table is None or not k < len(table.classes):
                 return None
-            picture, bounds = table.heatmap(k)
+            try:
+                picture, bounds = table.heatmap(k)
+            except InputError as exc:
+                return str(exc)
             return encode_png(picture), bounds
 
         made = await viewer.run(draw)
         if made is None:
             return _not_found("no such prediction class")
+        if isinstance(made, str):
+            return PlainTextResponse(made, 409)
         body, bounds = made
         return Response(
             body,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 import stat
@@ -27,9 +28,13 @@ from wsi_loader.index.inputs import slide_name
 from wsi_loader.naming import safe_component
 
 CSV_FOLDER = "model-outputs-csv"
+RUN_FILE = "predict.json"
 BOX_COLUMNS = ("minx", "miny", "width", "height")
 PROB_PREFIX = "prob_"
 MAX_FILE_BYTES = 512 * 2**20  # a table bigger than this is not a tile table
+MAX_RUN_BYTES = 64 * 2**20  # predict.json: a few hundred bytes a slide
+MAX_SPAN = 16  # lattice cells a box may cover along an edge (stride >= tile / 16)
+MAX_CELLS = 64 * 2**20  # heatmap pixels (level-0 area / stride^2)
 # viridis at 0, 0.25, 0.5, 0.75, 1 (as the static overviews colour tissue)
 RAMP = np.array(
     [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)], dtype=np.float32
@@ -46,31 +51,57 @@ class PredictionTable:
     probs: npt.NDArray[np.float32]  # (n, classes)
 
     def heatmap(self, class_index: int) -> tuple[npt.NDArray[np.uint8], tuple[float, ...]]:
-        """An RGBA picture with one pixel per box of the lattice the boxes lie on, coloured by
-        the probability of class ``class_index`` (transparent where no box is), and the
-        level-0 rectangle it covers (x, y, width, height)."""
+        """An RGBA picture with one pixel per cell of the lattice the box corners lie on,
+        coloured by the mean probability of class ``class_index`` over the boxes covering the
+        cell (an overlapping grid, stride below the tile size, gives a smooth map, as
+        ``predict``'s heatmaps), transparent where no box is; and the level-0 rectangle it
+        covers (x, y, width, height)."""
         x, y = self.boxes[:, 0], self.boxes[:, 1]
         step_x = _step(x, float(np.median(self.boxes[:, 2])))
         step_y = _step(y, float(np.median(self.boxes[:, 3])))
         col = np.rint((x - x.min()) / step_x).astype(np.int64)
         row = np.rint((y - y.min()) / step_y).astype(np.int64)
-        width, height = int(col.max()) + 1, int(row.max()) + 1
+        # cells a box covers: its edge in steps (1 on a grid without overlap), bounded so a
+        # box far larger than the lattice step cannot make the picture huge
+        span_x = np.clip(np.rint(self.boxes[:, 2] / step_x), 1, MAX_SPAN).astype(np.int64)
+        span_y = np.clip(np.rint(self.boxes[:, 3] / step_y), 1, MAX_SPAN).astype(np.int64)
+        width, height = int((col + span_x).max()), int((row + span_y).max())
+        if width * height > MAX_CELLS:
+            raise InputError(
+                f"boxes spread over {width} x {height} lattice cells: not a tile grid",
+                path=self.path,
+            )
+        total = np.zeros((height, width), dtype=np.float64)
+        count = np.zeros((height, width), dtype=np.int64)
+        values = np.nan_to_num(self.probs[:, class_index].astype(np.float64), nan=0.0)
+        for dy in range(int(span_y.max())):
+            for dx in range(int(span_x.max())):
+                use = (dy < span_y) & (dx < span_x)
+                np.add.at(total, (row[use] + dy, col[use] + dx), values[use])
+                np.add.at(count, (row[use] + dy, col[use] + dx), 1)
+        covered = count > 0
         picture = np.zeros((height, width, 4), dtype=np.uint8)
-        picture[row, col, :3] = ramp_colours(self.probs[:, class_index])
-        picture[row, col, 3] = 255
+        mean = (total[covered] / count[covered]).astype(np.float32)
+        picture[covered, :3] = ramp_colours(mean)
+        picture[covered, 3] = 255
         return picture, (float(x.min()), float(y.min()), width * step_x, height * step_y)
 
     def at(self, l0_x: float, l0_y: float) -> dict[str, float] | None:
-        """The probabilities of the box under a level-0 point (None when none is)."""
+        """The probabilities of the box under a level-0 point: of those that contain it (boxes
+        overlap on grids with a stride below the tile size), the one whose centre is nearest,
+        the rule the viewer's grid picks the clicked tile by; None when no box does."""
         b = self.boxes
         inside = (b[:, 0] <= l0_x) & (l0_x < b[:, 0] + b[:, 2])
         inside &= (b[:, 1] <= l0_y) & (l0_y < b[:, 1] + b[:, 3])
         hits = np.flatnonzero(inside)
         if not len(hits):
             return None
+        centre_x = b[hits, 0] + b[hits, 2] / 2
+        centre_y = b[hits, 1] + b[hits, 3] / 2
+        nearest = hits[int(np.argmin((centre_x - l0_x) ** 2 + (centre_y - l0_y) ** 2))]
         return {
             name: round(float(p), 4)
-            for name, p in zip(self.classes, self.probs[hits[0]], strict=True)
+            for name, p in zip(self.classes, self.probs[nearest], strict=True)
         }
 
 
@@ -157,13 +188,18 @@ class Predictions:
             for entry in entries:
                 if entry.name.endswith(".csv") and entry.is_file(follow_symlinks=False):
                     self.files[entry.name[: -len(".csv")]] = entry.path
+        self.names = _names_by_path(self.folder / RUN_FILE)
         self.keep = keep
         self._tables: dict[str, PredictionTable | InputError] = {}
         self._lock = threading.Lock()
 
     def file_for(self, slide_path: str, slide_id: int) -> str | None:
-        """The listed file of a slide: by its name, its file-safe name, or either with the
-        slide id appended (two slides of one name)."""
+        """The listed file of a slide (``slide_path`` as the index stores it): the name
+        ``predict.json`` gives the slide (two slides of one name in different folders are
+        ``case`` and ``case-s<id>``); without one (WSInfer's folders), by the slide's name,
+        its file-safe name, or either with the slide id appended."""
+        if slide_path in self.names:
+            return self.files.get(self.names[slide_path])
         name = slide_name(slide_path)
         for stem in (name, safe_component(name, 200), f"{name}-s{slide_id}"):
             if stem in self.files:
@@ -190,3 +226,33 @@ class Predictions:
         if isinstance(found, InputError):
             raise found
         return found
+
+
+def _names_by_path(path: Path) -> dict[str, str]:
+    """``predict.json``'s file stem of each slide path (``slides``: path -> {"name": stem});
+    empty when there is no such file. A file that is there but not such a record is said
+    (`InputError`): guessing by name could show one slide's predictions on another."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", path=str(path)) from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RUN_BYTES:
+            raise InputError("not a regular file of a predict run", path=str(path))
+        raw = fh.read()
+    try:
+        slides = json.loads(raw.decode("utf-8")).get("slides", {})
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        raise InputError("not the JSON object predict writes", path=str(path)) from None
+    if not isinstance(slides, dict):
+        raise InputError("'slides' is not an object of slide paths", path=str(path))
+    names = {}
+    for slide, entry in slides.items():
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str):
+            raise InputError(f"slide {slide!r} has no file name", path=str(path))
+        names[slide] = name
+    return names

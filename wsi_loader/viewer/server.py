@@ -125,10 +125,10 @@ def serve(
     missing = frontend_missing()
     if missing is not None:
         log.warning("%s; tiles and data are served, the page is not", missing)
-    sock = bind(host, port)
     app = create_app(
         index, options=tiles, predictions=predictions, token=token, loopback_only=is_loopback(host)
     )
+    sock = bind(host, port)
     server = uvicorn.Server(_config(app, "warning"))
     url = url_of(host, sock.getsockname()[1], token)
     ready = threading.Thread(target=_announce, args=(server, url, on_ready, open_browser))
@@ -171,8 +171,7 @@ class ViewerServer:
         self.index = _index(index)
         self.token = check_token(host, token)
         self.host = host
-        self._socket = bind(host, port)
-        self.port: int = self._socket.getsockname()[1]
+        # the app first: a predictions folder it refuses leaves no socket open
         self.app = create_app(
             self.index,
             options=tiles,
@@ -180,6 +179,8 @@ class ViewerServer:
             token=self.token,
             loopback_only=is_loopback(host),
         )
+        self._socket = bind(host, port)
+        self.port: int = self._socket.getsockname()[1]
         self._server = uvicorn.Server(_config(self.app, "error"))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True

@@ -497,7 +497,7 @@
     if (state.heatmapKey === key) { paintGrid(); return; }
     const url = api(`api/slides/${s.id}/predictions/${k}.png`);
     const response = await fetch(url);
-    if (!response.ok) return;
+    if (!response.ok) { setBanner([`Predictions: ${await response.text()}`]); return; }
     const bounds = response.headers.get("X-Bounds").split(",").map(Number);
     const blob = await response.blob();
     const image = await loadImage(URL.createObjectURL(blob));
