@@ -253,7 +253,7 @@ def test_python_none_in_yaml_is_refused_with_the_yaml_spelling(
         (
             "index:\n  mpp: 0.5\n  level: 1\n",
             "index",
-            "'index': give either mpp or level, not both (set the other to null)",
+            "'index': give either mpp or level, not both (set the others to null)",
         ),
     ],
 )
