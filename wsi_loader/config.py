@@ -44,6 +44,20 @@ __all__ = [
 
 
 QC_RULES = ("pen", "blur", "fold", "bubble")  # index/qc.py's RULES, by name
+
+
+class OptionValueError(ValueError):
+    """What a validator of a section raises about one of its keys (``key``, dotted, relative
+    to the section; its ``value``, said as invalid when ``invalid``): the error then names
+    that key, not the whole section, and says the problem in words."""
+
+    def __init__(self, message: str, *, key: str, value: Any = None, invalid: bool = False) -> None:
+        super().__init__(message)
+        self.key = key
+        self.value = value
+        self.invalid = invalid
+
+
 PathText = Annotated[str, AfterValidator(expand_home)]  # a local path or a URL
 
 MAX_CONTEXT_SCALES = 8  # context tiles per item (each is a buffer per batch)
@@ -237,14 +251,33 @@ class IndexConfig(_Strict):
 
     @model_validator(mode="after")
     def _qc_options(self) -> IndexConfig:
-        if self.qc == "none" and (self.qc_exclude or self.qc_thresholds):
-            raise ValueError("qc_exclude and qc_thresholds need quality control on (qc: all)")
+        if self.qc == "none":
+            for key, does in (
+                ("qc_exclude", "drops tiles that quality control flags"),
+                ("qc_thresholds", "sets thresholds of quality control"),
+            ):
+                if getattr(self, key):
+                    raise OptionValueError(
+                        f"{does}, but quality control is off (qc: none); turn it on "
+                        f"(qc: all) or leave {key} out",
+                        key=key,
+                        value=getattr(self, key),
+                    )
         for rule, value in self.qc_thresholds.items():
+            key = f"qc_thresholds.{rule}"
             if rule not in QC_RULES:
-                raise ValueError(f"qc_thresholds: no QC rule {rule!r}; the rules are {QC_RULES}")
+                raise OptionValueError(
+                    f"no QC rule {rule!r}{close_key(rule, QC_RULES)}; "
+                    f"the rules are {', '.join(QC_RULES)}",
+                    key=key,
+                )
             if not 0 <= value <= (10 if rule == "blur" else 1):
-                top = "10 (focus relative to the slide's typical)" if rule == "blur" else "1"
-                raise ValueError(f"qc_thresholds.{rule} must be between 0 and {top}, got {value}")
+                what = (
+                    "a focus relative to the slide's typical, between 0 and 10"
+                    if rule == "blur"
+                    else "a share of the tile, between 0 and 1"
+                )
+                raise OptionValueError(what, key=key, value=value, invalid=True)
         return self
 
     @property
@@ -448,10 +481,10 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 80, 80
 _SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 6
 
 
-def close_key(key: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'tile_size'?)`` for a misspelt key (difflib's closest of ``known``),
-    or nothing when none is close."""
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+def close_key(key: str, known: Iterable[str], cutoff: float = 0.6) -> str:
+    """`` (did you mean 'tile_size'?)`` for a misspelt key (difflib's closest of ``known``
+    with a similarity of at least ``cutoff``), or nothing when none is close."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=cutoff)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -476,6 +509,18 @@ def _describe(
         message = f"unknown key {key!r}"
         if model is not None and first["loc"]:
             message += close_key(str(first["loc"][-1]), _keys_at(model, first["loc"][:-1]))
+    elif first["type"] == "value_error":  # a validator's own words, without pydantic's
+        problem = first.get("ctx", {}).get("error")
+        text = str(problem) if problem is not None else first["msg"]
+        invalid = not isinstance(value, dict)  # a field's value, not a whole section's
+        if isinstance(problem, OptionValueError):
+            key = f"{key}.{problem.key}" if key else problem.key
+            value, invalid = problem.value, problem.invalid
+        if key and invalid:
+            message = f"invalid value {_SHORT.repr(value)} for {key!r}: {text}"
+        else:  # a rule of a section: its key, never a dump of the section
+            message = f"{key!r}: {text}" if key else text
+            value = None if isinstance(value, dict) else value
     elif key:
         message = f"invalid value {_SHORT.repr(value)} for {key!r}: {first['msg']}"
     else:

@@ -26,8 +26,8 @@ def test_each_failed_slide_is_said_once(
     for i in range(broken):
         (slides / f"broken {i:02d}.svs").write_text("not a slide")
     out = tmp_path / "idx"
-    args = ["index", str(slides), "--out", str(out), "--level", "0", "--no-progress"]
-    assert main(args) == 0
+    args = ["index", str(slides), "--out", str(out), "--level", "0", "--tile-size", "64"]
+    assert main([*args, "--no-progress"]) == 0
     err = capsys.readouterr().err + caplog.text  # the log goes to stderr, as printing does
     said = [i for i in range(broken) if f"broken {i:02d}.svs" in err]
     assert said == list(range(min(broken, 10)))
@@ -91,3 +91,29 @@ def test_mag_from_a_config_file(tmp_path: Path, make_slide: SlideFactory) -> Non
     assert main(["index", str(slide), "--out", str(out), "--config", str(config)]) == 0
     record = SlideIndex.open(out).slides[0]
     assert (record.read_level, record.read_size, record.tile_mag) == (0, 128, 10)
+
+
+def test_an_index_without_a_tile_is_an_error(
+    tmp_path: Path,
+    make_slide: SlideFactory,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A folder whose every input fails or gives no tile exited 0 with '0 tiles', where one
+    failed input exited 1: both are 'error: no tile could be indexed', exit 1."""
+    slides = tmp_path / "slides"
+    slides.mkdir()
+    (slides / "tiny.svs").write_bytes(make_slide(width=120, height=100, seed=4).read_bytes())
+    (slides / "broken.svs").write_text("not a slide")
+    out = tmp_path / "idx"
+    args = ["index", str(slides), "--out", str(out), "--level", "0", "--no-progress"]
+    assert main(args) == 1
+    err = capsys.readouterr().err + caplog.text
+    assert "1 ok, 1 failed" in err and "0 tiles" in err
+    assert (
+        "error: no tile could be indexed (1 slide failed, 1 slide has no tile; each "
+        "slide's reason is in the warnings above)"
+    ) in err
+    assert err.count("broken.svs") == 1 and err.count("tiny.svs") == 1  # said once each
+    assert main(["index", str(slides / "broken.svs"), "--out", str(tmp_path / "j")]) == 1
+    assert "error: no slide could be indexed" in capsys.readouterr().err

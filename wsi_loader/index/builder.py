@@ -543,7 +543,8 @@ def _warn_dark_field(records: list[SlideRecord], forced: str) -> None:
     if dark:
         log.warning(
             "%d slide%s look%s dark field (fluorescence), so tissue was found by intensity "
-            "instead of colour: %s%s (tissue_detector: brightfield forces the colour rule)",
+            "instead of colour: %s%s (to find tissue by colour on them anyway, set "
+            "tissue_detector: brightfield, or --tissue-detector brightfield)",
             len(dark),
             "s" if len(dark) != 1 else "",
             "" if len(dark) != 1 else "s",

@@ -44,6 +44,7 @@ from wsi_loader.files import lock
 from wsi_loader.index.checks import check_params, check_slides, check_values
 from wsi_loader.index.qc import (
     QC_COLUMNS,
+    QcFilter,
     built_thresholds,
     excluded_counts,
     qc_totals,
@@ -625,7 +626,8 @@ def _where_rows(where: Where, index: SlideIndex) -> npt.NDArray[np.bool_]:
             f"where must be a function of the columns returning one bool per row, got "
             f"{type(where).__name__}"
         )
-    keep = np.asarray(where(index.columns))
+    # a qc_filter reads the index's own thresholds; any other function gets the columns
+    keep = np.asarray(where(index) if isinstance(where, QcFilter) else where(index.columns))
     if keep.dtype != np.bool_ or keep.shape != (len(index),):
         raise ValueError(
             f"where must return {len(index)} booleans (one per row), got {keep.dtype} of shape "
