@@ -1,7 +1,7 @@
 """Stain normalisation throughput: this library's batched maps with slide vectors against the peers.
 
     .venv/bin/python benchmarks/bench_stain.py [--tiles 256] [--batch-size 64] [--device cpu]
-        [--skip-loader]
+        [--skip-loader] [--real SLIDE ...]
 
 On the same tiles (256 px, from synthetic slides stained with known vectors), in one run:
 
@@ -13,7 +13,10 @@ On the same tiles (256 px, from synthetic slides stained with known vectors), in
 - ``torch-staintools``: its batched Macenko (least-squares concentrations) estimating every
   tile, and with its stain-matrix cache keyed by slide (its nearest to slide vectors); Reinhard
   batched. Needs torchvision; skipped (with the reason) when it cannot be imported.
-- make_loader throughput with and without normalisation in the workers (the CPU path).
+- make_loader throughput with and without normalisation in the workers (the CPU path), and
+  where its cost comes from: one process's CPU per tile to read (decode) a batch and to
+  normalise it, on the synthetic archive and on any ``--real SLIDE`` (tiles as they decode from a
+  real scanner's JPEGs; e.g. ``$WSI_LOADER_TEST_DATA/CMU-1-Small-Region.svs``).
 
 Prints tiles/s and ratios to torchstain per tile.
 """
@@ -34,6 +37,7 @@ from common import scratch_folder
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from wsi_loader.dataset import TileDataset, make_loader
 from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.slides.open import open_slide
 from wsi_loader.stain import Normalize, resolve_target
 from wsi_loader.synthetic import SlideSpec, write_svs
 
@@ -132,6 +136,32 @@ def loader_rate(index: SlideIndex, args: Any, stain: Any) -> float:
     return best
 
 
+def per_tile_costs(index: SlideIndex, args: Any, label: str) -> None:
+    """One process: us of CPU per tile to read a batch (decode) and to normalise it in place,
+    and the throughput cost normalising in the workers would have (map / (read + map))."""
+    cols = index.columns
+    rows = np.flatnonzero(cols["tissue"] >= 0.5)
+    rows = np.random.default_rng(1).choice(rows, min(args.tiles, len(rows)), replace=False)
+    rows = np.sort(rows)  # the order a loader reads a shard in
+    slide_ids = np.asarray(cols["slide_id"][rows], dtype=np.int64)
+    reader = TileDataset(index).reader
+    parts = [slice(i, i + args.batch_size) for i in range(0, len(rows), args.batch_size)]
+    read_s = 1 / best_rate(lambda: [reader.read(rows[p]) for p in parts], len(rows),
+                                   args.repeats)  # fmt: skip
+    pixels = reader.read(rows).pixels.copy()
+    print(f"{label}: {len(rows)} tiles, read {1e6 * read_s:.0f} us/tile (one process)")
+    for method in ("macenko", "reinhard"):
+        op = Normalize(method, target=resolve_target(pixels[0])).bind(index)
+
+        def run(op: Normalize = op) -> None:
+            for p in parts:
+                op.apply_numpy(pixels[p].copy(), slide_ids[p], rows[p])
+
+        map_s = 1 / best_rate(run, len(rows), args.repeats)
+        print(f"  {method}: {1e6 * map_s:.0f} us/tile, a cost of "
+              f"{100 * map_s / (read_s + map_s):.0f}% on reading")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiles", type=int, default=256)
@@ -141,6 +171,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="make_loader's workers")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-loader", action="store_true")
+    parser.add_argument(
+        "--real", action="append", default=[], metavar="SLIDE",
+        help="also the CPU per tile to read and normalise this slide's tiles (repeatable)",
+    )  # fmt: skip
     parser.add_argument("--tmp", help="scratch folder (default: a temporary one)")
     args = parser.parse_args()
     folder = scratch_folder(args.tmp, "bench-stain-")
@@ -191,6 +225,13 @@ def main() -> None:
         for way, rate in ways.items():
             print(f"{method:9} {way:34} {rate:9.0f} {rate / peer:13.1f}x")
     if not args.skip_loader:
+        print("CPU per tile, one process:")
+        per_tile_costs(index, args, "  synthetic archive")
+        for i, slide in enumerate(args.real):
+            with open_slide(slide) as reader:  # tiles on storage tiles: one decode each
+                size = reader.meta.tile_sizes[0][0] if reader.meta.tile_sizes else 0
+            real = build_index([slide], folder / f"real{i}", tile_size=size or 256, level=0)
+            per_tile_costs(real, args, f"  {Path(slide).name}")
         base = loader_rate(index, args, None)
         print(f"make_loader, {args.workers} workers, {len(index)} tiles per epoch:")
         print(f"  no stain: {base:.0f} tiles/s")
