@@ -17,6 +17,9 @@ On the same tiles (256 px, from synthetic slides stained with known vectors), in
   where its cost comes from: one process's CPU per tile to read (decode) a batch and to
   normalise it, on the synthetic archive and on any ``--real SLIDE`` (tiles as they decode from a
   real scanner's JPEGs; e.g. ``$WSI_LOADER_TEST_DATA/CMU-1-Small-Region.svs``).
+- what it costs a whole run: `wsi_loader.inference.predict` with a small CNN (bench_predict.py's)
+  on ``--device``, with and without normalisation (on a CPU the map runs in the process that runs
+  the model; on a GPU, on the device).
 
 Prints tiles/s and ratios to torchstain per tile.
 """
@@ -24,6 +27,7 @@ Prints tiles/s and ratios to torchstain per tile.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -162,6 +166,39 @@ def per_tile_costs(index: SlideIndex, args: Any, label: str) -> None:
               f"{100 * map_s / (read_s + map_s):.0f}% on reading")  # fmt: skip
 
 
+def small_cnn() -> torch.nn.Module:
+    """bench_predict.py's small CNN: three strided convolutions, pool, linear."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 5, stride=4), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, stride=2), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 2),
+    ).eval()  # fmt: skip
+
+
+def predict_rates(index: SlideIndex, args: Any, folder: Path) -> dict[str, float]:
+    """tiles/s of whole predict runs (best of ``--repeats``, the ways interleaved)."""
+    from wsi_loader.inference import predict
+
+    ways = {"none": None, "macenko": Normalize("macenko"), "reinhard": Normalize("reinhard")}
+    best = dict.fromkeys(ways, 0.0)
+    model = small_cnn()
+    for _ in range(args.repeats):
+        for name, stain in ways.items():
+            out = folder / "predict"
+            shutil.rmtree(out, ignore_errors=True)
+            start = time.perf_counter()
+            report = predict(
+                index, model, out, workers=args.workers, heatmaps=False, stain=stain,
+                device=args.device, batch_size=args.batch_size,
+            )  # fmt: skip
+            best[name] = max(best[name], report.tiles / (time.perf_counter() - start))
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiles", type=int, default=256)
@@ -238,6 +275,14 @@ def main() -> None:
         for method in ("macenko", "reinhard"):
             rate = loader_rate(index, args, Normalize(method))
             print(f"  {method}: {rate:.0f} tiles/s (cost {100 * (1 - rate / base):.0f}%)")
+        rates = predict_rates(index, args, folder)
+        print(f"predict, small CNN on {device}, {args.workers} workers:")
+        for name, rate in rates.items():
+            cost = 100 * (1 - rate / rates["none"])
+            print(
+                f"  stain {name}: {rate:.0f} tiles/s"
+                + (f" (cost {cost:.0f}%)" if name != "none" else "")
+            )
 
 
 if __name__ == "__main__":
