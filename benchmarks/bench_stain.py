@@ -1,7 +1,7 @@
 """Stain normalisation throughput: this library's batched maps with slide vectors against the peers.
 
     .venv/bin/python benchmarks/bench_stain.py [--tiles 256] [--batch-size 64] [--device cpu]
-        [--skip-loader] [--real SLIDE ...]
+        [--skip-loader] [--real SLIDE ...] [--model-scale]
 
 On the same tiles (256 px, from synthetic slides stained with known vectors), in one run:
 
@@ -19,7 +19,8 @@ On the same tiles (256 px, from synthetic slides stained with known vectors), in
   real scanner's JPEGs; e.g. ``$WSI_LOADER_TEST_DATA/CMU-1-Small-Region.svs``).
 - what it costs a whole run: `wsi_loader.inference.predict` with a small CNN (bench_predict.py's)
   on ``--device``, with and without normalisation (on a CPU the map runs in the process that runs
-  the model; on a GPU, on the device).
+  the model; on a GPU, on the device), and for scale a ResNet-18's forward per tile on
+  ``--device`` (``--model-scale`` prints only that).
 
 Prints tiles/s and ratios to torchstain per tile.
 """
@@ -179,6 +180,46 @@ def small_cnn() -> torch.nn.Module:
     ).eval()  # fmt: skip
 
 
+def resnet18_ms(device: torch.device, batch: int = 16) -> float:
+    """ms per 256 px tile of a ResNet-18 forward (written out: torchvision is optional)."""
+    from torch import nn
+
+    class Basic(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout),
+            )  # fmt: skip
+            self.skip: nn.Module = nn.Identity()
+            if stride != 1 or cin != cout:
+                self.skip = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+                )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.body(x) + self.skip(x))
+
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                               nn.ReLU(), nn.MaxPool2d(3, 2, 1)]  # fmt: skip
+    width = 64
+    for out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [Basic(width, out, stride), Basic(out, out, 1)]
+        width = out
+    net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 2))
+    net = net.eval().to(device)
+    x = torch.rand(batch, 3, 256, 256, device=device)
+
+    def run() -> None:
+        with torch.inference_mode():
+            net(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return 1e3 / best_rate(run, batch, 3)
+
+
 def predict_rates(index: SlideIndex, args: Any, folder: Path) -> dict[str, float]:
     """tiles/s of whole predict runs (best of ``--repeats``, the ways interleaved)."""
     from wsi_loader.inference import predict
@@ -213,7 +254,14 @@ def main() -> None:
         help="also the CPU per tile to read and normalise this slide's tiles (repeatable)",
     )  # fmt: skip
     parser.add_argument("--tmp", help="scratch folder (default: a temporary one)")
+    parser.add_argument(
+        "--model-scale", action="store_true", help="only a ResNet-18's forward time per tile"
+    )
     args = parser.parse_args()
+    if args.model_scale:
+        print(f"ResNet-18 forward, 256 px, batch 16, {torch.get_num_threads()} torch threads, "
+              f"{args.device}: {resnet18_ms(torch.device(args.device)):.1f} ms/tile")  # fmt: skip
+        return
     folder = scratch_folder(args.tmp, "bench-stain-")
     index = archive(folder, args.width)
     cols = index.columns
