@@ -162,6 +162,14 @@ def test_cli_index_excludes_and_info_counts(qc_index: SlideIndex, tmp_path: Path
     assert slide["qc"]["excluded"]["pen"] > 0 and slide["qc"]["excluded"]["blur"] > 0
     assert slide["qc"]["pen"] == slide["qc"]["blur"] == 0
     assert set(slide["qc"]) == {"pen", "blur", "fold", "bubble", "any", "excluded"}
+    measured = slide["qc_summary"]  # the slide-level figures beside the counts
+    assert measured["focus_source"].startswith("stored bytes")  # JPEG tile sizes, no decode
+    assert measured["picture"].endswith("um/px") and measured["focus_reference"] > 0
+    assert measured["area_shares"]["pen"] > 0 and set(measured["area_shares"]) == {
+        "pen",
+        "fold",
+        "bubble",
+    }
     assert main(["info", str(out)]) == 0
     assert "quality control (pen >= 0.1, blur < 0.4" in capsys.readouterr().out
     with pytest.raises(SystemExit):
@@ -285,10 +293,21 @@ def test_a_malformed_qc_summary_in_slides_json_is_ignored(
     index = build_index([make_slide(width=3000, height=2000, seed=1)], tmp_path / "i")
     slides_json = index.path / str(index.meta["generation"]) / "slides.json"
     records = json.loads(slides_json.read_text())
-    records[0]["qc"] = {"excluded": {"pen": "many", "smudge": 3, "blur": 2}}
+    records[0]["qc"] = {
+        "excluded": {"pen": "many", "smudge": 3, "blur": 2},
+        "focus_source": ["not", "text"],
+        "focus_reference": 1.5,
+        "area_shares": {"pen": 0.1, "fold": "lots", "smudge": 0.2},
+    }
     slides_json.write_text(json.dumps(records))
     summary = SlideIndex.open(index.path).summary()
     assert summary["slides"][0]["qc"]["excluded"] == {"blur": 2}
+    assert summary["slides"][0]["qc_summary"] == {
+        "focus_reference": 1.5,
+        "area_shares": {"pen": 0.1},
+    }
     records[0]["qc"] = 5
     slides_json.write_text(json.dumps(records))
-    assert SlideIndex.open(index.path).summary()["slides"][0]["qc"]["excluded"] == {}
+    summary = SlideIndex.open(index.path).summary()
+    assert summary["slides"][0]["qc"]["excluded"] == {}
+    assert summary["slides"][0]["qc_summary"] is None

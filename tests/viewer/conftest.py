@@ -1,7 +1,7 @@
-"""An index with everything the viewer shows: labels, a quarantined tile, annotations, a QC
-column, predictions (in the layout of ``wsi-loader predict``), a slide that could not be
-indexed, one that went missing and one replaced since indexing; and a small HTTP client for
-servers on 127.0.0.1."""
+"""An index with everything the viewer shows: labels, a quarantined tile, annotations, the QC
+columns the builder measures, predictions (in the layout of ``wsi-loader predict``), a slide
+that could not be indexed, one that went missing and one replaced since indexing; and a small
+HTTP client for servers on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from tests.conftest import SlideFactory
@@ -92,9 +91,6 @@ def archive(make_slide: SlideFactory, tmp_path_factory: pytest.TempPathFactory) 
     )
     (slides / "gone.svs").unlink()  # moved away since indexing
     shutil.copy(make_slide(width=2048, height=1536, seed=35), slides / "replaced.svs")
-    # a QC column, as the QC issue adds them: a focus score per tile
-    tissue = np.asarray(index.columns["tissue"], dtype=np.float32)
-    index = dataclasses.replace(index, columns={**index.columns, "qc_focus": 1 - tissue / 2})
     predictions = root / "predictions"
     tables = predictions / "model-outputs-csv"
     tables.mkdir(parents=True)

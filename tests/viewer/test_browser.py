@@ -21,8 +21,11 @@ import openslide
 import pytest
 from PIL import Image
 
+from tests.conftest import SlideFactory
 from tests.viewer.conftest import Archive
-from wsi_loader.index import build_index
+from wsi_loader.index import build_index, qc
+from wsi_loader.synthetic import SlideSpec, with_qc_artefacts
+from wsi_loader.view import QC_CLEAN, QC_COLOURS
 from wsi_loader.viewer import ViewerServer
 
 CHROMIUM = "/usr/bin/chromium"
@@ -376,3 +379,46 @@ def test_a_real_scans_rgb_tiles_pass_through_to_the_browser(
             assert opened.errors == []
         finally:
             opened.close()
+
+
+def test_the_qc_mode_colours_each_tile_by_the_rule_that_flags_it(
+    browser: Any, make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    spec = with_qc_artefacts(SlideSpec(width=10_000, height=7_500, seed=4), scale=0.8)
+    slide = make_slide(width=10_000, height=7_500, seed=4, artefacts=spec.artefacts)
+    index = build_index([slide], tmp_path / "idx", tile_size=256, mpp=0.5)
+    flagged = qc.flags(index.columns)
+    with ViewerServer(index) as viewer:
+        opened = Page(browser, viewer.slide_url(0))
+        try:
+            opened.settled()
+            modes = opened.page.locator("#color-by option").all_inner_texts()
+            assert "QC: flagged by rule" in modes
+            assert {f"QC: {name[3:]}" for name in qc.QC_COLUMNS} <= set(modes)
+            opened.page.select_option("#color-by", "qc")
+            painted = opened.evaluate(
+                """() => {
+                    const g = window.wsiViewer.state.grid, canvas = window.wsiViewer.gridCanvas;
+                    const data = canvas.getContext("2d").getImageData(0, 0, g.gw, g.gh).data;
+                    const out = [];
+                    for (let k = 0; k < g.cells.length; k++) {
+                        const i = g.cells[k];
+                        if (i < 0 || g.columns.row[i] < 0) continue;
+                        out.push([g.columns.row[i], ...data.slice(4 * k, 4 * k + 3)]);
+                    }
+                    return out;
+                }"""
+            )
+            legend = opened.page.locator("#legend").inner_text()
+            assert opened.errors == []
+        finally:
+            opened.close()
+    colour_of = {tuple(rgb): name for name, rgb in QC_COLOURS.items()}
+    shown = {row: colour_of.get((r, g, b), "clean" if (r, g, b) == QC_CLEAN else "?")
+             for row, r, g, b in painted}  # fmt: skip
+    assert len(shown) == len(index)
+    for row, name in shown.items():
+        first = next((rule for rule in QC_COLOURS if flagged[rule][row]), "clean")
+        assert name == first, row
+    assert {"pen", "fold", "blur", "clean"} <= set(shown.values())
+    assert "pen (qc_pen ≥ 0.1)" in legend and "blur (qc_focus < 0.5)" in legend

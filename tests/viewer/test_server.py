@@ -23,6 +23,7 @@ from PIL import Image
 from tests.conftest import REPO
 from tests.viewer.conftest import TUMOUR_BOX, Archive, request
 from wsi_loader.errors import ConfigError
+from wsi_loader.index.qc import QC_COLUMNS
 from wsi_loader.viewer import ViewerServer, show, stop_shown
 from wsi_loader.viewer.security import check_token, is_loopback
 from wsi_loader.viewer.server import bind
@@ -208,7 +209,7 @@ def test_slide_details_and_overlays(server: ViewerServer, archive: Archive) -> N
     assert details["name"] == "good.svs" and details["label"] == "normal"
     assert details["mpp"] == pytest.approx(0.5) and details["problem"] is None
     assert details["labels"] == ["normal", "tumour"] and details["classes"] == ["Tumor"]
-    assert details["qc"] == ["qc_focus"]
+    assert details["qc"] == sorted(QC_COLUMNS)  # every QC column the build measured
     assert details["predictions"] == {"classes": ["normal", "tumour"]}
     grid = request(server.port, f"/api/slides/{good}/grid.bin").body
     columns = {
@@ -222,7 +223,8 @@ def test_slide_details_and_overlays(server: ViewerServer, archive: Archive) -> N
     assert np.array_equal(columns["row"], rows)
     assert np.array_equal(columns["x"], index.columns["l0_x"][rows])
     assert np.array_equal(columns["label"], index.tile_labels(rows))
-    assert np.allclose(columns["qc_focus"], index.columns["qc_focus"][rows])
+    for name in QC_COLUMNS:
+        assert np.allclose(columns[name], index.columns[name][rows], equal_nan=True)
     tumour = (columns["annotation"] == 0) & (columns["coverage"] == 1)
     inside = (columns["x"] >= 1024) & (columns["x"] < 2048) & (columns["y"] >= 1024)
     assert tumour.any() and np.array_equal(tumour, inside & (columns["y"] < 2048))

@@ -10,19 +10,26 @@ here too, so no slide is read twice and the builder stays one call.
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageDraw
 
 from wsi_loader.config import IndexConfig
 from wsi_loader.errors import TileReadError
 from wsi_loader.index import qc
+from wsi_loader.index.annotations import read_regions
 from wsi_loader.index.focus import measure_sharpness
 from wsi_loader.index.lowres import FloatArray, LowResolution, TileBoxes
 from wsi_loader.index.stain import stain_columns
+from wsi_loader.index.table import SlideRecord
 from wsi_loader.index.tissue import (
     DARK_FIELD_BRIGHTNESS,
+    BoolArray,
+    Detector,
     choose_detector,
     pixel_rule,
     read_mask_image,
@@ -116,3 +123,56 @@ def analyse_slide(
         result.columns |= found.columns
         result.record["qc"] = found.summary
     return result
+
+
+def recorded_tissue_mask(
+    reader: SlideReader, record: SlideRecord, params: Mapping[str, Any]
+) -> BoolArray:
+    """The tissue mask of an indexed slide as its build found the tissue, for drawing: by
+    the detector recorded for the slide (``brightfield``, ``fluorescence``; an index older
+    than the record: brightfield, the only rule then), the user's mask image (``mask``,
+    shrunk to the picture's size) or the regions of the annotation class (``annotation``:
+    the class's outline, before overlaps with other classes are settled). At most
+    ``mask_max_size`` on its longer side. Raises `InputError` / `AnnotationError` when a
+    mask image or annotation file cannot be read any more, `SlideError` for the slide."""
+    max_size = int(params.get("mask_max_size") or 2048)
+    size = (record.width or reader.meta.dimensions[0], record.height or reader.meta.dimensions[1])
+    if record.tissue_detector == "mask" and record.tissue_mask:
+        mask = read_mask(record.tissue_mask, size)
+        factor = max(1, math.ceil(max(mask.shape) / max_size))
+        if factor == 1:
+            return mask
+        shrunk = Image.fromarray(mask.astype(np.uint8) * 255).reduce(factor)
+        small: BoolArray = np.asarray(shrunk) > 127
+        return small
+    image, _ = read_mask_image(reader, max_size)
+    if record.tissue_detector == "annotation" and record.annotations:
+        name = params.get("tissue_class")
+        objects = params.get("annotation_objects") or ()
+        regions = read_regions(record.annotations, size[0], size[1], objects)
+        geometry = regions.classes.get(name) if isinstance(name, str) else None
+        return _drawn(geometry, image.shape[:2], size)
+    fluorescence = record.tissue_detector == "fluorescence"
+    detector: Detector = "fluorescence" if fluorescence else "brightfield"
+    return tissue_mask(image, pixel_rule(image, detector))
+
+
+def _drawn(geometry: Any, shape: tuple[int, ...], l0_size: tuple[int, int]) -> BoolArray:
+    """Polygons (level-0 coordinates, holes included) filled into a mask of ``shape``."""
+    height, width = shape
+    canvas = Image.new("1", (width, height), 0)
+    if geometry is None or geometry.is_empty:
+        return np.asarray(canvas, dtype=bool)
+    draw = ImageDraw.Draw(canvas)
+    sx, sy = width / l0_size[0], height / l0_size[1]
+
+    def points(ring: Any) -> list[tuple[float, float]]:
+        return [(x * sx, y * sy) for x, y, *_ in ring.coords]
+
+    for polygon in getattr(geometry, "geoms", [geometry]):
+        if polygon.geom_type != "Polygon":
+            continue
+        draw.polygon(points(polygon.exterior), fill=1)
+        for hole in polygon.interiors:
+            draw.polygon(points(hole), fill=0)
+    return np.asarray(canvas, dtype=bool)

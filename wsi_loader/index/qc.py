@@ -293,3 +293,27 @@ def excluded_counts(summary: Any) -> dict[str, int]:
         for name, n in excluded.items()
         if (name in RULES or name == "any") and isinstance(n, int) and not isinstance(n, bool)
     }
+
+
+def slide_summary(summary: Any) -> dict[str, Any] | None:
+    """The slide-level QC figures of a slide's ``qc`` summary, as read back from slides.json:
+    the picture QC worked on, where focus came from and the slide's typical tissue sharpness
+    (``focus_reference``), and the share of the non-glass area each artefact covers
+    (``area_shares``); entries of another shape are left out, None without a summary."""
+    if not isinstance(summary, Mapping):
+        return None
+    found: dict[str, Any] = {}
+    for key in ("picture", "focus_source"):
+        if isinstance(summary.get(key), str):
+            found[key] = summary[key]
+    reference = summary.get("focus_reference")
+    if isinstance(reference, int | float) and not isinstance(reference, bool):
+        found["focus_reference"] = float(reference)
+    shares = summary.get("area_shares")
+    if isinstance(shares, Mapping):
+        found["area_shares"] = {
+            str(name): float(v)
+            for name, v in shares.items()
+            if name in RULES and isinstance(v, int | float) and not isinstance(v, bool)
+        }
+    return found

@@ -42,7 +42,13 @@ import numpy.typing as npt
 from wsi_loader.errors import ConfigError, IndexFormatError
 from wsi_loader.files import lock
 from wsi_loader.index.checks import check_params, check_slides, check_values
-from wsi_loader.index.qc import QC_COLUMNS, built_thresholds, excluded_counts, qc_totals
+from wsi_loader.index.qc import (
+    QC_COLUMNS,
+    built_thresholds,
+    excluded_counts,
+    qc_totals,
+    slide_summary,
+)
 from wsi_loader.index.qc import counts as qc_counts
 from wsi_loader.index.quarantine import Quarantine, coords_in
 from wsi_loader.index.stain import summary as stain_summary
@@ -589,6 +595,7 @@ class SlideIndex:
                     "qc": None
                     if per_slide_qc is None
                     else per_slide_qc[i] | {"excluded": excluded_counts(s.qc)},
+                    "qc_summary": slide_summary(s.qc),
                 }
                 for i, s in enumerate(self.slides)
                 if self.split is None or s.split == self.split

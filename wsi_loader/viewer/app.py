@@ -10,7 +10,7 @@ Routes (GET and HEAD only; anything else is 405, anything unknown 404)::
     /api/slides/<id>                       one slide: size, MPP, problems, grid layout, legend
     /api/slides/<id>/grid.bin              the grid's packed columns (see overlays.Grid)
     /api/slides/<id>/annotations.json      annotation outlines (level-0)
-    /api/slides/<id>/tissue.png            the tissue mask (RGBA, the whole slide)
+    /api/slides/<id>/tissue.png            the tissue mask by the slide's detector (RGBA)
     /api/slides/<id>/predictions/<k>.png   heatmap of class k of the predictions
     /api/slides/<id>/at?x=&y=              the tile under a level-0 point: its row and more
     /api/slides/<id>/rows/<row>.png        a tile as the dataset reads it, full resolution
@@ -52,6 +52,7 @@ from wsi_loader.viewer.overlays import (
     annotation_rings,
     grid_of,
     qc_columns,
+    qc_rules,
     row_details,
 )
 from wsi_loader.viewer.predictions import Predictions, PredictionTable
@@ -210,6 +211,7 @@ class Viewer:
             "labels": list(self.index.label_names),
             "classes": list(self.index.classes),
             "qc": qc_columns(self.index),
+            "qc_rules": qc_rules(self.index),
             "predictions": (
                 {"classes": list(predictions.classes)} if predictions is not None else None
             ),
@@ -358,7 +360,7 @@ def create_app(
             ref = viewer.catalog.ref(sid)
             try:
                 return encode_png(viewer.masks.rgba(sid, ref.version, viewer.maker.reader(ref)))
-            except SlideError as exc:
+            except (SlideError, InputError, OSError) as exc:  # the slide, a mask image, notes
                 return str(exc)
 
         made = await viewer.run(draw)

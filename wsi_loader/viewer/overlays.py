@@ -16,15 +16,18 @@ import numpy as np
 import numpy.typing as npt
 
 from wsi_loader.errors import AnnotationError
+from wsi_loader.index.analyses import recorded_tissue_mask
 from wsi_loader.index.annotations import read_regions
+from wsi_loader.index.qc import RULES, built_thresholds
+from wsi_loader.index.qc import flags as qc_flags
 from wsi_loader.index.table import SlideIndex
-from wsi_loader.index.tissue import read_mask_image, tissue_mask
 from wsi_loader.slides.base import SlideReader
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("ok", "quarantined", "substituted")  # status codes of the grid's `status` column
 TISSUE_RGBA = (0, 170, 90, 120)  # the tissue mask's colour
+QC_ORDER = ("pen", "fold", "bubble", "blur")  # a tile flagged by several shows the first
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,36 @@ def qc_columns(index: SlideIndex) -> list[str]:
     return sorted(name for name in index.columns if name.startswith("qc_"))
 
 
+def qc_rules(index: SlideIndex) -> list[dict[str, Any]]:
+    """The QC rules the grid's ``qc`` column numbers from 1 (in `QC_ORDER`, as ``inspect
+    --color-by qc`` colours them), with the thresholds the index was built with; empty for
+    an index without QC columns."""
+    if not all(rule.column in index.columns for rule in RULES.values()):
+        return []
+    limits = built_thresholds(index.params)
+    return [
+        {
+            "name": name,
+            "column": RULES[name].column,
+            "threshold": limits[name],
+            "below": RULES[name].below,
+        }
+        for name in QC_ORDER
+    ]
+
+
+def first_flags(index: SlideIndex, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
+    """Per row, 1 + the position in `QC_ORDER` of the first rule that flags it; 0: none."""
+    first = np.zeros(len(rows), dtype=np.uint8)
+    if not qc_rules(index):
+        return first
+    picked = {RULES[name].column: index.columns[RULES[name].column][rows] for name in QC_ORDER}
+    flagged = qc_flags(picked, QC_ORDER, built_thresholds(index.params))
+    for position, name in reversed(list(enumerate(QC_ORDER))):
+        first[flagged[name]] = position + 1
+    return first
+
+
 def failures_of(index: SlideIndex, slide_id: int) -> dict[tuple[int, int], Failure]:
     """The quarantine's tile records of this slide's indexed version, by level-0 (x, y); the
     latest record of a tile wins."""
@@ -110,7 +143,8 @@ def grid_of(index: SlideIndex, slide_id: int) -> Grid:
     """The slide's grid columns: ``x``, ``y`` (level-0), ``row`` (index row, -1: not a row),
     ``label`` (tile label id, -1: none), ``status`` (position in `STATUSES`), ``tissue``,
     ``annotation`` and ``coverage`` (the class covering most of the tile and its share, with
-    annotations) and every ``qc_*`` column (as float32)."""
+    annotations), every ``qc_*`` column (as float32) and, with them, ``qc`` (the first rule
+    that flags the tile: `first_flags`)."""
     record = index.slides[slide_id]
     starts = index.slide_starts()
     rows = np.arange(starts[slide_id], starts[slide_id + 1], dtype=np.int64)
@@ -147,6 +181,8 @@ def grid_of(index: SlideIndex, slide_id: int) -> Grid:
         columns["coverage"] = padded(share, 0, np.float32)
     for name in qc_columns(index):
         columns[name] = padded(np.asarray(cols[name][rows], dtype=np.float32), np.nan, np.float32)
+    if qc_rules(index):
+        columns["qc"] = padded(first_flags(index, rows), 0, np.uint8)
     downsample = record.read_downsample or 1.0
     footprint = (record.read_size or 0) * downsample
     stride = (record.stride or record.read_size or 0) * downsample
@@ -214,11 +250,13 @@ def annotation_rings(index: SlideIndex, slide_id: int) -> dict[str, Any]:
 
 
 class TissueMasks:
-    """The tissue mask of a slide as the index found it (the same image and threshold), as an
-    RGBA picture: coloured where tissue, transparent elsewhere. A few are kept."""
+    """The tissue mask of a slide as the index found it (the detector recorded for the slide,
+    on the same image: a fluorescence slide's glows, a user's mask image, an annotation
+    class), as an RGBA picture: coloured where tissue, transparent elsewhere. A few are
+    kept."""
 
     def __init__(self, index: SlideIndex, keep: int = 8) -> None:
-        self.max_size = int(index.params.get("mask_max_size", 2048))
+        self.index = index
         self.keep = keep
         self._masks: dict[tuple[int, str], npt.NDArray[np.uint8]] = {}
         self._lock = threading.Lock()
@@ -229,8 +267,8 @@ class TissueMasks:
             found = self._masks.get(key)
         if found is not None:
             return found
-        image, _ = read_mask_image(reader, self.max_size)
-        mask = tissue_mask(image)
+        record = self.index.slides[slide_id]
+        mask = recorded_tissue_mask(reader, record, self.index.params)
         rgba = np.zeros((*mask.shape, 4), dtype=np.uint8)
         rgba[mask] = TISSUE_RGBA
         with self._lock:

@@ -9,6 +9,9 @@
     [140, 86, 75], [227, 119, 194], [127, 127, 127], [188, 189, 34], [23, 190, 207]];
   const UNLABELLED = [120, 120, 120];
   const STATUS_COLOURS = [[46, 160, 67], [220, 38, 38], [245, 159, 0]]; // ok, quarantined, substituted
+  // the colours of `inspect --color-by qc` (wsi_loader/view.py QC_COLOURS, QC_CLEAN)
+  const QC_COLOURS = { pen: [31, 119, 180], fold: [214, 39, 40], bubble: [23, 190, 207], blur: [255, 127, 14] };
+  const QC_CLEAN = [46, 160, 67];
   const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
   const SELECTED = "#facc15";
   const MAX_LISTED = 500;
@@ -177,6 +180,7 @@
   function colourModes(details) {
     const modes = [["label", "label"], ["status", "status"], ["tissue", "tissue fraction"]];
     if (details.classes.length) modes.push(["annotation", "annotation class"]);
+    if (details.qc_rules.length) modes.push(["qc", "QC: flagged by rule"]);
     for (const q of details.qc) modes.push([q, `QC: ${q.slice(3)}`]);
     return modes;
   }
@@ -195,6 +199,7 @@
     if (mode === "status") return STATUS_COLOURS[c.status[i]];
     if (mode === "tissue") return ramp(c.tissue[i]);
     if (mode === "annotation") return c.annotation[i] >= 0 ? colourOf(c.annotation[i]) : UNLABELLED;
+    if (mode === "qc") return c.qc[i] ? QC_COLOURS[state.slide.qc_rules[c.qc[i] - 1].name] : QC_CLEAN;
     const v = c[mode][i];
     return Number.isFinite(v) ? ramp((v - range[0]) / (range[1] - range[0])) : null;
   }
@@ -257,13 +262,18 @@
     if (g && $("show-grid").checked) {
       const counts = new Map();
       const key = mode === "label" ? g.columns.label : mode === "status" ? g.columns.status
-        : mode === "annotation" ? g.columns.annotation : null;
+        : mode === "annotation" ? g.columns.annotation : mode === "qc" ? g.columns.qc : null;
       if (key) {
         for (let i = 0; i < g.count; i++) if (mode === "status" || g.columns.row[i] >= 0) counts.set(key[i], (counts.get(key[i]) || 0) + 1);
         const sorted = [...counts.entries()].sort((a, b) => a[0] - b[0]);
         for (const [value, n] of sorted) {
           if (mode === "label") item(colourOf(value), `${value >= 0 ? d.labels[value] : "unlabelled"} (${n})`);
           else if (mode === "status") item(STATUS_COLOURS[value], `${d.statuses[value]} (${n})`);
+          else if (mode === "qc") {
+            const rule = value ? d.qc_rules[value - 1] : null;
+            const what = rule ? `${rule.name} (${rule.column} ${rule.below ? "<" : "≥"} ${rule.threshold})` : "not flagged";
+            item(rule ? QC_COLOURS[rule.name] : QC_CLEAN, `${what} (${n})`);
+          }
           else item(value >= 0 ? colourOf(value) : UNLABELLED, `${value >= 0 ? d.classes[value] : "no annotation"} (${n})`);
         }
       } else {
@@ -588,7 +598,7 @@
 
   // for tests and the curious: the viewer and its state
   window.wsiViewer = {
-    viewer, state, openSlide, draw,
+    viewer, state, openSlide, draw, gridCanvas,
     fullyLoaded: () => viewer.world.getItemCount() > 0 && viewer.world.getItemAt(0).getFullyLoaded(),
     ready: start().catch((error) => setBanner([`Cannot load the slide list: ${error.message}`])),
   };
