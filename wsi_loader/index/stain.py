@@ -60,6 +60,7 @@ MAX_PIXELS = 1 << 18  # more are subsampled (evenly): the estimate does not need
 MIN_SEPARATION_DEG = 5.0  # H and E closer than this are not two stains
 MAX_OFF_REFERENCE_DEG = 40.0  # a vector further than this from the H&E reference: not H&E
 SAMPLE_WINDOWS = 16  # storage tiles read at full resolution when the mask image is too coarse
+SAMPLE_PIXELS = 1 << 17  # of the sampled tiles' tissue pixels, evenly spread
 SAMPLE_MPP = 2.0  # um/px: the coarsest level that still resolves nuclei (4 px across or more)
 METHOD = 2  # slide estimates of this method (sampled levels) are kept on rebuild; older are redone
 SAMPLE_WINDOW_MAX = 512  # a larger storage tile (or a strip) is sampled in windows this wide
@@ -310,8 +311,9 @@ def slide_estimate(
         except SlideError as exc:  # a corrupt tile: the mask image still has the colours
             log.debug("stain sample of %s unreadable (%s): the mask image", reader.path, exc)
         else:
-            if windows:
-                return estimate_stain(pixels, source=f"level {level}, {windows} tiles")
+            if windows:  # evenly fewer: ~1M pixels cost 200 ms, and 2^17 estimate as well
+                sample = _evenly(pixels, SAMPLE_PIXELS)
+                return estimate_stain(sample, source=f"level {level}, {windows} tiles")
     return estimate_stain(image, tissue, source=f"level {mask_level}")
 
 
