@@ -566,3 +566,35 @@ def test_split_predicts_the_slides_of_that_split_only(archive: Path, tmp_path: P
         assert [(r["name"], r["label"]) for r in csv.DictReader(fh)] == [("good", "normal")]
     run = json.loads((out / "predict.json").read_text())
     assert list(run["slides"]) == [str(archive / "good.svs")]
+
+
+@pytest.mark.parametrize("command", ["predict", "features", "bench"])
+@pytest.mark.parametrize("device", ["gpu", "cuda", "cuda:x"])
+def test_a_device_that_is_not_there_is_an_error_before_any_slide_is_read(
+    index: SlideIndex,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    device: str,
+) -> None:
+    from wsi_loader.dataset import reading
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is there")
+
+    def no_reads(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a slide was read")
+
+    monkeypatch.setattr(reading.TileReader, "read", no_reads)
+    out = tmp_path / "out"
+    model = [] if command == "bench" else ["--model", "tests.feature_models:classifier"]
+    outs = [] if command == "bench" else ["--out", str(out)]
+    code = main([command, str(index.path), *model, *outs, "--device", device, "--workers", "0"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err
+    assert f"device {device!r}" in err
+    wanted = "CUDA is not available" if device == "cuda" else "not a device"
+    assert wanted in err
+    assert not out.exists()

@@ -26,6 +26,7 @@ from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.errors import ConfigError, TileReadError
 from wsi_loader.index.quarantine import Quarantine
 from wsi_loader.index.table import SlideIndex
+from wsi_loader.models import resolve_device
 from wsi_loader.stain import as_stain
 
 log = logging.getLogger(__name__)
@@ -194,9 +195,7 @@ class DeviceLoader:
         self.loader = loader
         steps = as_stain(stain)
         self.stain = None if steps is None else steps.bind(index or _index_of(loader))
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device is 'cuda' but CUDA is not available; use device='cpu'")
+        self.device = resolve_device(device)
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
         if std is not None and any(s <= 0 for s in std):

@@ -52,7 +52,7 @@ from wsi_loader.errors import ConfigError, LoaderTimeoutError, ModelOutputError
 from wsi_loader.files import replacing
 from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index.table import SlideIndex, SlideRecord
-from wsi_loader.models import Model, weights_digest
+from wsi_loader.models import Model, resolve_device, weights_digest
 from wsi_loader.parallel import progress_bar
 from wsi_loader.stain import as_stain
 
@@ -94,6 +94,7 @@ class PassOptions:
             raise ConfigError("batch_size must be a whole number", key="batch_size")
         if self.batch_size < 1:
             raise ConfigError("batch_size must be >= 1", key="batch_size", value=self.batch_size)
+        resolve_device(self.device)
 
 
 @dataclass
@@ -218,7 +219,7 @@ def run_pass(
     """Run ``forward`` over every tile of this rank's slides of ``view`` that ``writer`` does
     not hold complete yet, and hand each slide's outputs to ``writer``."""
     options.check()
-    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(options.device)
     rank, world = rank_and_world()
     starts = view.slide_starts()
     counts = np.diff(starts)
