@@ -505,6 +505,8 @@ def export_index(
         )
     settings: dict[str, Any] = {
         **asdict(options),
+        # a JSON value, not the string that options carry (readers accept both: read_settings)
+        "stain": None if options.stain is None else json.loads(options.stain),
         "index": str(Path(index.path).resolve()),
         "split": index.split,
         "unlabelled_out": None if kept is None else str(kept),

@@ -481,6 +481,7 @@ def _run_metadata(
         "classes": list(report.classes),
         "activation": "sigmoid" if rule.multi_label or len(report.classes) == 1 else "softmax",
         "tta": tta,
+        "stain": report.stain,  # the transforms, targets resolved (None: none)
         "slide_rule": {
             "rule": rule.rule,
             "top_k": rule.top_k,

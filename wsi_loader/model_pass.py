@@ -123,6 +123,8 @@ class PassReport:
     incomplete: list[dict[str, Any]] = field(default_factory=list)
     # slides whose model outputs were not finite (NaN, Inf): not written
     failed_slides: list[dict[str, Any]] = field(default_factory=list)
+    # the stain transforms, as `StainPipeline.spec` (targets resolved): None without
+    stain: list[dict[str, Any]] | None = None
 
     def part(self) -> dict[str, Any]:
         """This rank's share, for `gather_parts`."""
@@ -241,7 +243,7 @@ def run_pass(
     ]
     content = {sid: slide_content(view, sid, header, stain_spec) for sid in mine}
     todo = [sid for sid in mine if not writer.is_complete(sid, content[sid])]
-    report = PassReport(slides=len(slide_ids), skipped=len(mine) - len(todo))
+    report = PassReport(slides=len(slide_ids), skipped=len(mine) - len(todo), stain=stain_spec)
     run = _Run(view, model, forward, writer, options, device, report, content, stain)
     total = int(sum(counts[s] for s in todo))
     with progress_bar(total, "tile", what, options.progress and bool(todo)) as bar:
