@@ -236,3 +236,36 @@ def test_an_export_begun_when_the_stain_was_a_json_string_resumes(
     assert read_settings(out) == settings
     again = export_index(two_stains, out, stain=Normalize("reinhard"))
     assert again.tiles == first.tiles and again.units_skipped == again.units
+
+
+@pytest.fixture(scope="module")
+def one_unestimated(tmp_path_factory: pytest.TempPathFactory) -> SlideIndex:
+    """A stained slide and a blank one (tiles, but no stain estimate)."""
+    from wsi_loader.synthetic import SlideSpec, write_svs
+
+    folder = tmp_path_factory.mktemp("blank")
+    write_svs(str(folder / "a.svs"), SlideSpec(1024, 1024, seed=1, stain=STAINS[0]))
+    write_svs(str(folder / "b.svs"), SlideSpec(1024, 1024, seed=2, tissue=0.0))
+    index = build_index([folder], folder / "idx", tile_size=256, level=0, min_tissue=0.0)
+    assert [s.stain is None for s in index.slides] == [False, True]
+    return index
+
+
+@pytest.mark.parametrize("command", ["predict", "features", "export"])
+def test_the_slides_without_a_stain_estimate_are_named_once_a_run(
+    one_unestimated: SlideIndex, tmp_path: Path, caplog: pytest.LogCaptureFixture, command: str
+) -> None:
+    if command == "features":
+        pytest.importorskip("h5py")
+    args = {
+        "predict": ["--model", "tests.feature_models:classifier", "--workers", "0"],
+        "features": ["--model", "tests.feature_models:tiny", "--workers", "0"],
+        "export": ["--format", "webdataset", "--shard-size", "4", "--workers", "1"],
+    }[command]
+    out = str(tmp_path / "out")
+    code = main([command, str(one_unestimated.path), "--out", out, "--no-progress",
+                 "--stain", "macenko", *args])  # fmt: skip
+    assert code == 0
+    said = [r.getMessage() for r in caplog.records if "no stain estimate" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"1 slides have no stain estimate ({one_unestimated.slides[1].path})")

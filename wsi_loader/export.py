@@ -299,7 +299,8 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
         if steps is not None:
             read = rows[~done]
             slide_ids = np.asarray(cols["slide_id"][read], dtype=np.int64)
-            steps.bind(index).apply_numpy(result.pixels, slide_ids, read, 0, result.ok)
+            # (export_index warned of the slides without an estimate, once)
+            steps.bind(index, warn=False).apply_numpy(result.pixels, slide_ids, read, 0, result.ok)
     encoded = _encode_all(result.pixels, result.ok, unit.options, unit.threads)
     pixels = iter(range(len(result.ok)))
     tiles, failures, members = [], [], []

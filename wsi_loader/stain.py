@@ -165,10 +165,15 @@ class SlideTables:
             lab_std=np.array([e.lab_std for e in rows]).reshape(-1, 3),
             valid=np.array([e is not None for e in estimates], dtype=bool),
         )
+        return tables
+
+    def warn_missing(self, index: SlideIndex) -> None:
+        """Say which of ``index``'s slides with tiles have no estimate (once per run: the
+        pipeline's `StainPipeline.bind` calls it)."""
         missing = [
             s.path
-            for s, e in zip(index.slides, estimates, strict=True)
-            if e is None and s.status == "ok" and s.tiles > 0
+            for s, valid in zip(index.slides, self.valid, strict=True)
+            if not valid and s.status == "ok" and s.tiles > 0
         ]
         if missing:
             log.warning(
@@ -177,7 +182,6 @@ class SlideTables:
                 len(missing),
                 ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else ""),
             )
-        return tables
 
 
 # ---------------------------------------------------------------------------------------------
@@ -703,8 +707,14 @@ class StainPipeline:
     def bound(self) -> bool:
         return all(s.bound for s in self.steps)
 
-    def bind(self, index: SlideIndex) -> StainPipeline:
-        return StainPipeline(tuple(s.bind(index) for s in self.steps))
+    def bind(self, index: SlideIndex, warn: bool = True) -> StainPipeline:
+        """Each step bound to ``index``; with ``warn``, one WARNING naming the slides without
+        an estimate (a run binds once with it; its units and loaders bind again without)."""
+        bound = StainPipeline(tuple(s.bind(index) for s in self.steps))
+        with_tables = [s.tables for s in bound.steps if s.tables is not _NO_TABLES]
+        if warn and with_tables:
+            with_tables[0].warn_missing(index)
+        return bound
 
     def apply_numpy(
         self,
