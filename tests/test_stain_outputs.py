@@ -119,7 +119,9 @@ def test_features_with_stain_differ_and_are_recomputed(
     assert plain.shape == normalised.shape and not np.allclose(plain, normalised)
 
 
-def test_mosaic_shows_each_tile_before_and_after(two_stains: SlideIndex, tmp_path: Path) -> None:
+def test_mosaic_shows_each_tile_before_and_after(
+    two_stains: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     mosaic = Mosaic(two_stains, 3, stain=Normalize("reinhard"))
     assert len(mosaic.rows) == 6 and list(mosaic.after) == [False, True] * 3
     assert mosaic.columns % 2 == 0
@@ -128,6 +130,10 @@ def test_mosaic_shows_each_tile_before_and_after(two_stains: SlideIndex, tmp_pat
                  "--stain", "macenko"]) == 0  # fmt: skip
     with Image.open(out) as image:
         assert image.size[0] > 0
+    # the tiles, not the panels (each tile shows twice, before and after)
+    assert f"{out}: 2 tiles, each before and after the stain transforms (0 failed to read)" in (
+        capsys.readouterr().err
+    )
 
 
 def _manifest_hashes(folder: Path) -> list[str]:

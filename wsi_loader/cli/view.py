@@ -101,8 +101,11 @@ def run_mosaic(args: argparse.Namespace) -> int:
         stain=stain_option(args),
     )
     mosaic.save(args.out)
+    first = ~mosaic.after  # with stain transforms each tile has two panels: count it once
+    both = ", each before and after the stain transforms" if mosaic.after.any() else ""
     print(
-        f"{args.out}: {len(mosaic.rows)} tiles ({int((~mosaic.ok).sum())} failed to read)",
+        f"{args.out}: {int(first.sum())} tiles{both} "
+        f"({int((~mosaic.ok[first]).sum())} failed to read)",
         file=sys.stderr,
     )
     return 0
