@@ -259,6 +259,8 @@ def test_a_nan_model_fails_its_slides_by_name(
     first, second = (s.path for s in index.slides)
     assert code == 1
     assert f"failed: {first}: the model returned NaN or infinite values for" in err
+    assert "error: the model's outputs were not finite for some slides\n" in err
+    assert "float16" not in err  # the advice is for --dtype float16 runs only
     assert (out / "model-outputs-csv" / f"{Path(second).stem}.csv").is_file()
     assert not (out / "model-outputs-csv" / f"{Path(first).stem}.csv").exists()
     summary = json.loads((out / "predict.json").read_text())
@@ -291,8 +293,23 @@ def test_class_names_come_in_order_and_a_count_mismatch_stops_before_reading(
 
 
 def test_model_output_of_the_wrong_width_is_named(index: SlideIndex, tmp_path: Path) -> None:
-    with pytest.raises(ModelOutputError, match=r"tuple of 2, not a tensor .*on a blank tile"):
+    with pytest.raises(ModelOutputError, match=r"tuple of 2, not a tensor .*on a blank tile\)$"):
         predict(index, "tests.feature_models:returns_tuple", tmp_path / "p", workers=0)
+    named = ModelOutputError("5 rows for 4 tiles", model="m", slides=["a.svs", "b.svs"])
+    assert str(named) == "model m: 5 rows for 4 tiles (slides of the batch: a.svs, b.svs)"
+
+
+def test_the_float16_advice_comes_with_float16_runs_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from wsi_loader.cli.features import unfinished_slides
+    from wsi_loader.model_pass import PassReport
+
+    report = PassReport(failed_slides=[{"slide": "a.svs", "reason": "NaN"}])
+    assert unfinished_slides(report, dtype="float16") == 1
+    assert "(with --dtype float16, try float32 or bfloat16)" in capsys.readouterr().err
+    assert unfinished_slides(report, dtype="bfloat16") == 1
+    assert "float16" not in capsys.readouterr().err
 
 
 def test_tta_averages_the_flips_and_turns(index: SlideIndex, tmp_path: Path) -> None:
