@@ -361,7 +361,9 @@ def test_cli_interface_and_a_torchscript_model_with_its_config(
     assert not (out / "metrics.json").exists()
 
 
-def test_inspect_predictions_draws_the_same_heatmap(index: SlideIndex, tmp_path: Path) -> None:
+def test_inspect_predictions_draws_the_same_heatmap(
+    index: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "p"
     predict(index, "tests.feature_models:classifier", out, workers=0, heatmap_size=300)
     for record in index.slides:  # bad.svs has failed tiles: hatched in both
@@ -374,6 +376,12 @@ def test_inspect_predictions_draws_the_same_heatmap(index: SlideIndex, tmp_path:
     one = tmp_path / "one.png"
     assert main(["inspect", str(index.path), "--predictions", str(out), "--heatmap-class",
                  "tumour", "--out", str(one)]) == 0  # fmt: skip
+    capsys.readouterr()
+    # without --predictions there is no heatmap whose class it could choose: said, not ignored
+    assert main(["inspect", str(index.path), "--heatmap-class", "tumour",
+                 "--out", str(tmp_path / "overview.png")]) == 2  # fmt: skip
+    assert "--heatmap-class goes with --predictions" in capsys.readouterr().err
+    assert not (tmp_path / "overview.png").exists()
     single = prediction_heatmap(index, out, "good.svs", heatmap_class="tumour", max_size=300)
     assert single.names == ["tumour"] and single.values.shape[2] == 1
     both = prediction_heatmap(index, out, "good.svs", max_size=300)

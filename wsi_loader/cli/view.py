@@ -62,6 +62,13 @@ def run_inspect(args: argparse.Namespace) -> int:
             key="max_size",
             value=args.max_size,
         )
+    if args.heatmap_class is not None and not args.predictions:
+        raise ConfigError(
+            "--heatmap-class goes with --predictions DIR (it picks a class of predict's "
+            "heatmap); without, inspect draws the slide's tile grid (--color-by)",
+            path="command line",
+            key="heatmap_class",
+        )
     index = open_index(args)
     if args.predictions:
         from wsi_loader.heatmaps import prediction_heatmap
