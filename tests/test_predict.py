@@ -219,6 +219,30 @@ def test_metrics_equal_scikit_learn_on_a_constructed_case() -> None:
     assert grouped["roc_auc"]["a"]["auc"] == result["roc_auc"]["a"]["auc"]
 
 
+def test_an_interval_from_few_slides_is_said_to_be_unreliable() -> None:
+    from wsi_loader.slide_metrics import RELIABLE_BOOTSTRAP_UNITS, SlideRule, metrics, table
+
+    rng = np.random.default_rng(5)
+    many = RELIABLE_BOOTSTRAP_UNITS
+    for n in (3, many - 1, many):
+        labels = np.arange(n) % 2
+        p1 = np.clip(labels * 0.3 + rng.random(n) * 0.7, 0, 1)
+        result = metrics(labels, np.stack([1 - p1, p1], axis=1), ("x", "y"), SlideRule(),
+                         rounds=200)  # fmt: skip
+        printed = table(result, "slide level")
+        caveat = f"n={n} slides: interval unreliable (fewer than {many} slides to resample)"
+        assert result["bootstrap"] == {"slides": n, "reliable": n >= many}
+        assert (caveat in printed) is (n < many), printed
+    # tiles: what the bootstrap resamples are their slides (groups), not the tiles
+    groups = np.repeat(np.arange(4), 10)
+    labels = groups % 2
+    p1 = np.clip(labels * 0.3 + rng.random(40) * 0.7, 0, 1)
+    tiles = metrics(labels, np.stack([1 - p1, p1], axis=1), ("x", "y"), SlideRule(),
+                    groups=groups, rounds=200)  # fmt: skip
+    assert tiles["bootstrap"] == {"slides": 4, "reliable": False}
+    assert "n=4 slides: interval unreliable" in table(tiles, "tile level")
+
+
 def test_kill_9_midway_then_rerun_gives_byte_identical_csvs(
     index: SlideIndex, tmp_path: Path
 ) -> None:
