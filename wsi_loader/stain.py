@@ -744,22 +744,40 @@ class StainPipeline:
 
 
 def as_stain(value: Any, key: str = "stain") -> StainPipeline | None:
-    """``stain=`` as given (a transform, a list of them, or None) as a `StainPipeline`."""
-    if value is None:
+    """``stain=`` as given (a transform, a list of them, or None) as a `StainPipeline`. The
+    commands' ``--stain`` spellings work too: ``"macenko"`` or ``"reinhard"`` is
+    ``Normalize(method)`` with the default target (the index's median), ``"none"`` None."""
+    if value is None or (isinstance(value, str) and value == "none"):
         return None
     if isinstance(value, StainPipeline):
         return value
-    steps = [value] if isinstance(value, StainTransform) else value
+    steps = [value] if isinstance(value, (StainTransform, str)) else value
+    if isinstance(steps, (list, tuple)):
+        steps = [_by_name(s, key) if isinstance(s, str) else s for s in steps]
     if not isinstance(steps, (list, tuple)) or not all(
         isinstance(s, StainTransform) for s in steps
     ):
         raise ConfigError(
             f"invalid value {value!r} for {key!r}: a stain transform of wsi_loader.stain "
-            "(Normalize, HEDJitter, StainJitter, RandStain), a list of them, or None",
+            "(Normalize, HEDJitter, StainJitter, RandStain), 'macenko' or 'reinhard' (as "
+            "--stain), a list of them, or None",
             key=key,
             value=value,
         )
     return StainPipeline(tuple(steps)) if steps else None
+
+
+def _by_name(method: str, key: str) -> Normalize:
+    if method not in ("macenko", "reinhard"):
+        raise ConfigError(
+            f"invalid value {method!r} for {key!r}: 'macenko' or 'reinhard' (as --stain: "
+            "Normalize(method) with the index's median target), Normalize(method, "
+            "target=...) for another target, a stain transform of wsi_loader.stain, a list "
+            "of them, or None",
+            key=key,
+            value=method,
+        )
+    return Normalize(method)
 
 
 def from_spec(spec: Sequence[dict[str, Any]]) -> StainPipeline | None:
