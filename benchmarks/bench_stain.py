@@ -1,7 +1,7 @@
 """Stain normalisation throughput: this library's batched maps with slide vectors against the peers.
 
     .venv/bin/python benchmarks/bench_stain.py [--tiles 256] [--batch-size 64] [--device cpu]
-        [--skip-loader]
+        [--skip-loader] [--real SLIDE ...] [--model-scale]
 
 On the same tiles (256 px, from synthetic slides stained with known vectors), in one run:
 
@@ -13,7 +13,14 @@ On the same tiles (256 px, from synthetic slides stained with known vectors), in
 - ``torch-staintools``: its batched Macenko (least-squares concentrations) estimating every
   tile, and with its stain-matrix cache keyed by slide (its nearest to slide vectors); Reinhard
   batched. Needs torchvision; skipped (with the reason) when it cannot be imported.
-- make_loader throughput with and without normalisation in the workers (the CPU path).
+- make_loader throughput with and without normalisation in the workers (the CPU path), and
+  where its cost comes from: one process's CPU per tile to read (decode) a batch and to
+  normalise it, on the synthetic archive and on any ``--real SLIDE`` (tiles as they decode from a
+  real scanner's JPEGs; e.g. ``$WSI_LOADER_TEST_DATA/CMU-1-Small-Region.svs``).
+- what it costs a whole run: `wsi_loader.inference.predict` with a small CNN (bench_predict.py's)
+  on ``--device``, with and without normalisation (on a CPU the map runs in the process that runs
+  the model; on a GPU, on the device), and for scale a ResNet-18's forward per tile on
+  ``--device`` (``--model-scale`` prints only that).
 
 Prints tiles/s and ratios to torchstain per tile.
 """
@@ -21,6 +28,7 @@ Prints tiles/s and ratios to torchstain per tile.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +42,7 @@ from common import scratch_folder
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from wsi_loader.dataset import TileDataset, make_loader
 from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.slides.open import open_slide
 from wsi_loader.stain import Normalize, resolve_target
 from wsi_loader.synthetic import SlideSpec, write_svs
 
@@ -132,6 +141,105 @@ def loader_rate(index: SlideIndex, args: Any, stain: Any) -> float:
     return best
 
 
+def per_tile_costs(index: SlideIndex, args: Any, label: str) -> None:
+    """One process: us of CPU per tile to read a batch (decode) and to normalise it in place,
+    and the throughput cost normalising in the workers would have (map / (read + map))."""
+    cols = index.columns
+    rows = np.flatnonzero(cols["tissue"] >= 0.5)
+    rows = np.random.default_rng(1).choice(rows, min(args.tiles, len(rows)), replace=False)
+    rows = np.sort(rows)  # the order a loader reads a shard in
+    slide_ids = np.asarray(cols["slide_id"][rows], dtype=np.int64)
+    reader = TileDataset(index).reader
+    parts = [slice(i, i + args.batch_size) for i in range(0, len(rows), args.batch_size)]
+    read_s = 1 / best_rate(lambda: [reader.read(rows[p]) for p in parts], len(rows),
+                                   args.repeats)  # fmt: skip
+    pixels = reader.read(rows).pixels.copy()
+    print(f"{label}: {len(rows)} tiles, read {1e6 * read_s:.0f} us/tile (one process)")
+    for method in ("macenko", "reinhard"):
+        op = Normalize(method, target=resolve_target(pixels[0])).bind(index)
+
+        def run(op: Normalize = op) -> None:
+            for p in parts:
+                op.apply_numpy(pixels[p].copy(), slide_ids[p], rows[p])
+
+        map_s = 1 / best_rate(run, len(rows), args.repeats)
+        print(f"  {method}: {1e6 * map_s:.0f} us/tile, a cost of "
+              f"{100 * map_s / (read_s + map_s):.0f}% on reading")  # fmt: skip
+
+
+def small_cnn() -> torch.nn.Module:
+    """bench_predict.py's small CNN: three strided convolutions, pool, linear."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 5, stride=4), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, stride=2), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 2),
+    ).eval()  # fmt: skip
+
+
+def resnet18_ms(device: torch.device, batch: int = 16) -> float:
+    """ms per 256 px tile of a ResNet-18 forward (written out: torchvision is optional)."""
+    from torch import nn
+
+    class Basic(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout),
+            )  # fmt: skip
+            self.skip: nn.Module = nn.Identity()
+            if stride != 1 or cin != cout:
+                self.skip = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+                )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.body(x) + self.skip(x))
+
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                               nn.ReLU(), nn.MaxPool2d(3, 2, 1)]  # fmt: skip
+    width = 64
+    for out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [Basic(width, out, stride), Basic(out, out, 1)]
+        width = out
+    net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 2))
+    net = net.eval().to(device)
+    x = torch.rand(batch, 3, 256, 256, device=device)
+
+    def run() -> None:
+        with torch.inference_mode():
+            net(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return 1e3 / best_rate(run, batch, 3)
+
+
+def predict_rates(index: SlideIndex, args: Any, folder: Path) -> dict[str, float]:
+    """tiles/s of whole predict runs (best of ``--repeats``, the ways interleaved)."""
+    from wsi_loader.inference import predict
+
+    ways = {"none": None, "macenko": Normalize("macenko"), "reinhard": Normalize("reinhard")}
+    best = dict.fromkeys(ways, 0.0)
+    model = small_cnn()
+    for _ in range(args.repeats):
+        for name, stain in ways.items():
+            out = folder / "predict"
+            shutil.rmtree(out, ignore_errors=True)
+            start = time.perf_counter()
+            report = predict(
+                index, model, out, workers=args.workers, heatmaps=False, stain=stain,
+                device=args.device, batch_size=args.batch_size,
+            )  # fmt: skip
+            best[name] = max(best[name], report.tiles / (time.perf_counter() - start))
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiles", type=int, default=256)
@@ -141,8 +249,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="make_loader's workers")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-loader", action="store_true")
+    parser.add_argument(
+        "--real", action="append", default=[], metavar="SLIDE",
+        help="also the CPU per tile to read and normalise this slide's tiles (repeatable)",
+    )  # fmt: skip
     parser.add_argument("--tmp", help="scratch folder (default: a temporary one)")
+    parser.add_argument(
+        "--model-scale", action="store_true", help="only a ResNet-18's forward time per tile"
+    )
     args = parser.parse_args()
+    if args.model_scale:
+        print(f"ResNet-18 forward, 256 px, batch 16, {torch.get_num_threads()} torch threads, "
+              f"{args.device}: {resnet18_ms(torch.device(args.device)):.1f} ms/tile")  # fmt: skip
+        return
     folder = scratch_folder(args.tmp, "bench-stain-")
     index = archive(folder, args.width)
     cols = index.columns
@@ -191,12 +310,28 @@ def main() -> None:
         for way, rate in ways.items():
             print(f"{method:9} {way:34} {rate:9.0f} {rate / peer:13.1f}x")
     if not args.skip_loader:
+        print("CPU per tile, one process:")
+        per_tile_costs(index, args, "  synthetic archive")
+        for i, slide in enumerate(args.real):
+            with open_slide(slide) as reader:  # tiles on storage tiles: one decode each
+                size = reader.meta.tile_sizes[0][0] if reader.meta.tile_sizes else 0
+            real = build_index([slide], folder / f"real{i}", tile_size=size or 256, level=0)
+            per_tile_costs(real, args, f"  {Path(slide).name}")
         base = loader_rate(index, args, None)
         print(f"make_loader, {args.workers} workers, {len(index)} tiles per epoch:")
         print(f"  no stain: {base:.0f} tiles/s")
         for method in ("macenko", "reinhard"):
             rate = loader_rate(index, args, Normalize(method))
             print(f"  {method}: {rate:.0f} tiles/s (cost {100 * (1 - rate / base):.0f}%)")
+        rates = predict_rates(index, args, folder)
+        print(f"predict, small CNN on {device}, {args.workers} workers:")
+        for name, rate in rates.items():
+            cost = 100 * (1 - rate / rates["none"])
+            print(
+                f"  stain {name}: {rate:.0f} tiles/s"
+                + (f" (cost {cost:.0f}%)" if name != "none" else "")
+            )
+        print(f"for scale, a ResNet-18 forward: {resnet18_ms(device):.1f} ms/tile")
 
 
 if __name__ == "__main__":

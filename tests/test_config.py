@@ -234,3 +234,47 @@ def test_python_none_in_yaml_is_refused_with_the_yaml_spelling(
         load_config(path)  # quoted, it is the text: whatever the option makes of it
     except ConfigError as exc:
         assert "write null" not in str(exc)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "message"),
+    [
+        (
+            "index:\n  mpp: 0.5\n  qc_thresholds: {blurr: 0.4}\n",
+            "index.qc_thresholds.blurr",
+            "'index.qc_thresholds.blurr': no QC rule 'blurr' (did you mean 'blur'?); "
+            "the rules are pen, blur, fold, bubble",
+        ),
+        (
+            "index:\n  mpp: 0.5\n  qc_thresholds: {pen: 2}\n",
+            "index.qc_thresholds.pen",
+            "invalid value 2.0 for 'index.qc_thresholds.pen': a share of the tile, between 0 and 1",
+        ),
+        (
+            "index:\n  mpp: 0.5\n  level: 1\n",
+            "index",
+            "'index': give either mpp or level, not both (set the others to null)",
+        ),
+    ],
+)
+def test_a_rule_of_a_section_is_said_in_words(
+    tmp_path: Path, text: str, key: str, message: str
+) -> None:
+    # these used to dump the whole section ("invalid value {'mpp': 0.5, ...} for 'index'"),
+    # say pydantic's "Value error," and list the rules as a Python tuple, with no close key
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: {message}"
+    assert info.value.key == key
+
+
+def test_an_option_needing_another_names_both_in_words() -> None:
+    with pytest.raises(ConfigError) as info:
+        with_overrides(IndexConfig(), source="command line", qc="none", qc_exclude=["pen"])
+    assert str(info.value) == (
+        "command line: 'qc_exclude': drops tiles that quality control flags, but quality "
+        "control is off (qc: none); turn it on (qc: all) or leave qc_exclude out"
+    )
+    assert info.value.key == "qc_exclude" and info.value.value == ["pen"]

@@ -513,6 +513,23 @@ def test_stain_normalisation_changes_the_probabilities_and_is_part_of_the_conten
                  "--out", str(tmp_path / "cli"), "--workers", "0", "--no-progress",
                  "--stain", "reinhard"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
+    # a config file's stain section asks for the same
+    config = tmp_path / "stain.yaml"
+    config.write_text("stain:\n  normalize: reinhard\n")
+    code = main(["predict", str(two_stains.path), "--model", "tests.feature_models:classifier",
+                 "--out", str(tmp_path / "config"), "--workers", "0", "--no-progress",
+                 "--config", str(config)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    from_flags, from_file = (
+        TilePredictions.read_csv(tmp_path / name / "model-outputs-csv" / f"{stem}.csv")
+        for name in ("cli", "config")
+    )
+    assert np.array_equal(from_file.probabilities, from_flags.probabilities)
+    assert not np.allclose(from_file.probabilities, plain)
+    # and is refused with a MIL model, as --stain is
+    code = main(["predict", str(two_stains.path), "--mil-model", "m.pt", "--out",
+                 str(tmp_path / "mil"), "--config", str(config)])  # fmt: skip
+    assert code == 2 and "goes with --model" in capsys.readouterr().err
 
 
 def test_the_softmax_is_torchs_softmax() -> None:

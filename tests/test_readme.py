@@ -73,10 +73,15 @@ def test_the_readme_names_every_batch_attribute_and_device_key(index) -> None:  
     table = _batch_table()
     attributes = set().union(*(first for first, _ in table))
     keys = set().union(*(second for _, second in table))
-    data = {f.name for f in fields(TileBatch) if f.name in TileBatch._BY_VALUE} | {"images"}
-    assert attributes == data  # every per-tile field, nothing else
+    data = {f.name for f in fields(TileBatch) if f.name in TileBatch._BY_VALUE}
+    assert attributes == data | {"images", "context"}  # every per-tile field, nothing else
     loader = make_loader(index, batch_size=4, num_workers=0)
     batch = next(iter(DeviceLoader(loader, "cpu")))
     sample = TileDataset(index)[0]
-    assert set(batch) == set(sample) == keys - {"coverage"}  # an index without annotations
+    # an index without annotations, read without context tiles
+    assert (
+        set(batch)
+        == set(sample)
+        == keys - {"coverage", "context", "context_inside", "context_mask"}
+    )
     assert set(next(iter(loader)).as_dict()) == set(batch)

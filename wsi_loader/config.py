@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from wsi_loader.errors import ConfigError
 from wsi_loader.slides.storage import expand_home
@@ -36,7 +44,71 @@ __all__ = [
 
 
 QC_RULES = ("pen", "blur", "fold", "bubble")  # index/qc.py's RULES, by name
+
+
+class OptionValueError(ValueError):
+    """What a validator of a section raises about one of its keys (``key``, dotted, relative
+    to the section; its ``value``, said as invalid when ``invalid``): the error then names
+    that key, not the whole section, and says the problem in words."""
+
+    def __init__(self, message: str, *, key: str, value: Any = None, invalid: bool = False) -> None:
+        super().__init__(message)
+        self.key = key
+        self.value = value
+        self.invalid = invalid
+
+
 PathText = Annotated[str, AfterValidator(expand_home)]  # a local path or a URL
+
+MAX_CONTEXT_SCALES = 8  # context tiles per item (each is a buffer per batch)
+
+
+def context_scales(value: Any) -> Any:
+    """Context scales as ``[(mpp, size), ...]`` from what users write: pairs (tuples or YAML
+    lists), ``{"mpp": M, "size": S}`` mappings, or ``"MPP:SIZE"`` strings (``--context``,
+    comma-separated). Anything else is left for the type check to refuse with its message."""
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple)):
+        return value
+    scales: list[Any] = []
+    for item in value:
+        scale = item
+        if isinstance(item, str) and item.count(":") == 1:
+            mpp, size = (part.strip() for part in item.split(":"))
+            try:
+                scale = (float(mpp), int(size))
+            except ValueError as exc:
+                raise ValueError(f"context scale {item!r} is not MPP:SIZE ({exc})") from None
+        elif isinstance(item, dict) and set(item) == {"mpp", "size"}:
+            scale = (item["mpp"], item["size"])
+        elif isinstance(item, list):
+            scale = tuple(item)
+        scales.append(scale)
+    return scales
+
+
+def _check_context(scales: list[tuple[float, int]] | None) -> list[tuple[float, int]] | None:
+    if scales is None:
+        return None
+    if len(scales) > MAX_CONTEXT_SCALES:
+        raise ValueError(f"at most {MAX_CONTEXT_SCALES} context scales, got {len(scales)}")
+    for mpp, size in scales:
+        if not 0 < mpp <= 1000:
+            raise ValueError(f"context MPP {mpp} is not in (0, 1000] um/px")
+        if not 1 <= size <= 16384:
+            raise ValueError(f"context tile size {size} is not in 1..16384 px")
+    if len(set(scales)) != len(scales):
+        raise ValueError(f"context scales repeat: {scales}")
+    return list(scales)
+
+
+# co-centred context tiles: [(mpp, size), ...] (see context_scales for the spellings)
+ContextScales = Annotated[
+    list[tuple[float, int]] | None,
+    BeforeValidator(context_scales),
+    AfterValidator(_check_context),
+]
 
 
 class _Strict(BaseModel):
@@ -50,6 +122,13 @@ class IndexConfig(_Strict):
     tile_size: int = Field(256, gt=0, le=16384, description="tile edge in output pixels")
     mpp: float | None = Field(0.5, gt=0, le=1000, description="target microns per pixel")
     level: int | None = Field(None, ge=0, description="read this pyramid level instead of an MPP")
+    mag: float | None = Field(
+        None,
+        gt=0,
+        le=200,
+        description="target magnification instead of an MPP (20 = 20x: the slide's objective "
+        "power, else mpp = 10 / mag)",
+    )
     mpp_tolerance: float = Field(0.1, ge=0, lt=1, description="relative MPP mismatch accepted")
     stride: int | None = Field(None, gt=0, description="grid step in output pixels (tile_size)")
     min_tissue: float = Field(0.5, ge=0, le=1, description="minimum tissue fraction of a tile")
@@ -92,6 +171,10 @@ class IndexConfig(_Strict):
     max_excluded: float = Field(
         0.0, ge=0, lt=1, description="share of an excluded class a kept tile may overlap"
     )
+    context: ContextScales = Field(
+        default_factory=list,
+        description="context tiles datasets of this index read by default: [(mpp, size), ...]",
+    )
     annotation_objects: list[Literal["annotation", "detection", "cell", "tile", "tma_core"]] = (
         Field(
             default_factory=list,
@@ -121,12 +204,26 @@ class IndexConfig(_Strict):
         default_factory=dict, description="QC rule thresholds (rule -> value) other than defaults"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_mpp_only_alone(cls, data: Any) -> Any:
+        """``mag`` or ``level`` given without ``mpp``: the default MPP does not apply."""
+        alone = isinstance(data, dict) and "mpp" not in data
+        if alone and (data.get("mag") is not None or data.get("level") is not None):
+            return {**data, "mpp": None}
+        return data
+
     @model_validator(mode="after")
     def _mpp_or_level(self) -> IndexConfig:
-        if self.level is not None and self.mpp is not None:
-            raise ValueError("give either mpp or level, not both (set the other to null)")
-        if self.level is None and self.mpp is None:
-            raise ValueError("give mpp (microns per pixel) or level")
+        given = [k for k in ("mpp", "mag", "level") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(
+                f"give either {' or '.join(given)}, not both (set the others to null)"
+                if len(given) == 2
+                else "give one of mpp, mag and level (set the others to null)"
+            )
+        if not given:
+            raise ValueError("give mpp (microns per pixel), mag (magnification) or level")
         return self
 
     @model_validator(mode="after")
@@ -154,14 +251,33 @@ class IndexConfig(_Strict):
 
     @model_validator(mode="after")
     def _qc_options(self) -> IndexConfig:
-        if self.qc == "none" and (self.qc_exclude or self.qc_thresholds):
-            raise ValueError("qc_exclude and qc_thresholds need quality control on (qc: all)")
+        if self.qc == "none":
+            for key, does in (
+                ("qc_exclude", "drops tiles that quality control flags"),
+                ("qc_thresholds", "sets thresholds of quality control"),
+            ):
+                if getattr(self, key):
+                    raise OptionValueError(
+                        f"{does}, but quality control is off (qc: none); turn it on "
+                        f"(qc: all) or leave {key} out",
+                        key=key,
+                        value=getattr(self, key),
+                    )
         for rule, value in self.qc_thresholds.items():
+            key = f"qc_thresholds.{rule}"
             if rule not in QC_RULES:
-                raise ValueError(f"qc_thresholds: no QC rule {rule!r}; the rules are {QC_RULES}")
+                raise OptionValueError(
+                    f"no QC rule {rule!r}{close_key(rule, QC_RULES)}; "
+                    f"the rules are {', '.join(QC_RULES)}",
+                    key=key,
+                )
             if not 0 <= value <= (10 if rule == "blur" else 1):
-                top = "10 (focus relative to the slide's typical)" if rule == "blur" else "1"
-                raise ValueError(f"qc_thresholds.{rule} must be between 0 and {top}, got {value}")
+                what = (
+                    "a focus relative to the slide's typical, between 0 and 10"
+                    if rule == "blur"
+                    else "a share of the tile, between 0 and 1"
+                )
+                raise OptionValueError(what, key=key, value=value, invalid=True)
         return self
 
     @property
@@ -184,6 +300,11 @@ class DatasetConfig(_Strict):
     from the same YAML file. Keyword arguments go through this same validation."""
 
     on_error: Literal["fill", "substitute", "raise"] = "fill"
+    context: ContextScales = Field(
+        None,
+        description="co-centred context tiles beside each tile: [(mpp, size), ...]; None: the "
+        "index's default (index --context), [] none",
+    )
     retries: int = Field(2, ge=0, le=10)
     fill_value: int = Field(255, ge=0, le=255)
     max_open_slides: int = Field(16, ge=1)
@@ -360,10 +481,10 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 80, 80
 _SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 6
 
 
-def close_key(key: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'tile_size'?)`` for a misspelt key (difflib's closest of ``known``),
-    or nothing when none is close."""
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+def close_key(key: str, known: Iterable[str], cutoff: float = 0.6) -> str:
+    """`` (did you mean 'tile_size'?)`` for a misspelt key (difflib's closest of ``known``
+    with a similarity of at least ``cutoff``), or nothing when none is close."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=cutoff)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -388,6 +509,18 @@ def _describe(
         message = f"unknown key {key!r}"
         if model is not None and first["loc"]:
             message += close_key(str(first["loc"][-1]), _keys_at(model, first["loc"][:-1]))
+    elif first["type"] == "value_error":  # a validator's own words, without pydantic's
+        problem = first.get("ctx", {}).get("error")
+        text = str(problem) if problem is not None else first["msg"]
+        invalid = not isinstance(value, dict)  # a field's value, not a whole section's
+        if isinstance(problem, OptionValueError):
+            key = f"{key}.{problem.key}" if key else problem.key
+            value, invalid = problem.value, problem.invalid
+        if key and invalid:
+            message = f"invalid value {_SHORT.repr(value)} for {key!r}: {text}"
+        else:  # a rule of a section: its key, never a dump of the section
+            message = f"{key!r}: {text}" if key else text
+            value = None if isinstance(value, dict) else value
     elif key:
         message = f"invalid value {_SHORT.repr(value)} for {key!r}: {first['msg']}"
     else:
@@ -517,12 +650,13 @@ def _check_nodes(node: yaml.Node, keys: tuple[str, ...], source: str, seen: set[
 def with_overrides(config: IndexConfig, source: str | None = None, **overrides: Any) -> IndexConfig:
     """A copy of ``config`` with the non-None ``overrides`` applied and validated again.
 
-    Giving ``level`` clears ``mpp`` and vice versa, so a CLI ``--level`` beats a file's ``mpp``.
+    Giving one of ``mpp``, ``mag`` and ``level`` clears the other two (when they are not
+    given too), so a CLI ``--level`` or ``--mag`` beats a file's ``mpp``.
     """
     updates = {k: v for k, v in overrides.items() if v is not None}
-    if "level" in updates and "mpp" not in updates:
-        updates["mpp"] = None
-    if "mpp" in updates and "level" not in updates:
-        updates["level"] = None
+    resolution = ("mpp", "mag", "level")
+    if any(k in updates for k in resolution):
+        for key in resolution:
+            updates.setdefault(key, None)
     result: IndexConfig = validate(IndexConfig, {**config.model_dump(), **updates}, source)
     return result

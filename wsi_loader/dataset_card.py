@@ -92,18 +92,40 @@ def _card(
     return f"---\n{front}---\n\n{text}\n\n{MARK}\n"
 
 
-def webdataset_card(image_ext: str, classes: Sequence[str], split: str | None = None) -> str:
+# One entry of a sample's ``context`` list (exports with context tiles): the scale, the
+# window it was read from (level-0 top-left, level, edge in level pixels), its on-slide box
+CONTEXT_FIELDS = {
+    "mpp": "float64",
+    "size": "int64",
+    "x": "int64",
+    "y": "int64",
+    "level": "int64",
+    "read_size": "int64",
+}
+
+
+def webdataset_card(
+    image_ext: str, classes: Sequence[str], split: str | None = None, context: int = 0
+) -> str:
     """The card of shards whose samples are ``KEY.<image_ext>`` and ``KEY.json`` (with a
-    ``coverage`` object of ``classes`` when the index has annotation classes)."""
+    ``coverage`` object of ``classes`` when the index has annotation classes), and with
+    ``context`` scales ``KEY.ctx1.<image_ext>``... and a ``context`` list in the JSON."""
     types: dict[str, dict[str, object]] = {
         name: {"dtype": dtype} for name, dtype in SAMPLE_FIELDS.items()
     }
     if classes:
         types["coverage"] = {"struct": [{"name": name, "dtype": "float64"} for name in classes]}
+    if context:
+        entry: list[dict[str, object]] = [
+            {"name": name, "dtype": dtype} for name, dtype in CONTEXT_FIELDS.items()
+        ]
+        entry.append({"name": "inside", "list": "int64"})
+        types["context"] = {"list": sorted(entry, key=lambda f: str(f["name"]))}
     # in the order json.dumps(sort_keys=True) writes them
     fields = [{"name": name, **spec} for name, spec in sorted(types.items())]
     features: list[dict[str, Any]] = [
         {"name": image_ext, "dtype": "image"},
+        *({"name": f"ctx{k}.{image_ext}", "dtype": "image"} for k in range(1, context + 1)),
         {"name": "json", "struct": fields},
         {"name": "__key__", "dtype": "string"},
         {"name": "__url__", "dtype": "string"},
@@ -111,7 +133,14 @@ def webdataset_card(image_ext: str, classes: Sequence[str], split: str | None = 
     text = (
         f"Tiles exported by wsi_loader as WebDataset shards: `KEY.{image_ext}` (the tile) and "
         "`KEY.json` (its slide, level-0 position, level, label, slide label, split and, for "
-        "annotated indexes, class coverage). `manifest.csv` lists every tile, `failures.csv` "
+        "annotated indexes, class coverage)"
+        + (
+            f", and `KEY.ctx1.{image_ext}`... (its co-centred context tiles, one per scale; "
+            "`context` in the JSON gives each one's scale, window and part on the slide)"
+            if context
+            else ""
+        )
+        + ". `manifest.csv` lists every tile, `failures.csv` "
         "those not exported, `export.json` the arguments and counts. Load with "
         "`datasets.load_dataset(FOLDER)` (the types above) or `webdataset.WebDataset`. "
         f"Every tile is in the one `{card_split(split)}` split of this card; the `split` field "

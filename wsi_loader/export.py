@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from wsi_loader.config import ExportConfig, validate
+from wsi_loader.config import DatasetConfig, ExportConfig, validate
+from wsi_loader.dataset.context import check_context, recorded_context
 from wsi_loader.dataset.reading import TileReader, threads_per_process
 from wsi_loader.dataset_card import (
     imagefolder_card,
@@ -146,6 +147,8 @@ class ExportOptions:
     # coordinates, and reads that still fail are listed in failures.csv, never exported
     on_error: str = "fill"
     retries: int = 2
+    # context tiles (webdataset): (mpp, size) per scale, written as KEY.ctx1.<ext>...
+    context: tuple[tuple[float, int], ...] = ()
     stain: str | None = None  # JSON of the stain transforms' spec (`wsi_loader.stain`)
 
     @property
@@ -267,7 +270,12 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     index = SlideIndex.open(
         unit.index_path, root=unit.root, generation=unit.generation, quarantine=unit.quarantine
     )
-    reader = TileReader(index, on_error=unit.options.on_error, retries=unit.options.retries)
+    reader = TileReader(
+        index,
+        on_error=unit.options.on_error,
+        retries=unit.options.retries,
+        context=unit.options.context,
+    )
     rows = np.asarray(unit.rows, dtype=np.int64)
     cols, folders = index.columns, dict(unit.folders)
     ext = unit.options.image_ext
@@ -300,8 +308,13 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
             read = rows[~done]
             slide_ids = np.asarray(cols["slide_id"][read], dtype=np.int64)
             # (export_index warned of the slides without an estimate, once)
-            steps.bind(index, warn=False).apply_numpy(result.pixels, slide_ids, read, 0, result.ok)
+            bound = steps.bind(index, warn=False)
+            for scale in (result.pixels, *result.context):  # context tiles as their tile
+                bound.apply_numpy(scale, slide_ids, read, 0, result.ok)
     encoded = _encode_all(result.pixels, result.ok, unit.options, unit.threads)
+    context_encoded = [
+        _encode_all(tiles, result.ok, unit.options, unit.threads) for tiles in result.context
+    ]
     pixels = iter(range(len(result.ok)))
     tiles, failures, members = [], [], []
     outputs: list[tuple[str, int, str]] = []  # (name under out, size, sha256) of every file
@@ -309,6 +322,8 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
         base = _tile_fields(index, row)
         slide = index.slides[base["slide_id"]]
         path = files[i]
+        context_data: list[bytes] = []  # the encoded context tiles (webdataset)
+        context_meta: list[dict[str, Any]] = []
         if path is not None and done[i]:
             data = path.read_bytes()
         else:
@@ -317,6 +332,9 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
                 failures.append({**base, "reason": f"read failed: {result.errors[j]}"})
                 continue
             data = encoded[j]
+            if context_encoded:
+                context_data = [scale[j] for scale in context_encoded]
+                context_meta = _context_meta(reader, row, j, result)
         entry = {
             **base,
             "read_size": int(cols["read_size"][row]),
@@ -354,7 +372,11 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
                     name: round(float(value), 6)
                     for name, value in zip(index.classes, index.coverage[row], strict=True)
                 }
-            members.append((key, ext, data, json.dumps(meta, sort_keys=True).encode()))
+            if context_meta:
+                meta["context"] = context_meta
+            members.append(
+                (key, ext, data, json.dumps(meta, sort_keys=True).encode(), context_data)
+            )
             tiles.append(
                 {**entry, "file": f"shard-{unit.number:06d}.tar", "member": f"{key}.{ext}"}
             )
@@ -369,8 +391,10 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     if unit.options.format == "webdataset":
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-            for key, image_ext, data, meta_bytes in members:
+            for key, image_ext, data, meta_bytes, context_data in members:
                 _tar_member(tar, f"{key}.{image_ext}", data)
+                for k, tile in enumerate(context_data, start=1):
+                    _tar_member(tar, f"{key}.ctx{k}.{image_ext}", tile)
                 _tar_member(tar, f"{key}.json", meta_bytes)
         name = f"shard-{unit.number:06d}.tar"
         data = buf.getvalue()
@@ -393,6 +417,26 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     }
     _append_part(out, record)  # last: marks it complete
     return record
+
+
+def _context_meta(reader: TileReader, row: int, j: int, result: Any) -> list[dict[str, Any]]:
+    """The ``context`` entries of a sample's JSON: per scale, its MPP and size, the window
+    read (level-0 top-left, level, edge in level pixels) and the box on the slide."""
+    entries = []
+    for k, ((_, x, y, level, read), _) in enumerate(reader.context_windows(row)):
+        mpp, size = reader.context[k]
+        entries.append(
+            {
+                "mpp": mpp,
+                "size": size,
+                "x": x,
+                "y": y,
+                "level": level,
+                "read_size": read,
+                "inside": [int(v) for v in result.context_inside[j, k]],
+            }
+        )
+    return entries
 
 
 def _encode_all(
@@ -427,6 +471,7 @@ def export_index(
     seed: int = 0,
     quarantine: str | os.PathLike[str] | None = None,
     unlabelled_out: str | os.PathLike[str] | None = None,
+    context: Sequence[tuple[float, int]] | None = None,
     stain: Any = None,
 ) -> ExportReport:
     """Export every tile of an index, or of one ``split`` (quarantined tiles are left out
@@ -451,6 +496,11 @@ def export_index(
     two slides when shards follow the index order); ``export.json`` reports slides per shard.
     ``quarantine``: the file failed reads go to and quarantined tiles come from, instead of
     the index's own (an index on a read-only mount; see `SlideIndex.open`).
+
+    ``context=[(mpp, size), ...]`` (WebDataset only; default: the index's ``index --context``
+    for WebDataset exports): every sample also gets its co-centred context tiles as
+    ``KEY.ctx1.<ext>``, ``KEY.ctx2.<ext>``... and a ``context`` list in its JSON (scale,
+    window read, part on the slide); a tile whose context cannot be read is not exported.
 
     A unit whose worker process dies under it (the out-of-memory killer) or, with
     ``unit_timeout`` (seconds; 0: no limit), is not done in time (reads that hang on a
@@ -493,6 +543,8 @@ def export_index(
     elif root is not None:
         index = index.view(root=root)
     index = index.view(split=split, quarantine=quarantine)
+    scales = _context_scales(index, context, options.format)
+    options = replace(options, context=tuple(scales))
     steps = as_stain(stain)
     if steps is not None:  # targets resolved now (an archive median, a file), once
         options = replace(options, stain=json.dumps(steps.bind(index).spec(), sort_keys=True))
@@ -513,6 +565,7 @@ def export_index(
         "unlabelled_out": None if kept is None else str(kept),
         "version": EXPORT_VERSION,
     }
+    settings = json.loads(json.dumps(settings))  # as the settings file holds them (no tuples)
     if overwrite and read_settings(out_path) is not None:
         clear_export(out_path)
     resuming = check_destination(out_path, settings)
@@ -650,13 +703,35 @@ def export_index(
     write_file(out_path / "export.json", json.dumps(summary, indent=1, sort_keys=True).encode())
     if options.format == "webdataset":
         classes = list(index.classes) if index.coverage is not None else []
-        write_card(out_path, webdataset_card(options.image_ext, classes, index.split))
+        card = webdataset_card(options.image_ext, classes, index.split, len(options.context))
+        write_card(out_path, card)
     elif options.format == "imagefolder":
         # every label of the index, present or not: the class ids are then the index's
         # label ids (the folders sort in that order) in an export of any split
         classes = sorted(folder for _, folder in folders)
         write_card(out_path, imagefolder_card(options.image_ext, classes, index.split))
     return report
+
+
+def _context_scales(
+    index: SlideIndex, given: Sequence[tuple[float, int]] | None, format: str
+) -> list[tuple[float, int]]:
+    """The context scales an export writes: the given ones (WebDataset only), else the index's
+    default for a WebDataset export; checked against the slides like a dataset's."""
+    scales: list[tuple[float, int]] = (
+        validate(DatasetConfig, {"context": list(given)}).context or [] if given is not None else []
+    )
+    if scales and format != "webdataset":
+        raise ConfigError(
+            f"context tiles are written into WebDataset samples (KEY.ctx1.jpg...); a {format} "
+            "export has no place for them: use --format webdataset, or no --context",
+            key="context",
+            value=scales,
+        )
+    if given is None and format == "webdataset":
+        scales = recorded_context(index)
+    check_context(index, scales)
+    return scales
 
 
 def _export_coords(full: SlideIndex, order: np.ndarray, out: Path) -> dict[str, Any]:

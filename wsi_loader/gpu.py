@@ -171,7 +171,10 @@ def _index_of(loader: Any) -> SlideIndex:
 
 class DeviceLoader:
     """Wrap a loader of `TileBatch` (or default-collated sample dicts) and yield dicts whose
-    ``image`` is a normalised float tensor ``(N, 3, H, W)`` on ``device``.
+    ``image`` is a normalised float tensor ``(N, 3, H, W)`` on ``device``. Batches with context
+    tiles also get ``context`` (one such tensor per scale, normalised alike) and, from
+    `TileBatch`, ``context_mask`` (one ``(N, size, size)`` bool tensor per scale: True where
+    the context tile is on the slide).
 
     ``mean``/``std`` are in [0, 1] units (ImageNet's by default; ``None`` gives plain /255).
     ``wait_seconds`` accumulates the time the consumer waited for the next batch.
@@ -260,12 +263,17 @@ class DeviceLoader:
         if isinstance(batch, TileBatch) and self.device.type == "cpu" and self._np_dtype:
             moved = decode_encoded(batch, self.device, self._unwritable, self._quarantines)
             if self.stain is not None:  # numpy, in place: the batch is this process's now
-                self.stain.apply_numpy(
-                    moved.images.numpy(), moved.slide_id, moved.rows, moved.epoch, moved.ok
-                )
+                for tiles in (moved.images, *(moved.context or ())):  # context as its tile
+                    self.stain.apply_numpy(
+                        tiles.numpy(), moved.slide_id, moved.rows, moved.epoch, moved.ok
+                    )
             out = moved.as_dict()
             out["image"] = self._convert_on_cpu(moved.images)
+            if moved.context is not None:  # every scale normalised alike
+                out["context"] = [self._convert_on_cpu(tiles) for tiles in moved.context]
+                out["context_mask"] = [moved.context_mask(k) for k in range(len(moved.context))]
             return out
+        masks = None
         if isinstance(batch, TileBatch):
             moved = batch.to(self.device, non_blocking=True)
             moved = decode_encoded(moved, self.device, self._unwritable, self._quarantines)
@@ -273,26 +281,52 @@ class DeviceLoader:
                 moved.images = self.stain.apply_torch(
                     moved.images, batch.slide_id, batch.rows, batch.epoch, moved.ok
                 )
+                if moved.context is not None:  # context tiles as their tile
+                    moved.context = [
+                        self.stain.apply_torch(t, batch.slide_id, batch.rows, batch.epoch, moved.ok)
+                        for t in moved.context
+                    ]
             out = moved.as_dict()
+            if moved.context is not None:
+                masks = [moved.context_mask(k) for k in range(len(moved.context))]
         else:  # default-collated dicts from a plain DataLoader(TileDataset)
-            out = {
-                k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-                for k, v in batch.items()
-            }
+            out = {k: self._to_device(v) for k, v in batch.items()}
             if self.stain is not None:
                 epoch = int(getattr(getattr(self.loader, "dataset", None), "epoch", 0))
-                nhwc = self.stain.apply_torch(
-                    out["image"].permute(0, 2, 3, 1),
-                    batch["slide_id"],
-                    batch["row"],
-                    epoch,
-                    batch["ok"],
-                )
-                out["image"] = nhwc.permute(0, 3, 1, 2)
-        image = out["image"].to(self.dtype).mul_(self._scale).add_(self._shift)  # in place
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        out["image"] = image.contiguous(memory_format=fmt)
+                stain = self.stain
+
+                def stained(nchw: torch.Tensor) -> torch.Tensor:
+                    nhwc = stain.apply_torch(
+                        nchw.permute(0, 2, 3, 1),
+                        batch["slide_id"],
+                        batch["row"],
+                        epoch,
+                        batch["ok"],
+                    )
+                    return nhwc.permute(0, 3, 1, 2)
+
+                out["image"] = stained(out["image"])
+                if out.get("context") is not None:  # context tiles as their tile
+                    out["context"] = [stained(tiles) for tiles in out["context"]]
+        out["image"] = self._normalise(out["image"])
+        if out.get("context") is not None:  # every scale normalised alike
+            out["context"] = [self._normalise(tiles) for tiles in out["context"]]
+        if masks is not None:
+            out["context_mask"] = masks
         return out
+
+    def _to_device(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.to(self.device, non_blocking=True)
+        if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            return [v.to(self.device, non_blocking=True) for v in value]  # context tiles
+        return value
+
+    def _normalise(self, image: torch.Tensor) -> torch.Tensor:
+        """uint8 NCHW on the device -> normalised ``dtype`` in the chosen memory format."""
+        image = image.to(self.dtype).mul_(self._scale).add_(self._shift)  # in place
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        return image.contiguous(memory_format=fmt)
 
     def _load(self, iterator: Iterator[TileBatch | dict[str, Any]]) -> dict[str, Any] | None:
         start = time.perf_counter()
@@ -316,8 +350,9 @@ class DeviceLoader:
                 consumer = torch.cuda.current_stream(self.device)
                 consumer.wait_stream(self._stream)
                 for value in current.values():
-                    if isinstance(value, torch.Tensor) and value.is_cuda:
-                        value.record_stream(consumer)
+                    for tensor in value if isinstance(value, list) else [value]:
+                        if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                            tensor.record_stream(consumer)
             self.batches += 1
             yield current
             # the consumer has queued its (asynchronous) work on `current`: the next copy,

@@ -84,6 +84,8 @@ class PassOptions:
     progress: bool = False
     batch_transform: BatchTransform | None = None
     stain: Any = None  # transforms of wsi_loader.stain, applied on the device
+    # context tiles (mpp, size) per scale, run through the same model as the tiles
+    context: Sequence[tuple[float, int]] = ()
 
     def check(self) -> None:
         if self.dtype not in DTYPES:
@@ -100,12 +102,14 @@ class PassOptions:
 @dataclass
 class SlideOutputs:
     """One slide's outputs: ``values[i]`` is the output of index row ``rows[i]`` (rows in index
-    order, failed tiles left out); ``failures`` the tiles left out, with the reader's reason."""
+    order, failed tiles left out); ``failures`` the tiles left out, with the reader's reason;
+    ``context[k]`` the outputs of the rows' context tiles of scale k, in the same order."""
 
     slide_id: int
     rows: npt.NDArray[np.int64]
     values: npt.NDArray[np.float32]
     failures: list[dict[str, Any]]
+    context: list[npt.NDArray[np.float32]] = field(default_factory=list)
 
 
 @dataclass
@@ -285,6 +289,7 @@ class _Parts:
     rows: list[np.ndarray] = field(default_factory=list)
     failed_rows: list[np.ndarray] = field(default_factory=list)
     not_finite: list[np.ndarray] = field(default_factory=list)
+    context: list[list[np.ndarray]] = field(default_factory=list)  # per scale, like values
     received: int = 0
 
 
@@ -315,6 +320,7 @@ class _Run:
             persistent_workers=False,
             timeout=options.timeout,
             batch_transform=options.batch_transform,
+            context=list(options.context),
         )
         batches = DeviceLoader(
             loader,
@@ -329,15 +335,24 @@ class _Run:
             model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         parts: dict[int, _Parts] = {}
         for batch in batches:
-            values = self._outputs(batch)
+            values = self._outputs(batch, batch["image"])
+            context = [
+                self._outputs(batch, tiles, k)
+                for k, tiles in enumerate(batch.get("context") or (), 1)
+            ]
             ok = batch["ok"].cpu().numpy().astype(bool)
             rows = batch["row"].cpu().numpy().astype(np.int64)
             slides = batch["slide_id"].cpu().numpy()
             finite = np.isfinite(values).all(axis=1)
+            for scale in context:
+                finite &= np.isfinite(scale).all(axis=1)
             for sid in np.unique(slides).tolist():
                 here = slides == sid
                 part = parts.setdefault(sid, _Parts())
                 part.values.append(values[here & ok])
+                part.context = part.context or [[] for _ in context]
+                for kept, scale in zip(part.context, context, strict=True):
+                    kept.append(scale[here & ok])
                 part.rows.append(rows[here & ok])
                 part.failed_rows.append(rows[here & ~ok])
                 part.not_finite.append(rows[here & ok & ~finite])
@@ -347,9 +362,12 @@ class _Run:
                     yield sid
             bar.update(len(rows))
 
-    def _outputs(self, batch: dict[str, Any]) -> npt.NDArray[np.float32]:
-        """The checked (B, D) outputs of one batch, as float32."""
-        image = batch["image"]
+    def _outputs(
+        self, batch: dict[str, Any], image: torch.Tensor, scale: int = 0
+    ) -> npt.NDArray[np.float32]:
+        """The checked (B, D) outputs of one batch's tiles (``scale`` 0) or context tiles of
+        scale ``scale``, as float32. Context outputs have the tiles' width (the same model on
+        inputs resized alike)."""
         size = self.model.size
         if size is not None and image.shape[-1] != size:
             image = F.interpolate(image, size=(size, size), mode="bilinear", antialias=True)
@@ -363,8 +381,9 @@ class _Run:
             ):
                 output = output_rows(self.forward(image), len(image))
             if self.report.dim is not None and output.shape[1] != self.report.dim:
+                what = f" (context tiles of scale {scale})" if scale else ""
                 raise BadOutputError(
-                    f"returned {output.shape[1]} values per tile in this batch, "
+                    f"returned {output.shape[1]} values per tile in this batch{what}, "
                     f"{self.report.dim} in the first: the width must not change"
                 )
         except BadOutputError as exc:
@@ -404,10 +423,12 @@ class _Run:
             return
         order = np.argsort(rows, kind="stable")
         values = np.concatenate(parts.values)[order].astype(np.float32, copy=False)
+        context = [np.concatenate(s)[order].astype(np.float32, copy=False) for s in parts.context]
         failures = [
             {"slide": record.path, "x": x, "y": y, "reason": reasons[(x, y)]} for x, y in xy
         ]
-        self.writer.write(SlideOutputs(sid, rows[order], values, failures), self.content[sid])
+        outputs = SlideOutputs(sid, rows[order], values, failures, context)
+        self.writer.write(outputs, self.content[sid])
         report.failures.extend(failures)
         report.written += 1
         report.written_slides.append(record.path)

@@ -94,3 +94,69 @@ def test_grid_is_in_level0_pixels_and_row_major() -> None:
     assert x[1] - x[0] == 128 * 4
     assert np.all(np.diff(y) >= 0)
     assert x.max() + 256 * 4 <= 4096 and y.max() + 256 * 4 <= 2048
+
+
+def with_objective(power: float | None, **kwargs: object) -> SlideMeta:
+    from dataclasses import replace
+
+    return replace(meta(**kwargs), objective_power=power)  # type: ignore[arg-type]
+
+
+def test_mag_follows_the_objective_power() -> None:
+    """20x of a 40x scan is a downsample of 2, whatever the MPP says (a pathologist's 20x)."""
+    plan = plan_read(with_objective(40, mpp=0.25, downsamples=(1.0, 2.0, 4.0)), 256, 256, mag=20)
+    assert (plan.level, plan.read_size, plan.tile_mag, plan.mag_source) == (
+        1,
+        256,
+        20.0,
+        "objective-power",
+    )
+    assert plan.tile_mpp == pytest.approx(0.5)
+    # a 40x scanner at 0.2282 um/px: 10x is its level of downsample 4 (0.913 um/px), no warning
+    plan = plan_read(with_objective(40, mpp=0.2282), 256, 256, mag=10)
+    assert (plan.level, plan.read_size, plan.tile_mag, plan.warning) == (1, 256, 10.0, None)
+    # between levels: the finer level, resampled
+    plan = plan_read(with_objective(40, mpp=0.25), 224, 224, mag=20)
+    assert (plan.level, plan.read_size, plan.tile_mag) == (0, 448, 20.0)
+
+
+def test_mag_without_objective_power_is_ten_over_mag() -> None:
+    plan = plan_read(with_objective(None, mpp=0.25), 256, 256, mag=10)
+    assert (plan.level, plan.read_size, plan.mag_source) == (1, 256, "mpp")
+    assert plan.tile_mpp == pytest.approx(1.0) and plan.tile_mag == pytest.approx(10.0)
+    # a stated power that is no objective (0, a pixel count) is not used
+    assert plan_read(with_objective(5000, mpp=0.25), 256, 256, mag=10).mag_source == "mpp"
+
+
+def test_mag_needs_no_mpp_when_the_objective_is_stated() -> None:
+    plan = plan_read(with_objective(40, mpp=None, source="missing"), 256, 256, mag=10)
+    assert (plan.level, plan.tile_mpp, plan.tile_mag) == (1, None, 10.0)
+    with pytest.raises(ResolutionError, match="states no objective power, and the slide has no"):
+        plan_read(with_objective(None, mpp=None, source="missing"), 256, 256, mag=10)
+
+
+def test_mag_beyond_the_scan_fails_with_advice() -> None:
+    with pytest.raises(
+        ResolutionError, match=r"resolution 20x is coarser than the target 40x.*--mag 20"
+    ):
+        plan_read(with_objective(20, mpp=0.5), 256, 256, mag=40)
+
+
+def test_mag_and_mpp_that_disagree_are_reported() -> None:
+    from wsi_loader.index.geometry import mag_disagreement
+
+    assert mag_disagreement(with_objective(40, mpp=0.2282), 0.2282, 0.1) is None  # 8.7% apart
+    note = mag_disagreement(with_objective(40, mpp=0.5), 0.5, 0.1)
+    assert note and "states 40x but its MPP 0.5 um/px is 20x" in note
+    assert mag_disagreement(with_objective(None, mpp=0.5), 0.5, 0.1) is None
+
+
+def test_every_plan_records_its_magnification() -> None:
+    assert plan_read(with_objective(20, mpp=0.5), 256, 256, level=1).tile_mag == 5.0
+    assert plan_read(with_objective(None, mpp=0.5), 256, 256, mpp=1.0).tile_mag == pytest.approx(
+        10.0
+    )
+    assert (
+        plan_read(with_objective(None, mpp=None, source="missing"), 256, 256, level=0).tile_mag
+        is None
+    )

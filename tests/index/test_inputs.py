@@ -70,6 +70,8 @@ def test_labels_join_by_path_then_name(tmp_path: Path) -> None:
     joined, _ = join_labels(entries, str(labels))
     assert [(e.label, e.split) for e in joined] == [("one", "train"), ("two", None)]
     with pytest.raises(InputError, match="needs a 'label' column"):
+        join_labels(entries, str(write(tmp_path / "bad.csv", "slide,diagnosis\na,x\n")))
+    with pytest.raises(InputError, match="unknown column 'lbl' \\(did you mean 'label'"):
         join_labels(entries, str(write(tmp_path / "bad.csv", "slide,lbl\na,x\n")))
     with pytest.raises(InputError, match="two different labels"):
         join_labels(entries, str(write(tmp_path / "dup.csv", "slide,label\na,x\na,y\n")))
@@ -202,3 +204,37 @@ def test_labels_name_slides_by_file_name_too(tmp_path: Path) -> None:
     labels = write(tmp_path / "l.csv", "slide,label\na.b.svs,one\nc,two\n")
     joined, report = join_labels(entries, str(labels))
     assert [e.label for e in joined] == ["one", "two"] and not report.unmatched_rows
+
+
+@pytest.mark.parametrize(
+    ("header", "unknown", "meant"),
+    [
+        ("path,lable,splt", "lable", "label"),
+        ("path,label,splt", "splt", "split"),
+        ("path,Label,MPP,anotations", "anotations", "annotations"),
+    ],
+)
+def test_misspelt_manifest_columns_are_an_error(
+    tmp_path: Path, header: str, unknown: str, meant: str
+) -> None:
+    # a misspelt column used to be ignored: every slide indexed unlabelled, without a word
+    row = ",".join(["a.svs"] + ["1"] * header.count(","))
+    manifest = write(tmp_path / "m.csv", f"{header}\n{row}\n")
+    expected = f"unknown column {unknown!r} \\(did you mean {meant!r}"
+    with pytest.raises(InputError, match=expected) as info:
+        read_manifest(str(manifest))
+    assert info.value.path == str(manifest)
+
+
+def test_other_manifest_columns_are_kept_out_of_the_way(tmp_path: Path) -> None:
+    # columns of a spreadsheet's own (a patient id, notes) are no typo of a manifest column
+    manifest = write(tmp_path / "m.csv", "path,label,patient_id,notes\na.svs,tumor,P1,fine\n")
+    (entry,) = read_manifest(str(manifest))
+    assert entry.label == "tumor"
+
+
+def test_misspelt_labels_columns_name_the_close_column(tmp_path: Path) -> None:
+    labels = write(tmp_path / "labels.csv", "slide,label,splt\na,tumor,train\n")
+    with pytest.raises(InputError, match="unknown column 'splt' \\(did you mean 'split'") as info:
+        join_labels([], str(labels))
+    assert info.value.path == str(labels)

@@ -144,6 +144,8 @@ def test_open_where_keeps_what_the_filter_keeps(qc_index: SlideIndex) -> None:
         SlideIndex.open(qc_index.path, where=lambda c: c["qc_pen"])
     with pytest.raises(ValueError, match="no QC rule"):
         qc_filter("smudge")
+    with pytest.raises(ValueError, match=r"no QC rule 'blurr' \(did you mean 'blur'\?\)"):
+        qc_filter(blurr=0.4)
 
 
 def test_cli_index_excludes_and_info_counts(qc_index: SlideIndex, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -174,8 +176,14 @@ def test_cli_index_excludes_and_info_counts(qc_index: SlideIndex, tmp_path: Path
     assert "quality control (pen >= 0.1, blur < 0.4" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["index", source, "--out", str(out), "--qc-exclude", "smudge"])
+    for flag, value in (("--qc-exclude", "pne"), ("--qc-threshold", "blurr=0.4")):
+        with pytest.raises(SystemExit):
+            main(["index", source, "--out", str(out), flag, value])
+        assert "(did you mean" in capsys.readouterr().err
     assert main(["index", source, "--out", str(out), "--qc", "none", "--qc-exclude", "pen"]) == 2
-    assert "need quality control on" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "error: command line: 'qc_exclude': drops tiles that quality control flags" in error
+    assert "Value error" not in error
 
 
 def test_inspect_colours_tiles_by_rule_and_mosaic_samples_flagged(
@@ -261,7 +269,7 @@ def test_config_checks_qc_options() -> None:
         IndexConfig(qc_thresholds={"smudge": 0.1})
     with pytest.raises(ValueError, match="between 0 and 1"):
         IndexConfig(qc_thresholds={"pen": 2.0})
-    with pytest.raises(ValueError, match="need quality control on"):
+    with pytest.raises(ValueError, match="quality control is off"):
         IndexConfig(qc="none", qc_exclude=["pen"])
 
 
@@ -311,3 +319,27 @@ def test_a_malformed_qc_summary_in_slides_json_is_ignored(
     summary = SlideIndex.open(index.path).summary()
     assert summary["slides"][0]["qc"]["excluded"] == {}
     assert summary["slides"][0]["qc_summary"] is None
+
+
+def test_flags_and_filters_go_by_the_index_s_own_thresholds(
+    qc_index: SlideIndex, tmp_path: Path
+) -> None:
+    # qc.flags(index.columns) and qc_filter() used the default thresholds while info and
+    # inspect used the index's own: a strict index dropped fewer tiles than info counted
+    strict = build_index(
+        [qc_index.slide_path(0)], tmp_path / "i", tile_size=256, mpp=0.5,
+        qc_thresholds={"blur": 0.9},
+    )  # fmt: skip
+    at_build = qc.flags(strict.columns, ["blur"], {"blur": 0.9})["blur"]
+    at_default = qc.flags(strict.columns, ["blur"])["blur"]  # columns alone: the defaults
+    assert at_default.sum() < at_build.sum()
+    assert np.array_equal(qc.flags(strict, ["blur"])["blur"], at_build)  # the index: its own
+    assert np.array_equal(qc.flags(strict, ["blur"], {"blur": 0.5})["blur"], at_default)
+    counted = strict.summary()["qc"]["flagged"]["blur"]
+    assert counted == int(at_build.sum())
+    view = SlideIndex.open(strict.path, where=qc_filter("blur"))
+    assert len(view) == len(strict) - counted  # what info counts is what the filter drops
+    given = SlideIndex.open(strict.path, where=qc_filter("blur", blur=0.5))
+    assert len(given) == len(strict) - int(at_default.sum())
+    alone = qc_filter("blur")(strict.columns)  # called on columns: the defaults
+    assert np.array_equal(alone, ~at_default)

@@ -100,3 +100,42 @@ def test_level_mode_indexes_slides_without_usable_mpp(testdata: Path, tmp_path: 
     assert jp2k.level_count == 2 and jp2k.mpp is None
     too_deep = build_index([testdata / "boxes.tiff"], tmp_path / "idx2", level=4)
     assert "level 4 requested but the slide has 4 level(s)" in (too_deep.slides[0].error or "")
+
+
+# --mag X on the third-party slides: the level a pathologist would read (the table in README's
+# "Magnification" section). file -> {mag: (level, window px for 64 px tiles, tile mag)}; None:
+# refused (the scan is coarser than asked, or the slide states neither objective nor MPP)
+AT_MAG = {
+    # Aperio 20x, 0.499 um/px, one level: 20x as stored; 10x and 5x shrink level 0
+    "CMU-1-Small-Region.svs": {40: None, 20: (0, 64, 20), 10: (0, 128, 10), 5: (0, 256, 5)},
+    # Hamamatsu 40x at 0.228 um/px, downsamples 1..64: every magnification is a stored level
+    "test3-DAPI-2-(387).ndpi": {40: (0, 64, 40), 20: (1, 64, 20), 10: (2, 64, 10), 5: (3, 64, 5)},
+    # Vectra: no objective power, 0.4965 um/px: 20x = 0.5 um/px by 10 / mag
+    "small_vectra.qptiff": {40: None, 20: (0, 64, 20.1), 10: (0, 129, 9.99), 5: (0, 258, 5.0)},
+    # JPEG 2000 TCGA cut-out: neither MPP nor objective power
+    "tcga-cr-7395-01a-01-ts1.svs": {40: None, 20: None, 10: None, 5: None},
+}
+
+
+@pytest.mark.parametrize("mag", [40, 20, 10, 5])
+def test_mag_picks_the_level_a_pathologist_would(testdata: Path, tmp_path: Path, mag: int) -> None:
+    index = build_index(
+        [testdata / n for n in AT_MAG], tmp_path / "idx", tile_size=64, mag=mag, min_tissue=0.0
+    )
+    assert index.params["mag"] == mag and index.params["mpp"] is None
+    for record in index.slides:
+        expected = AT_MAG[Path(record.path).name][mag]
+        if expected is None:
+            assert record.status == "failed", record
+            continue
+        level, window, tile_mag = expected
+        assert (record.status, record.read_level, record.read_size) == ("ok", level, window)
+        assert record.tile_mag == pytest.approx(tile_mag, rel=0.01)
+        assert record.tile_mpp is not None  # both are recorded
+    failed = {Path(s.path).name: s.error or "" for s in index.slides if s.status == "failed"}
+    assert (
+        "states no objective power, and the slide has no MPP"
+        in failed["tcga-cr-7395-01a-01-ts1.svs"]
+    )
+    if mag == 40:
+        assert "resolution 20x is coarser than the target 40x" in failed["CMU-1-Small-Region.svs"]

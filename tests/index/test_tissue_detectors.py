@@ -43,6 +43,11 @@ def test_a_dark_field_slide_gets_the_fluorescence_detector(
     assert record.tissue_detector == "fluorescence"
     assert record.tissue_reason is not None and "dark field" in record.tissue_reason
     assert "dark field (fluorescence)" in caplog.text  # issue 36, item 18
+    # it read as if brightfield had been set: "(tissue_detector: brightfield forces ...)"
+    assert "tissue_detector: brightfield forces" not in caplog.text
+    assert "to find tissue by colour on them anyway, set tissue_detector: brightfield" in (
+        caplog.text
+    )
     grid = build_index([slide], tmp_path / "g", tile_size=256, mpp=0.5, min_tissue=0.0, qc="none")
     truth = true_tissue(SlideSpec(**DARK), grid.columns["l0_x"], grid.columns["l0_y"], 256)  # type: ignore[arg-type]
     kept = set(zip(index.columns["l0_x"].tolist(), index.columns["l0_y"].tolist(), strict=True))
@@ -72,6 +77,22 @@ def test_forcing_brightfield_on_a_dark_slide_warns(
     )
     assert forced.slides[0].tissue_detector == "fluorescence"
     assert forced.slides[0].tissue_reason.startswith("forced")  # type: ignore[union-attr]
+    # the opposite case warned; this one counted the bright glass as tissue without a word
+    warning = forced.slides[0].warning
+    assert warning is not None and "the slide looks bright field" in warning
+    assert "but tissue_detector is fluorescence" in warning and "glass" in warning
+
+
+@pytest.mark.testdata
+def test_forcing_fluorescence_on_cmu1_warns(testdata: Path, tmp_path: Path) -> None:
+    slide = testdata / "CMU-1-Small-Region.svs"
+    right = build_index([slide], tmp_path / "a", mpp=0.5, qc="none")
+    forced = build_index(
+        [slide], tmp_path / "f", mpp=0.5, qc="none", tissue_detector="fluorescence"
+    )
+    assert right.slides[0].warning is None or "looks" not in right.slides[0].warning
+    assert len(forced) > len(right)  # the glass glows "tissue" under the intensity rule
+    assert "the slide looks bright field" in (forced.slides[0].warning or "")
 
 
 def test_brightfield_slides_keep_the_colour_rule(make_slide: SlideFactory) -> None:

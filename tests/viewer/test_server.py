@@ -442,3 +442,22 @@ def test_slides_in_a_bucket_are_served(s3_endpoint: str, archive: Archive, tmp_p
         with ViewerServer(archive.index) as here:
             good = archive.ids["good.svs"]
             assert request(here.port, f"/slides/{good}_files/13/5_7.jpeg").body == stored
+
+
+@pytest.mark.parametrize("port", [99999, -1, 65536])
+def test_a_port_out_of_range_is_a_clear_error(
+    port: int, archive: Archive, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # it used to end in a traceback: OverflowError: bind(): port must be 0-65535
+    from wsi_loader.cli.main import main
+    from wsi_loader.viewer import serve
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", str(archive.index.path), "--port", str(port)])
+    assert info.value.code == 2
+    assert f"--port: {port} is not a port (0-65535" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=f"{port} is not a port \\(0-65535") as error:
+        serve(archive.index, port=port)
+    assert (error.value.key, error.value.value) == ("port", port)
+    with pytest.raises(ConfigError, match="is not a port"):
+        bind("127.0.0.1", port)

@@ -14,7 +14,7 @@ from wsi_loader.cli.common import (
     dask_client,
 )
 from wsi_loader.cli.stain import add_stain_options, stain_option
-from wsi_loader.config import Config, ExportConfig, load_config, validate
+from wsi_loader.config import Config, DatasetConfig, ExportConfig, load_config, validate
 from wsi_loader.index import SlideIndex
 
 
@@ -53,6 +53,12 @@ def register(sub: Subparsers) -> None:
         metavar="DIR",
         help="imagefolder: write tiles without a label to DIR, a folder outside --out (by "
         "default they are left out: a folder of them would be one more class to every reader)",
+    )
+    p.add_argument(
+        "--context",
+        metavar="MPP:SIZE[,MPP:SIZE]",
+        help="webdataset: co-centred context tiles per sample (KEY.ctx1.jpg...); default: the "
+        "index's --context; '' for none",
     )
     config_flag(
         p, "--verify", "on resume, check finished units' files by SHA-256 (not only their sizes)"
@@ -93,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
         ExportConfig, {**config.export.model_dump(), **flags}, "command line", "export"
     )
     index = SlideIndex.open(args.index, root=args.root or config.index.root)
+    context = None
+    if args.context is not None:
+        context = validate(DatasetConfig, {"context": args.context}, "command line").context
     with dask_client(args.scheduler) as client:
         report = export_index(
             index,
@@ -105,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             quarantine=args.quarantine or config.dataset.quarantine,
             unlabelled_out=args.unlabelled_out,
+            context=context if context is not None else config.dataset.context,
             stain=stain_option(args, config.stain),
         )
     unlabelled = f", {report.unlabelled} without a label left out" if report.unlabelled else ""

@@ -44,12 +44,25 @@ def register(sub: Subparsers) -> None:
         help="no batch for S seconds (a read that hangs): leave the slides being read for the "
         "next run and go on (needs workers; 0: wait forever)",
     )
+    p.add_argument(
+        "--context",
+        metavar="MPP:SIZE[,MPP:SIZE]",
+        help="also encode co-centred context tiles (default: the index's --context; '' none)",
+    )
+    p.add_argument(
+        "--context-features",
+        choices=["separate", "concat"],
+        default="separate",
+        help="separate: features_ctx1... beside features (default); concat: features is "
+        "[tile | ctx1 | ...]",
+    )
     p.add_argument("--no-progress", action="store_true")
     add_stain_options(p, config=True)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from wsi_loader.config import DatasetConfig, validate
     from wsi_loader.features import extract
 
     # `--model mymodels:encoder` finds mymodels.py in the current folder, as `python -m` would
@@ -70,6 +83,12 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         quarantine=args.quarantine,
         timeout=args.timeout,
+        context=(
+            None
+            if args.context is None
+            else validate(DatasetConfig, {"context": args.context}, "command line").context
+        ),
+        context_features=args.context_features,
         stain=stain_option(args),
     )
     print(

@@ -16,8 +16,9 @@ from wsi_loader.cli.common import (
     one_line,
 )
 from wsi_loader.config import IndexConfig, load_config, with_overrides
+from wsi_loader.errors import ConfigError
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.index.qc import RULES
+from wsi_loader.index.qc import RULES, check_rule
 
 
 def register(sub: Subparsers) -> None:
@@ -39,7 +40,20 @@ def register(sub: Subparsers) -> None:
     res = p.add_mutually_exclusive_group()
     res.add_argument("--mpp", type=float, metavar="UM_PER_PX", help="target resolution")
     res.add_argument("--level", type=int, metavar="N", help="read this level (no MPP needed)")
+    res.add_argument(
+        "--mag",
+        type=float,
+        metavar="X",
+        help="target magnification (20 = 20x): the slide's objective power / X is the "
+        "downsample; slides stating none use mpp = 10 / X",
+    )
     p.add_argument("--mpp-tolerance", type=float, metavar="F", help="accepted relative MPP error")
+    p.add_argument(
+        "--context",
+        metavar="MPP:SIZE[,MPP:SIZE]",
+        help="co-centred context tiles that datasets of this index read by default beside each "
+        "tile (e.g. 2.0:224); slides that cannot serve them fail",
+    )
     p.add_argument("--min-tissue", type=float, metavar="F", help="minimum tissue fraction 0..1")
     p.add_argument("--stride", type=int, metavar="PX", help="grid step in output pixels")
     p.add_argument("--labels", metavar="CSV", help="labels CSV joined by path or slide name")
@@ -170,11 +184,11 @@ def register(sub: Subparsers) -> None:
 def qc_rules(value: str) -> list[str]:
     """``pen,blur`` as QC rule names."""
     names = class_names(value)
-    unknown = [n for n in names if n not in RULES]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"no QC rule {', '.join(map(repr, unknown))}; the rules are {', '.join(RULES)}"
-        )
+    for name in names:
+        try:
+            check_rule(name)
+        except ConfigError as exc:  # names the close rule
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return names
 
 
@@ -182,10 +196,14 @@ def qc_threshold(value: str) -> tuple[str, float]:
     """``blur=0.4`` as (rule, threshold)."""
     name, sep, number = value.partition("=")
     name = name.strip()
-    if not sep or name not in RULES:
+    if not sep:
         raise argparse.ArgumentTypeError(
             f"expected RULE=VALUE with a rule among {', '.join(RULES)}, got {value!r}"
         )
+    try:
+        check_rule(name)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     try:
         return name, float(number)
     except ValueError:
@@ -228,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
             "tile_size",
             "mpp",
             "level",
+            "mag",
+            "context",
             "mpp_tolerance",
             "min_tissue",
             "stride",
@@ -283,7 +303,28 @@ def run(args: argparse.Namespace) -> int:
     checked = qc_line(index)
     if checked:
         print(checked, file=sys.stderr)
+    # an index without a tile trains nothing, whether its slides failed or gave no tile:
+    # an error either way (the index is written, so `info` can show each slide)
     if not ok:
         print("error: no slide could be indexed", file=sys.stderr)
         return 1
+    if len(index) == 0:
+        print(f"error: no tile could be indexed ({no_tile_counts(index)})", file=sys.stderr)
+        return 1
     return 0
+
+
+def no_tile_counts(index: SlideIndex) -> str:
+    """How the slides of an index without a tile ended, counted (their reasons were said
+    once each, by the build's warnings)."""
+    failed = sum(s.status != "ok" for s in index.slides)
+    empty = len(index.slides) - failed
+    parts = [
+        f"{n} slide{'s' if n != 1 else ''} {what}"
+        for n, what in (
+            (failed, "failed"),
+            (empty, "has no tile" if empty == 1 else "have no tile"),
+        )
+        if n
+    ]
+    return f"{', '.join(parts)}; each slide's reason is in the warnings above"

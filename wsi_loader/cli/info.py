@@ -58,6 +58,11 @@ def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
         f"{summary['tiles']} tiles; quarantine: {q['tiles']} tile and {q['slides']} slide "
         "records",
     ]
+    context = (summary.get("params") or {}).get("context")
+    if context:  # what datasets of this index read beside each tile by default
+        lines.append(
+            "context: " + ", ".join(f"{size} px at {mpp:g} um/px" for mpp, size in context)
+        )
     unit = "tiles" if summary["label_from"] == "annotations" else "slides"
     if summary["label_counts"]:
         lines.append("classes: " + counts_line(summary["label_counts"]))
@@ -97,14 +102,17 @@ def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
         )
     if summary.get("qc"):
         lines.append(qc_summary_line(summary["qc"]))
-    lines.append(f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'level':>5} {'label':12} path")
+    lines.append(
+        f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'mag':>5} {'level':>5} {'label':12} path"
+    )
     for s in slides:
         if only_failed and s["status"] != "failed":
             continue
         mpp = f"{s['mpp']:.3f}" if s["mpp"] else "-"
+        mag = f"{s['tile_mag']:.3g}x" if s.get("tile_mag") else "-"
         level = "-" if s["read_level"] is None else str(s["read_level"])
         lines.append(
-            f"{s['slide_id']:>4} {_state(s):7} {s['tiles']:>7} {mpp:>7} {level:>5} "
+            f"{s['slide_id']:>4} {_state(s):7} {s['tiles']:>7} {mpp:>7} {mag:>5} {level:>5} "
             f"{one_line(s['label'] or '-')[:12]:12} {one_line(s['path'])}"
         )
         if s["error"]:

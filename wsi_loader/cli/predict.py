@@ -89,7 +89,7 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--labels", metavar="CSV", help="with --mil-model: slide labels for metrics")
     p.add_argument("--no-progress", action="store_true")
-    add_stain_options(p)
+    add_stain_options(p, config=True)
     p.set_defaults(run=run)
 
 
@@ -110,10 +110,11 @@ def run(args: argparse.Namespace) -> int:
         "top_k": args.top_k,
         "threshold": args.threshold,
     }
-    if args.mil_model and args.stain:
+    stain = stain_option(args)  # --stain, --stain-target, or --config's stain section
+    if args.mil_model and stain is not None:
         raise ConfigError(
-            "--stain goes with --model: a MIL model reads features, stain them when you "
-            "extract them (wsi-loader features --stain)",
+            "--stain (or a stain section in --config) goes with --model: a MIL model reads "
+            "features, stain them when you extract them (wsi-loader features --stain)",
             path="command line",
         )
     if not args.mil_model and (args.mil_index or args.labels):
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             quarantine=args.quarantine,
             timeout=args.timeout,
             progress=not args.no_progress,
-            stain=stain_option(args),
+            stain=stain,
             **common,
         )
     print(

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from wsi_loader.cli.common import COMMON, READS, Subparsers, open_index
+from wsi_loader.errors import ConfigError
 
 
 def register(sub: Subparsers) -> None:
@@ -24,7 +25,10 @@ def register(sub: Subparsers) -> None:
         help="address to listen on (default 127.0.0.1; any other needs a token)",
     )
     p.add_argument(
-        "--port", type=int, metavar="N", help="port (default: the first free of 8000-8019)"
+        "--port",
+        type=port_number,
+        metavar="N",
+        help="port, 0-65535 (default: the first free of 8000-8019; 0: any free one)",
     )
     p.add_argument(
         "--token",
@@ -46,6 +50,21 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--threads", type=int, help="reading threads (default: usable cores, >= 2)")
     p.set_defaults(run=run)
+
+
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, refused by argparse (exit 2) when out of range."""
+    from wsi_loader.viewer.server import check_port
+
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    try:
+        check_port(port)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return port
 
 
 def run(args: argparse.Namespace) -> int:

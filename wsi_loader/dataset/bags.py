@@ -28,7 +28,9 @@ class SlideBagDataset(Dataset[Bag]):
     (seed, epoch): call ``set_epoch`` to draw new ones. With ``k=None`` every tile is returned,
     in chunks of at most ``chunk_size`` (one item per chunk). Items: ``images`` uint8
     ``(k, 3, H, W)``, ``label``, ``ok`` ``(k,)``, ``substituted`` ``(k,)``, ``x``, ``y``, ``rows``
-    ``(k,)``, ``slide_id``. Other keyword options are `TileDataset`'s (``on_error``, ``split``,
+    ``(k,)``, ``slide_id``; with context scales (``context=``, or the index's default) also
+    ``context`` (one uint8 ``(k, 3, S, S)`` per scale) and ``context_inside`` ``(k, scales,
+    4)``. Other keyword options are `TileDataset`'s (``on_error``, ``split``,
     ``missing_slides``, ``decode_threads``...), validated the same way.
 
     The epoch lives in shared memory, so ``set_epoch`` in the main process reaches
@@ -98,7 +100,7 @@ class SlideBagDataset(Dataset[Bag]):
         slide, rows = self._rows(i)
         result = self.tiles.read_rows(rows)
         cols = self.index.columns
-        return {
+        bag: Bag = {
             # NCHW made by numpy: no call into torch's intra-op thread pool
             "images": torch.from_numpy(np.ascontiguousarray(result.pixels.transpose(0, 3, 1, 2))),
             "label": int(self.slide_labels[slide]),
@@ -111,3 +113,10 @@ class SlideBagDataset(Dataset[Bag]):
             "rows": torch.tensor(rows),
             "slide_id": slide,
         }
+        if self.tiles.context:  # the instances' context tiles, one (k, 3, S, S) per scale
+            bag["context"] = [
+                torch.from_numpy(np.ascontiguousarray(tiles.transpose(0, 3, 1, 2)))
+                for tiles in result.context
+            ]
+            bag["context_inside"] = torch.from_numpy(np.array(result.context_inside))
+        return bag

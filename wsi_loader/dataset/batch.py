@@ -12,6 +12,10 @@ their ``ok`` is False, so a loop that forgot to decode them trains on none of th
 
 ``recycled`` batches (from `make_loader`) live in a buffer the reading process reuses once
 every tensor over it is gone (`wsi_loader.dataset.buffers`).
+
+With context scales (``context=[(mpp, size), ...]``), ``context[k]`` is one more NHWC uint8
+buffer per scale, the co-centred tiles of the same rows (see `wsi_loader.dataset.context`);
+``context_inside[:, k]`` says which part of each is on the slide (the rest is filled).
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ class TileBatch:
     on_error: str = "fill"  # the dataset's policy, for tiles that fail after the worker
     fingerprints: list[str | None] | None = None  # of the slides, for quarantine records
     recycled: bool = False  # images live in a reused buffer (freed when no tensor is left)
+    # one (N, size, size, 3) uint8 tensor per context scale, co-centred with ``images``
+    context: list[torch.Tensor] | None = None
+    # (N, scales, 4) int32: per context tile, its part on the slide (x0, y0, x1, y1; x1, y1
+    # exclusive, in its pixels); the rest is the dataset's fill_value
+    context_inside: torch.Tensor | None = None
     epoch: int = 0  # the epoch it was read in (random stain transforms on the device use it)
 
     def __len__(self) -> int:
@@ -60,6 +69,7 @@ class TileBatch:
         "label",
         "slide_label",
         "coverage",
+        "context_inside",
     )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -70,16 +80,26 @@ class TileBatch:
                 state[name] = tensor.numpy()
         return state
 
-    def lease_on_arrival(self) -> None:
-        """Mark ``images`` as a view into this process's `BufferRing`: the process that
-        unpickles the batch wraps it with `lease`, so the buffer is reused only after that
-        process has let go of it. (Not a field: copies made by ``pin_memory``/``to`` and
-        re-pickled batches do not carry it.)"""
-        self.__dict__["_lease_on_arrival"] = True
+    def lease_on_arrival(self, images: bool = True, context: list[bool] | None = None) -> None:
+        """Mark ``images`` (and the ``context`` tensors flagged) as views into this process's
+        `BufferRing`: the process that unpickles the batch wraps them with `lease`, so each
+        buffer is reused only after that process has let go of it. (Not a field: copies made
+        by ``pin_memory``/``to`` and re-pickled batches do not carry it.)"""
+        self.__dict__["_lease_on_arrival"] = (images, list(context or []))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if state.pop("_lease_on_arrival", False):
-            state["images"] = lease(state["images"])
+        leased = state.pop("_lease_on_arrival", None)
+        if leased is True:  # (as older batches said it)
+            leased = (True, [])
+        if leased:
+            images, context = leased
+            if images:
+                state["images"] = lease(state["images"])
+            if context and state.get("context") is not None:
+                state["context"] = [
+                    lease(tiles) if flag else tiles
+                    for tiles, flag in zip(state["context"], context, strict=True)
+                ]
         for name in self._BY_VALUE:
             value = state.get(name)
             if value is not None and not isinstance(value, torch.Tensor):
@@ -87,14 +107,23 @@ class TileBatch:
         self.__dict__.update(state)
 
     def _map(self, fn: Any) -> TileBatch:
-        changes = {
+        changes: dict[str, Any] = {
             f.name: fn(getattr(self, f.name))
             for f in fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
+        if self.context is not None:
+            changes["context"] = [fn(tiles) for tiles in self.context]
         # a copy (pinned, on a device) no longer lives in the reused buffer
         recycled = self.recycled and changes["images"] is self.images
         return replace(self, **changes, recycled=recycled)
+
+    def context_mask(self, k: int) -> torch.Tensor:
+        """(N, size, size) bool: True where context tile ``k``'s pixels are on the slide (built
+        from ``context_inside``, on the batch's device)."""
+        if self.context is None or self.context_inside is None:
+            raise ValueError("this batch has no context tiles (make_loader(..., context=...))")
+        return inside_mask(self.context_inside[:, k], int(self.context[k].shape[1]))
 
     def pin_memory(self) -> TileBatch:
         return self._map(lambda t: t.pin_memory())
@@ -115,4 +144,21 @@ class TileBatch:
             "y": self.y,
             **({"slide_label": self.slide_label} if self.slide_label is not None else {}),
             **({"coverage": self.coverage} if self.coverage is not None else {}),
+            **(
+                {
+                    "context": [tiles.permute(0, 3, 1, 2) for tiles in self.context],
+                    "context_inside": self.context_inside,
+                }
+                if self.context is not None
+                else {}
+            ),
         }
+
+
+def inside_mask(boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """(N, size, size) bool masks of the boxes (N, 4: x0, y0, x1, y1, end exclusive)."""
+    steps = torch.arange(size, device=boxes.device)
+    x0, y0, x1, y1 = (boxes[:, j, None] for j in range(4))
+    across = (steps >= x0) & (steps < x1)  # (N, size)
+    down = (steps >= y0) & (steps < y1)
+    return down[:, :, None] & across[:, None, :]

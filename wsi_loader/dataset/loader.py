@@ -285,7 +285,9 @@ def make_loader(
     environment, ``http(s)://``); for those read through obstore (``gs://``, ``az://``, S3 with
     an instance role) they start with ``forkserver`` where the default is ``fork`` (obstore's
     runtime does not survive fork). Other keyword arguments go to `TileDataset`
-    (``transform``, ``batch_transform``, ``split``, ``on_error``...).
+    (``transform``, ``batch_transform``, ``split``, ``on_error``, ``context``...):
+    ``context=[(2.0, 224)]`` gives every batch ``context[k]``, one NHWC uint8 tensor per scale
+    of tiles co-centred with ``images``, read in the same batch read.
     """
     opts: LoaderConfig = validate(
         LoaderConfig,
@@ -370,7 +372,12 @@ def make_loader(
             tiles,
             encoded=decode == "device",
             # enough for the batches queued per worker, the one in use and one being released
-            buffers=BufferRing(prefetch_factor + 4) if reuse_buffers else None,
+            # (each batch is one buffer for its tiles and one per context scale)
+            buffers=(
+                BufferRing((prefetch_factor + 4) * (1 + len(tiles.context)))
+                if reuse_buffers
+                else None
+            ),
             reading=reading,
         ),
         batch_size=None,

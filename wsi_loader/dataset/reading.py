@@ -17,15 +17,26 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from wsi_loader.dataset.context import (
+    Box,
+    ContextPlan,
+    Scale,
+    fill_outside,
+    main_centre,
+    manifest_mpp,
+    plan_context,
+)
 from wsi_loader.errors import (
+    ResolutionError,
     SlideChangedError,
     SlideError,
     TileReadError,
@@ -45,7 +56,9 @@ from wsi_loader.slides.base import (
     RGBArray,
     SegmentJob,
     SegmentKey,
+    SlideMeta,
     SlideReader,
+    level_to_l0,
     resize,
     supports,
 )
@@ -153,6 +166,10 @@ class ReadResult:
     source_rows: npt.NDArray[np.int64]  # the row whose pixels were returned
     errors: list[str | None] = field(default_factory=list)
     encoded: list[bytes | None] | None = None  # compressed tiles left for the caller to decode
+    # one (N, size, size, 3) buffer per context scale, and per tile and scale the box of the
+    # context tile that is on the slide (N, scales, 4: x0, y0, x1, y1; see dataset.context)
+    context: list[npt.NDArray[np.uint8]] = field(default_factory=list)
+    context_inside: npt.NDArray[np.int32] | None = None
 
 
 class TileReader:
@@ -173,6 +190,7 @@ class TileReader:
         backend: str | None = None,
         record_failures: bool = True,
         report_failures: bool = True,
+        context: Sequence[Scale] = (),
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
@@ -192,6 +210,10 @@ class TileReader:
         self._reported: set[int] = set()
         self._unreported: dict[int, tuple[int, dict[str, Any]]] = {}  # this call's: count, first
         self.tile_size = int(index.params["tile_size"])
+        # co-centred context tiles read beside each row (see wsi_loader.dataset.context)
+        self.context: list[Scale] = [(float(m), int(s)) for m, s in context]
+        # by slide, in this process: the meta its reader reports and one plan per scale
+        self._context_plans: dict[int, tuple[SlideMeta, list[ContextPlan]]] = {}
         self.failures: list[dict[str, Any]] = []
         self.failure_count = 0
         self.slide_faults: dict[int, str] = {}  # slide id -> reason, found by this process
@@ -281,12 +303,13 @@ class TileReader:
         dest: RGBArray,
         tried: SlideError | None = None,
     ) -> None:
-        """Read one window into ``dest`` (tile_size x tile_size x 3), reopening and retrying a
-        bounded number of times; raises the last error as `TileReadError`, or as
-        `TransientReadError` when it was a resource error (those are retried with backoff).
-        ``tried``: the error of a first attempt already made (its handle discarded)."""
+        """Read one window into ``dest`` (square: its edge is the output size, the row's
+        ``tile_size`` or a context tile's), reopening and retrying a bounded number of times;
+        raises the last error as `TileReadError`, or as `TransientReadError` when it was a
+        resource error (those are retried with backoff). ``tried``: the error of a first
+        attempt already made (its handle discarded)."""
         slide_id, x, y, level, size = window
-        path, backend, t = self._paths[slide_id], self.backend, self.tile_size
+        path, backend, t = self._paths[slide_id], self.backend, int(dest.shape[0])
         last: SlideError | None = tried
         try:
             for attempt in range(0 if tried is None else 1, self.retries + 1):
@@ -448,8 +471,9 @@ class TileReader:
             error,
         )
 
-    def _substitute(self, row: int, dest: RGBArray) -> int | None:
-        """Read a deterministic other row of the same slide into ``dest``; its row, or None."""
+    def _substitute(self, row: int, i: int, result: ReadResult) -> int | None:
+        """Read a deterministic other row of the same slide (with its context tiles) into
+        slot ``i`` of ``result``; its row, or None."""
         slide_id = int(self.index.columns["slide_id"][row])
         start, stop = int(self._slide_start[slide_id]), int(self._slide_start[slide_id + 1])
         if stop - start < 2:
@@ -462,7 +486,8 @@ class TileReader:
                 continue
             tried.add(other)
             try:
-                self._read_window(self._windows(np.array([other]))[0], dest)
+                self._read_window(self._windows(np.array([other]))[0], result.pixels[i])
+                self._read_context_of(other, i, result)
                 return other
             except TileReadError as exc:
                 self._record(other, exc)
@@ -485,8 +510,10 @@ class TileReader:
             return
         windows = self._windows(rows)
         by_slide: dict[int, list[tuple[int, int, int, int, int]]] = {}
-        for slide_id, x, y, level, size in windows:
+        rows_of: dict[int, list[int]] = {}
+        for row, (slide_id, x, y, level, size) in zip(rows.tolist(), windows, strict=True):
             by_slide.setdefault(slide_id, []).append((x, y, level, size, size))
+            rows_of.setdefault(slide_id, []).append(row)
         room = self.pool.open_limit - len(self.pool)
         for slide_id, wanted in by_slide.items():
             if slide_id in self.slide_faults:
@@ -503,8 +530,19 @@ class TileReader:
                     room -= 1
                 if supports(reader, Prefetching):
                     reader.prefetch(wanted, self.tile_size)
+                    if self.context:
+                        self._prefetch_context(reader, rows_of[slide_id])
             except SlideError as exc:
                 log.debug("prefetch of %s skipped: %s", self._paths[slide_id], str(exc))
+
+    def _prefetch_context(self, reader: Prefetching, rows: list[int]) -> None:
+        """`prefetch` of the context windows of ``rows`` (one slide's), scale by scale."""
+        per_scale: list[list[tuple[int, int, int, int, int]]] = [[] for _ in self.context]
+        for row in rows:
+            for k, ((_, x, y, level, read), _) in enumerate(self.context_windows(row)):
+                per_scale[k].append((x, y, level, read, read))
+        for (_, size), wanted in zip(self.context, per_scale, strict=True):
+            reader.prefetch(wanted, size)
 
     def _asks_ahead(self, slide_id: int) -> bool:
         """Whether this process reads the slide with the raw reader, whose reads can be asked
@@ -518,8 +556,13 @@ class TileReader:
         encoded: bool = False,
         threads: int = 1,
         ahead: npt.ArrayLike | None = None,
+        context_out: Sequence[npt.NDArray[np.uint8]] | None = None,
     ) -> ReadResult:
-        """Read ``rows`` into one (N, H, W, 3) buffer, grouped by slide for handle locality.
+        """Read ``rows`` into one (N, H, W, 3) buffer, grouped by slide for handle locality,
+        and their context tiles (``context``) into one (N, size, size, 3) buffer per scale
+        (``context_out``, or new ones): more windows of the same rows, planned and decoded
+        together with the main windows, so that the storage segments overlapping windows
+        share are decoded once.
 
         For remote slides the bytes of all ``rows`` are requested first, together
         (`prefetch`); then those of ``ahead`` (rows the caller reads next, local or remote);
@@ -529,7 +572,9 @@ class TileReader:
         With ``encoded``, rows that are exactly one JPEG storage tile are not decoded: their
         compressed stream goes to ``result.encoded[i]`` (pixels left zero) for a GPU decoder.
         With ``threads`` > 1, that many threads started for this call do the decoding (see
-        `_read_in_threads`); the result is the same as with one.
+        `_read_in_threads`); the result is the same as with one. A row whose context tile
+        cannot be read fails as a whole (the failure policy applies to the row: ``fill``
+        fills its tile and context tiles, ``substitute`` reads another row with its context).
         """
         if not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be a positive int, got {threads!r}")
@@ -548,6 +593,8 @@ class TileReader:
             source_rows=rows.copy(),
             errors=[None] * n,
             encoded=[None] * n if encoded else None,
+            context=self._context_buffers(n, context_out),
+            context_inside=np.zeros((n, len(self.context), 4), dtype=np.int32),
         )
         if n and (rows.min() < 0 or rows.max() >= len(self.index)):
             raise IndexError(f"rows out of range 0..{len(self.index) - 1}")
@@ -567,14 +614,24 @@ class TileReader:
             self.prefetch(fresh)
         windows = self._windows(rows)
         todo = np.argsort(self.index.columns["slide_id"][rows], kind="stable").tolist()
+        order = list(todo)  # every row's context windows are read, encoded rows' too
         if result.encoded is not None:
             for i in todo:
                 result.encoded[i] = self._encoded(windows[i])
                 if result.encoded[i] is not None:
                     result.pixels[i] = 0
             todo = [i for i in todo if result.encoded[i] is None]
-        if threads > 1 and len(todo) > 1:
-            todo = self._read_in_threads(todo, windows, result.pixels, threads)
+        context_done: set[tuple[int, int]] = set()  # (position, scale) read by the threads
+        if threads > 1 and (len(todo) > 1 or self.context):
+            reads = [(windows[i], result.pixels[i]) for i in todo]
+            places = [(i, -1) for i in todo]  # (position in rows, context scale or -1)
+            for i in order if self.context else ():
+                for k, (window, _) in enumerate(self._context_windows(int(rows[i]), quiet=True)):
+                    reads.append((window, result.context[k][i]))
+                    places.append((i, k))
+            done = {places[n] for n in self._read_in_threads(reads, threads)}
+            todo = [i for i in todo if (i, -1) not in done]
+            context_done = {place for place in done if place[1] >= 0}
         faulted: dict[int, SlideError] = {}  # slides of this call that could not be read
         # The common case first: a window straight into its slot by a reader fetched once per
         # slide (``todo`` is grouped by slide). Anything else, and a read that fails, takes
@@ -598,6 +655,8 @@ class TileReader:
                             self.pool.discard(self._paths[slide_id], self.backend)  # may be latched
                             reader, reader_of, tried = None, -1, exc
                 self._read_into(int(rows[i]), windows[i], i, result, faulted, tried)
+            if self.context:
+                self._read_contexts(rows, order, result, faulted, context_done)
             self._report_tile_failures(rows)
         finally:
             # the errors' tracebacks hold the frames that hold them and ``result``
@@ -616,59 +675,55 @@ class TileReader:
         return reader if supports(reader, ReadsInto) else None
 
     def _read_in_threads(
-        self,
-        todo: list[int],
-        windows: list[tuple[int, int, int, int, int]],
-        pixels: npt.NDArray[np.uint8],
-        threads: int,
-    ) -> list[int]:
-        """Do the expensive part of reading ``todo`` on ``threads`` threads; returns the
-        positions the serial path must still read.
+        self, reads: list[tuple[tuple[int, int, int, int, int], RGBArray]], threads: int
+    ) -> set[int]:
+        """Do the expensive part of ``reads`` (windows and their destinations) on ``threads``
+        threads; returns the positions in ``reads`` that are read completely (the serial path
+        reads the others, in part from the segments decoded here).
 
         This thread asks each window's reader for work that another thread may do: a read
-        straight into the window's row of ``pixels`` (a whole JPEG storage tile; any OpenSlide
+        straight into the window's destination (a whole JPEG storage tile; any OpenSlide
         read, whose handles are thread-safe), or the decodes of the storage segments the window
         needs, which go into the reader's cache, so that the serial read of the window only
-        stitches (a segment shared by windows is decoded once). The pool, the caches and the
-        failure bookkeeping stay on this thread. Every failure is left to the serial path,
-        which reads the window again with its retries and failure policy: one place decides
-        what a failure means. The threads end with the call, so none is alive when a
-        DataLoader forks its workers.
+        stitches (a segment shared by windows, a main tile's and its neighbours' context
+        windows, is decoded once). The pool, the caches and the failure bookkeeping stay on
+        this thread. Every failure is left to the serial path, which reads the window again
+        with its retries and failure policy: one place decides what a failure means. The
+        threads end with the call, so none is alive when a DataLoader forks its workers.
         """
-        reads: dict[int, Callable[[], None]] = {}
+        jobs: dict[int, Callable[[], None]] = {}
         segments: dict[SegmentKey, tuple[PlansSegments, SegmentJob]] = {}
         budget = 0  # segment bytes planned: at most half the cache, so none is evicted unused
-        t = self.tile_size
         # planned reads of a slide whose handle a later window evicts still need it
         with self.pool.holding():
-            for i in todo:
-                slide_id, x, y, level, size = windows[i]
+            for n, ((slide_id, x, y, level, size), dest) in enumerate(reads):
+                out = int(dest.shape[0])
                 try:
                     reader = self.get_reader(slide_id)
                     job = None
                     if supports(reader, PlansReads):
-                        job = reader.read_job(pixels[i], x, y, level, size, size)
+                        job = reader.read_job(dest, x, y, level, size, size)
                     if job is not None:
-                        reads[i] = job
+                        jobs[n] = job
                     elif supports(reader, PlansSegments):
                         room = reader.segment_cache_bytes() // 2
-                        for segment in reader.segment_jobs(x, y, level, size, size, t, t):
+                        for segment in reader.segment_jobs(x, y, level, size, size, out, out):
                             if segment.key not in segments and budget + segment.nbytes <= room:
                                 segments[segment.key] = (reader, segment)
                                 budget += segment.nbytes
                 except SlideError:
                     continue  # read again, and reported, by the serial path
-            if len(reads) + len(segments) < MIN_THREADED_JOBS:
-                return todo
+            if len(jobs) + len(segments) < MIN_THREADED_JOBS:
+                return set()
             with ThreadPoolExecutor(
-                min(threads, len(reads) + len(segments)), thread_name_prefix="wsi-decode"
+                min(threads, len(jobs) + len(segments)), thread_name_prefix="wsi-decode"
             ) as pool:
-                done = {i: pool.submit(job) for i, job in reads.items()}
+                done = {n: pool.submit(job) for n, job in jobs.items()}
                 decoded = {key: pool.submit(job.decode) for key, (_, job) in segments.items()}
         for key, future in decoded.items():
             if future.exception() is None:
                 segments[key][0].keep(key, future.result())
-        return [i for i in todo if i not in done or done[i].exception() is not None]
+        return {n for n, future in done.items() if future.exception() is None}
 
     def _encoded(self, window: tuple[int, int, int, int, int]) -> bytes | None:
         """Compressed stream of a window when its reader can hand one out; None otherwise (and
@@ -692,15 +747,20 @@ class TileReader:
         result: ReadResult,
         faulted: dict[int, SlideError],
         tried: SlideError | None = None,
+        read: Callable[[], None] | None = None,
     ) -> None:
-        """Read one row with the retries, then apply the failure policy. ``faulted``: slides
-        of this call found unreadable (their other rows fail at once)."""
+        """Read slot ``i`` (``read``: by default the row's main window) with the retries, then
+        apply the failure policy: the one place that decides what a failure means. ``faulted``:
+        slides of this call found unreadable (their other rows fail at once)."""
         slide_id = window[0]
         error = faulted.get(slide_id)
         try:
             if error is None:
                 try:
-                    self._read_window(window, result.pixels[i], tried)
+                    if read is None:
+                        self._read_window(window, result.pixels[i], tried)
+                    else:
+                        read()
                 except SlideError as exc:
                     error = exc
                 else:
@@ -739,12 +799,132 @@ class TileReader:
         if self.on_error == "raise":
             raise error
         if self.on_error == "substitute" and isinstance(error, TileReadError):
-            found = self._substitute(row, result.pixels[i])
+            found = self._substitute(row, i, result)
             if found is not None:
                 result.source_rows[i] = found
                 result.substituted[i] = True
                 return
+        self._fill(i, result)
+
+    def _fill(self, i: int, result: ReadResult) -> None:
+        """Slot ``i`` of a row that failed: its tile and context tiles in ``fill_value``."""
         result.pixels[i] = self.fill_value
+        for tiles in result.context:
+            tiles[i] = self.fill_value
+        if result.context_inside is not None:
+            result.context_inside[i] = 0
+
+    # -- context tiles ---------------------------------------------------------------------
+    def _context_buffers(
+        self, n: int, given: Sequence[npt.NDArray[np.uint8]] | None
+    ) -> list[npt.NDArray[np.uint8]]:
+        shapes = [(n, size, size, 3) for _, size in self.context]
+        if given is None:
+            return [np.empty(shape, dtype=np.uint8) for shape in shapes]
+        found = [(tuple(a.shape), a.dtype) for a in given]
+        if found != [(shape, np.dtype(np.uint8)) for shape in shapes]:
+            raise ValueError(f"context_out must be uint8 buffers of shapes {shapes}, got {found}")
+        return list(given)
+
+    def _plans(self, slide_id: int) -> tuple[SlideMeta, list[ContextPlan]]:
+        """The slide's meta (as this process's reader sees it) and its context plans. A slide
+        that cannot serve a scale raises `ResolutionError`, a slide fault."""
+        planned = self._context_plans.get(slide_id)
+        if planned is None:
+            meta = self.get_reader(slide_id).meta
+            record = self.index.slides[slide_id]
+            tolerance = float(self.index.params.get("mpp_tolerance", 0.1))
+            try:
+                plans = plan_context(meta, self.context, tolerance, manifest_mpp(record))
+            except ResolutionError as exc:
+                raise ResolutionError(str(exc), path=self._paths[slide_id]) from exc
+            planned = self._context_plans[slide_id] = (meta, plans)
+        return planned
+
+    def context_windows(self, row: int) -> list[tuple[tuple[int, int, int, int, int], Box]]:
+        """Per context scale, the window of index row ``row`` (slide id, level-0 x, y, level,
+        window edge in level pixels) and its box on the slide (see `wsi_loader.dataset.context`).
+        Opens the slide; raises `SlideError` when it cannot be read."""
+        cols = self.index.columns
+        slide_id = int(cols["slide_id"][row])
+        meta, plans = self._plans(slide_id)
+        x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
+        centre_x, centre_y = main_centre(
+            meta, x, y, int(cols["level"][row]), int(cols["read_size"][row])
+        )
+        found = []
+        for plan in plans:
+            l_x, l_y = plan.place(centre_x, centre_y)
+            l0_x, l0_y = level_to_l0(l_x, plan.downsample), level_to_l0(l_y, plan.downsample)
+            found.append(
+                ((slide_id, l0_x, l0_y, plan.level, plan.read_size), plan.inside(l_x, l_y))
+            )
+        return found
+
+    def _context_windows(
+        self, row: int, quiet: bool = False
+    ) -> list[tuple[tuple[int, int, int, int, int], Box]]:
+        """`context_windows`; with ``quiet``, none for a slide that cannot be read (the serial
+        path reads it again and reports)."""
+        try:
+            return self.context_windows(row)
+        except SlideError:
+            if quiet:
+                return []
+            raise
+
+    def _read_context_of(
+        self, row: int, i: int, result: ReadResult, done: frozenset[int] = frozenset()
+    ) -> None:
+        """Read the context tiles of ``row`` into slot ``i`` (scales in ``done`` were read by
+        the threads), fill what is off the slide, and note the boxes on it. A failed window
+        raises `TileReadError` naming the scale."""
+        assert result.context_inside is not None
+        for k, (window, box) in enumerate(self.context_windows(row)):
+            tile = result.context[k][i]
+            if k not in done:
+                try:
+                    self._read_window(window, tile)
+                except TileReadError as exc:
+                    mpp, size = self.context[k]
+                    raise TileReadError(
+                        f"context tile {k + 1} ({size} px at {mpp:g} um/px): {exc}",
+                        path=exc.path,
+                        l0_x=exc.l0_x,
+                        l0_y=exc.l0_y,
+                        level=exc.level,
+                        cause=f"context {mpp:g} um/px: {exc.cause or exc}",
+                    ) from exc
+            fill_outside(tile, box, self.fill_value)
+            result.context_inside[i, k] = box
+
+    def _read_contexts(
+        self,
+        rows: npt.NDArray[np.int64],
+        order: list[int],
+        result: ReadResult,
+        faulted: dict[int, SlideError],
+        done: set[tuple[int, int]],
+    ) -> None:
+        """Read the context tiles of every row whose main window was read (failed rows are
+        filled; substituted ones were read with their substitute), with the failure policy."""
+        threaded: dict[int, set[int]] = {}
+        for i, k in done:
+            threaded.setdefault(i, set()).add(k)
+        slides = self.index.columns["slide_id"]
+        for i in order:
+            if not result.ok[i] or result.substituted[i]:
+                continue
+            row = int(rows[i])
+            skip = frozenset(threaded.get(i, ()))
+            self._read_into(
+                row,
+                (int(slides[row]), 0, 0, 0, 0),
+                i,
+                result,
+                faulted,
+                read=partial(self._read_context_of, row, i, result, skip),
+            )
 
     def close(self) -> None:
         self.pool.close()

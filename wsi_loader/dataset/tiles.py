@@ -21,6 +21,7 @@ from torch.utils.data import Dataset, get_worker_info
 from wsi_loader.config import DatasetConfig, validate
 from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.dataset.buffers import BufferRing, fresh_buffer, lease, release
+from wsi_loader.dataset.context import check_context, recorded_context
 from wsi_loader.dataset.reading import (
     FreeCores,
     ReadResult,
@@ -116,6 +117,15 @@ class TileDataset(Dataset[Sample]):
     ``slide_id`` and ``x``, ``y`` (level-0 top-left); for an annotated index also
     ``coverage`` (float32, the share of the tile each class of ``index.classes`` covers).
 
+    ``context=[(mpp, size), ...]`` (default: the index's ``index --context``; ``[]``: none)
+    adds co-centred context tiles: ``context`` (a list of uint8 ``(3, size, size)``, one per
+    scale) and ``context_inside`` (``(scales, 4)``: the part of each on the slide, x0, y0,
+    x1, y1; the rest is ``fill_value``). Each scale is read from the coarsest level at least
+    as fine as its MPP, in the same batch read as the tiles (see `wsi_loader.dataset.context`
+    for the rules). A row whose context tile fails fails as a whole (``on_error`` applies).
+    ``transform`` applies to the main tile only: augment all scales alike in
+    ``batch_transform`` or on the device.
+
     ``transform`` runs per tile in the process that reads (a DataLoader worker): it gets the
     uint8 ``(3, H, W)`` image tensor. For ``ds[row]`` it may return anything (the sample's
     ``image``); in batches (`read_batch`, `make_loader`) it must return a uint8 ``(3, H, W)``
@@ -173,6 +183,7 @@ class TileDataset(Dataset[Sample]):
         record_failures: bool = True,
         decode_threads: int | None = None,
         quarantine: str | os.PathLike[str] | None = None,
+        context: Sequence[tuple[float, int]] | None = None,
         stain: Any = None,
     ) -> None:
         _check_callable("transform", transform)
@@ -199,6 +210,7 @@ class TileDataset(Dataset[Sample]):
                 "record_failures": record_failures,
                 "decode_threads": decode_threads,
                 "quarantine": None if quarantine is None else os.fspath(quarantine),
+                "context": None if context is None else list(context),
             },
         )
         self.options = options
@@ -223,6 +235,7 @@ class TileDataset(Dataset[Sample]):
             ),
             backend=options.backend,
             record_failures=options.record_failures,
+            context=self._context_scales(index, options),
         )
         self.slide_labels = index.slide_labels()
         self.label_names = index.label_names
@@ -242,6 +255,19 @@ class TileDataset(Dataset[Sample]):
         on to it)."""
         names = inspect.signature(TileDataset.__init__).parameters
         return [name for name in names if name not in ("self", "index")]
+
+    @staticmethod
+    def _context_scales(index: SlideIndex, options: DatasetConfig) -> list[tuple[float, int]]:
+        """The context scales read: the option's, else the index's default (``index
+        --context``); refused when a slide of the index cannot serve them."""
+        scales = options.context if options.context is not None else recorded_context(index)
+        check_context(index, scales)
+        return list(scales)
+
+    @property
+    def context(self) -> list[tuple[float, int]]:
+        """The context scales ``(mpp, size)`` read beside each tile (none: ``[]``)."""
+        return self.reader.context
 
     @classmethod
     def from_config(
@@ -284,17 +310,24 @@ class TileDataset(Dataset[Sample]):
         out: np.ndarray | None = None,
         encoded: bool = False,
         ahead: Sequence[int] | None = None,
+        context_out: Sequence[np.ndarray] | None = None,
     ) -> ReadResult:
         """`TileReader.read` with this process's decode threads."""
         return self.reader.read(
-            rows, out=out, encoded=encoded, threads=self.threads_here(), ahead=ahead
+            rows,
+            out=out,
+            encoded=encoded,
+            threads=self.threads_here(),
+            ahead=ahead,
+            context_out=context_out,
         )
 
     def _samples(self, rows: np.ndarray, result: ReadResult) -> list[Sample]:
         cols = self.index.columns
-        if self.stain is not None:
+        if self.stain is not None:  # context tiles as their tile: the same draw per row
             slide_ids = np.asarray(cols["slide_id"][rows], dtype=np.int64)
-            self.stain.apply_numpy(result.pixels, slide_ids, rows, self.epoch, result.ok)
+            for pixels in (result.pixels, *result.context):
+                self.stain.apply_numpy(pixels, slide_ids, rows, self.epoch, result.ok)
         labels = self.tile_labels(rows).tolist()
         coverage = self.index.coverage
         samples = []
@@ -316,6 +349,9 @@ class TileDataset(Dataset[Sample]):
             }
             if coverage is not None:
                 sample["coverage"] = torch.from_numpy(np.array(coverage[row], dtype=np.float32))
+            if result.context_inside is not None and self.context:
+                sample["context"] = [chw(tiles[i]) for tiles in result.context]
+                sample["context_inside"] = torch.from_numpy(result.context_inside[i].copy())
             samples.append(sample)
         return samples
 
@@ -372,6 +408,10 @@ class TileDataset(Dataset[Sample]):
             ok &= ~encoded
         slide_ids = np.asarray(self.index.columns["slide_id"][rows], dtype=np.int64)
         self.stain.apply_numpy(pixels, slide_ids, rows, epoch, ok)
+        # context tiles are decoded here whatever ``decode``; the same transform (the same
+        # random draw per row) as their tile, so that the scales of a row stay alike
+        for tiles in result.context:
+            self.stain.apply_numpy(tiles, slide_ids, rows, epoch, result.ok)
 
     def read_batch(
         self,
@@ -392,21 +432,32 @@ class TileDataset(Dataset[Sample]):
         shape = (len(array), t, t, 3)
         # decoded straight into this buffer (shared memory inside a DataLoader worker)
         in_worker = get_worker_info() is not None
-        if buffers is not None and self.batch_transform is None:
-            images, recycled = buffers.take(shape, shared=in_worker)
-        else:
-            images, recycled = fresh_buffer(shape, shared=in_worker), False
+        shapes = [shape] + [(len(array), size, size, 3) for _, size in self.context]
+        taken = []  # (tensor, recycled) of the tiles and of each context scale
+        for each in shapes:
+            if buffers is not None and self.batch_transform is None:
+                taken.append(buffers.take(each, shared=in_worker))
+            else:
+                taken.append((fresh_buffer(each, shared=in_worker), False))
+        (images, recycled), context = taken[0], taken[1:]
         try:
             pixels = images.numpy()
-            result = self.read_rows(array, out=pixels, encoded=encoded, ahead=ahead)
+            result = self.read_rows(
+                array,
+                out=pixels,
+                encoded=encoded,
+                ahead=ahead,
+                context_out=[tiles.numpy() for tiles, _ in context],
+            )
             epoch = self.epoch if epoch is None else epoch
             if self.stain is not None:
                 self._stain_in_place(pixels, array, result, epoch)
             if self.transform is not None:
                 self._transform_in_place(pixels)
         except BaseException:
-            if recycled:
-                release(images)  # on_error="raise": the batch is never handed out
+            for tensor, from_ring in taken:
+                if from_ring:
+                    release(tensor)  # on_error="raise": the batch is never handed out
             raise
         cols = self.index.columns
         slide_id = np.asarray(cols["slide_id"][array], dtype=np.int64)
@@ -429,6 +480,8 @@ class TileDataset(Dataset[Sample]):
                 else torch.from_numpy(np.array(self.index.coverage[array], dtype=np.float32))
             ),
             recycled=recycled,
+            context=[tiles for tiles, _ in context] if self.context else None,
+            context_inside=(torch.from_numpy(result.context_inside) if self.context else None),
             epoch=epoch,
         )
         if self.batch_transform is not None:
@@ -437,10 +490,18 @@ class TileDataset(Dataset[Sample]):
                 raise TypeError(
                     f"batch_transform must return a TileBatch, got {type(batch).__name__}"
                 )
-        if recycled and in_worker:
-            batch.lease_on_arrival()  # the receiving process leases it when it unpickles it
-        elif recycled:
-            batch.images = lease(images)
+        context_recycled = [from_ring for _, from_ring in context]
+        if in_worker and (recycled or any(context_recycled)):
+            # the receiving process leases them when it unpickles the batch
+            batch.lease_on_arrival(recycled, context_recycled)
+        elif recycled or any(context_recycled):
+            if recycled:
+                batch.images = lease(images)
+            if batch.context is not None:
+                batch.context = [
+                    lease(tiles) if from_ring else tiles
+                    for tiles, from_ring in zip(batch.context, context_recycled, strict=True)
+                ]
         if result.encoded is not None and any(e is not None for e in result.encoded):
             batch.encoded = result.encoded
             batch.slide_paths = [self.index.slides[int(i)].path for i in slide_id]

@@ -35,6 +35,7 @@ from wsi_loader.index.tissue import (
     read_mask_image,
     tile_fractions,
     tissue_mask,
+    typical_brightness,
 )
 from wsi_loader.index.tissue_masks import read_mask
 from wsi_loader.slides.base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, SlideReader
@@ -93,11 +94,21 @@ def analyse_slide(
     rule = pixel_rule(image, detector)
     result = SlideAnalysis(np.ones(len(tiles), dtype=np.float32))
     result.record = {"mask_level": level, "tissue_detector": detector, "tissue_reason": why}
-    if cfg.tissue_detector == "brightfield" and "dark field" in why:
+    # a forced detector that does not fit the slide's picture finds the wrong thing: said
+    # both ways (on bright glass, fluorescence's "what glows" is the glass too)
+    if cfg.tissue_detector == "brightfield" and "(dark field" in why:
         result.notes.append(
             f"the slide looks dark field (fluorescence: typical brightness under "
             f"{DARK_FIELD_BRIGHTNESS}/255), but tissue_detector is brightfield, which finds "
             "tissue by colour on a bright background: use tissue_detector auto or fluorescence"
+        )
+    if cfg.tissue_detector == "fluorescence" and "(bright field" in why:
+        result.notes.append(
+            f"the slide looks bright field (typical brightness {typical_brightness(image):.0f}"
+            f"/255, dark field is under {DARK_FIELD_BRIGHTNESS}), but tissue_detector is "
+            "fluorescence, which finds tissue as what is bright "
+            "on black glass, so bright glass counts as tissue: use tissue_detector auto or "
+            "brightfield"
         )
     mask = tissue_mask(image, rule)
     if detector == "fluorescence":

@@ -9,6 +9,7 @@ raises: a slide that cannot be indexed comes back as a failed record with the re
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -24,6 +25,7 @@ from wsi_loader.errors import (
     AnnotationError,
     IndexFormatError,
     InputError,
+    ResolutionError,
     SlideError,
 )
 from wsi_loader.index import qc
@@ -38,7 +40,7 @@ from wsi_loader.index.annotations.tiles import (
     label_tiles,
     to_columns,
 )
-from wsi_loader.index.geometry import grid, plan_read
+from wsi_loader.index.geometry import grid, mag_disagreement, plan_read
 from wsi_loader.index.inputs import (
     LabelReport,
     SlideEntry,
@@ -83,6 +85,8 @@ GRID_PARAMS = (
     "tile_size",
     "mpp",
     "level",
+    "mag",
+    "context",  # slides that cannot serve the context scales fail
     "mpp_tolerance",
     "stride",
     "min_tissue",
@@ -165,8 +169,26 @@ def _index_slide(
             cfg.grid_stride,
             mpp=cfg.mpp,
             level=cfg.level,
+            mag=cfg.mag,
             tolerance=cfg.mpp_tolerance,
             slide_mpp=entry.mpp,
+        )
+        for context_mpp, size in cfg.context or ():  # each scale must be servable
+            try:
+                plan_read(
+                    meta,
+                    size,
+                    size,
+                    mpp=context_mpp,
+                    tolerance=cfg.mpp_tolerance,
+                    slide_mpp=entry.mpp,
+                )
+            except ResolutionError as exc:
+                raise ResolutionError(f"context scale {context_mpp:g} um/px: {exc}") from exc
+        disagreement = (
+            mag_disagreement(meta, entry.mpp or meta.usable_mpp, cfg.mpp_tolerance)
+            if cfg.mag is not None
+            else None
         )
         record = replace(
             record,
@@ -175,8 +197,10 @@ def _index_slide(
             read_size=plan.read_size,
             stride=plan.l_stride,
             tile_mpp=plan.tile_mpp,
+            tile_mag=plan.tile_mag,
+            mag_source=plan.mag_source,
             aligned=plan.aligned,
-            warning=join_notes(record.warning, plan.warning),
+            warning=join_notes(record.warning, disagreement, plan.warning),
         )
         l0_x, l0_y = grid(meta, plan, align=cfg.align_to_storage)
         files = list(task.annotations)
@@ -328,7 +352,8 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
     params = GRID_PARAMS + (("min_coverage",) if built["roi"] or wanted["roi"] else ())
     # QC thresholds pick tiles only through qc_exclude; otherwise they only change counts
     params += ("qc_thresholds",) if built["qc_exclude"] or wanted["qc_exclude"] else ()
-    changed = [k for k in params if built.get(k) != wanted.get(k)]
+    # compared as stored (JSON: tuples of the config are lists in meta.json)
+    changed = [k for k in params if _as_stored(built.get(k)) != _as_stored(wanted.get(k))]
     if changed:
         log.info("grid parameters changed (%s): re-indexing every slide", ", ".join(changed))
         return None
@@ -336,6 +361,11 @@ def _previous(out: str, config: IndexConfig) -> SlideIndex | None:
         log.info("the index has no quality-control columns: re-indexing every slide")
         return None
     return index
+
+
+def _as_stored(value: Any) -> Any:
+    """A parameter as meta.json holds it."""
+    return json.loads(json.dumps(value))
 
 
 FAILED_SAID = 10  # failed slides said one by one at the end of a build; the rest are counted
@@ -513,7 +543,8 @@ def _warn_dark_field(records: list[SlideRecord], forced: str) -> None:
     if dark:
         log.warning(
             "%d slide%s look%s dark field (fluorescence), so tissue was found by intensity "
-            "instead of colour: %s%s (tissue_detector: brightfield forces the colour rule)",
+            "instead of colour: %s%s (to find tissue by colour on them anyway, set "
+            "tissue_detector: brightfield, or --tissue-detector brightfield)",
             len(dark),
             "s" if len(dark) != 1 else "",
             "" if len(dark) != 1 else "s",

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PureWindowsPath
 
+from wsi_loader.config import close_key
 from wsi_loader.errors import InputError, SlideError
 from wsi_loader.slides.base import MIN_PLAUSIBLE_MPP
 from wsi_loader.slides.storage import (
@@ -63,6 +64,12 @@ _GLOB_CHARS = set("*?[")
 # field separators of CSVs in the wild: ',' and, from spreadsheets in locales whose decimal
 # mark is a comma, ';'; tabs from copied sheets and R's write.table
 CSV_DELIMITERS = (",", ";", "\t")
+# a column this close to one a table reads is a misspelling of it (difflib's ratio: 'lable'
+# 0.8, 'splt' 0.89 of 'label', 'split'); 0.75 leaves a spreadsheet's own columns alone
+# ('slide' is 0.6 of 'split', 'map' 0.67 of 'mpp')
+MISSPELT_COLUMN = 0.75
+MANIFEST_COLUMNS = ("path", "label", "split", "mpp", "annotations")
+LABELS_COLUMNS = ("path", "slide", "label", "split")
 _DECIMAL_COMMA = re.compile(r"[+-]?\d*,\d+")
 _WINDOWS_ABSOLUTE = re.compile(r"[A-Za-z]:[\\/]|\\\\")
 DICOM_SUFFIXES = frozenset({".dcm", ".dicom"})
@@ -294,14 +301,30 @@ def _delimiter(text: str, required: Sequence[str]) -> tuple[str, list[str]]:
     return ",", headers[0]
 
 
-def read_csv_table(path: str, required: Sequence[str]) -> CsvTable:
+def _check_spelling(header: list[str], known: Sequence[str], path: str) -> None:
+    """Refuse a column that is not one of ``known`` but close to one: read as it is, it
+    would be ignored and its values lost without a word (every slide unlabelled)."""
+    for name in _names(header):
+        if name not in known:
+            hint = close_key(name, known, cutoff=MISSPELT_COLUMN)
+            if hint:
+                raise InputError(
+                    f"unknown column {name!r}{hint}; the columns read are {', '.join(known)}",
+                    path=path,
+                )
+
+
+def read_csv_table(path: str, required: Sequence[str], known: Sequence[str] = ()) -> CsvTable:
     """A CSV with a header naming at least one of ``required``, separated by ',', ';' or
-    tabs (found from the header); a UTF-8 BOM is dropped. Errors name the file and line."""
+    tabs (found from the header); a UTF-8 BOM is dropped. Errors name the file and line.
+    A column close to one of ``known`` (the columns the caller reads) but not one is an
+    error; other columns are the user's own and are left alone."""
     try:
         with _csv_text(path) as fh:
             delimiter, header = _delimiter(fh.getvalue(), required)
             if not header:
                 raise InputError("empty CSV (no header row)", path=path)
+            _check_spelling(header, known, path)
             if not any(col in _names(header) for col in required):
                 raise InputError(
                     f"header {header} has none of the required columns {list(required)} "
@@ -346,9 +369,11 @@ def read_csv_table(path: str, required: Sequence[str]) -> CsvTable:
         raise InputError(f"cannot read: {exc}", path=path) from exc
 
 
-def read_csv_rows(path: str, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:
+def read_csv_rows(
+    path: str, required: Sequence[str], known: Sequence[str] = ()
+) -> list[tuple[int, dict[str, str]]]:
     """The rows of `read_csv_table`."""
-    return read_csv_table(path, required).rows
+    return read_csv_table(path, required, known).rows
 
 
 def read_manifest(path: str) -> list[SlideEntry]:
@@ -356,7 +381,7 @@ def read_manifest(path: str) -> list[SlideEntry]:
     folder = _folder_of(path)
     entries: list[SlideEntry] = []
     seen: dict[str, int] = {}
-    table = read_csv_table(path, ["path"])
+    table = read_csv_table(path, ["path"], MANIFEST_COLUMNS)
     for line, row in table.rows:
         if "path" not in row:
             raise InputError("the manifest needs a 'path' column", path=path)
@@ -452,7 +477,7 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
     by_path: dict[str, tuple[str, str | None]] = {}
     by_name: dict[str, tuple[str, str | None]] = {}
     row_name: dict[tuple[str, str], str] = {}
-    for line, row in read_csv_rows(labels_csv, ["path", "slide"]):
+    for line, row in read_csv_rows(labels_csv, ["path", "slide"], LABELS_COLUMNS):
         if "label" not in row:
             raise InputError("the labels file needs a 'label' column", path=labels_csv)
         if not row["label"]:

@@ -24,14 +24,16 @@ per query). `qc_filter` gives the ``where=`` of `SlideIndex.open` that leaves fl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
+from wsi_loader.config import close_key
+from wsi_loader.errors import ConfigError
 from wsi_loader.index.focus import Sharpness, relative_focus
 from wsi_loader.index.lowres import FloatArray, LowResolution, TileBoxes, box_means
 from wsi_loader.index.qc_pixels import bubbles, folded, large_parts, pen_ink
@@ -76,12 +78,24 @@ RULES: dict[str, Rule] = {
 }
 
 
-def thresholds(overrides: Mapping[str, float] | None = None) -> dict[str, float]:
-    """Every rule's threshold: the defaults, with ``overrides`` (rule name -> value)."""
-    chosen = {name: rule.threshold for name, rule in RULES.items()}
+def check_rule(name: str) -> Rule:
+    """The rule called ``name``; a `ConfigError` (a ``ValueError``) naming the close rule."""
+    if name not in RULES:
+        raise ConfigError(
+            f"no QC rule {name!r}{close_key(name, RULES)}; the rules are {', '.join(RULES)}",
+            key=name,
+        )
+    return RULES[name]
+
+
+def thresholds(
+    overrides: Mapping[str, float] | None = None, base: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Every rule's threshold: ``base`` (the defaults when None), with ``overrides`` (rule
+    name -> value)."""
+    chosen = {name: rule.threshold for name, rule in RULES.items()} | dict(base or {})
     for name, value in (overrides or {}).items():
-        if name not in RULES:
-            raise ValueError(f"no QC rule {name!r}; the rules are {', '.join(RULES)}")
+        check_rule(name)
         chosen[name] = float(value)
     return chosen
 
@@ -97,19 +111,35 @@ def built_thresholds(params: Mapping[str, Any]) -> dict[str, float]:
     )
 
 
+class BuiltIndex(Protocol):
+    """What `flags` reads of a `SlideIndex` (kept structural: table.py imports this module)."""
+
+    @property
+    def columns(self) -> Mapping[str, npt.NDArray[Any]]: ...
+
+    @property
+    def params(self) -> dict[str, Any]: ...
+
+
+Columns = Mapping[str, npt.NDArray[Any]]
+
+
 def flags(
-    columns: Mapping[str, npt.NDArray[Any]],
+    source: Columns | BuiltIndex,
     rules: Iterable[str] | None = None,
     limits: Mapping[str, float] | None = None,
 ) -> dict[str, BoolArray]:
-    """Per rule (all by default), which rows it flags, at ``limits`` (default thresholds
-    otherwise). An index built without QC flags nothing (and has no such columns)."""
-    chosen = thresholds(limits)
+    """Per rule (all by default), which rows it flags, at ``limits`` over the thresholds of
+    ``source``: an index's own (those it was built with, which ``info`` counts at), or, for
+    bare columns (``index.columns``), the defaults. An index built without QC flags nothing
+    (and has no such columns)."""
+    if isinstance(source, Mapping):
+        columns, chosen = source, thresholds(limits)
+    else:
+        columns, chosen = source.columns, thresholds(limits, built_thresholds(source.params))
     out = {}
     for name in RULES if rules is None else rules:
-        if name not in RULES:
-            raise ValueError(f"no QC rule {name!r}; the rules are {', '.join(RULES)}")
-        rule = RULES[name]
+        rule = check_rule(name)
         values = columns.get(rule.column)
         if values is None:
             raise ValueError(
@@ -120,24 +150,33 @@ def flags(
     return out
 
 
-def qc_filter(
-    *rules: str, **limits: float
-) -> Callable[[Mapping[str, npt.NDArray[Any]]], BoolArray]:
-    """A ``where=`` for `SlideIndex.open` / `SlideIndex.view` keeping the tiles none of
-    ``rules`` (all when none are named) flags, at ``limits`` (``pen=0.05``...).
+@dataclass(frozen=True)
+class QcFilter:
+    """`qc_filter`'s ``where=``: keeps the rows none of ``rules`` flags at ``limits`` over
+    the thresholds of what it is given (`flags`): `SlideIndex.open` gives it the index, so
+    it drops what ``info`` counts as flagged; called on bare columns, the defaults."""
 
-    ``SlideIndex.open("idx/", where=qc_filter("pen", "blur", blur=0.4))``"""
-    chosen = list(rules) or list(RULES)
-    thresholds({**dict.fromkeys(chosen, 0.0), **limits})  # names checked now, not at use
+    rules: tuple[str, ...]
+    limits: Mapping[str, float]
 
-    def keep(columns: Mapping[str, npt.NDArray[Any]]) -> BoolArray:
-        flagged = flags(columns, chosen, limits)
+    def __call__(self, source: Columns | BuiltIndex) -> BoolArray:
+        flagged = flags(source, self.rules, self.limits)
+        columns = source if isinstance(source, Mapping) else source.columns
         bad = np.zeros(len(columns["slide_id"]), dtype=bool)
         for mask in flagged.values():
             bad |= mask
         return ~bad
 
-    return keep
+
+def qc_filter(*rules: str, **limits: float) -> QcFilter:
+    """A ``where=`` for `SlideIndex.open` / `SlideIndex.view` keeping the tiles none of
+    ``rules`` (all when none are named) flags, at the index's own thresholds (those it was
+    built with) or ``limits`` (``pen=0.05``...).
+
+    ``SlideIndex.open("idx/", where=qc_filter("pen", "blur", blur=0.4))``"""
+    chosen = tuple(rules) or tuple(RULES)
+    thresholds({**dict.fromkeys(chosen, 0.0), **limits})  # names checked now, not at use
+    return QcFilter(chosen, dict(limits))
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from wsi_loader.files import lock
 from wsi_loader.index.checks import check_params, check_slides, check_values
 from wsi_loader.index.qc import (
     QC_COLUMNS,
+    QcFilter,
     built_thresholds,
     excluded_counts,
     qc_totals,
@@ -107,6 +108,8 @@ class SlideRecord:
     read_size: int | None = None  # window edge read, in read-level pixels
     stride: int | None = None  # grid step in read-level pixels
     tile_mpp: float | None = None  # the resolution tiles are delivered at
+    tile_mag: float | None = None  # their magnification (objective power / downsample, or 10/mpp)
+    mag_source: str | None = None  # how tile_mag was found: "objective-power" or "mpp"
     aligned: bool | None = None  # grid starts on storage-tile corners
     mask_level: int | None = None  # the level the tissue mask was computed on
     tiles: int = 0
@@ -580,6 +583,9 @@ class SlideIndex:
                     "mpp": s.mpp,
                     "mpp_source": s.mpp_source,
                     "tile_mpp": s.tile_mpp,
+                    "objective_power": s.objective_power,
+                    "tile_mag": s.tile_mag,
+                    "mag_source": s.mag_source,
                     "read_level": s.read_level,
                     "read_size": s.read_size,
                     "label": s.label,
@@ -620,7 +626,8 @@ def _where_rows(where: Where, index: SlideIndex) -> npt.NDArray[np.bool_]:
             f"where must be a function of the columns returning one bool per row, got "
             f"{type(where).__name__}"
         )
-    keep = np.asarray(where(index.columns))
+    # a qc_filter reads the index's own thresholds; any other function gets the columns
+    keep = np.asarray(where(index) if isinstance(where, QcFilter) else where(index.columns))
     if keep.dtype != np.bool_ or keep.shape != (len(index),):
         raise ValueError(
             f"where must return {len(index)} booleans (one per row), got {keep.dtype} of shape "

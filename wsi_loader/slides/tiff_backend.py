@@ -17,6 +17,7 @@ import os
 import re
 import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -38,7 +39,6 @@ from wsi_loader.errors import (
 )
 from wsi_loader.slides.base import (
     NOT_REGULAR,
-    BytesLRU,
     MppSource,
     RGBArray,
     SegmentJob,
@@ -155,15 +155,93 @@ def _said(messages: list[str], limit: int = 3) -> str:
     return f" (tifffile said: {shown}{more})"
 
 
-class SegmentCache(BytesLRU[RGBArray]):
-    """LRU cache of decoded storage segments, bounded in bytes, shared by a process's readers.
+class SegmentCache:
+    """Cache of decoded storage segments, bounded in bytes, shared by a process's readers.
 
     Neighbouring windows that share storage tiles (256 px windows on 512 px tiles, overlapping
-    grids) decode each tile once.
+    grids, the context windows of neighbouring tiles) decode each tile once.
+
+    A segmented LRU: a segment enters on probation, and one used again moves to the
+    protected part (at most half the bytes), whose least recent segments fall back to
+    probation. Why: a sampler that draws tiles at random over a big slide decodes a stream of
+    segments used once, which in a plain LRU pushes out the few that are used over and over
+    (the coarse-level segments under many tiles' context windows: 224 px at 2.0 um/px of a
+    40x slide spans ~19 of its 0.5 um/px tiles). Only `get` is a use; ``key in cache`` only
+    looks. A segment put with ``planned`` (decoded ahead by a thread for a window read next)
+    waits apart until that read, its first `get`, which counts as the use it was decoded for;
+    it is evicted only after every other segment: dropping work done for the next read would
+    decode it again (a whole-slide scan decoded 1.55x its storage tiles that way).
+    Eviction order: probation, protected, then the planned ones, each least recent first.
     """
 
     def __init__(self, max_bytes: int = 32 * 2**20) -> None:
-        super().__init__(max_bytes, size=lambda pixels: pixels.nbytes)
+        self.max_bytes = max_bytes
+        self._planned: OrderedDict[SegmentKey, RGBArray] = OrderedDict()
+        self._probation: OrderedDict[SegmentKey, RGBArray] = OrderedDict()
+        self._protected: OrderedDict[SegmentKey, RGBArray] = OrderedDict()
+        self._bytes = {"planned": 0, "probation": 0, "protected": 0}
+
+    def _parts(self) -> list[tuple[str, OrderedDict[SegmentKey, RGBArray]]]:
+        """The parts in eviction order."""
+        return [
+            ("probation", self._probation),
+            ("protected", self._protected),
+            ("planned", self._planned),
+        ]
+
+    def __contains__(self, key: SegmentKey) -> bool:
+        return key in self._protected or key in self._probation or key in self._planned
+
+    def get(self, key: SegmentKey) -> RGBArray | None:
+        """The segment (a use of it), None when absent."""
+        pixels = self._protected.get(key)
+        if pixels is not None:
+            self._protected.move_to_end(key)
+            return pixels
+        pixels = self._planned.pop(key, None)
+        if pixels is not None:  # the use it was decoded for: on probation from now
+            self._bytes["planned"] -= pixels.nbytes
+            self._probation[key] = pixels
+            self._bytes["probation"] += pixels.nbytes
+            return pixels
+        pixels = self._probation.pop(key, None)
+        if pixels is None:
+            return None
+        self._bytes["probation"] -= pixels.nbytes  # used again: protected
+        self._protected[key] = pixels
+        self._bytes["protected"] += pixels.nbytes
+        while self._bytes["protected"] > self.max_bytes // 2:
+            old, demoted = self._protected.popitem(last=False)
+            self._bytes["protected"] -= demoted.nbytes
+            self._probation[old] = demoted
+            self._bytes["probation"] += demoted.nbytes
+        return pixels
+
+    def put(self, key: SegmentKey, pixels: RGBArray, planned: bool = False) -> None:
+        """Keep a segment just decoded and used (``planned``: decoded for a use to come)."""
+        if pixels.nbytes > self.max_bytes:
+            return
+        self.pop(key)
+        part = "planned" if planned else "probation"
+        (self._planned if planned else self._probation)[key] = pixels
+        self._bytes[part] += pixels.nbytes
+        while sum(self._bytes.values()) > self.max_bytes:
+            name, segments = next((n, p) for n, p in self._parts() if p)
+            _, evicted = segments.popitem(last=False)
+            self._bytes[name] -= evicted.nbytes
+
+    def pop(self, key: SegmentKey) -> RGBArray | None:
+        for name, segments in self._parts():
+            pixels = segments.pop(key, None)
+            if pixels is not None:
+                self._bytes[name] -= pixels.nbytes
+                return pixels
+        return None
+
+    def clear(self) -> None:
+        for name, segments in self._parts():
+            segments.clear()
+            self._bytes[name] = 0
 
 
 def _resolution_mpp(page: tifffile.TiffPage, axis: str = "X") -> float | None:
@@ -656,7 +734,7 @@ class TiffReader(SlideReader):
             index = self._whole_tile(0, l0_x, l0_y, l_w, l_h)
         else:
             index = self._whole_tile(level, *self._level_xy(level, l0_x, l0_y), l_w, l_h)
-        if index is None or self._cache.get((self.path, level, index, 1)) is not None:
+        if index is None or (self.path, level, index, 1) in self._cache:
             return None
         return index
 
@@ -676,14 +754,14 @@ class TiffReader(SlideReader):
             return [
                 SegmentJob(key, nbytes, self._decoder(level, index, scale))
                 for index in self._covering(level, l_x, l_y, l_w, l_h)
-                if self._cache.get(key := (self.path, level, index, scale)) is None
+                if (key := (self.path, level, index, scale)) not in self._cache
             ]
         except DATA_ERRORS as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
     def keep(self, key: SegmentKey, pixels: RGBArray) -> None:
-        """Cache a segment decoded by a `segment_jobs` job."""
-        self._cache.put(key, pixels)
+        """Cache a segment decoded by a `segment_jobs` job (for the read that follows)."""
+        self._cache.put(key, pixels, planned=True)
 
     def segment_cache_bytes(self) -> int:
         """Capacity of the segment cache this reader shares with its process's other readers."""
@@ -843,7 +921,7 @@ class TiffReader(SlideReader):
         return [
             (int(lv.offsets[i]), int(lv.counts[i]))
             for i in self._covering(level, l_x, l_y, l_w, l_h)
-            if self._cache.get((self.path, level, i, scale)) is None
+            if (self.path, level, i, scale) not in self._cache
         ]
 
     def prefetch(self, windows: list[Window], out_size: int) -> None:

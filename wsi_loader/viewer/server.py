@@ -35,8 +35,24 @@ STARTUP_TIMEOUT_S = 30
 SHUTDOWN_GRACE_S = 3  # open connections get this long to finish when the server stops
 
 
+MAX_PORT = 65535
+
+
+def check_port(port: object) -> int | None:
+    """``port`` if it is None or a TCP port number (0: any free port), else a `ConfigError`
+    (the socket module's own error is an ``OverflowError`` traceback)."""
+    if port is None:
+        return None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
+        raise ConfigError(
+            f"{port!r} is not a port (0-{MAX_PORT}; 0 takes any free one)", key="port", value=port
+        )
+    return port
+
+
 def bind(host: str, port: int | None) -> socket.socket:
     """A listening socket on ``host``: ``port``, or the first free default port, or any."""
+    check_port(port)
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     candidates = [port] if port is not None else [*DEFAULT_PORTS, 0]
     last: OSError | None = None
@@ -103,6 +119,7 @@ def serve(
     any free port. ``predictions``: a ``wsi-loader predict`` output folder. ``on_ready`` gets
     the URL once the server listens (the command prints it).
     """
+    check_port(port)  # before the index is opened
     index = _index(index)
     token = check_token(host, token)
     missing = frontend_missing()
