@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.conftest import SlideFactory
 from wsi_loader.cli.main import main
 from wsi_loader.dataset import TileDataset
+from wsi_loader.errors import InputError
 from wsi_loader.export import export_index
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index.stain import read_reference
@@ -275,3 +277,35 @@ def test_the_slides_without_a_stain_estimate_are_named_once_a_run(
     said = [r.getMessage() for r in caplog.records if "no stain estimate" in r.getMessage()]
     assert len(said) == 1, said
     assert said[0].startswith(f"1 slides have no stain estimate ({one_unestimated.slides[1].path})")
+
+
+def test_a_target_that_is_not_h_and_e_is_refused(
+    make_slide: SlideFactory,
+    two_stains: SlideIndex,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A fluorescence slide or an image without two H&E-like stains gives no target (the
+    index flags such slides; a target from them darkened every tile, silently)."""
+    dark = make_slide(width=3000, height=2000, seed=3, dark_field=True)
+    with pytest.raises(InputError, match="fluorescence") as caught:
+        resolve_target(str(dark))
+    assert caught.value.path == str(dark)
+    # two inks that are not H&E's (green and yellow pen), mixed by Beer-Lambert
+    rng = np.random.default_rng(0)
+    inks = np.array([[0.8, 0.2, 0.8], [0.1, 0.2, 0.95]])
+    inks /= np.linalg.norm(inks, axis=1, keepdims=True)
+    od = rng.uniform(0, 1.2, (64 * 64, 2)) @ inks
+    pens = np.clip(240 * np.exp(-od), 0, 255).astype(np.uint8).reshape(64, 64, 3)
+    image = tmp_path / "pens.png"
+    Image.fromarray(pens).save(image)
+    with pytest.raises(InputError, match=r"not an H&E stain|not separable"):
+        resolve_target(str(image))
+    with pytest.raises(InputError, match="not an H&E stain"):
+        resolve_target(pens)
+    out = tmp_path / "ref.json"
+    code = main(["stain", str(two_stains.path), "--reference", "--target", str(dark),
+                 "--out", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "fluorescence" in err and str(dark) in err
+    assert not out.exists()

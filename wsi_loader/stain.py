@@ -44,6 +44,7 @@ from wsi_loader.index.stain import (
     IO,
     StainEstimate,
     archive_reference,
+    check_vectors,
     fit_image,
     read_reference,
     single_threaded_opencv,
@@ -91,7 +92,7 @@ def resolve_target(target: Target, index: SlideIndex | None = None) -> StainEsti
     if isinstance(target, StainEstimate):
         return target
     if isinstance(target, np.ndarray):
-        return fit_image(target)
+        return fit_target(target)
     if isinstance(target, SlideIndex):
         return archive(target)
     if target is None:
@@ -113,8 +114,22 @@ def resolve_target(target: Target, index: SlideIndex | None = None) -> StainEsti
         from PIL import Image
 
         with Image.open(path) as image:
-            return fit_image(np.asarray(image.convert("RGB")))
+            rgb = np.asarray(image.convert("RGB"))
+        try:
+            return fit_target(rgb)
+        except InputError as exc:
+            raise InputError(str(exc), path=str(path)) from None
     return _slide_stain(str(path))
+
+
+def fit_target(rgb: UInt8s) -> StainEstimate:
+    """`fit_image`, refused when the image's stains are not H&E's (the check slide estimates
+    get: a target from a fluorescence or one-stain image would recolour every tile)."""
+    found = fit_image(rgb)
+    problem = check_vectors(found.matrix())
+    if problem is not None:
+        raise InputError(f"no stain target from this image: {problem}")
+    return found
 
 
 def archive(index: SlideIndex) -> StainEstimate:
@@ -131,11 +146,14 @@ def archive(index: SlideIndex) -> StainEstimate:
 
 
 def _slide_stain(path: str) -> StainEstimate:
-    from wsi_loader.index.tissue import read_mask_image, tissue_mask
+    from wsi_loader.index.tissue import choose_detector, read_mask_image, tissue_mask
     from wsi_loader.slides.open import open_slide
 
     with open_slide(path) as reader:
         image, level = read_mask_image(reader, 2048)
+        detector, why = choose_detector(image)
+        if detector == "fluorescence":  # as when indexing: such a slide has no stain estimate
+            raise InputError(f"no stain target from a fluorescence slide ({why})", path=path)
         # read level 0: a slide with one level is sampled at full resolution, as when indexed
         found = slide_estimate(reader, image, tissue_mask(image), level, 0)
     if isinstance(found, str):

@@ -9,11 +9,18 @@ pyramid is never decoded:
   fixed per-pixel map: OD, one 3x3 matrix, exp (`wsi_loader.stain`).
 - Reinhard (2001): the mean and standard deviation of each CIELAB channel.
 
-When that image is the level tiles are read from, shrunk (a slide with one level: the builder
-decodes all of it anyway), the pixels come from a few of that level's storage tiles over tissue
-read at full resolution instead (`slide_estimate`): the shrink averages intensities, which mixes
-stains with each other and with glass non-linearly in OD and pulls the estimated vectors inward
-(7.2 degrees on CMU-1-Small-Region's eosin, against 0.3 from its level-0 pixels 1-in-4).
+When that image is coarser than `SAMPLE_MPP` (a deep pyramid's overview) or is the level
+tiles are read from, shrunk (a slide with one level: the builder decodes all of it anyway), the
+pixels come from a few storage tiles over tissue of a level fine enough to resolve nuclei,
+read at full resolution instead (`slide_estimate`): a coarse picture averages intensities,
+which mixes stains with each other and with glass non-linearly in OD and pulls the estimated
+vectors inward and the concentrations down (7.2 degrees on CMU-1-Small-Region's eosin,
+against 0.3 from its level-0 pixels 1-in-4; on a synthetic 20,000 px pyramid estimated from its
+64x level, haematoxylin 18 degrees and its maximum concentration 0.70 against 2.05 at level 0,
+which normalised every tile to saturated red). The level sampled is the coarsest at most
+`SAMPLE_MPP` um/px and no finer than the read level (without an MPP: at most 4x the read level's
+downsample), so level 0 of a pyramid is decoded only when tiles are read from it and no
+coarser level resolves nuclei.
 
 A slide whose stain cannot be estimated (too little tissue, two stains that are not separable,
 vectors far from any H&E) gets a reason instead of an estimate: it is flagged, never failed.
@@ -40,7 +47,7 @@ import numpy.typing as npt
 
 from wsi_loader.errors import InputError, SlideError
 from wsi_loader.files import write_file
-from wsi_loader.slides.base import SlideReader, level_to_l0
+from wsi_loader.slides.base import SlideMeta, SlideReader, level_to_l0
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +59,9 @@ MIN_PIXELS = 2000  # fewer stained tissue pixels give no estimate
 MAX_PIXELS = 1 << 18  # more are subsampled (evenly): the estimate does not need them all
 MIN_SEPARATION_DEG = 5.0  # H and E closer than this are not two stains
 MAX_OFF_REFERENCE_DEG = 40.0  # a vector further than this from the H&E reference: not H&E
-SAMPLE_WINDOWS = 16  # storage tiles read at full resolution when the mask image is the read level
+SAMPLE_WINDOWS = 16  # storage tiles read at full resolution when the mask image is too coarse
+SAMPLE_MPP = 2.0  # um/px: the coarsest level that still resolves nuclei (4 px across or more)
+METHOD = 2  # slide estimates of this method (sampled levels) are kept on rebuild; older are redone
 SAMPLE_WINDOW_MAX = 512  # a larger storage tile (or a strip) is sampled in windows this wide
 
 # Macenko's reference (torchstain's default target): H and E OD vectors and max concentrations
@@ -95,7 +104,7 @@ class StainEstimate:
             "lab_mean": [round(v, 4) for v in self.lab_mean],
             "lab_std": [round(v, 4) for v in self.lab_std],
             "pixels": self.pixels,
-            **({"source": self.source} if self.source else {}),
+            **({"source": self.source, "method": METHOD} if self.source else {}),
         }
 
     @classmethod
@@ -290,19 +299,35 @@ def slide_estimate(
     read_level: int,
 ) -> StainEstimate | str:
     """A slide's stain from the builder's mask image (``image`` of level ``mask_level`` and its
-    ``tissue`` mask), or, when that image is the read level shrunk, from `SAMPLE_WINDOWS` of
-    the read level's storage tiles over tissue at full resolution (see the module's docstring;
-    a sample that cannot be read falls back to the image)."""
+    ``tissue`` mask), or, when that image is coarser than `sample_level` or is that level
+    shrunk, from `SAMPLE_WINDOWS` of that level's storage tiles over tissue at full resolution
+    (see the module's docstring; a sample that cannot be read falls back to the image)."""
+    level = sample_level(reader.meta, read_level)
     l_w, l_h = reader.meta.level_dimensions[mask_level]
-    if mask_level == read_level and image.shape[:2] != (l_h, l_w):
+    if level < mask_level or image.shape[:2] != (l_h, l_w):
         try:
-            pixels, windows = read_tissue_sample(reader, mask_level, tissue)
+            pixels, windows = read_tissue_sample(reader, level, tissue)
         except SlideError as exc:  # a corrupt tile: the mask image still has the colours
             log.debug("stain sample of %s unreadable (%s): the mask image", reader.path, exc)
         else:
             if windows:
-                return estimate_stain(pixels, source=f"level {mask_level}, {windows} tiles")
+                return estimate_stain(pixels, source=f"level {level}, {windows} tiles")
     return estimate_stain(image, tissue, source=f"level {mask_level}")
+
+
+def sample_level(meta: SlideMeta, read_level: int) -> int:
+    """The level a slide's stain is sampled at: the coarsest level no finer than ``read_level``
+    that still resolves nuclei (at most `SAMPLE_MPP` um/px; without a plausible MPP, at most
+    4x the read level's downsample), else ``read_level``."""
+    base = meta.level_downsamples[read_level]
+    mpp = meta.usable_mpp
+    chosen = read_level
+    for level in range(read_level + 1, meta.level_count):
+        ds = meta.level_downsamples[level]
+        fine_enough = ds * mpp <= SAMPLE_MPP if mpp is not None else ds <= 4 * base
+        if fine_enough:
+            chosen = level
+    return chosen
 
 
 def read_tissue_sample(
@@ -362,12 +387,12 @@ def stain_columns(
 
 def is_current(stain: Mapping[str, Any] | None, stain_error: str | None) -> bool:
     """Whether a stored slide record's stain columns come from this estimation: a record from
-    before stain columns has neither, and an estimate from before the full-resolution sample
-    of single-level slides has no ``source``. The builder estimates the others again (one
-    low-resolution read per slide, once)."""
+    before stain columns has neither, and an estimate of an older `METHOD` (from before
+    slides were sampled at a level that resolves nuclei) has another or none. The builder
+    estimates the others again (a few reads per slide, once)."""
     if stain is None:
         return stain_error is not None
-    return "source" in stain
+    return stain.get("method") == METHOD
 
 
 def fit_image(rgb: npt.NDArray[np.uint8]) -> StainEstimate:
