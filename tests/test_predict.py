@@ -219,6 +219,30 @@ def test_metrics_equal_scikit_learn_on_a_constructed_case() -> None:
     assert grouped["roc_auc"]["a"]["auc"] == result["roc_auc"]["a"]["auc"]
 
 
+def test_an_interval_from_few_slides_is_said_to_be_unreliable() -> None:
+    from wsi_loader.slide_metrics import RELIABLE_BOOTSTRAP_UNITS, SlideRule, metrics, table
+
+    rng = np.random.default_rng(5)
+    many = RELIABLE_BOOTSTRAP_UNITS
+    for n in (3, many - 1, many):
+        labels = np.arange(n) % 2
+        p1 = np.clip(labels * 0.3 + rng.random(n) * 0.7, 0, 1)
+        result = metrics(labels, np.stack([1 - p1, p1], axis=1), ("x", "y"), SlideRule(),
+                         rounds=200)  # fmt: skip
+        printed = table(result, "slide level")
+        caveat = f"n={n} slides: interval unreliable (fewer than {many} slides to resample)"
+        assert result["bootstrap"] == {"slides": n, "reliable": n >= many}
+        assert (caveat in printed) is (n < many), printed
+    # tiles: what the bootstrap resamples are their slides (groups), not the tiles
+    groups = np.repeat(np.arange(4), 10)
+    labels = groups % 2
+    p1 = np.clip(labels * 0.3 + rng.random(40) * 0.7, 0, 1)
+    tiles = metrics(labels, np.stack([1 - p1, p1], axis=1), ("x", "y"), SlideRule(),
+                    groups=groups, rounds=200)  # fmt: skip
+    assert tiles["bootstrap"] == {"slides": 4, "reliable": False}
+    assert "n=4 slides: interval unreliable" in table(tiles, "tile level")
+
+
 def test_kill_9_midway_then_rerun_gives_byte_identical_csvs(
     index: SlideIndex, tmp_path: Path
 ) -> None:
@@ -259,6 +283,8 @@ def test_a_nan_model_fails_its_slides_by_name(
     first, second = (s.path for s in index.slides)
     assert code == 1
     assert f"failed: {first}: the model returned NaN or infinite values for" in err
+    assert "error: the model's outputs were not finite for some slides\n" in err
+    assert "float16" not in err  # the advice is for --dtype float16 runs only
     assert (out / "model-outputs-csv" / f"{Path(second).stem}.csv").is_file()
     assert not (out / "model-outputs-csv" / f"{Path(first).stem}.csv").exists()
     summary = json.loads((out / "predict.json").read_text())
@@ -291,8 +317,23 @@ def test_class_names_come_in_order_and_a_count_mismatch_stops_before_reading(
 
 
 def test_model_output_of_the_wrong_width_is_named(index: SlideIndex, tmp_path: Path) -> None:
-    with pytest.raises(ModelOutputError, match=r"tuple of 2, not a tensor .*on a blank tile"):
+    with pytest.raises(ModelOutputError, match=r"tuple of 2, not a tensor .*on a blank tile\)$"):
         predict(index, "tests.feature_models:returns_tuple", tmp_path / "p", workers=0)
+    named = ModelOutputError("5 rows for 4 tiles", model="m", slides=["a.svs", "b.svs"])
+    assert str(named) == "model m: 5 rows for 4 tiles (slides of the batch: a.svs, b.svs)"
+
+
+def test_the_float16_advice_comes_with_float16_runs_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from wsi_loader.cli.features import unfinished_slides
+    from wsi_loader.model_pass import PassReport
+
+    report = PassReport(failed_slides=[{"slide": "a.svs", "reason": "NaN"}])
+    assert unfinished_slides(report, dtype="float16") == 1
+    assert "(with --dtype float16, try float32 or bfloat16)" in capsys.readouterr().err
+    assert unfinished_slides(report, dtype="bfloat16") == 1
+    assert "float16" not in capsys.readouterr().err
 
 
 def test_tta_averages_the_flips_and_turns(index: SlideIndex, tmp_path: Path) -> None:
@@ -344,7 +385,9 @@ def test_cli_interface_and_a_torchscript_model_with_its_config(
     assert not (out / "metrics.json").exists()
 
 
-def test_inspect_predictions_draws_the_same_heatmap(index: SlideIndex, tmp_path: Path) -> None:
+def test_inspect_predictions_draws_the_same_heatmap(
+    index: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "p"
     predict(index, "tests.feature_models:classifier", out, workers=0, heatmap_size=300)
     for record in index.slides:  # bad.svs has failed tiles: hatched in both
@@ -357,6 +400,12 @@ def test_inspect_predictions_draws_the_same_heatmap(index: SlideIndex, tmp_path:
     one = tmp_path / "one.png"
     assert main(["inspect", str(index.path), "--predictions", str(out), "--heatmap-class",
                  "tumour", "--out", str(one)]) == 0  # fmt: skip
+    capsys.readouterr()
+    # without --predictions there is no heatmap whose class it could choose: said, not ignored
+    assert main(["inspect", str(index.path), "--heatmap-class", "tumour",
+                 "--out", str(tmp_path / "overview.png")]) == 2  # fmt: skip
+    assert "--heatmap-class goes with --predictions" in capsys.readouterr().err
+    assert not (tmp_path / "overview.png").exists()
     single = prediction_heatmap(index, out, "good.svs", heatmap_class="tumour", max_size=300)
     assert single.names == ["tumour"] and single.values.shape[2] == 1
     both = prediction_heatmap(index, out, "good.svs", max_size=300)
@@ -583,3 +632,35 @@ def test_split_predicts_the_slides_of_that_split_only(archive: Path, tmp_path: P
         assert [(r["name"], r["label"]) for r in csv.DictReader(fh)] == [("good", "normal")]
     run = json.loads((out / "predict.json").read_text())
     assert list(run["slides"]) == [str(archive / "good.svs")]
+
+
+@pytest.mark.parametrize("command", ["predict", "features", "bench"])
+@pytest.mark.parametrize("device", ["gpu", "cuda", "cuda:x"])
+def test_a_device_that_is_not_there_is_an_error_before_any_slide_is_read(
+    index: SlideIndex,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    device: str,
+) -> None:
+    from wsi_loader.dataset import reading
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is there")
+
+    def no_reads(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a slide was read")
+
+    monkeypatch.setattr(reading.TileReader, "read", no_reads)
+    out = tmp_path / "out"
+    model = [] if command == "bench" else ["--model", "tests.feature_models:classifier"]
+    outs = [] if command == "bench" else ["--out", str(out)]
+    code = main([command, str(index.path), *model, *outs, "--device", device, "--workers", "0"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err
+    assert f"device {device!r}" in err
+    wanted = "CUDA is not available" if device == "cuda" else "not a device"
+    assert wanted in err
+    assert not out.exists()

@@ -244,8 +244,14 @@ def test_targets(stained: SlideIndex, tmp_path: Path) -> None:
         Normalize("vahadane")
     with pytest.raises(ConfigError, match="sigma must be in"):
         HEDJitter(sigma=2)
-    with pytest.raises(ConfigError, match="a stain transform"):
-        as_stain("macenko")
+    # the commands' --stain spellings: Normalize(method) with the default target
+    assert as_stain("macenko") == as_stain(Normalize("macenko"))
+    assert as_stain(["reinhard", HEDJitter(0.05, 0.05)]) == as_stain(
+        [Normalize("reinhard"), HEDJitter(0.05, 0.05)]
+    )
+    assert as_stain("none") is None
+    with pytest.raises(ConfigError, match=r"'vahadane' .*'macenko' or 'reinhard' \(as --stain"):
+        as_stain("vahadane")
     assert stain_from_options(None) is None
     assert isinstance(stain_from_options("reinhard", pixels[0]), Normalize)
 
@@ -274,6 +280,16 @@ def test_same_seed_same_pixels_with_zero_and_two_workers(stained: SlideIndex, co
     plain = TileDataset(stained)
     row = next(iter(inline))
     assert not np.array_equal(inline[row], plain[row]["image"].permute(1, 2, 0).numpy())
+
+
+def test_make_loader_takes_the_stain_as_the_command_does(stained: SlideIndex) -> None:
+    def images(stain: object) -> torch.Tensor:
+        loader = make_loader(stained, batch_size=8, num_workers=0, shuffle=False, stain=stain)
+        return next(iter(loader)).images
+
+    by_name = images("macenko")
+    assert torch.equal(by_name, images(Normalize("macenko")))
+    assert not torch.equal(by_name, images(None))
 
 
 def test_device_loader_normalises_like_the_cpu_path(stained: SlideIndex) -> None:

@@ -74,7 +74,7 @@ def test_export_writes_normalised_tiles_and_records_the_target(
     # the export's target went through its JSON settings (6 decimals): +-1 grey level
     assert np.abs(exported.astype(int) - tile[0]).max() <= 1
     settings = json.loads((tmp_path / "out" / "export.json").read_text())["settings"]
-    assert json.loads(settings["stain"])[0]["target"]["H"] == target.as_json()["H"]
+    assert settings["stain"][0]["target"]["H"] == target.as_json()["H"]
     plain = export_index(two_stains, tmp_path / "plain")
     with (tmp_path / "plain" / "manifest.csv").open() as fh:
         assert next(csv.DictReader(fh))["sha256"] != first["sha256"]
@@ -87,7 +87,10 @@ def test_export_command_options(two_stains: SlideIndex, tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ["export", str(two_stains.path), "--out", str(out), "--stain", "reinhard"]
     assert main([*args, "--stain-target", str(ref), "--no-progress"]) == 0
-    assert "reinhard" in json.loads((out / "export.json").read_text())["settings"]["stain"]
+    assert (
+        json.loads((out / "export.json").read_text())["settings"]["stain"][0]["method"]
+        == "reinhard"
+    )
     with pytest.raises(SystemExit):
         main(["export", str(two_stains.path), "--out", str(out), "--stain", "vahadane"])
     assert main(["export", str(two_stains.path), "--out", str(tmp_path / "x"),
@@ -118,7 +121,9 @@ def test_features_with_stain_differ_and_are_recomputed(
     assert plain.shape == normalised.shape and not np.allclose(plain, normalised)
 
 
-def test_mosaic_shows_each_tile_before_and_after(two_stains: SlideIndex, tmp_path: Path) -> None:
+def test_mosaic_shows_each_tile_before_and_after(
+    two_stains: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     mosaic = Mosaic(two_stains, 3, stain=Normalize("reinhard"))
     assert len(mosaic.rows) == 6 and list(mosaic.after) == [False, True] * 3
     assert mosaic.columns % 2 == 0
@@ -127,6 +132,10 @@ def test_mosaic_shows_each_tile_before_and_after(two_stains: SlideIndex, tmp_pat
                  "--stain", "macenko"]) == 0  # fmt: skip
     with Image.open(out) as image:
         assert image.size[0] > 0
+    # the tiles, not the panels (each tile shows twice, before and after)
+    assert f"{out}: 2 tiles, each before and after the stain transforms (0 failed to read)" in (
+        capsys.readouterr().err
+    )
 
 
 def _manifest_hashes(folder: Path) -> list[str]:
@@ -194,6 +203,80 @@ def test_stain_from_config_builds_the_transforms_in_order() -> None:
     assert overridden is not None and isinstance(overridden[0], Normalize)
     assert (overridden[0].method, overridden[0].target) == ("reinhard", "other.json")
     assert stain_from_config(type(config)()) is None
+
+
+def test_predict_features_and_export_record_the_stain_as_a_json_object(
+    two_stains: SlideIndex, tmp_path: Path
+) -> None:
+    from wsi_loader.features import extract
+    from wsi_loader.inference import predict
+
+    pytest.importorskip("h5py")
+    target = resolve_target(two_stains.slide_path(1))
+    stain = Normalize("macenko", target=target)
+    wanted = [{"transform": "normalize", "method": "macenko", "per_tile": False,
+               "target": stain.bind(two_stains).spec()["target"]}]  # fmt: skip
+    predict(two_stains, "tests.feature_models:classifier", tmp_path / "p", workers=0,
+            heatmaps=False, stain=stain)  # fmt: skip
+    extract(two_stains, "tests.feature_models:tiny", tmp_path / "f", workers=0, stain=stain)
+    export_index(two_stains, tmp_path / "e", stain=stain)
+    assert json.loads((tmp_path / "p" / "predict.json").read_text())["stain"] == wanted
+    assert json.loads((tmp_path / "f" / "features.json").read_text())["stain"] == wanted
+    export = json.loads((tmp_path / "e" / "export.json").read_text())["settings"]["stain"]
+    assert export[0]["method"] == "macenko"
+    assert np.allclose(export[0]["target"]["H"], wanted[0]["target"]["H"], atol=1e-6)
+    # without a stain: null, in all three
+    predict(two_stains, "tests.feature_models:classifier", tmp_path / "p0", workers=0,
+            heatmaps=False)  # fmt: skip
+    assert json.loads((tmp_path / "p0" / "predict.json").read_text())["stain"] is None
+
+
+def test_an_export_begun_when_the_stain_was_a_json_string_resumes(
+    two_stains: SlideIndex, tmp_path: Path
+) -> None:
+    from wsi_loader.export_folder import SETTINGS_FILE, read_settings
+
+    out = tmp_path / "e"
+    first = export_index(two_stains, out, stain=Normalize("reinhard"))
+    settings = json.loads((out / SETTINGS_FILE).read_text())
+    older = {**settings, "stain": json.dumps(settings["stain"], sort_keys=True)}
+    (out / SETTINGS_FILE).write_text(json.dumps(older, sort_keys=True))  # as older versions did
+    assert read_settings(out) == settings
+    again = export_index(two_stains, out, stain=Normalize("reinhard"))
+    assert again.tiles == first.tiles and again.units_skipped == again.units
+
+
+@pytest.fixture(scope="module")
+def one_unestimated(tmp_path_factory: pytest.TempPathFactory) -> SlideIndex:
+    """A stained slide and a blank one (tiles, but no stain estimate)."""
+    from wsi_loader.synthetic import SlideSpec, write_svs
+
+    folder = tmp_path_factory.mktemp("blank")
+    write_svs(str(folder / "a.svs"), SlideSpec(1024, 1024, seed=1, stain=STAINS[0]))
+    write_svs(str(folder / "b.svs"), SlideSpec(1024, 1024, seed=2, tissue=0.0))
+    index = build_index([folder], folder / "idx", tile_size=256, level=0, min_tissue=0.0)
+    assert [s.stain is None for s in index.slides] == [False, True]
+    return index
+
+
+@pytest.mark.parametrize("command", ["predict", "features", "export"])
+def test_the_slides_without_a_stain_estimate_are_named_once_a_run(
+    one_unestimated: SlideIndex, tmp_path: Path, caplog: pytest.LogCaptureFixture, command: str
+) -> None:
+    if command == "features":
+        pytest.importorskip("h5py")
+    args = {
+        "predict": ["--model", "tests.feature_models:classifier", "--workers", "0"],
+        "features": ["--model", "tests.feature_models:tiny", "--workers", "0"],
+        "export": ["--format", "webdataset", "--shard-size", "4", "--workers", "1"],
+    }[command]
+    out = str(tmp_path / "out")
+    code = main([command, str(one_unestimated.path), "--out", out, "--no-progress",
+                 "--stain", "macenko", *args])  # fmt: skip
+    assert code == 0
+    said = [r.getMessage() for r in caplog.records if "no stain estimate" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"1 slides have no stain estimate ({one_unestimated.slides[1].path})")
 
 
 def test_a_target_that_is_not_h_and_e_is_refused(

@@ -30,6 +30,7 @@ from wsi_loader.dataset.reading import threads_per_process
 from wsi_loader.dataset.tiles import TileDataset
 from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index.table import SlideIndex
+from wsi_loader.models import resolve_device
 from wsi_loader.slides.local_copies import LocalCopies
 from wsi_loader.slides.storage import is_url
 
@@ -273,6 +274,8 @@ def run_bench(
     ``busy``: that many other processes spin on a core each while everything is measured
     (baseline included, so the ratios compare paths under the same load). ``copies``: where
     the OpenSlide baseline keeps local copies of slides at URLs (see `openslide_baseline`)."""
+    if device is not None:
+        resolve_device(device)
     if len(index) == 0:
         raise ValueError("the index has no tiles to read")
     with busy_cores(busy):

@@ -113,7 +113,8 @@ class ModelOutputError(WsiLoaderError, ValueError):
     def __init__(self, message: str, *, model: str, slides: list[str]) -> None:
         self.model = model
         self.slides = slides
-        super().__init__(f"model {model}: {message} (slides of the batch: {', '.join(slides)})")
+        batch = f" (slides of the batch: {', '.join(slides)})" if slides else ""
+        super().__init__(f"model {model}: {message}{batch}")
 
 
 class InputError(WsiLoaderError, ValueError):

@@ -307,7 +307,8 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
         if steps is not None:
             read = rows[~done]
             slide_ids = np.asarray(cols["slide_id"][read], dtype=np.int64)
-            bound = steps.bind(index)
+            # (export_index warned of the slides without an estimate, once)
+            bound = steps.bind(index, warn=False)
             for scale in (result.pixels, *result.context):  # context tiles as their tile
                 bound.apply_numpy(scale, slide_ids, read, 0, result.ok)
     encoded = _encode_all(result.pixels, result.ok, unit.options, unit.threads)
@@ -557,6 +558,8 @@ def export_index(
         )
     settings: dict[str, Any] = {
         **asdict(options),
+        # a JSON value, not the string that options carry (readers accept both: read_settings)
+        "stain": None if options.stain is None else json.loads(options.stain),
         "index": str(Path(index.path).resolve()),
         "split": index.split,
         "unlabelled_out": None if kept is None else str(kept),

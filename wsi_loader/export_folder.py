@@ -80,6 +80,8 @@ def read_settings(out: Path) -> dict[str, Any] | None:
         previous = json.loads(source.read_text(encoding="utf-8"))
         if not isinstance(previous, dict):
             raise ValueError("no settings object")
+        if isinstance(previous.get("stain"), str):  # older exports: the stain as a JSON string
+            previous["stain"] = json.loads(previous["stain"])
     except (OSError, ValueError) as exc:  # includes UnicodeDecodeError
         raise ConfigError(
             f"{source} is unreadable ({exc}); it was not written by a finished export step: "

@@ -297,6 +297,7 @@ def _write_summary(
         "dim": dim,
         "generation": view.meta.get("generation"),
         "patch_size": view.params.get("tile_size"),
+        "stain": report.stain,
         "slides": slides,
         "written": sum(p["written"] for p in parts),
         "skipped": sum(p["skipped"] for p in parts),

@@ -26,6 +26,7 @@ from wsi_loader.dataset.batch import TileBatch
 from wsi_loader.errors import ConfigError, TileReadError
 from wsi_loader.index.quarantine import Quarantine
 from wsi_loader.index.table import SlideIndex
+from wsi_loader.models import resolve_device
 from wsi_loader.stain import as_stain
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,8 @@ class DeviceLoader:
     ``wait_seconds`` accumulates the time the consumer waited for the next batch.
     ``stain``: stain transforms of `wsi_loader.stain` (one or a list: ``Normalize("macenko")``,
     ``HEDJitter(0.05, 0.05)``...), applied to whole batches on ``device`` before the
-    conversion, bound to the loader's index (``index`` when the loader has none).
+    conversion, bound to the loader's index (``index`` when the loader has none); a
+    `StainPipeline` already bound (``.bind(index)``) is used as it is.
     """
 
     def __init__(
@@ -196,10 +198,10 @@ class DeviceLoader:
     ) -> None:
         self.loader = loader
         steps = as_stain(stain)
-        self.stain = None if steps is None else steps.bind(index or _index_of(loader))
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device is 'cuda' but CUDA is not available; use device='cpu'")
+        if steps is not None and not steps.bound:
+            steps = steps.bind(index or _index_of(loader))
+        self.stain = steps  # a pipeline bound already (a model pass binds once) as it is
+        self.device = resolve_device(device)
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
         if std is not None and any(s <= 0 for s in std):

@@ -44,7 +44,7 @@ from wsi_loader.model_pass import (
     temporary_path,
     write_json,
 )
-from wsi_loader.models import Model, as_model, class_names_of, weights_digest
+from wsi_loader.models import Model, as_model, class_names_of, resolve_device, weights_digest
 from wsi_loader.naming import h5_file_names
 from wsi_loader.predictions import (
     CSV_FOLDER,
@@ -181,7 +181,7 @@ def _class_names(
     """The class names, from the first source that has them, checked against the number of
     outputs the model gives for one blank tile (run here, before any slide is read)."""
     size = model.size or int(view.params.get("tile_size", 224))
-    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(options.device)
     blank = torch.zeros(1, 3, size, size, device=device)
     try:
         with torch.inference_mode():
@@ -481,6 +481,7 @@ def _run_metadata(
         "classes": list(report.classes),
         "activation": "sigmoid" if rule.multi_label or len(report.classes) == 1 else "softmax",
         "tta": tta,
+        "stain": report.stain,  # the transforms, targets resolved (None: none)
         "slide_rule": {
             "rule": rule.rule,
             "top_k": rule.top_k,

@@ -36,7 +36,7 @@ from wsi_loader.index.inputs import slide_name
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.inference import PredictReport
 from wsi_loader.model_pass import write_json
-from wsi_loader.models import Model, as_model, class_names_of, weights_digest
+from wsi_loader.models import Model, as_model, class_names_of, resolve_device, weights_digest
 from wsi_loader.predictions import HEATMAP_FOLDER, METRICS_JSON, PREDICT_JSON, SLIDES_CSV
 from wsi_loader.slide_metrics import (
     SlideRule,
@@ -84,7 +84,7 @@ def predict_bags(
         opened = index if isinstance(index, SlideIndex) else SlideIndex.open(index, root=root)
     bags = FeatureBagDataset(features, index=opened, labels=labels, split=split)
     loaded = as_model(model, head="keep")
-    run_on = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    run_on = resolve_device(device)
     net = loaded.model.eval().to(run_on)
     two_args = _takes_mask(net)
     out_path = Path(out)

@@ -52,7 +52,7 @@ from wsi_loader.errors import ConfigError, LoaderTimeoutError, ModelOutputError
 from wsi_loader.files import replacing
 from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index.table import SlideIndex, SlideRecord
-from wsi_loader.models import Model, weights_digest
+from wsi_loader.models import Model, resolve_device, weights_digest
 from wsi_loader.parallel import progress_bar
 from wsi_loader.stain import as_stain
 
@@ -96,6 +96,7 @@ class PassOptions:
             raise ConfigError("batch_size must be a whole number", key="batch_size")
         if self.batch_size < 1:
             raise ConfigError("batch_size must be >= 1", key="batch_size", value=self.batch_size)
+        resolve_device(self.device)
 
 
 @dataclass
@@ -126,6 +127,8 @@ class PassReport:
     incomplete: list[dict[str, Any]] = field(default_factory=list)
     # slides whose model outputs were not finite (NaN, Inf): not written
     failed_slides: list[dict[str, Any]] = field(default_factory=list)
+    # the stain transforms, as `StainPipeline.spec` (targets resolved): None without
+    stain: list[dict[str, Any]] | None = None
 
     def part(self) -> dict[str, Any]:
         """This rank's share, for `gather_parts`."""
@@ -222,7 +225,7 @@ def run_pass(
     """Run ``forward`` over every tile of this rank's slides of ``view`` that ``writer`` does
     not hold complete yet, and hand each slide's outputs to ``writer``."""
     options.check()
-    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(options.device)
     rank, world = rank_and_world()
     starts = view.slide_starts()
     counts = np.diff(starts)
@@ -244,7 +247,7 @@ def run_pass(
     ]
     content = {sid: slide_content(view, sid, header, stain_spec) for sid in mine}
     todo = [sid for sid in mine if not writer.is_complete(sid, content[sid])]
-    report = PassReport(slides=len(slide_ids), skipped=len(mine) - len(todo))
+    report = PassReport(slides=len(slide_ids), skipped=len(mine) - len(todo), stain=stain_spec)
     run = _Run(view, model, forward, writer, options, device, report, content, stain)
     total = int(sum(counts[s] for s in todo))
     with progress_bar(total, "tile", what, options.progress and bool(todo)) as bar:

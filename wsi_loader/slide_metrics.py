@@ -33,6 +33,9 @@ RULES: tuple[str, ...] = ("mean", "max", "topk")
 BOOTSTRAP_ROUNDS = 1000
 TILE_BOOTSTRAP_ROUNDS = 200  # each round scores every tile of the resampled slides
 CONFIDENCE = 0.95
+# a percentile bootstrap over fewer slides than this has too few distinct resamples to cover
+# 95% (3 slides give 10 distinct ones): the interval is shown, with a caveat
+RELIABLE_BOOTSTRAP_UNITS = 20
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,9 @@ def _metrics(
                 "for an interval"
             )
     result["roc_auc"] = aucs
+    # what the bootstrap resamples: slides (the items, or the slides the tiles come from)
+    units = len(labels) if groups is None else len(np.unique(groups))
+    result["bootstrap"] = {"slides": units, "reliable": units >= RELIABLE_BOOTSTRAP_UNITS}
     if rule.multi_label:
         decided = scores >= rule.threshold
         result["per_class_accuracy"] = {
@@ -266,6 +272,7 @@ def _bootstrap(
 def table(result: dict[str, Any], title: str) -> str:
     """A few lines for the terminal: AUC [interval] per class, accuracies, confusion matrix."""
     lines = [f"{title} (n={result['n']})"]
+    shown = False
     for name, auc in result["roc_auc"].items():
         if auc["auc"] is None:
             lines.append(f"  ROC AUC {name}: - ({auc['why']})")
@@ -273,6 +280,13 @@ def table(result: dict[str, Any], title: str) -> str:
             low, high = auc["ci95"]
             interval = f"[{low:.3f}, {high:.3f}]" if low is not None else f"[-: {auc['why']}]"
             lines.append(f"  ROC AUC {name}: {auc['auc']:.3f} {interval}")
+            shown = shown or low is not None
+    bootstrap = result.get("bootstrap")  # (absent from metrics of older runs)
+    if shown and bootstrap and not bootstrap["reliable"]:
+        lines.append(
+            f"  n={bootstrap['slides']} slides: interval unreliable (fewer than "
+            f"{RELIABLE_BOOTSTRAP_UNITS} slides to resample)"
+        )
     if "accuracy" in result:
         lines.append(
             f"  accuracy {result['accuracy']:.3f}, balanced accuracy "

@@ -183,10 +183,15 @@ class SlideTables:
             lab_std=np.array([e.lab_std for e in rows]).reshape(-1, 3),
             valid=np.array([e is not None for e in estimates], dtype=bool),
         )
+        return tables
+
+    def warn_missing(self, index: SlideIndex) -> None:
+        """Say which of ``index``'s slides with tiles have no estimate (once per run: the
+        pipeline's `StainPipeline.bind` calls it)."""
         missing = [
             s.path
-            for s, e in zip(index.slides, estimates, strict=True)
-            if e is None and s.status == "ok" and s.tiles > 0
+            for s, valid in zip(index.slides, self.valid, strict=True)
+            if not valid and s.status == "ok" and s.tiles > 0
         ]
         if missing:
             log.warning(
@@ -195,7 +200,6 @@ class SlideTables:
                 len(missing),
                 ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else ""),
             )
-        return tables
 
 
 # ---------------------------------------------------------------------------------------------
@@ -721,8 +725,14 @@ class StainPipeline:
     def bound(self) -> bool:
         return all(s.bound for s in self.steps)
 
-    def bind(self, index: SlideIndex) -> StainPipeline:
-        return StainPipeline(tuple(s.bind(index) for s in self.steps))
+    def bind(self, index: SlideIndex, warn: bool = True) -> StainPipeline:
+        """Each step bound to ``index``; with ``warn``, one WARNING naming the slides without
+        an estimate (a run binds once with it; its units and loaders bind again without)."""
+        bound = StainPipeline(tuple(s.bind(index) for s in self.steps))
+        with_tables = [s.tables for s in bound.steps if s.tables is not _NO_TABLES]
+        if warn and with_tables:
+            with_tables[0].warn_missing(index)
+        return bound
 
     def apply_numpy(
         self,
@@ -752,22 +762,40 @@ class StainPipeline:
 
 
 def as_stain(value: Any, key: str = "stain") -> StainPipeline | None:
-    """``stain=`` as given (a transform, a list of them, or None) as a `StainPipeline`."""
-    if value is None:
+    """``stain=`` as given (a transform, a list of them, or None) as a `StainPipeline`. The
+    commands' ``--stain`` spellings work too: ``"macenko"`` or ``"reinhard"`` is
+    ``Normalize(method)`` with the default target (the index's median), ``"none"`` None."""
+    if value is None or (isinstance(value, str) and value == "none"):
         return None
     if isinstance(value, StainPipeline):
         return value
-    steps = [value] if isinstance(value, StainTransform) else value
+    steps = [value] if isinstance(value, (StainTransform, str)) else value
+    if isinstance(steps, (list, tuple)):
+        steps = [_by_name(s, key) if isinstance(s, str) else s for s in steps]
     if not isinstance(steps, (list, tuple)) or not all(
         isinstance(s, StainTransform) for s in steps
     ):
         raise ConfigError(
             f"invalid value {value!r} for {key!r}: a stain transform of wsi_loader.stain "
-            "(Normalize, HEDJitter, StainJitter, RandStain), a list of them, or None",
+            "(Normalize, HEDJitter, StainJitter, RandStain), 'macenko' or 'reinhard' (as "
+            "--stain), a list of them, or None",
             key=key,
             value=value,
         )
     return StainPipeline(tuple(steps)) if steps else None
+
+
+def _by_name(method: str, key: str) -> Normalize:
+    if method not in ("macenko", "reinhard"):
+        raise ConfigError(
+            f"invalid value {method!r} for {key!r}: 'macenko' or 'reinhard' (as --stain: "
+            "Normalize(method) with the index's median target), Normalize(method, "
+            "target=...) for another target, a stain transform of wsi_loader.stain, a list "
+            "of them, or None",
+            key=key,
+            value=method,
+        )
+    return Normalize(method)
 
 
 def from_spec(spec: Sequence[dict[str, Any]]) -> StainPipeline | None:

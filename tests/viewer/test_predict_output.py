@@ -123,3 +123,24 @@ def test_a_predict_json_that_is_not_one_is_said(predicted: Predicted, tmp_path: 
     (tmp_path / "predict.json").write_text('{"slides": {"x.svs": {"name": 3}}}')
     with pytest.raises(InputError, match=r"slide 'x\.svs' has no file name"):
         ViewerServer(predicted.index, predictions=tmp_path)
+
+
+def test_predictions_of_another_index_are_said_at_start_and_in_the_banner(
+    predicted: Predicted, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(predicted.out, other)
+    run = json.loads((other / "predict.json").read_text())
+    run["slides"] = {f"/elsewhere/{i}.svs": entry for i, entry in enumerate(run["slides"].values())}
+    (other / "predict.json").write_text(json.dumps(run))
+    for csv_file in (other / "model-outputs-csv").iterdir():
+        csv_file.rename(csv_file.with_name(f"other-{csv_file.name}"))
+    with ViewerServer(predicted.index, predictions=other) as server:
+        said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert said == [f"none of this index's slides has predictions in {other} (another index?)"]
+        details = request(server.port, "/api/slides/0").json()
+        assert details["predictions"] is None
+        assert details["predictions_error"] == said[0]
+    caplog.clear()
+    with ViewerServer(predicted.index, predictions=predicted.out) as server:  # its own: quiet
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -54,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
             path="command line",
         )
     from wsi_loader.index.health import require_slides
+    from wsi_loader.models import resolve_device
+
+    if args.device is not None:
+        resolve_device(args.device)  # before any slide is opened
 
     index = require_slides(open_index(args), args.missing_slides)
     result = run_bench(

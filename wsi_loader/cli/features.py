@@ -96,11 +96,12 @@ def run(args: argparse.Namespace) -> int:
         f"already complete, {report.failed} tiles failed: see features.json)",
         file=sys.stderr,
     )
-    return unfinished_slides(report)
+    return unfinished_slides(report, args.dtype)
 
 
-def unfinished_slides(report: PassReport) -> int:
-    """Print the slides a pass did not write and why; the exit code (1 when there are any)."""
+def unfinished_slides(report: PassReport, dtype: str | None = None) -> int:
+    """Print the slides a pass did not write and why; the exit code (1 when there are any).
+    ``dtype``: the pass's --dtype (float16 overflows: the advice names it only then)."""
     for entry in report.incomplete:
         print(
             f"  not written: {one_line(entry['slide'])}: {one_line(entry['reason'])}",
@@ -111,9 +112,8 @@ def unfinished_slides(report: PassReport) -> int:
     if report.incomplete:
         print("error: some slides could not be read; run the command again", file=sys.stderr)
     if report.failed_slides:
+        advice = " (with --dtype float16, try float32 or bfloat16)" if dtype == "float16" else ""
         print(
-            "error: the model's outputs were not finite for some slides (with --dtype float16, "
-            "try float32 or bfloat16)",
-            file=sys.stderr,
+            f"error: the model's outputs were not finite for some slides{advice}", file=sys.stderr
         )
     return 1 if report.incomplete or report.failed_slides else 0

@@ -172,4 +172,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {one_line(row['name'])}: {one_line(row['predicted'])}{label}", file=sys.stderr)
     if len(report.slide_results) > 20:
         print(f"  ... {len(report.slide_results) - 20} more in slides.csv", file=sys.stderr)
-    return unfinished_slides(report)
+    return unfinished_slides(report, None if args.mil_model else args.dtype)

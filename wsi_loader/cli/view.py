@@ -62,6 +62,13 @@ def run_inspect(args: argparse.Namespace) -> int:
             key="max_size",
             value=args.max_size,
         )
+    if args.heatmap_class is not None and not args.predictions:
+        raise ConfigError(
+            "--heatmap-class goes with --predictions DIR (it picks a class of predict's "
+            "heatmap); without, inspect draws the slide's tile grid (--color-by)",
+            path="command line",
+            key="heatmap_class",
+        )
     index = open_index(args)
     if args.predictions:
         from wsi_loader.heatmaps import prediction_heatmap
@@ -101,8 +108,11 @@ def run_mosaic(args: argparse.Namespace) -> int:
         stain=stain_option(args),
     )
     mosaic.save(args.out)
+    first = ~mosaic.after  # with stain transforms each tile has two panels: count it once
+    both = ", each before and after the stain transforms" if mosaic.after.any() else ""
     print(
-        f"{args.out}: {len(mosaic.rows)} tiles ({int((~mosaic.ok).sum())} failed to read)",
+        f"{args.out}: {int(first.sum())} tiles{both} "
+        f"({int((~mosaic.ok[first]).sum())} failed to read)",
         file=sys.stderr,
     )
     return 0

@@ -133,6 +133,16 @@ class Viewer:
         self.catalog = Catalog(index)
         self.maker = TileMaker(options)
         self.predictions = Predictions(predictions) if predictions is not None else None
+        # a folder of another index's run would show nothing, silently: said at start and
+        # in each slide's banner (as inspect --predictions says it)
+        self.predictions_notice: str | None = None
+        if self.predictions is not None and not any(
+            self.predictions.file_for(s.path, i) for i, s in enumerate(index.slides)
+        ):
+            self.predictions_notice = (
+                f"none of this index's slides has predictions in {predictions} (another index?)"
+            )
+            log.warning("%s", self.predictions_notice)
         self.masks = TissueMasks(index)
         self.assets = _assets()
         self._grids: dict[int, _GridEntry] = {}
@@ -173,8 +183,8 @@ class Viewer:
 
     def prediction_table(self, slide_id: int) -> tuple[PredictionTable | None, str | None]:
         """The slide's predictions, or why they cannot be shown."""
-        if self.predictions is None:
-            return None, None
+        if self.predictions is None or self.predictions_notice is not None:
+            return None, self.predictions_notice
         try:
             # by the path as stored, as predict.json names the slides
             return self.predictions.table(self.index.slides[slide_id].path, slide_id), None
