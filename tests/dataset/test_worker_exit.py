@@ -149,6 +149,9 @@ import wsi_loader as wl
 from wsi_loader.synthetic import SlideSpec, write_svs
 
 if __name__ == "__main__":
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal or a kernel (a script started from a
+    # background job, as CI may start the suite, inherits SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     write_svs("a.svs", SlideSpec(width=2000, height=1500, seed=1))
     index = wl.build_index(["a.svs"], "idx", tile_size=256, level=0, min_tissue=0.1)
     loader = wl.make_loader(
