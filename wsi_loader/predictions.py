@@ -36,8 +36,8 @@ BOX_COLUMNS = ("minx", "miny", "width", "height")
 PROB_PREFIX = "prob_"
 MAX_CSV_BYTES = 2**31  # a slide's CSV is a few MB; more is not one of ours
 _IDS = uuid.UUID("5b0c3c6e-6f1e-4d0e-9c1a-40d5a1e0c0de")  # namespace of tile object ids
-# QuPath shows classes in their colour; ours follow view.LABEL_PALETTE's order
-_COLOURS = [
+# class colours (matplotlib's tab10): QuPath shows classes in them, and view.py draws labels
+LABEL_PALETTE = [
     (31, 119, 180),
     (255, 127, 14),
     (44, 160, 44),
@@ -85,7 +85,7 @@ class TilePredictions:
         names = [json.dumps(PROB_PREFIX + c) for c in self.classes]  # quoted once, not per tile
         top = np.argmax(self.probabilities, axis=1).tolist() if len(self.boxes) else []
         classifications = [
-            json.dumps({"name": c, "color": list(_COLOURS[i % len(_COLOURS)])})
+            json.dumps({"name": c, "color": list(LABEL_PALETTE[i % len(LABEL_PALETTE)])})
             for i, c in enumerate(self.classes)
         ]
         features = []

@@ -29,6 +29,7 @@ from wsi_loader.index.qc import QC_COLUMNS, built_thresholds
 from wsi_loader.index.qc import flags as qc_flags
 from wsi_loader.index.table import SlideIndex
 from wsi_loader.index.tissue import read_mask_image
+from wsi_loader.predictions import LABEL_PALETTE
 from wsi_loader.slides.base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, RGBArray
 from wsi_loader.slides.open import open_slide
 from wsi_loader.stain import as_stain
@@ -44,18 +45,6 @@ QC_COLOURS = {
 }
 QC_CLEAN = (46, 160, 67)
 STATUS_COLOURS = {"ok": (46, 160, 67), "substituted": (245, 159, 0), "quarantined": (220, 38, 38)}
-LABEL_PALETTE = [
-    (31, 119, 180),
-    (255, 127, 14),
-    (44, 160, 44),
-    (214, 39, 40),
-    (148, 103, 189),
-    (140, 86, 75),
-    (227, 119, 194),
-    (127, 127, 127),
-    (188, 189, 34),
-    (23, 190, 207),
-]
 UNLABELLED = (120, 120, 120)
 UNREADABLE = (160, 0, 160)  # thumbnail areas whose pixels could not be read
 # viridis at 0, 0.25, 0.5, 0.75, 1: tissue fraction colour ramp
