@@ -34,6 +34,22 @@ def test_cpu_device_loader_normalises_and_keeps_metadata(index: SlideIndex) -> N
         assert torch.equal(got["row"], batch.rows) and torch.equal(got["ok"], batch.ok)
 
 
+def test_cpu_batches_reuse_memory_only_once_let_go(index: SlideIndex) -> None:
+    """The CPU conversion writes into reused float buffers: a batch the consumer dropped is
+    written over, one it kept never is."""
+    loader = make_loader(index, batch_size=4, num_workers=0, shuffle=False)
+    raw = [batch.images.clone() for batch in loader]
+    assert len(raw) > 8  # more batches than the ring holds
+    kept, addresses = [], set()
+    for i, got in enumerate(DeviceLoader(loader, "cpu")):
+        addresses.add(got["image"].data_ptr())
+        if i % 3 == 0:
+            kept.append(got["image"])  # the others are let go at once
+    assert len(addresses) < len(raw)  # memory was reused
+    for image, pixels in zip(kept, raw[::3], strict=True):
+        torch.testing.assert_close(image, expected(pixels), atol=1e-5, rtol=1e-5)
+
+
 def test_device_decode_mode_equals_cpu_mode(index: SlideIndex) -> None:
     cpu = list(DeviceLoader(make_loader(index, batch_size=8, num_workers=0, shuffle=False), "cpu"))
     dev = list(

@@ -707,8 +707,9 @@ class TileReader:
                         jobs[n] = job
                     elif supports(reader, PlansSegments):
                         room = reader.segment_cache_bytes() // 2
-                        for segment in reader.segment_jobs(x, y, level, size, size, out, out):
-                            if segment.key not in segments and budget + segment.nbytes <= room:
+                        wanted = reader.segment_jobs(x, y, level, size, size, out, out, segments)
+                        for segment in wanted:  # (the segments planned already not read again)
+                            if budget + segment.nbytes <= room:
                                 segments[segment.key] = (reader, segment)
                                 budget += segment.nbytes
                 except SlideError:

@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Container, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, Literal, NamedTuple, Protocol, TypeGuard, TypeVar, runtime_checkable
 
@@ -206,7 +206,15 @@ class PlansSegments(Protocol):
     them) and caches their results, so that the window's read then only stitches."""
 
     def segment_jobs(
-        self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, out_w: int, out_h: int
+        self,
+        l0_x: int,
+        l0_y: int,
+        level: int,
+        l_w: int,
+        l_h: int,
+        out_w: int,
+        out_h: int,
+        planned: Container[SegmentKey] = (),
     ) -> list[SegmentJob]: ...
 
     def keep(self, key: SegmentKey, pixels: RGBArray) -> None: ...

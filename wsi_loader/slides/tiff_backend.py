@@ -18,7 +18,7 @@ import re
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -739,11 +739,20 @@ class TiffReader(SlideReader):
         return index
 
     def segment_jobs(
-        self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, out_w: int, out_h: int
+        self,
+        l0_x: int,
+        l0_y: int,
+        level: int,
+        l_w: int,
+        l_h: int,
+        out_w: int,
+        out_h: int,
+        planned: Container[SegmentKey] = (),
     ) -> list[SegmentJob]:
         """The segment decodes a read of this window (shrunk to ``out_w`` x ``out_h``) would do
-        because the cache lacks them, with their bytes read now. Run them on any thread and
-        `keep` the results: the read itself then only stitches cached segments."""
+        because the cache lacks them and ``planned`` (the caller's jobs so far) does not hold
+        them, with their bytes read now. Run them on any thread and `keep` the results: the
+        read itself then only stitches cached segments."""
         if self._closed:
             raise closed_error(self.path)
         try:
@@ -755,6 +764,7 @@ class TiffReader(SlideReader):
                 SegmentJob(key, nbytes, self._decoder(level, index, scale))
                 for index in self._covering(level, l_x, l_y, l_w, l_h)
                 if (key := (self.path, level, index, scale)) not in self._cache
+                and key not in planned
             ]
         except DATA_ERRORS as exc:
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
@@ -779,7 +789,7 @@ class TiffReader(SlideReader):
             if index is not None:
                 self._levels[level].decode_jpeg(self._raw(level, index), out=dest)
             else:
-                dest[...] = self._read_window(l0_x, l0_y, level, l_w, l_h)
+                self._read_window(l0_x, l0_y, level, l_w, l_h, out=dest)
         except DATA_ERRORS as exc:  # decoders raise codec-specific types
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
@@ -816,19 +826,39 @@ class TiffReader(SlideReader):
             raise self._error(l0_x, l0_y, level, l_w, l_h, exc) from exc
 
     def _read_window(
-        self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int, scale: int = 1
+        self,
+        l0_x: int,
+        l0_y: int,
+        level: int,
+        l_w: int,
+        l_h: int,
+        scale: int = 1,
+        out: RGBArray | None = None,
     ) -> RGBArray:
-        """Stitch the (optionally DCT-scaled) segments covering a window; white outside."""
+        """Stitch the (optionally DCT-scaled) segments covering a window; white outside.
+        Into ``out`` when given (each pixel written once: a window inside the level is not
+        filled white first), else into a new array (an aligned window at scale 1: the cached
+        segment itself, no copy)."""
         lv = self._levels[level]
         l_x, l_y = self._level_xy(level, l0_x, l0_y)
         whole = self._whole_tile(level, l_x, l_y, l_w, l_h) if scale == 1 else None
         if whole is not None:
-            return self._segment(level, whole)  # aligned: the cached tile itself, no copy
+            if out is None:
+                return self._segment(level, whole)
+            out[...] = self._segment(level, whole)
+            return out
         x0, y0 = max(l_x, 0), max(l_y, 0)
         x1, y1 = min(l_x + l_w, lv.width), min(l_y + l_h, lv.height)
-        out = np.full((l_h // scale, l_w // scale, 3), 255, dtype=np.uint8)
-        for index in self._covering(level, l_x, l_y, l_w, l_h):
-            seg = self._segment(level, index, scale)
+        segments = [
+            (index, self._segment(level, index, scale))
+            for index in self._covering(level, l_x, l_y, l_w, l_h)
+        ]
+        if out is None:
+            out = np.empty((l_h // scale, l_w // scale, 3), dtype=np.uint8)
+        inside = (x0, y0, x1, y1) == (l_x, l_y, l_x + l_w, l_y + l_h)
+        if not (inside and all(self._full(lv, seg, scale) for _, seg in segments)):
+            out.fill(255)  # parts no segment covers stay white
+        for index, seg in segments:
             sx, sy = (index % lv.across) * lv.seg_w, (index // lv.across) * lv.seg_h
             ax, ay = max(x0, sx), max(y0, sy)
             bx = min(x1, sx + lv.seg_w, sx + seg.shape[1] * scale)
@@ -842,6 +872,11 @@ class TiffReader(SlideReader):
                     (ax - sx) // scale : -(-(bx - sx) // scale),
                 ]
         return out
+
+    @staticmethod
+    def _full(lv: _Level, seg: RGBArray, scale: int) -> bool:
+        """Whether a decoded segment has the level's whole segment size (at ``scale``)."""
+        return bool(seg.shape[0] * scale >= lv.seg_h and seg.shape[1] * scale >= lv.seg_w)
 
     def read_encoded(self, l0_x: int, l0_y: int, level: int, l_w: int, l_h: int) -> bytes | None:
         """The complete JPEG stream of a window that is exactly one YCbCr JPEG storage tile
