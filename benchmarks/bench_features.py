@@ -96,8 +96,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tile-size", type=int, default=224, help="over 256 px storage tiles")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads of the main process, for both (default: torch's)",
+    )
     parser.add_argument("--scratch")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     scratch = scratch_folder(args.scratch, "wsi-bench-features-")
     folder = scratch / "slides"
     folder.mkdir(exist_ok=True)
@@ -116,7 +123,8 @@ def main() -> None:
     print(
         f"{len(index)} tiles of {args.slides} slides ({args.width} px wide), {args.tile_size} px "
         "at 0.5 um/px over 256 px storage tiles, "
-        f"batch {args.batch_size}, {args.workers} workers, cheap model, CPU"
+        f"batch {args.batch_size}, {args.workers} workers, cheap model, CPU, "
+        f"{torch.get_num_threads()} intra-op threads"
     )
     best = {"peer": 0.0, "extract": 0.0, "predict": 0.0}  # tiles/s
     cpu = {"peer": math.inf, "extract": math.inf, "predict": math.inf}  # ms per tile
