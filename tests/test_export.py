@@ -452,6 +452,30 @@ def test_failures_csv_carries_the_quarantine_reason(index: SlideIndex, tmp_path:
     ), reasons
 
 
+def test_failures_csv_reason_is_the_record_of_that_tile(index: SlideIndex, tmp_path: Path) -> None:
+    """A quarantine shared with another index (another level) or kept from an older version of
+    the slide holds records at the same position: the reason is the one of this tile."""
+    row = 3
+    slide = index.slides[int(index.columns["slide_id"][row])]
+    at = {
+        "slide_id": 0,
+        "path": slide.path,
+        "x": int(index.columns["l0_x"][row]),
+        "y": int(index.columns["l0_y"][row]),
+    }
+    level = int(index.columns["level"][row])
+    index.quarantine.append({**at, "level": level, "error": "this tile", **fingerprint(slide)})
+    index.quarantine.append({**at, "level": level + 1, "error": "another level"})
+    index.quarantine.append({**at, "level": level, "error": "old version", "fingerprint": "x"})
+    export_index(index, tmp_path / "out", shard_size=50)
+    reasons = {int(r["row"]): r["reason"] for r in manifest(tmp_path / "out", "failures.csv")}
+    assert reasons[row] == "quarantined before export: this tile"
+
+
+def fingerprint(slide: Any) -> dict[str, str]:
+    return {"fingerprint": slide.fingerprint} if slide.fingerprint else {}
+
+
 @pytest.fixture
 def half_labelled(archive: Path, tmp_path: Path) -> SlideIndex:
     """The archive with a label for good.svs only: bad.svs's tiles have none."""

@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -657,7 +657,7 @@ def export_index(
         elif left == UNLABELLED:
             reason = "no label (left out of the class folders; unlabelled_out keeps them)"
         else:
-            error = reasons.get((fields["slide_path"], fields["x"], fields["y"]))
+            error = reasons(fields)
             reason = f"quarantined before export: {error}" if error else "quarantined before export"
         failures.append({**fields, "reason": reason})
     failures.sort(key=lambda f: f["row"])
@@ -800,12 +800,18 @@ def _generation_rows(index: SlideIndex) -> np.ndarray:
     return np.arange(len(index), dtype=np.int64)
 
 
-def _quarantine_reasons(index: SlideIndex) -> dict[tuple[str, int, int], str]:
-    """The recorded error of every quarantined tile, by (stored path, x, y)."""
-    return {
-        (str(r["path"]), int(r["x"]), int(r["y"])): str(r.get("error") or "")
-        for r in index.quarantine.tile_records()
-    }
+def _quarantine_reasons(index: SlideIndex) -> Callable[[dict[str, Any]], str]:
+    """The recorded error of a quarantined tile (`_tile_fields`): its record at its level, else
+    one naming no level; records of another version of the slide left out, as the mask does."""
+    reasons = index.quarantine.reasons(
+        {s.path: s.fingerprint for s in index.slides if s.fingerprint}
+    )
+
+    def reason(fields: dict[str, Any]) -> str:
+        at = (fields["slide_path"], fields["x"], fields["y"])
+        return reasons.get((*at, fields["level"])) or reasons.get((*at, None)) or ""
+
+    return reason
 
 
 def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:

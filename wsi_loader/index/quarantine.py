@@ -210,13 +210,18 @@ class Quarantine:
         """(stored slide path, l0_x, l0_y, level or None) of every quarantined tile. With
         ``fingerprints`` (stored path -> the slide's current fingerprint), records taken from
         another version of a slide are left out."""
-        out = set()
+        return set(self.reasons(fingerprints))
+
+    def reasons(self, fingerprints: dict[str, str] | None = None) -> dict[TileAt, str]:
+        """The recorded error of every quarantined tile (the last record of a tile), by the
+        keys of `keys` (the same records left out)."""
+        out: dict[TileAt, str] = {}
         for entry in self.tile_records():
             path, recorded = entry["path"], entry.get("fingerprint")
             current = fingerprints.get(path) if fingerprints else None
             if recorded is not None and current is not None and recorded != current:
                 continue
-            out.add((path, *tile_key(entry)[2:]))
+            out[(path, *tile_key(entry)[2:])] = str(entry.get("error") or "")
         return out
 
     def coords_by_path(self, fingerprints: dict[str, str] | None = None) -> dict[str, set[Coords]]:
