@@ -95,3 +95,14 @@ def test_a_table_naming_a_slide_two_slides_have_is_an_error(tmp_path: Path) -> N
     by_path.write_text("path,annotations\nslides/a/case.svs,n.geojson\n")
     found, _ = match_annotations(entries, str(by_path))
     assert found == {entries[0].path: (str(tmp_path / "n.geojson"),)}
+
+
+def test_a_misspelt_column_of_the_table_is_named_with_the_one_meant(tmp_path: Path) -> None:
+    (tmp_path / "n.geojson").write_text("{}")
+    entries = _slides(tmp_path / "slides", "a/case.svs")
+    for header, meant in (("slide,anotations", "annotations"), ("slde,annotations", "slide")):
+        table = tmp_path / "annotations.csv"
+        table.write_text(f"{header}\ncase,n.geojson\n")
+        with pytest.raises(InputError, match=f"did you mean '{meant}'") as caught:
+            match_annotations(entries, str(table))
+        assert str(table) in str(caught.value)

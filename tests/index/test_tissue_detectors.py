@@ -190,6 +190,18 @@ def test_masks_listed_in_a_csv(make_slide: SlideFactory, tmp_path: Path) -> None
     assert len(index) == 8 * 12
 
 
+def test_a_misspelt_column_of_the_masks_table_is_named_with_the_one_meant(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    slide = make_slide(width=4096, height=3072, seed=1)
+    write_mask(tmp_path / "m.png", (400, 300), 0.5)
+    table = tmp_path / "masks.csv"
+    table.write_text(f"slide,msk\n{slide.stem},m.png\n")
+    with pytest.raises(InputError, match="did you mean 'mask'") as caught:
+        build_index([slide], tmp_path / "i", level=0, tissue_masks=str(table))
+    assert str(table) in str(caught.value)
+
+
 def test_an_annotation_class_is_the_tissue(make_slide: SlideFactory, tmp_path: Path) -> None:
     slides = tmp_path / "slides"
     slides.mkdir()

@@ -112,7 +112,7 @@ def _from_csv(entries: list[SlideEntry], table: str, report: MaskReport) -> dict
     folder = os.path.dirname(os.path.abspath(table))
     by_path: dict[str, str] = {}
     by_name: dict[str, str] = {}
-    for line, row in read_csv_rows(table, ["path", "slide"]):
+    for line, row in read_csv_rows(table, ["path", "slide"], ("path", "slide", "mask")):
         if not row.get("mask"):
             raise InputError(
                 "a tissue masks table needs a 'mask' in every row", path=table, line=line

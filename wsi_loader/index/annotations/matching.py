@@ -164,7 +164,7 @@ def _from_csv(
     folder = os.path.dirname(os.path.abspath(table))
     by_path: dict[str, tuple[str, ...]] = {}
     by_name: dict[str, tuple[str, ...]] = {}
-    for line, row in read_csv_rows(table, ["path", "slide"]):
+    for line, row in read_csv_rows(table, ["path", "slide"], ("path", "slide", "annotations")):
         if "annotations" not in row:
             raise InputError("the annotations table needs an 'annotations' column", path=table)
         files = annotation_paths(row["annotations"], folder, table, line)
