@@ -1,11 +1,15 @@
 """The decoded-segment cache: a segmented LRU, so segments used again outlive a stream of
-segments used once (random tiles of a big slide) under the same byte bound."""
+segments used once (random tiles of a big slide) under the same byte bound; and windows
+stitched from cached segments straight into the caller's buffer."""
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
-from wsi_loader.slides.tiff_backend import SegmentCache
+import numpy as np
+import pytest
+
+from wsi_loader.slides.tiff_backend import SegmentCache, TiffReader
 
 KB = 1024
 
@@ -82,3 +86,32 @@ def test_segments_decoded_ahead_stay_until_their_read() -> None:
         assert all(k in cache for k in ahead)
     for k in ahead:
         assert cache.get(k) is not None  # the read it was decoded for
+
+
+def test_a_window_is_stitched_into_its_slot_white_where_no_segment_covers_it(
+    small_svs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows are stitched straight into the caller's buffer, which holds an earlier batch's
+    pixels: a window inside the level is written whole by its segments, and a segment that
+    decodes short (a malformed file) leaves white, never the buffer's old pixels."""
+    reader = TiffReader(str(small_svs))
+    x, y, size = 100, 140, 224  # across four 256 px storage tiles
+    expected = reader.read_region(x, y, 0, size, size)
+    slot = np.full((size, size, 3), 7, dtype=np.uint8)
+    reader.read_region_into(slot, x, y, 0, size, size)
+    np.testing.assert_array_equal(slot, expected)
+    whole = reader._segment
+    short = 1  # the segment right of the first: decodes 200 rows instead of 256
+
+    def segment(level: int, index: int, scale: int = 1) -> np.ndarray:
+        pixels = whole(level, index, scale)
+        return pixels[:200] if index == short else pixels
+
+    monkeypatch.setattr(reader, "_segment", segment)
+    slot[...] = 7
+    reader.read_region_into(slot, x, y, 0, size, size)
+    assert (slot == 7).sum() == 0
+    missing = slot[200 - y : 256 - y, 256 - x :]  # rows 200..255 of segment 1: not decoded
+    assert missing.size and (missing == 255).all()
+    np.testing.assert_array_equal(slot[: 200 - y], expected[: 200 - y])
+    np.testing.assert_array_equal(slot[:, : 256 - x], expected[:, : 256 - x])
