@@ -20,9 +20,11 @@ what ``--threads`` does to a pass whose model is not cheap).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,11 +35,11 @@ import numpy as np
 import openslide
 import torch
 from common import scratch_folder, synthetic_slide
-from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.feature_models import MeanLinear
+from bench_models import make_model
+
 from wsi_loader.export import export_index
 from wsi_loader.features import encoder_from, extract
 from wsi_loader.index import build_index
@@ -45,16 +47,6 @@ from wsi_loader.inference import predict
 
 MEAN = torch.tensor((0.485, 0.456, 0.406)).view(3, 1, 1)
 STD = torch.tensor((0.229, 0.224, 0.225)).view(3, 1, 1)
-
-
-def make_model(kind: str) -> nn.Module:
-    if kind == "cheap":
-        return MeanLinear().eval()
-    return nn.Sequential(
-        nn.Conv2d(3, 32, 3, 2, 1), nn.ReLU(), nn.Conv2d(32, 64, 3, 2, 1), nn.ReLU(),
-        nn.Conv2d(64, 128, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(128, 16),
-    ).eval()  # fmt: skip
 
 
 class WholeSlideBag(Dataset[dict[str, Any]]):
@@ -115,8 +107,20 @@ def main() -> None:
         help="torch intra-op threads of the main process, for both (default: torch's)",
     )
     parser.add_argument("--model", choices=["cheap", "cnn"], default="cheap")
+    parser.add_argument(
+        "--clam",
+        metavar="DIR",
+        help="a checkout of mahmoodlab/CLAM: also run CLAM's own data path (clam_real.py)",
+    )
+    parser.add_argument(
+        "--clam-python",
+        metavar="PY",
+        help="the Python that runs it (torchvision, h5py, openslide, pandas installed)",
+    )
     parser.add_argument("--scratch")
     args = parser.parse_args()
+    if bool(args.clam) != bool(args.clam_python):
+        parser.error("--clam and --clam-python go together")
     if args.threads:
         torch.set_num_threads(args.threads)
     scratch = scratch_folder(args.scratch, "wsi-bench-features-")
@@ -140,8 +144,19 @@ def main() -> None:
         f"batch {args.batch_size}, {args.workers} workers, {args.model} model, CPU, "
         f"{torch.get_num_threads()} intra-op threads"
     )
-    best = {"peer": 0.0, "extract": 0.0, "predict": 0.0}  # tiles/s
-    cpu = {"peer": math.inf, "extract": math.inf, "predict": math.inf}  # ms per tile
+    job = scratch / "clam-job.json"
+    job.write_text(
+        json.dumps(
+            {
+                "slides": slides, "coords": str(coords), "out": str(scratch / "clam-real"),
+                "batch": args.batch_size, "workers": args.workers, "model": args.model,
+                "threads": args.threads, "patch_size": args.tile_size,
+            }
+        )
+    )  # fmt: skip
+    keys = ["peer", "extract", "predict", *(["clam"] if args.clam else [])]
+    best = dict.fromkeys(keys, 0.0)  # tiles/s
+    cpu = dict.fromkeys(keys, math.inf)  # ms per tile
     for _ in range(args.repeats):  # interleaved: a slow spell hits all alike
         shutil.rmtree(scratch / "ours", ignore_errors=True)
         shutil.rmtree(scratch / "predict", ignore_errors=True)
@@ -166,15 +181,33 @@ def main() -> None:
             workers=args.workers, device="cpu", heatmaps=False,
         )  # fmt: skip
         note("predict", predicted.tiles, start, used, best, cpu)
-    print(f"{'':<24} {'tiles/s':>8} {'ratio':>6}  {'CPU ms/tile':>11} {'ratio':>6}")
-    for key, name in (
-        ("peer", "CLAM-style extractor"),
-        ("extract", "wsi_loader extract"),
-        ("predict", "wsi_loader predict"),
-    ):
+        if args.clam:
+            run = subprocess.run(
+                [args.clam_python, str(Path(__file__).with_name("clam_real.py")),
+                 "--clam", args.clam, "--job", str(job)],
+                check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            result = json.loads(run.stdout.strip().splitlines()[-1])
+            best["clam"] = max(best["clam"], result["tiles"] / result["wall"])
+            cpu["clam"] = min(cpu["clam"], result["cpu"] / result["tiles"] * 1000)
+    names = {
+        "peer": "CLAM-style extractor",
+        "clam": "CLAM's own code",
+        "extract": "wsi_loader extract",
+        "predict": "wsi_loader predict",
+    }
+    for base in ["peer", *(["clam"] if args.clam else [])]:
+        print(f"\nagainst {'the ' if base == 'peer' else ''}{names[base]}:")
+        print(f"{'':<24} {'tiles/s':>8} {'ratio':>6}  {'CPU ms/tile':>11} {'ratio':>6}")
+        for key in [base, "extract", "predict"]:
+            print(
+                f"{names[key]:<24} {best[key]:8.0f} {best[key] / best[base]:5.2f}x  "
+                f"{cpu[key]:11.3f} {cpu[base] / cpu[key]:5.2f}x"
+            )
+    if args.clam:
         print(
-            f"{name:<24} {best[key]:8.0f} {best[key] / best['peer']:5.2f}x  {cpu[key]:11.3f} "
-            f"{cpu['peer'] / cpu[key]:5.2f}x"
+            "(CLAM's own code: its Whole_Slide_Bag_FP, transforms and save_hdf5 from --clam, in "
+            "--clam-python's torch, start-up left out; it opens the coordinates h5 per tile)"
         )
     print(
         "(predict writes CSV, GeoJSON and slides.csv, no heatmaps; CPU: all processes of the "
