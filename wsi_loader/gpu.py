@@ -221,7 +221,8 @@ class DeviceLoader:
         if self._np_dtype is not None:
             self._np_scale = self._scale.cpu().reshape(3).numpy().astype(self._np_dtype)
             self._np_shift = self._shift.cpu().reshape(3).numpy().astype(self._np_dtype)
-        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # constants per tile width
+        # the constants over a whole tile, per tile size (see `_convert_on_cpu`)
+        self._tile_constants: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         # float batches on the CPU: reused once the consumer has let go of them (see
         # `_convert_on_cpu`); a consumer that keeps more gets fresh ones
         self._floats = BufferRing(capacity=4)
@@ -246,13 +247,14 @@ class DeviceLoader:
         Why it is written this way (2-core VM, 64 tiles of 224 px, one batch): the output
         goes into a reused buffer (`BufferRing`; a fresh 38 MB array costs a page fault and a
         zeroed page per 4 KiB, ~a third of the time); it is converted a tile at a time, so the
-        multiply and the add find the tile's floats in the cache (~30% less); and rows are
-        processed whole, the per-channel constants repeated along a row (numpy is ~5x slower
-        when the innermost broadcast axis is the 3 channels)."""
+        multiply and the add find the tile's floats in the cache (~30% less); and the
+        per-channel constants are laid out over a whole tile, so that numpy broadcasts
+        nothing: broadcasting the 3 channels is ~5x slower, broadcasting a row of them along
+        the tile's rows takes numpy's buffered loop (a copy of each operand, ~20% more)."""
         assert self._np_dtype is not None
         n, h, w, c = nhwc.shape
         rows = nhwc.numpy().reshape(n * h, w * c)
-        scale, shift = self._row_constants(w)
+        scale, shift = self._constants(h, w)
         itemsize = np.dtype(self._np_dtype).itemsize
         buffer, recycled = self._floats.take((n * h * w * c * itemsize,), shared=False)
         if recycled:  # freed when the last tensor over the pixels is gone
@@ -268,12 +270,16 @@ class DeviceLoader:
             return image
         return torch.from_numpy(np.ascontiguousarray(image.numpy()))
 
-    def _row_constants(self, width: int) -> tuple[np.ndarray, np.ndarray]:
-        cached = self._rows.get(width)
-        if cached is None:
-            cached = (np.tile(self._np_scale, width), np.tile(self._np_shift, width))
-            self._rows[width] = cached
-        return cached
+    def _constants(self, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """``scale`` and ``shift`` repeated over a (height, width * 3) tile."""
+        key = (height, width)
+        if key not in self._tile_constants:
+            scale, shift = (
+                np.ascontiguousarray(np.broadcast_to(np.tile(c, width), (height, width * 3)))
+                for c in (self._np_scale, self._np_shift)
+            )
+            self._tile_constants[key] = (scale, shift)
+        return self._tile_constants[key]
 
     def _prepare(self, batch: TileBatch | dict[str, Any]) -> dict[str, Any]:
         """Copy to the device and convert; runs on the side stream when there is one."""
