@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from wsi_loader.heatmaps import SlideHeatmap, prediction_heatmap
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index.annotations.formats import read_annotations
 from wsi_loader.inference import predict
-from wsi_loader.predictions import TilePredictions
+from wsi_loader.predictions import _IDS, TilePredictions, tile_id
 
 MEAN = torch.tensor(classifier()[1]["mean"]).view(1, 3, 1, 1)
 STD = torch.tensor(classifier()[1]["std"]).view(1, 3, 1, 1)
@@ -76,6 +77,11 @@ def test_probabilities_equal_the_model_on_openslide_pixels(
     assert {f["reason"] for f in summary["failures"]} == {"ValueError: Bogus marker length"}
 
 
+def test_tile_ids_are_uuid5_of_the_slide_and_box() -> None:
+    for name in ("", "a\0 1\0 2\0 224\0 224", "tést (2)\0 0\0 0\0 1\0 1", "x" * 300):
+        assert tile_id(name) == str(uuid.uuid5(_IDS, name))
+
+
 def test_geojson_is_valid_and_read_back_by_our_qupath_reader(
     index: SlideIndex, tmp_path: Path
 ) -> None:
@@ -106,6 +112,10 @@ def test_geojson_is_valid_and_read_back_by_our_qupath_reader(
             for (x, y, w, h), n in zip(tiles.boxes.tolist(), names, strict=True)
         )
         assert read == expected
+        ids = [feature["id"] for feature in document["features"]]
+        assert len(set(ids)) == len(ids)  # one per tile, the same in every run
+        x, y, w, h = tiles.boxes[0].tolist()
+        assert ids[0] == str(uuid.uuid5(_IDS, f"{stem}\0{x}\0{y}\0{w}\0{h}"))  # as written before
 
 
 def test_an_overlapping_grids_heatmap_pixel_is_the_mean_of_the_tiles_covering_it(
