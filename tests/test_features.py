@@ -362,6 +362,24 @@ tiff_backend.TiffReader._raw = _hangs
 """
 
 
+def hang_reads_of_good_slide(
+    monkeypatch: pytest.MonkeyPatch, hook_workers: Callable[[str], None]
+) -> None:
+    """Every read of good.svs hangs: in spawned or forkserver workers (`GOOD_HANGS`) and in
+    this process and its forked workers (the patch)."""
+    from wsi_loader.slides import tiff_backend
+
+    hook_workers(GOOD_HANGS)
+    real = tiff_backend.TiffReader._raw
+
+    def _hangs(self: tiff_backend.TiffReader, level: int, i: int) -> bytes:
+        if self.path.endswith("good.svs"):
+            time.sleep(3600)
+        return real(self, level, i)
+
+    monkeypatch.setattr(tiff_backend.TiffReader, "_raw", _hangs)
+
+
 @pytest.mark.timeout(240)
 def test_a_slide_that_hangs_is_left_for_the_next_run_after_timeout(
     index: SlideIndex,
@@ -372,17 +390,7 @@ def test_a_slide_that_hangs_is_left_for_the_next_run_after_timeout(
     """A read that hangs kept feature extraction waiting forever. With ``timeout`` the slide
     being read is left unwritten (incomplete, with the reason), the other slides are written
     by fresh workers, the command says so (exit 1), and the next run does the slide."""
-    from wsi_loader.slides import tiff_backend
-
-    hook_workers(GOOD_HANGS)  # spawned or forkserver workers
-    real = tiff_backend.TiffReader._raw
-
-    def _hangs(self: tiff_backend.TiffReader, level: int, i: int) -> bytes:
-        if self.path.endswith("good.svs"):
-            time.sleep(3600)
-        return real(self, level, i)
-
-    monkeypatch.setattr(tiff_backend.TiffReader, "_raw", _hangs)  # forked workers
+    hang_reads_of_good_slide(monkeypatch, hook_workers)
     out = tmp_path / "f"
     start = time.monotonic()
     report = extract(index, "tests.feature_models:tiny", out, workers=1, timeout=5)

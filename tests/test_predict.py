@@ -25,7 +25,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from tests.conftest import REPO, SlideFactory, corrupt_rows
 from tests.feature_models import Oriented, PoolLinear, classifier
-from tests.test_features import GOOD_HANGS, openslide_tile
+from tests.test_features import hang_reads_of_good_slide, openslide_tile
 from wsi_loader.cli import main
 from wsi_loader.errors import ConfigError, ModelOutputError
 from wsi_loader.heatmaps import SlideHeatmap, prediction_heatmap
@@ -561,17 +561,7 @@ def test_a_slide_that_hangs_is_left_for_the_next_run_after_timeout(
     """As for features (the same pass): with ``timeout`` the slide whose read hangs gets no
     files and is listed as incomplete with the reason, the other slide is written, and the
     next run does the hung slide only."""
-    from wsi_loader.slides import tiff_backend
-
-    hook_workers(GOOD_HANGS)  # spawned or forkserver workers
-    real = tiff_backend.TiffReader._raw
-
-    def _hangs(self: tiff_backend.TiffReader, level: int, i: int) -> bytes:
-        if self.path.endswith("good.svs"):
-            time.sleep(3600)
-        return real(self, level, i)
-
-    monkeypatch.setattr(tiff_backend.TiffReader, "_raw", _hangs)  # forked workers
+    hang_reads_of_good_slide(monkeypatch, hook_workers)
     out = tmp_path / "p"
     report = predict(index, "tests.feature_models:classifier", out, workers=1, timeout=5)
     good = next(s.path for s in index.slides if s.path.endswith("good.svs"))
