@@ -21,9 +21,9 @@ demo: $(STAMP) frontend
 
 # The viewer's third-party front end (OpenSeadragon) from the npm registry, pinned by the lock
 # file, copied into the package's static folder (git-ignored; nothing of it is committed).
-FRONTEND := wsi_loader/viewer/frontend
+FRONTEND := wsi_loader/view/browser/frontend
 OSD_BUILD := $(FRONTEND)/node_modules/openseadragon/build/openseadragon
-OSD_STATIC := wsi_loader/viewer/static/openseadragon
+OSD_STATIC := wsi_loader/view/browser/static/openseadragon
 frontend: $(OSD_STATIC)/openseadragon.min.js
 
 $(OSD_STATIC)/openseadragon.min.js: $(FRONTEND)/package.json $(FRONTEND)/package-lock.json
@@ -55,4 +55,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_index.py
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/viewer/static
+	rm -rf $(VENV) demo .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/view/browser/static

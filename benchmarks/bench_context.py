@@ -44,13 +44,13 @@ from bench_fast import interleaved, line, loader_pass
 from common import scratch_folder, synthetic_slide
 from PIL import Image
 
-from wsi_loader.bench import busy_cores
 from wsi_loader.dataset import DistributedTileSampler, TileBatch, TileDataset, make_loader
-from wsi_loader.dataset.reading import TileReader
+from wsi_loader.dataset._reading import TileReader
+from wsi_loader.device._bench import busy_cores
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.slides import pool as pool_module
-from wsi_loader.slides import tiff_backend
-from wsi_loader.slides.base import BytesLRU
+from wsi_loader.slides import _pool as pool_module
+from wsi_loader.slides import _tiff as tiff_backend
+from wsi_loader.slides._base import BytesLRU
 
 SCALE = (2.0, 224)
 

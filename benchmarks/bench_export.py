@@ -24,10 +24,10 @@ import numpy as np
 import openslide
 from common import scratch_folder, synthetic_slide
 
-from wsi_loader.dataset.reading import threads_per_process
+from wsi_loader.dataset._reading import threads_per_process
 from wsi_loader.export import export_index
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.index.table import write_index
+from wsi_loader.index._table import write_index
 
 
 def plain_loop(index: SlideIndex, out: Path, image_format: str) -> float:

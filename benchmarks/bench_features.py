@@ -9,7 +9,7 @@ measured; at 8192 px (1,538 tiles, ~0.5 s) starting the workers and the first ba
 are a sixth of a pass.
 
 The default grid is 224 px over the slides' 256 px storage tiles: most windows cover parts of
-four storage tiles, which whole-slide passes decode once each (`wsi_loader.dataset.scan`).
+four storage tiles, which whole-slide passes decode once each (`wsi_loader.dataset._scan`).
 
 The peer does what CLAM's ``extract_features_fp.py`` does: per slide, the tile coordinates from
 an h5 file, a Dataset that opens the slide with OpenSlide and reads one tile per item
@@ -47,7 +47,7 @@ from bench_models import make_model
 from wsi_loader.export import export_index
 from wsi_loader.features import encoder_from, extract
 from wsi_loader.index import build_index
-from wsi_loader.inference import predict
+from wsi_loader.predict._run import predict
 
 MEAN = torch.tensor((0.485, 0.456, 0.406)).view(3, 1, 1)
 STD = torch.tensor((0.229, 0.224, 0.225)).view(3, 1, 1)

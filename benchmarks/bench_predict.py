@@ -45,7 +45,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from wsi_loader.index import build_index
-from wsi_loader.inference import predict
+from wsi_loader.predict._run import predict
 
 PATCH, MPP = 256, 0.5
 MEAN, STD = [0.7, 0.55, 0.7], [0.15, 0.2, 0.15]

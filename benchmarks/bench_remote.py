@@ -402,8 +402,8 @@ def request_child(url: str, count: str, mode: str) -> dict[str, float]:
     the reader's path (each batch's look-ahead planned two batches ahead through the range
     store, then every range read), or "libcurl", the same requests straight through
     `curl_client.Transfers`, a batch at a time. CPU per range after four warm-up batches."""
-    from wsi_loader.slides.range_cache import RangeStore
-    from wsi_loader.slides.storage import RemoteBytes
+    from wsi_loader.slides.storage._range_cache import RangeStore
+    from wsi_loader.slides.storage._sources import RemoteBytes
 
     store = RangeStore()
     source = RemoteBytes(url, store)

@@ -56,7 +56,7 @@ READY_TIMEOUT_S = 120
 # -- the servers (each runs in a process of its own: `--serve KIND`) -----------------------------
 def serve_ours(slide: str, index_dir: str, port_file: str, args: argparse.Namespace) -> None:
     from wsi_loader.index import build_index
-    from wsi_loader.viewer import TileOptions, ViewerServer
+    from wsi_loader.view.browser import TileOptions, ViewerServer
 
     index = build_index([slide], index_dir, tile_size=256, level=0, min_tissue=0.0)
     tiles = TileOptions(
@@ -113,7 +113,7 @@ def deep_zoom_app(slide: str, args: argparse.Namespace) -> Any:
 def serve_deep_zoom(slide: str, port_file: str, args: argparse.Namespace) -> None:
     import uvicorn
 
-    from wsi_loader.viewer.server import bind
+    from wsi_loader.view.browser._server import bind
 
     sock = bind("127.0.0.1", 0)  # as ours binds
     config = uvicorn.Config(
@@ -406,7 +406,7 @@ def browser_frames(slide: Path, scratch: Path) -> dict[str, float]:
     from playwright.sync_api import sync_playwright
 
     from wsi_loader.index import build_index
-    from wsi_loader.viewer import ViewerServer
+    from wsi_loader.view.browser import ViewerServer
 
     index = build_index([slide], scratch / f"idx-{slide.stem}-32px", tile_size=32, level=0)
     found: dict[str, float] = {"tiles": float(len(index))}

@@ -17,7 +17,7 @@ On the same tiles (256 px, from synthetic slides stained with known vectors), in
   where its cost comes from: one process's CPU per tile to read (decode) a batch and to
   normalise it, on the synthetic archive and on any ``--real SLIDE`` (tiles as they decode from a
   real scanner's JPEGs; e.g. ``$WSI_LOADER_TEST_DATA/CMU-1-Small-Region.svs``).
-- what it costs a whole run: `wsi_loader.inference.predict` with a small CNN (bench_predict.py's)
+- what it costs a whole run: `wsi_loader.predict.predict` with a small CNN (bench_predict.py's)
   on ``--device``, with and without normalisation (on a CPU the map runs in the process that runs
   the model; on a GPU, on the device), and for scale a ResNet-18's forward per tile on
   ``--device`` (``--model-scale`` prints only that).
@@ -42,7 +42,7 @@ from common import scratch_folder
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from wsi_loader.dataset import TileDataset, make_loader
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.slides.open import open_slide
+from wsi_loader.slides._open import open_slide
 from wsi_loader.stain import Normalize, resolve_target
 from wsi_loader.synthetic import SlideSpec, write_svs
 
@@ -222,7 +222,7 @@ def resnet18_ms(device: torch.device, batch: int = 16) -> float:
 
 def predict_rates(index: SlideIndex, args: Any, folder: Path) -> dict[str, float]:
     """tiles/s of whole predict runs (best of ``--repeats``, the ways interleaved)."""
-    from wsi_loader.inference import predict
+    from wsi_loader.predict._run import predict
 
     ways = {"none": None, "macenko": Normalize("macenko"), "reinhard": Normalize("reinhard")}
     best = dict.fromkeys(ways, 0.0)

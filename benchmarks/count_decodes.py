@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.feature_models import MeanLinear
 from wsi_loader.features import encoder_from, extract
 from wsi_loader.index import SlideIndex
-from wsi_loader.slides import tiff_backend
+from wsi_loader.slides import _tiff as tiff_backend
 
 _decoder = tiff_backend.TiffReader._decoder
 

@@ -3,7 +3,7 @@
     python3 benchmarks/gpu_check.py [--out DIR] [--tiles 6000] [--workers 0 4 8]
 
 1. ``pytest -m cuda`` (pinned batches, DeviceLoader's side stream, nvJPEG decode).
-2. Synthetic SVS slides -> index -> `wsi_loader.bench.run_bench` on the device: tiles/s of
+2. Synthetic SVS slides -> index -> `wsi_loader.device._bench.run_bench` on the device: tiles/s of
    OpenSlide, our reader and make_loader per worker count, then the share of time the device
    waited for data behind a ResNet-50-sized step, with workers decoding JPEG (``decode="cpu"``)
    and with the decode on the GPU (``decode="device"``, nvJPEG through torchvision).
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from common import synthetic_slide
 
-from wsi_loader.bench import format_table, run_bench
+from wsi_loader.device._bench import format_table, run_bench
 from wsi_loader.index import build_index
 
 
@@ -79,7 +79,7 @@ def busy_share(
     except ImportError:
         return None
     from wsi_loader.features import encoder_from, extract
-    from wsi_loader.inference import predict
+    from wsi_loader.predict._run import predict
 
     class Timed(torch.nn.Module):
         def __init__(self, inner: torch.nn.Module) -> None:

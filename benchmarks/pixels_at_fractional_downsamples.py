@@ -22,7 +22,7 @@ import openslide
 import tifffile
 
 from wsi_loader.slides import open_slide
-from wsi_loader.slides.base import l0_to_level, level_to_l0
+from wsi_loader.slides._base import l0_to_level, level_to_l0
 
 TILE = 256
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/validate_qc.py [--scratch DIR] [--quick]
 
-1. Synthetic slides with painted artefacts (`wsi_loader.synthetic_artefacts.qc_layout`: pen
+1. Synthetic slides with painted artefacts (`wsi_loader.synthetic.qc_layout`: pen
    strokes in four inks along curves, regions blurred with sigma 2, 4 and 8 level-0 px,
    folded strips, bubbles; masks known exactly), indexed at 256 px, 0.5 um/px: per rule,
    tile precision and recall (`synthetic_artefacts.score`: positives are tiles the artefact
@@ -30,10 +30,11 @@ import numpy as np
 from common import scratch_folder
 from scipy import ndimage, stats
 
-from wsi_loader.index import SlideIndex, build_index, qc
+from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.index import _qc as qc
 from wsi_loader.slides import open_slide
 from wsi_loader.synthetic import SlideSpec, tissue_of, with_qc_artefacts, write_svs
-from wsi_loader.synthetic_artefacts import Score, score, truth_shares
+from wsi_loader.synthetic._artefacts import Score, score, truth_shares
 
 REGIMES = {
     # name: (width, height, mpp, artefact scale, seeds)

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from wsi_loader.bench import format_table, run_bench, sample_rows
-from wsi_loader.index.table import SlideIndex
+from wsi_loader.device._bench import format_table, run_bench, sample_rows
+from wsi_loader.index._table import SlideIndex
 
 
 def test_sample_rows_are_distinct_when_the_index_is_large_enough(index: SlideIndex) -> None:
@@ -40,7 +40,7 @@ def test_bench_under_load_records_it(index: SlideIndex) -> None:
 def test_busy_cores_spin_for_the_duration_and_stop() -> None:
     import os
 
-    from wsi_loader.bench import busy_cores
+    from wsi_loader.device._bench import busy_cores
 
     with busy_cores(2) as spinners:
         pids = [s.pid for s in spinners]

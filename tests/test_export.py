@@ -17,14 +17,15 @@ import pytest
 from PIL import Image
 
 from tests.conftest import corrupt_rows
-from wsi_loader import export as export_module
-from wsi_loader import export_folder
 from wsi_loader.cli import main
-from wsi_loader.dataset import TileDataset, reading
+from wsi_loader.dataset import TileDataset
+from wsi_loader.dataset import _reading as reading
 from wsi_loader.errors import ConfigError, UnitsNotDoneError, UnitTimeoutError, WorkerDiedError
+from wsi_loader.export import _export as export_module
+from wsi_loader.export import _folder as export_folder
 from wsi_loader.export import export_index, label_folders
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.naming import safe_component
+from wsi_loader.index._naming import safe_component
 
 
 def manifest(out: Path, name: str = "manifest.csv") -> list[dict[str, str]]:

@@ -367,7 +367,7 @@ def hang_reads_of_good_slide(
 ) -> None:
     """Every read of good.svs hangs: in spawned or forkserver workers (`GOOD_HANGS`) and in
     this process and its forked workers (the patch)."""
-    from wsi_loader.slides import tiff_backend
+    from wsi_loader.slides import _tiff as tiff_backend
 
     hook_workers(GOOD_HANGS)
     real = tiff_backend.TiffReader._raw

@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader
 
 from tests.conftest import corrupt_rows
 from wsi_loader.dataset import TileDataset, make_loader
-from wsi_loader.gpu import IMAGENET_MEAN, IMAGENET_STD, DeviceLoader
+from wsi_loader.device._loader import IMAGENET_MEAN, IMAGENET_STD, DeviceLoader
 from wsi_loader.index import SlideIndex
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from wsi_loader import ConfigError, IndexFormatError, SlideIndex, build_index, load_config
 from wsi_loader.cli import main
-from wsi_loader.index import table as table_module
+from wsi_loader.index import _table as table_module
 
 
 @pytest.mark.parametrize("mpp", ["inf", "nan", "1e9", "-1"])

@@ -12,7 +12,7 @@ import torch
 
 from tests.feature_models import PoolLinear
 from wsi_loader.errors import ConfigError
-from wsi_loader.models import load_model, model_from, weights_digest
+from wsi_loader.models._specs import load_model, model_from, weights_digest
 
 WSINFER_CONFIG = {
     "spec_version": "1.0",

@@ -28,11 +28,11 @@ from tests.feature_models import Oriented, PoolLinear, classifier
 from tests.test_features import hang_reads_of_good_slide, openslide_tile
 from wsi_loader.cli import main
 from wsi_loader.errors import ConfigError, ModelOutputError
-from wsi_loader.heatmaps import SlideHeatmap, prediction_heatmap
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.index.annotations.formats import read_annotations
-from wsi_loader.inference import predict
-from wsi_loader.predictions import _IDS, TilePredictions, tile_id
+from wsi_loader.index.annotations._formats import read_annotations
+from wsi_loader.predict._heatmaps import SlideHeatmap, prediction_heatmap
+from wsi_loader.predict._outputs import _IDS, TilePredictions, tile_id
+from wsi_loader.predict._run import predict
 
 MEAN = torch.tensor(classifier()[1]["mean"]).view(1, 3, 1, 1)
 STD = torch.tensor(classifier()[1]["std"]).view(1, 3, 1, 1)
@@ -187,7 +187,7 @@ def test_metrics_equal_scikit_learn_on_a_constructed_case() -> None:
         roc_auc_score,
     )
 
-    from wsi_loader.slide_metrics import SlideRule, metrics, rank_auc
+    from wsi_loader.predict._metrics import SlideRule, metrics, rank_auc
 
     rng = np.random.default_rng(7)
     labels = rng.integers(0, 3, size=120)
@@ -230,7 +230,7 @@ def test_metrics_equal_scikit_learn_on_a_constructed_case() -> None:
 
 
 def test_an_interval_from_few_slides_is_said_to_be_unreliable() -> None:
-    from wsi_loader.slide_metrics import RELIABLE_BOOTSTRAP_UNITS, SlideRule, metrics, table
+    from wsi_loader.predict._metrics import RELIABLE_BOOTSTRAP_UNITS, SlideRule, metrics, table
 
     rng = np.random.default_rng(5)
     many = RELIABLE_BOOTSTRAP_UNITS
@@ -306,7 +306,7 @@ def test_a_nan_model_fails_its_slides_by_name(
 def test_class_names_come_in_order_and_a_count_mismatch_stops_before_reading(
     index: SlideIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wsi_loader.dataset import reading
+    from wsi_loader.dataset import _reading as reading
 
     def no_reads(*args: object, **kwargs: object) -> None:
         raise AssertionError("a slide was read")
@@ -337,7 +337,7 @@ def test_the_float16_advice_comes_with_float16_runs_only(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from wsi_loader.cli.features import unfinished_slides
-    from wsi_loader.model_pass import PassReport
+    from wsi_loader.models._pass import PassReport
 
     report = PassReport(failed_slides=[{"slide": "a.svs", "reason": "NaN"}])
     assert unfinished_slides(report, dtype="float16") == 1
@@ -543,7 +543,7 @@ def test_stain_normalisation_changes_the_probabilities_and_is_part_of_the_conten
 
 
 def test_the_softmax_is_torchs_softmax() -> None:
-    from wsi_loader.inference import _softmax
+    from wsi_loader.predict._run import _softmax
 
     logits = torch.randn(64, 5, generator=torch.Generator().manual_seed(1)) * 30
     logits[0] = torch.tensor([1e4, -1e4, 0.0, 1e4, 3.0])  # large: shifted by the maximum
@@ -644,7 +644,7 @@ def test_a_device_that_is_not_there_is_an_error_before_any_slide_is_read(
     command: str,
     device: str,
 ) -> None:
-    from wsi_loader.dataset import reading
+    from wsi_loader.dataset import _reading as reading
 
     if device == "cuda" and torch.cuda.is_available():
         pytest.skip("CUDA is there")

@@ -282,8 +282,8 @@ def test_short_answers_are_retried_never_slide_or_tile_faults(
 def test_bench_on_a_remote_index(indexes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """`wsi-loader bench` on slides in a bucket: OpenSlide cannot open URLs, so the
     OpenSlide baselines read local copies (as OpenSlide users must), and are named so."""
-    from wsi_loader.bench import format_table, run_bench
-    from wsi_loader.slides.local_copies import LocalCopies
+    from wsi_loader.device._bench import format_table, run_bench
+    from wsi_loader.slides.storage._local_copies import LocalCopies
 
     remote, _ = indexes
     copies = LocalCopies(str(tmp_path / "copies"))

@@ -16,7 +16,7 @@ from wsi_loader.dataset import TileDataset
 from wsi_loader.errors import InputError
 from wsi_loader.export import export_index
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.index.stain import read_reference
+from wsi_loader.index._stain_estimates import read_reference
 from wsi_loader.stain import Normalize, resolve_target
 from wsi_loader.view import Mosaic
 
@@ -209,7 +209,7 @@ def test_predict_features_and_export_record_the_stain_as_a_json_object(
     two_stains: SlideIndex, tmp_path: Path
 ) -> None:
     from wsi_loader.features import extract
-    from wsi_loader.inference import predict
+    from wsi_loader.predict._run import predict
 
     pytest.importorskip("h5py")
     target = resolve_target(two_stains.slide_path(1))
@@ -234,7 +234,7 @@ def test_predict_features_and_export_record_the_stain_as_a_json_object(
 def test_an_export_begun_when_the_stain_was_a_json_string_resumes(
     two_stains: SlideIndex, tmp_path: Path
 ) -> None:
-    from wsi_loader.export_folder import SETTINGS_FILE, read_settings
+    from wsi_loader.export._folder import SETTINGS_FILE, read_settings
 
     out = tmp_path / "e"
     first = export_index(two_stains, out, stain=Normalize("reinhard"))

@@ -12,7 +12,7 @@ from scipy import ndimage
 from tests.conftest import SlideFactory
 from wsi_loader.slides import open_slide
 from wsi_loader.synthetic import SlideSpec, tissue_of, with_qc_artefacts
-from wsi_loader.synthetic_artefacts import (
+from wsi_loader.synthetic._artefacts import (
     BlurredRegion,
     Bubble,
     Fold,
@@ -66,7 +66,7 @@ def test_the_standard_layout_keeps_artefacts_apart_and_on_tissue() -> None:
 
 
 def _box(artefact: object) -> tuple[float, float, float, float]:
-    from wsi_loader.synthetic_artefacts import _bounds
+    from wsi_loader.synthetic._artefacts import _bounds
 
     return _bounds(artefact)  # type: ignore[arg-type]
 

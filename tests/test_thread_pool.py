@@ -17,7 +17,7 @@ import torch
 torch.set_num_threads(2)
 import wsi_loader as wl
 from wsi_loader.export import export_index
-from wsi_loader.gpu import DeviceLoader
+from wsi_loader.device._loader import DeviceLoader
 
 def threads():  # native threads: all of the process's, less those Python started (tqdm's...)
     return len(os.listdir("/proc/self/task")) - threading.active_count()

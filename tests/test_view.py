@@ -10,7 +10,7 @@ from tests.conftest import corrupt_rows
 from wsi_loader.cli import main
 from wsi_loader.dataset import TileDataset
 from wsi_loader.index import SlideIndex
-from wsi_loader.index.lookup import resolve_slide
+from wsi_loader.index._lookup import resolve_slide
 from wsi_loader.view import STATUS_COLOURS, IndexSummary, Mosaic, SlideOverview
 
 

@@ -6,6 +6,7 @@ this package does not either until a torch-based name is used.
 """
 
 import sys as _sys
+import types as _types
 import typing as _typing
 
 if _sys.platform == "win32":  # before any import that would fail with less to say
@@ -92,14 +93,14 @@ _LAZY: dict[str, str] = {
     "BalancedTileSampler": "wsi_loader.dataset",
     "TileBatch": "wsi_loader.dataset",
     "make_loader": "wsi_loader.dataset",
-    "DeviceLoader": "wsi_loader.gpu",
+    "DeviceLoader": "wsi_loader.device._loader",
     "FeatureBagDataset": "wsi_loader.dataset",
     "pad_bags": "wsi_loader.dataset",
     "extract_features": "wsi_loader.features",
-    "predict": "wsi_loader.inference",
+    "predict": "wsi_loader.predict._run",
     # the browser viewer (starlette, uvicorn), imported when first used
-    "serve": "wsi_loader.viewer",
-    "show": "wsi_loader.viewer",
+    "serve": "wsi_loader.view.browser",
+    "show": "wsi_loader.view.browser",
 }
 
 if _typing.TYPE_CHECKING:
@@ -113,10 +114,10 @@ if _typing.TYPE_CHECKING:
         make_loader,
         pad_bags,
     )
-    from wsi_loader.features import extract_features
-    from wsi_loader.gpu import DeviceLoader
-    from wsi_loader.inference import predict
-    from wsi_loader.viewer import serve, show
+    from wsi_loader.device._loader import DeviceLoader
+    from wsi_loader.features._extract import extract_features
+    from wsi_loader.predict._run import predict
+    from wsi_loader.view.browser import serve, show
 
 
 def __dir__() -> list[str]:
@@ -131,3 +132,21 @@ def __getattr__(name: str) -> _typing.Any:
     import importlib
 
     return getattr(importlib.import_module(module), name)
+
+
+# `predict` is a public function and also the name of the `predict/` package. Importing a
+# subpackage makes the import system bind it on its parent (``wsi_loader.predict = <module>``),
+# which would hide the function from every later ``wl.predict(...)``; the package stays
+# reachable as ``sys.modules["wsi_loader.predict"]``, which is what ``from
+# wsi_loader.predict import ...`` uses.
+_FUNCTIONS_NAMED_LIKE_PACKAGES = frozenset({"predict"})
+
+
+class _Package(_types.ModuleType):
+    def __setattr__(self, name: str, value: _typing.Any) -> None:
+        if name in _FUNCTIONS_NAMED_LIKE_PACKAGES and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

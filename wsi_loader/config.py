@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from wsi_loader.errors import ConfigError
-from wsi_loader.slides.storage import expand_home
+from wsi_loader.files import expand_home
 
 __all__ = [
     "BagConfig",

@@ -140,3 +140,9 @@ def write_file(path: Path, data: bytes, tmp: Path | None = None) -> None:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def expand_home(path: str) -> str:
+    """``~/x`` as a shell would expand it: YAML files and ``--opt=~/x`` reach us unexpanded.
+    URLs (which never start with '~') are unchanged."""
+    return os.path.expanduser(path) if path.startswith("~") else path

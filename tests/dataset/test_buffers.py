@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from wsi_loader.dataset import TileDataset, make_loader
-from wsi_loader.dataset.buffers import BufferRing, lease
+from wsi_loader.dataset._buffers import BufferRing, lease
 from wsi_loader.index import SlideIndex
 
 SHAPE = (2, 4, 4, 3)

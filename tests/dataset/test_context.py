@@ -13,11 +13,11 @@ from PIL import Image
 
 from tests.conftest import SlideFactory
 from wsi_loader.dataset import TileDataset
-from wsi_loader.dataset.reading import TileReader
+from wsi_loader.dataset._reading import TileReader
 from wsi_loader.errors import ConfigError, TileReadError
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.slides.base import rgba_to_rgb
-from wsi_loader.slides.tiff_backend import _Level
+from wsi_loader.slides._base import rgba_to_rgb
+from wsi_loader.slides._tiff import _Level
 
 # a 40x scan: 0.25 um/px, levels of downsample exactly 1, 4, 16 (0.25, 1.0 and 4.0 um/px;
 # non-integer downsamples are another matter: README, "Reading and failures")
@@ -311,7 +311,7 @@ def test_look_ahead_asks_for_the_context_windows_bytes_too(
 ) -> None:
     """Rows named ahead (remote range requests, kernel read-ahead) have their context
     windows' storage segments asked for too, not only their tiles'."""
-    from wsi_loader.slides import tiff_backend
+    from wsi_loader.slides import _tiff as tiff_backend
 
     asked: list[tuple[int, int]] = []
     monkeypatch.setattr(tiff_backend, "read_ahead", lambda fd, ranges: asked.extend(ranges))

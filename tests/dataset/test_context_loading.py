@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from tests.conftest import SlideFactory
 from wsi_loader.cli import main
 from wsi_loader.dataset import SlideBagDataset, TileBatch, TileDataset, make_loader
-from wsi_loader.gpu import IMAGENET_MEAN, IMAGENET_STD, DeviceLoader
+from wsi_loader.device._loader import IMAGENET_MEAN, IMAGENET_STD, DeviceLoader
 from wsi_loader.index import SlideIndex, build_index
 
 SCALES = [(2.0, 224), (0.5, 101)]

@@ -12,7 +12,7 @@ from tests.conftest import SlideFactory, corrupt_rows
 from wsi_loader.dataset import TileBatch, TileDataset, make_loader
 from wsi_loader.errors import ConfigError
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.index.quarantine import Quarantine
+from wsi_loader.index._quarantine import Quarantine
 
 
 @pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
@@ -59,7 +59,7 @@ def test_workers_with_decode_threads_read_what_one_thread_reads(
 
 
 def test_encoded_reads_decode_to_the_same_pixels(index: SlideIndex) -> None:
-    from wsi_loader.gpu import decode_encoded
+    from wsi_loader.device._loader import decode_encoded
 
     ds = TileDataset(index)
     rows = list(range(0, len(index), 7))
@@ -72,7 +72,7 @@ def test_encoded_reads_decode_to_the_same_pixels(index: SlideIndex) -> None:
 
 
 def test_corrupt_encoded_tile_is_caught_after_the_worker(index: SlideIndex) -> None:
-    from wsi_loader.gpu import decode_encoded
+    from wsi_loader.device._loader import decode_encoded
 
     row = int(corrupt_rows(index)[0])
     batch = TileDataset(index).read_batch([row, 0], encoded=True)

@@ -12,10 +12,10 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, get_worker_info
 
 from tests.conftest import SlideFactory, upload
 from wsi_loader.dataset import make_loader
-from wsi_loader.dataset.look_ahead import BatchPlan, LookAhead
-from wsi_loader.dataset.reading import TileReader
+from wsi_loader.dataset._look_ahead import BatchPlan, LookAhead
+from wsi_loader.dataset._reading import TileReader
 from wsi_loader.index import build_index
-from wsi_loader.slides.storage import RangeStore
+from wsi_loader.slides.storage._sources import RangeStore
 
 BATCHES = [[i * 10 + j for j in range(3)] for i in range(10)]
 

@@ -20,8 +20,8 @@ import pytest
 
 from tests.conftest import corrupt_rows
 from wsi_loader.dataset import TileDataset, make_loader
+from wsi_loader.device._loader import DeviceLoader
 from wsi_loader.errors import ConfigError
-from wsi_loader.gpu import DeviceLoader
 from wsi_loader.index import SlideIndex
 
 

@@ -13,17 +13,18 @@ import openslide
 import pytest
 
 from tests.conftest import CORRUPT, corrupt_rows
-from wsi_loader.bench import busy_cores
-from wsi_loader.dataset import TileReader, reading
-from wsi_loader.dataset.reading import FreeCores, usable_cores
+from wsi_loader.dataset import TileReader
+from wsi_loader.dataset import _reading as reading
+from wsi_loader.dataset._reading import FreeCores, usable_cores
+from wsi_loader.device._bench import busy_cores
 from wsi_loader.errors import TileReadError
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.slides import base
-from wsi_loader.slides import pool as pool_module
-from wsi_loader.slides.base import SlideReader, supports
-from wsi_loader.slides.open import open_slide
-from wsi_loader.slides.pool import HandlePool
-from wsi_loader.slides.tiff_backend import TiffReader
+from wsi_loader.slides import _base as base
+from wsi_loader.slides import _pool as pool_module
+from wsi_loader.slides._base import SlideReader, supports
+from wsi_loader.slides._open import open_slide
+from wsi_loader.slides._pool import HandlePool
+from wsi_loader.slides._tiff import TiffReader
 
 
 def openslide_pixels(index: SlideIndex, row: int) -> np.ndarray:

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import REPO
 from wsi_loader import SlideIndex, TileDataset, build_index
 from wsi_loader.errors import ConfigError, LoaderTimeoutError
-from wsi_loader.slides import tiff_backend
+from wsi_loader.slides import _tiff as tiff_backend
 
 
 def _failing_raw(monkeypatch: pytest.MonkeyPatch, code: int, times: int | None) -> list[int]:
@@ -67,7 +67,7 @@ def test_the_handle_pool_fits_the_file_limit(tmp_path: Path) -> None:
         "logging.basicConfig(level=logging.WARNING)\n"
         "_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard))\n"
-        "from wsi_loader.slides.pool import HandlePool\n"
+        "from wsi_loader.slides._pool import HandlePool\n"
         "print(HandlePool(max_open=64).open_limit, HandlePool(max_open=4).open_limit)\n"
     )
     done = subprocess.run(
@@ -127,7 +127,7 @@ def test_readers_refuse_a_fifo(tmp_path: Path, backend: str) -> None:
     """Every way a reader opens a file refuses anything but a regular file, also when asked
     for a backend directly (no stat before it in `open_slide`)."""
     from wsi_loader.errors import SlideOpenError
-    from wsi_loader.slides.openslide_backend import OpenSlideReader
+    from wsi_loader.slides._openslide import OpenSlideReader
 
     os.mkfifo(tmp_path / "pipe.svs")
     reader = tiff_backend.TiffReader if backend == "tiff" else OpenSlideReader

@@ -12,7 +12,7 @@ import pytest
 from torch.utils.data import DistributedSampler
 
 from wsi_loader.dataset import BalancedTileSampler, DistributedTileSampler, TileDataset
-from wsi_loader.dataset.samplers import RandomPermutation
+from wsi_loader.dataset._samplers import RandomPermutation
 from wsi_loader.index import SlideIndex
 
 
@@ -236,7 +236,7 @@ class _TwoLabelDataset:
     """Three slides of 10, 10 and 40 tiles; the first two labelled 0, the third 1."""
 
     def __init__(self) -> None:
-        from wsi_loader.index.table import SlideIndex, SlideRecord
+        from wsi_loader.index._table import SlideIndex, SlideRecord
 
         counts = [10, 10, 40]
         slide_id = np.repeat(np.arange(3), counts).astype(np.int32)
@@ -280,7 +280,7 @@ class _TileLabelDataset:
     tile_label = np.array([0, 0, 1, 0, 0, 0, 2, 0, 1, 0, 1, 0], dtype=np.int32)
 
     def __init__(self) -> None:
-        from wsi_loader.index.table import SlideIndex, SlideRecord
+        from wsi_loader.index._table import SlideIndex, SlideRecord
 
         slide_id = np.repeat(np.arange(2), 6).astype(np.int32)
         zeros = np.zeros(len(slide_id))

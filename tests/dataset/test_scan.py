@@ -1,5 +1,5 @@
 """Whole-slide passes read each slide in strips, in one run per worker, so that each storage
-tile is decoded once (`wsi_loader.dataset.scan`)."""
+tile is decoded once (`wsi_loader.dataset._scan`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import SlideFactory
-from wsi_loader.dataset.loader import make_loader
-from wsi_loader.dataset.scan import scan_order, slide_batches, strip_windows
+from wsi_loader.dataset._loader import make_loader
+from wsi_loader.dataset._scan import scan_order, slide_batches, strip_windows
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.slides import tiff_backend
+from wsi_loader.slides import _tiff as tiff_backend
 
 _decoder = tiff_backend.TiffReader._decoder  # as imported: never a patched one
 

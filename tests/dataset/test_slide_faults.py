@@ -15,7 +15,7 @@ from tests.conftest import corrupt_rows
 from wsi_loader import SlideIndex, SlideNotFoundError, TileDataset, build_index, make_loader
 from wsi_loader.cli import main
 from wsi_loader.export import export_index
-from wsi_loader.index.quarantine import Quarantine
+from wsi_loader.index._quarantine import Quarantine
 
 
 def _build(archive: Path, out: Path) -> SlideIndex:
@@ -232,7 +232,7 @@ def test_failed_reads_leave_no_buffer_in_cyclic_garbage(
 
     import torch
 
-    from wsi_loader.dataset import tiles
+    from wsi_loader.dataset import _tiles as tiles
 
     buffers: list[weakref.ref[np.ndarray]] = []
 

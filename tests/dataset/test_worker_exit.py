@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader, Dataset
 
-import wsi_loader.dataset.tiles  # noqa: F401 (what a worker holding a TileDataset imports)
+import wsi_loader.dataset._tiles  # noqa: F401 (what a worker holding a TileDataset imports)
 from wsi_loader.index import SlideIndex
 
 

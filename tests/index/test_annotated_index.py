@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import SlideFactory
 from wsi_loader.errors import InputError
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.index import builder as builder_module
+from wsi_loader.index import _builder as builder_module
 
 from .annotation_files import SHAPES, Region, annotated_archive, rect, write_geojson
 
@@ -389,7 +389,7 @@ def test_more_classes_in_all_than_an_index_holds_is_an_error(
 ) -> None:
     """Each file may stay under the limit while the slides together pass it: the index's
     classes are the columns of its coverage. Nothing is written then."""
-    from wsi_loader.index.annotations import formats
+    from wsi_loader.index.annotations import _formats as formats
 
     monkeypatch.setattr(formats, "MAX_CLASSES", 4)  # SHAPES has 3 classes
     notes = annotated / "annotations"

@@ -17,7 +17,7 @@ import shapely
 
 from wsi_loader.errors import AnnotationError, InputError
 from wsi_loader.index.annotations import UNCLASSIFIED, read_annotations, read_regions
-from wsi_loader.index.annotations.formats import MAX_CLASS_NAME, MAX_CLASSES
+from wsi_loader.index.annotations._formats import MAX_CLASS_NAME, MAX_CLASSES
 
 from .annotation_files import Region, rect, write_aperio, write_asap, write_geojson, write_halo
 
@@ -385,8 +385,8 @@ def test_halo_rectangles_ellipses_holes_and_what_has_no_area(tmp_path: Path) -> 
 
 
 def test_an_annotations_folder_matches_halo_files_by_slide_name(tmp_path: Path) -> None:
+    from wsi_loader.index._inputs import SlideEntry
     from wsi_loader.index.annotations import match_annotations
-    from wsi_loader.index.inputs import SlideEntry
 
     (tmp_path / "notes").mkdir()
     write_halo(tmp_path / "notes" / "case 1.annotations", [Region("Tumor", rect(0, 0, 9, 9))])
@@ -490,7 +490,7 @@ def test_annotations_leave_no_thread_pool_spinning(tmp_path: Path) -> None:
         "import time, sys\n"
         "import numpy as np\n"
         "from wsi_loader.config import IndexConfig\n"
-        "from wsi_loader.index.annotations.tiles import annotate_slide\n"
+        "from wsi_loader.index.annotations._tiles import annotate_slide\n"
         "x, y = np.meshgrid(np.arange(0, 10000 - 99, 50), np.arange(0, 10000 - 99, 50))\n"
         "def run():\n"
         "    annotate_slide([sys.argv[1]], IndexConfig(tile_size=100), (10000, 10000),\n"
@@ -525,7 +525,7 @@ def test_a_small_file_of_tangled_outlines_is_measured_in_bounded_time(tmp_path: 
         "import sys\n"
         "import numpy as np\n"
         "from wsi_loader.config import IndexConfig\n"
-        "from wsi_loader.index.annotations.tiles import annotate_slide\n"
+        "from wsi_loader.index.annotations._tiles import annotate_slide\n"
         "x, y = np.meshgrid(np.arange(0, 745, 256), np.arange(0, 745, 256))\n"
         "done = annotate_slide([sys.argv[1]], IndexConfig(tile_size=256), (1000, 1000),\n"
         "                      x.ravel(), y.ravel(), 256)\n"
@@ -646,7 +646,8 @@ def test_more_classes_than_an_index_holds_are_refused(tmp_path: Path) -> None:
 def test_the_files_of_one_slide_together_stay_within_the_classes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wsi_loader.index.annotations import formats, read_shapes
+    from wsi_loader.index.annotations import _formats as formats
+    from wsi_loader.index.annotations import read_shapes
 
     monkeypatch.setattr(formats, "MAX_CLASSES", 3)
     a = write_geojson(tmp_path / "a.geojson", [Region(n, rect(0, 0, 9, 9)) for n in "AB"])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from wsi_loader.errors import InputError
+from wsi_loader.index._inputs import SlideEntry
 from wsi_loader.index.annotations import match_annotations
-from wsi_loader.index.inputs import SlideEntry
 
 
 def _files(root: Path, *names: str) -> list[str]:

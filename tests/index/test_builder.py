@@ -14,10 +14,10 @@ import pytest
 from tests.conftest import SlideFactory
 from wsi_loader.errors import IndexFormatError
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.index import builder as builder_module
-from wsi_loader.index import table as table_module
-from wsi_loader.index.quarantine import Quarantine, coords_in
-from wsi_loader.index.table import label_order, similar_labels
+from wsi_loader.index import _builder as builder_module
+from wsi_loader.index import _table as table_module
+from wsi_loader.index._quarantine import Quarantine, coords_in
+from wsi_loader.index._table import label_order, similar_labels
 from wsi_loader.slides import open_slide
 
 
@@ -170,7 +170,7 @@ def test_bad_slides_are_recorded_not_fatal(archive: Path, tmp_path: Path) -> Non
 # them).
 HANGING_SLIDE_HOOK = """
 import time
-import wsi_loader.index.builder as builder
+import wsi_loader.index._builder as builder
 
 _identify = builder.identify
 
@@ -216,7 +216,7 @@ def test_a_slide_that_hangs_is_given_up_after_slide_timeout_and_the_rest_indexed
 # out-of-memory killer does (SIGKILL), or ends it with an exit status.
 DYING_WORKER_HOOK = """
 import os, signal
-import wsi_loader.index.builder as builder
+import wsi_loader.index._builder as builder
 
 _identify = builder.identify
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 from wsi_loader import IndexFormatError, SlideIndex, TileDataset, build_index
-from wsi_loader.index.inputs import discover
+from wsi_loader.index._inputs import discover
 
 
 def test_a_pickled_index_survives_an_in_place_rebuild(archive: Path, tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from wsi_loader.errors import ResolutionError
-from wsi_loader.index.geometry import grid, plan_read
-from wsi_loader.slides.base import SlideMeta
+from wsi_loader.index._geometry import grid, plan_read
+from wsi_loader.slides._base import SlideMeta
 
 
 def meta(
@@ -143,7 +143,7 @@ def test_mag_beyond_the_scan_fails_with_advice() -> None:
 
 
 def test_mag_and_mpp_that_disagree_are_reported() -> None:
-    from wsi_loader.index.geometry import mag_disagreement
+    from wsi_loader.index._geometry import mag_disagreement
 
     assert mag_disagreement(with_objective(40, mpp=0.2282), 0.2282, 0.1) is None  # 8.7% apart
     note = mag_disagreement(with_objective(40, mpp=0.5), 0.5, 0.1)

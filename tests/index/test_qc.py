@@ -12,12 +12,13 @@ from scipy import ndimage, stats
 
 from tests.conftest import SlideFactory
 from wsi_loader.cli.main import main
-from wsi_loader.index import SlideIndex, build_index, qc, qc_filter
-from wsi_loader.index.lowres import TileBoxes, box_means
-from wsi_loader.index.qc_pixels import BLUE_PEN, GREEN_PEN, RED_INK_HUE, RED_PEN, pen_ink
+from wsi_loader.index import SlideIndex, build_index, qc_filter
+from wsi_loader.index import _qc as qc
+from wsi_loader.index._lowres import TileBoxes, box_means
+from wsi_loader.index._qc_pixels import BLUE_PEN, GREEN_PEN, RED_INK_HUE, RED_PEN, pen_ink
 from wsi_loader.slides import open_slide
 from wsi_loader.synthetic import SlideSpec, tissue_of, with_qc_artefacts
-from wsi_loader.synthetic_artefacts import score, truth_shares
+from wsi_loader.synthetic._artefacts import score, truth_shares
 
 # 10k x 7.5k at 0.5 um/px: lowest level 1/16, so QC works on an 8 um/px picture; seed 4
 # places two pen strokes, a blurred region, two folds and two bubbles on its tissue
@@ -99,8 +100,8 @@ def test_qc_none_measures_nothing(
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("quality control ran with qc none")
 
-    monkeypatch.setattr("wsi_loader.index.analyses.measure_sharpness", refuse)
-    monkeypatch.setattr("wsi_loader.index.qc.measure", refuse)
+    monkeypatch.setattr("wsi_loader.index._analyses.measure_sharpness", refuse)
+    monkeypatch.setattr("wsi_loader.index._qc.measure", refuse)
     index = build_index([make_slide(width=3000, height=2000, seed=1)], tmp_path / "i", qc="none")
     assert not set(qc.QC_COLUMNS) & set(index.columns)
     assert index.slides[0].qc is None

@@ -10,8 +10,8 @@ import pytest
 
 from wsi_loader import SlideIndex, build_index
 from wsi_loader.cli.main import main
-from wsi_loader.index import quarantine as quarantine_module
-from wsi_loader.index.quarantine import Quarantine
+from wsi_loader.index import _quarantine as quarantine_module
+from wsi_loader.index._quarantine import Quarantine
 
 
 def _tile(x: int) -> dict[str, object]:

@@ -14,8 +14,8 @@ import pytest
 
 from tests.conftest import SlideFactory
 from wsi_loader import ConfigError, IndexFormatError, InputError, SlideIndex, build_index
-from wsi_loader import export as export_module
 from wsi_loader.cli import main
+from wsi_loader.export import _export as export_module
 from wsi_loader.export import export_index
 
 

@@ -21,8 +21,8 @@ from wsi_loader import (
     build_index,
     make_loader,
 )
-from wsi_loader.bench import run_bench
 from wsi_loader.cli import main
+from wsi_loader.device._bench import run_bench
 from wsi_loader.export import export_index
 
 

@@ -15,9 +15,10 @@ from tests.conftest import SlideFactory
 from wsi_loader.cli.main import main
 from wsi_loader.dataset import TileDataset
 from wsi_loader.errors import InputError, TileReadError
-from wsi_loader.index import SlideIndex, analyses, build_index
-from wsi_loader.index import stain as index_stain
-from wsi_loader.index.stain import (
+from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.index import _analyses as analyses
+from wsi_loader.index import _stain_estimates as index_stain
+from wsi_loader.index._stain_estimates import (
     StainEstimate,
     angle_deg,
     archive_reference,
@@ -27,9 +28,9 @@ from wsi_loader.index.stain import (
     slide_estimate,
     write_reference,
 )
-from wsi_loader.index.tissue import read_mask_image, tissue_mask
-from wsi_loader.slides.base import SlideReader
-from wsi_loader.slides.open import open_slide
+from wsi_loader.index._tissue import read_mask_image, tissue_mask
+from wsi_loader.slides._base import SlideReader
+from wsi_loader.slides._open import open_slide
 
 # two known stainings for synthetic slides: Macenko's reference vectors, and a bluer H with a
 # redder E (another lab's)

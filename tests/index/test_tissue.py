@@ -7,7 +7,7 @@ import pytest
 from scipy import ndimage
 
 from tests.conftest import SlideFactory
-from wsi_loader.index.tissue import otsu_threshold, read_mask_image, tile_fractions, tissue_mask
+from wsi_loader.index._tissue import otsu_threshold, read_mask_image, tile_fractions, tissue_mask
 from wsi_loader.slides import open_slide
 
 
@@ -135,7 +135,7 @@ def test_a_single_level_slide_is_not_decoded_at_full_resolution_for_its_mask(
     """A slide without a pyramid has only level 0 to find tissue on: its JPEG tiles are
     decoded shrunk (libjpeg's DCT scaling at 1/8), not at full size and then averaged; only
     the last few pixels of a side that is not a whole number of mask pixels are not."""
-    from wsi_loader.slides import tiff_backend
+    from wsi_loader.slides import _tiff as tiff_backend
 
     path = _single_level_jpeg_tiff(tmp_path / "flat scan.v2.tif", 4096, 3072)
     scales: list[int] = []

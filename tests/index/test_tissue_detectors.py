@@ -15,7 +15,7 @@ from tests.conftest import SlideFactory
 from tests.index.annotation_files import Region, rect, write_geojson
 from wsi_loader.errors import InputError
 from wsi_loader.index import build_index
-from wsi_loader.index.tissue import choose_detector, pixel_rule, read_mask_image, tissue_mask
+from wsi_loader.index._tissue import choose_detector, pixel_rule, read_mask_image, tissue_mask
 from wsi_loader.slides import open_slide
 from wsi_loader.synthetic import SlideSpec, tissue_of
 
@@ -168,7 +168,7 @@ def test_masks_that_do_not_fit_fail_their_slide(
     record = index.slides[0]
     assert record.status == "failed"
     assert "aspect ratios differ" in (record.error or "") and "wrong.png" in (record.error or "")
-    monkeypatch.setattr("wsi_loader.index.tissue_masks.MAX_MASK_PIXELS", 1000)
+    monkeypatch.setattr("wsi_loader.index._tissue_masks.MAX_MASK_PIXELS", 1000)
     big = write_mask(tmp_path / "big.png", (400, 300), 1.0)
     index = build_index([slide], tmp_path / "j", level=0, tissue_masks=str(big))
     assert "more than the 1,000 pixels allowed" in (index.slides[0].error or "")

@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import SlideFactory
 from wsi_loader.errors import SlideNotFoundError, SlideOpenError, TileReadError
 from wsi_loader.slides import open_slide
-from wsi_loader.slides.base import SlideReader, resize, rgba_to_rgb
-from wsi_loader.slides.tiff_backend import TiffReader, to_rgb
+from wsi_loader.slides._base import SlideReader, resize, rgba_to_rgb
+from wsi_loader.slides._tiff import TiffReader, to_rgb
 
 BACKENDS = ["openslide", "tiff"]
 

@@ -20,7 +20,7 @@ import tifffile
 from tests.conftest import SlideFactory
 from wsi_loader import TileDataset, build_index, make_loader
 from wsi_loader.errors import TileReadError
-from wsi_loader.slides.tiff_backend import TiffReader
+from wsi_loader.slides._tiff import TiffReader
 
 
 def flip_entropy_bytes(path: Path, tiles: list[int], seed: int = 0) -> None:
@@ -100,7 +100,7 @@ def test_real_aperio_scan_fails_where_openslide_fails(testdata: Path, tmp_path: 
 def test_corrupt_tiles_are_not_ok_and_quarantined(
     make_slide: SlideFactory, tmp_path: Path, decode: str
 ) -> None:
-    from wsi_loader.gpu import DeviceLoader
+    from wsi_loader.device._loader import DeviceLoader
 
     folder = tmp_path / "slides"
     folder.mkdir()
@@ -133,7 +133,7 @@ def test_device_decoding_applies_the_chosen_policy(
     make_slide: SlideFactory, tmp_path: Path
 ) -> None:
     from wsi_loader import ConfigError
-    from wsi_loader.gpu import DeviceLoader
+    from wsi_loader.device._loader import DeviceLoader
 
     folder = tmp_path / "slides"
     folder.mkdir()

@@ -11,9 +11,9 @@ import numpy as np
 import openslide
 import pytest
 
-from wsi_loader.index.geometry import grid, plan_read
-from wsi_loader.slides.base import l0_to_level, level_to_l0
-from wsi_loader.slides.tiff_backend import TiffReader
+from wsi_loader.index._geometry import grid, plan_read
+from wsi_loader.slides._base import l0_to_level, level_to_l0
+from wsi_loader.slides._tiff import TiffReader
 
 pytestmark = pytest.mark.testdata
 

@@ -11,7 +11,7 @@ import tifffile
 
 from wsi_loader.index import build_index
 from wsi_loader.slides import open_slide
-from wsi_loader.slides.tiff_backend import _ome_mpps
+from wsi_loader.slides._tiff import _ome_mpps
 
 SIZE = (1536, 2048)  # height, width
 

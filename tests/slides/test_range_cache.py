@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 
-from wsi_loader.slides.range_cache import RangeStore
-from wsi_loader.slides.request_plan import CostModel
+from wsi_loader.slides.storage._range_cache import RangeStore
+from wsi_loader.slides.storage._request_plan import CostModel
 
 DATA = bytes(range(256)) * 16384  # a 4 MiB object
 

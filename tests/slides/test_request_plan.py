@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wsi_loader.slides.request_plan import (
+from wsi_loader.slides.storage._request_plan import (
     COLD_DEADLINE_S,
     COLD_HEDGE_S,
     MAX_GAP,

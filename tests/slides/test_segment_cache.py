@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wsi_loader.slides.tiff_backend import SegmentCache, TiffReader
+from wsi_loader.slides._tiff import SegmentCache, TiffReader
 
 KB = 1024
 

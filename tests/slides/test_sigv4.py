@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from wsi_loader.slides.curl_client import endpoint_for
+from wsi_loader.slides.storage._curl import endpoint_for
 
 auth = pytest.importorskip("botocore.auth")
 awsrequest = pytest.importorskip("botocore.awsrequest")

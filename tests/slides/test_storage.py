@@ -1,6 +1,6 @@
 """Slides read from object storage (moto's S3 server) and a web server with Range support,
-through `wsi_loader.slides.storage`: pixels equal the local file's, requests are few, coalesced
-and concurrent, faults are retried and then said as they are."""
+through `wsi_loader.slides.storage`: pixels equal the local file's, requests are few,
+coalesced and concurrent, faults are retried and then said as they are."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ from wsi_loader.errors import (
     TransientReadError,
 )
 from wsi_loader.slides import open_slide
-from wsi_loader.slides.local_copies import LocalCopies
-from wsi_loader.slides.openslide_backend import OpenSlideReader
-from wsi_loader.slides.storage import (
+from wsi_loader.slides._openslide import OpenSlideReader
+from wsi_loader.slides._tiff import TiffReader
+from wsi_loader.slides.storage._local_copies import LocalCopies
+from wsi_loader.slides.storage._sources import (
     PARSE_BLOCK,
     RangeStore,
     RemoteBytes,
@@ -37,7 +38,6 @@ from wsi_loader.slides.storage import (
     list_objects,
     remote_stat,
 )
-from wsi_loader.slides.tiff_backend import TiffReader
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -156,7 +156,7 @@ def test_local_copy_cache_is_bounded_and_refetches_rewritten_objects(
 LOCAL_COPY_ON_A_FULL_DISK = """
 import resource, sys
 from wsi_loader.slides import open_slide
-from wsi_loader.slides.local_copies import LocalCopies
+from wsi_loader.slides.storage._local_copies import LocalCopies
 from wsi_loader.errors import TransientReadError
 
 resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))  # the disk fills at 100 kB
@@ -513,7 +513,7 @@ OVER_HTTPS = """
 import sys
 import numpy as np
 from wsi_loader.slides import open_slide, request_plan
-from wsi_loader.slides.range_cache import RangeStore
+from wsi_loader.slides.storage._range_cache import RangeStore
 
 request_plan.MIN_GAP = request_plan.MAX_GAP = 0  # tiles apart: a request each
 store = RangeStore()

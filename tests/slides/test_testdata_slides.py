@@ -135,7 +135,7 @@ def test_a_level_at_a_non_integer_downsample_reads_the_stored_pixels(
     import tifffile
 
     from wsi_loader import TileDataset, build_index
-    from wsi_loader.slides.base import l0_to_level
+    from wsi_loader.slides._base import l0_to_level
 
     path = testdata / "tcga-cr-7395-01a-01-ts1.svs"
     with tifffile.TiffFile(path) as tif:

@@ -14,8 +14,8 @@ import tifffile
 
 from wsi_loader.errors import SlideOpenError, TileReadError
 from wsi_loader.slides import open_slide
-from wsi_loader.slides.base import rgba_to_rgb
-from wsi_loader.slides.tiff_backend import TiffReader
+from wsi_loader.slides._base import rgba_to_rgb
+from wsi_loader.slides._tiff import TiffReader
 
 
 def noise(shape: tuple[int, ...], top: int = 255, dtype: type = np.uint8) -> np.ndarray:
@@ -99,8 +99,8 @@ def test_empty_exception_messages_become_readable() -> None:
 def test_a_programming_error_propagates_instead_of_becoming_a_bad_tile(
     index, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    from wsi_loader.dataset.reading import TileReader
-    from wsi_loader.slides import tiff_backend
+    from wsi_loader.dataset._reading import TileReader
+    from wsi_loader.slides import _tiff as tiff_backend
 
     def bug(*args: object, **kwargs: object) -> None:
         raise TypeError("a bug, not bad data")

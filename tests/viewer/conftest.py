@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import SlideFactory
 from tests.index.annotation_files import Region, rect, write_geojson
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.viewer import ViewerServer
+from wsi_loader.view.browser import ViewerServer
 
 GOOD = {"width": 5000, "height": 4000, "seed": 5}
 BAD_TILES = [(3, 3), (4, 3)]  # level-0 storage tiles broken in bad.svs

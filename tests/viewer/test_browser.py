@@ -23,11 +23,12 @@ from PIL import Image
 
 from tests.conftest import SlideFactory
 from tests.viewer.conftest import Archive, Predicted
-from wsi_loader.index import build_index, qc
-from wsi_loader.predictions import TilePredictions
+from wsi_loader.index import _qc as qc
+from wsi_loader.index import build_index
+from wsi_loader.predict._outputs import TilePredictions
 from wsi_loader.synthetic import SlideSpec, with_qc_artefacts
 from wsi_loader.view import QC_CLEAN, QC_COLOURS
-from wsi_loader.viewer import ViewerServer
+from wsi_loader.view.browser import ViewerServer
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [

@@ -18,11 +18,12 @@ from PIL import Image
 from tests.conftest import SlideFactory
 from tests.index.annotation_files import Region, rect, write_geojson
 from tests.viewer.conftest import request
-from wsi_loader.index import SlideIndex, build_index, qc
-from wsi_loader.index.tissue import read_mask_image, tissue_mask
+from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.index import _qc as qc
+from wsi_loader.index._tissue import read_mask_image, tissue_mask
 from wsi_loader.slides import open_slide
 from wsi_loader.synthetic import SlideSpec, tissue_of, with_qc_artefacts
-from wsi_loader.viewer import ViewerServer
+from wsi_loader.view.browser import ViewerServer
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 

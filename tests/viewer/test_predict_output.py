@@ -16,9 +16,9 @@ from PIL import Image
 
 from tests.viewer.conftest import Predicted, request
 from wsi_loader.errors import InputError
-from wsi_loader.predictions import TilePredictions
-from wsi_loader.viewer import ViewerServer
-from wsi_loader.viewer.predictions import ramp_colours
+from wsi_loader.predict._outputs import TilePredictions
+from wsi_loader.view.browser import ViewerServer
+from wsi_loader.view.browser._predictions import ramp_colours
 
 
 def table_of(predicted: Predicted, slide_id: int) -> TilePredictions:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from wsi_loader.errors import InputError
-from wsi_loader.viewer.predictions import CSV_FOLDER, Predictions, ramp_colours, read_table
+from wsi_loader.view.browser._predictions import CSV_FOLDER, Predictions, ramp_colours, read_table
 
 HEADER = "minx,miny,width,height,prob_benign,prob_tumour\n"
 

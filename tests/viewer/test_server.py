@@ -23,11 +23,11 @@ from PIL import Image
 from tests.conftest import REPO
 from tests.viewer.conftest import TUMOUR_BOX, Archive, request
 from wsi_loader.errors import ConfigError
-from wsi_loader.index.qc import QC_COLUMNS
-from wsi_loader.viewer import ViewerServer, show, stop_shown
-from wsi_loader.viewer.security import check_token, is_loopback
-from wsi_loader.viewer.server import bind
-from wsi_loader.viewer.tiles import ERROR_GREY
+from wsi_loader.index._qc import QC_COLUMNS
+from wsi_loader.view.browser import ViewerServer, show, stop_shown
+from wsi_loader.view.browser._security import check_token, is_loopback
+from wsi_loader.view.browser._server import bind
+from wsi_loader.view.browser._tiles import ERROR_GREY
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 COMMAND = (sys.executable, "-m", "wsi_loader.cli", "serve")
@@ -373,7 +373,7 @@ def test_the_page_and_its_assets(server: ViewerServer) -> None:
 def test_without_the_built_front_end_the_page_says_how_to_build_it(
     archive: Archive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wsi_loader.viewer import app
+    from wsi_loader.view.browser import app
 
     monkeypatch.setattr(app, "STATIC", tmp_path / "static")
     with ViewerServer(archive.index) as viewer:
@@ -450,7 +450,7 @@ def test_a_port_out_of_range_is_a_clear_error(
 ) -> None:
     # it used to end in a traceback: OverflowError: bind(): port must be 0-65535
     from wsi_loader.cli.main import main
-    from wsi_loader.viewer import serve
+    from wsi_loader.view.browser import serve
 
     with pytest.raises(SystemExit) as info:
         main(["serve", str(archive.index.path), "--port", str(port)])

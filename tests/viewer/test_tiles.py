@@ -16,8 +16,8 @@ from PIL import Image
 
 from tests.conftest import SlideFactory
 from wsi_loader.synthetic import SlideSpec, write_tiff
-from wsi_loader.viewer.geometry import DeepZoom, Source, deep_zoom_sizes
-from wsi_loader.viewer.tiles import (
+from wsi_loader.view.browser._geometry import DeepZoom, Source, deep_zoom_sizes
+from wsi_loader.view.browser._tiles import (
     ERROR_GREY,
     ERROR_MARK,
     SlideRef,

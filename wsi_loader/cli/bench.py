@@ -40,8 +40,8 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wsi_loader.bench import format_table, run_bench
-    from wsi_loader.dataset.loader import default_workers
+    from wsi_loader.dataset._loader import default_workers
+    from wsi_loader.device._bench import format_table, run_bench
 
     top = default_workers() if args.workers is None else args.workers
     if top < 0 or args.batch_size < 1 or args.tiles < 1:
@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
             "--step-ms is the model step of --device, in milliseconds >= 0",
             path="command line",
         )
-    from wsi_loader.index.health import require_slides
-    from wsi_loader.models import resolve_device
+    from wsi_loader.device._devices import resolve_device
+    from wsi_loader.index._health import require_slides
 
     if args.device is not None:
         resolve_device(args.device)  # before any slide is opened

@@ -17,7 +17,7 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wsi_loader.demo import run
+    from wsi_loader.cli._demo import run
 
     run(args.out, batches=args.batches)
     return 0

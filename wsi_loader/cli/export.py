@@ -77,7 +77,7 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wsi_loader.export import export_index
+    from wsi_loader.export._export import export_index
 
     config = load_config(args.config) if args.config else Config()
     flags = {

@@ -11,7 +11,7 @@ from wsi_loader.cli.common import COMMON, READS, TILES, Subparsers, init_distrib
 from wsi_loader.cli.stain import add_stain_options, stain_option
 
 if TYPE_CHECKING:
-    from wsi_loader.model_pass import PassReport
+    from wsi_loader.models._pass import PassReport
 
 
 def register(sub: Subparsers) -> None:
@@ -63,7 +63,7 @@ def register(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from wsi_loader.config import DatasetConfig, validate
-    from wsi_loader.features import extract
+    from wsi_loader.features._extract import extract
 
     # `--model mymodels:encoder` finds mymodels.py in the current folder, as `python -m` would
     if os.getcwd() not in sys.path:

@@ -18,7 +18,7 @@ from wsi_loader.cli.common import (
 from wsi_loader.config import IndexConfig, load_config, with_overrides
 from wsi_loader.errors import ConfigError
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.index.qc import RULES, check_rule
+from wsi_loader.index._qc import RULES, check_rule
 
 
 def register(sub: Subparsers) -> None:

@@ -17,8 +17,8 @@ from wsi_loader.cli.common import (
     open_index,
     printable,
 )
-from wsi_loader.index.builder import describe_copies
-from wsi_loader.index.health import problem_kind, slide_problems
+from wsi_loader.index._builder import describe_copies
+from wsi_loader.index._health import problem_kind, slide_problems
 
 
 def register(sub: Subparsers) -> None:

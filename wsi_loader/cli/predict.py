@@ -94,7 +94,7 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wsi_loader.slide_metrics import table
+    from wsi_loader.predict._metrics import table
 
     # `--model mymodels:classifier` finds mymodels.py in the current folder, as python -m does
     if os.getcwd() not in sys.path:
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             path="command line",
         )
     if args.mil_model:
-        from wsi_loader.mil import predict_bags
+        from wsi_loader.predict._mil import predict_bags
 
         report = predict_bags(
             args.index,
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             **common,
         )
     else:
-        from wsi_loader.inference import predict
+        from wsi_loader.predict._run import predict
 
         report = predict(
             args.index,

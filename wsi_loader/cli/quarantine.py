@@ -33,7 +33,7 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wsi_loader.dataset.quarantine import clear, retry, select
+    from wsi_loader.dataset._quarantine import clear, retry, select
 
     index = SlideIndex.open(args.index, root=args.root, quarantine=args.quarantine)
     if args.clear:

@@ -1,4 +1,4 @@
-"""`wsi-loader serve`: the slide viewer in the browser (see `wsi_loader.viewer`)."""
+"""`wsi-loader serve`: the slide viewer in the browser (see `wsi_loader.view`)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def register(sub: Subparsers) -> None:
 
 def port_number(text: str) -> int:
     """``--port``: a TCP port, refused by argparse (exit 2) when out of range."""
-    from wsi_loader.viewer.server import check_port
+    from wsi_loader.view.browser._server import check_port
 
     try:
         port = int(text)
@@ -68,7 +68,7 @@ def port_number(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wsi_loader.viewer import TileOptions, serve
+    from wsi_loader.view.browser import TileOptions, serve
 
     tiles = TileOptions(
         tile_size=args.tile_size,

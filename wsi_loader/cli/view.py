@@ -53,7 +53,7 @@ def register(sub: Subparsers) -> None:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from wsi_loader.view import SlideOverview
+    from wsi_loader.view._notebook import SlideOverview
 
     if args.max_size < MIN_THUMBNAIL:
         raise ConfigError(
@@ -71,7 +71,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         )
     index = open_index(args)
     if args.predictions:
-        from wsi_loader.heatmaps import prediction_heatmap
+        from wsi_loader.predict._heatmaps import prediction_heatmap
 
         heatmap = prediction_heatmap(
             index,
@@ -94,7 +94,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_mosaic(args: argparse.Namespace) -> int:
-    from wsi_loader.view import Mosaic
+    from wsi_loader.view._notebook import Mosaic
 
     index = open_index(args)
     mosaic = Mosaic(

@@ -1,6 +1,6 @@
 """torch Datasets, samplers and batches over a SlideIndex.
 
-Names are imported on first use: `wsi_loader.dataset.reading` (the torch-free reader that the
+Names are imported on first use: `wsi_loader.dataset._reading` (the torch-free reader that the
 exporter and the views use) can be imported without paying for torch, which keeps spawned
 export workers quick to start.
 """
@@ -11,16 +11,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _LAZY = {
-    "BalancedTileSampler": "wsi_loader.dataset.samplers",
-    "DistributedTileSampler": "wsi_loader.dataset.samplers",
-    "FeatureBagDataset": "wsi_loader.dataset.feature_bags",
-    "pad_bags": "wsi_loader.dataset.feature_bags",
-    "ReadResult": "wsi_loader.dataset.reading",
-    "SlideBagDataset": "wsi_loader.dataset.bags",
-    "TileBatch": "wsi_loader.dataset.batch",
-    "TileDataset": "wsi_loader.dataset.tiles",
-    "TileReader": "wsi_loader.dataset.reading",
-    "make_loader": "wsi_loader.dataset.loader",
+    "BalancedTileSampler": "wsi_loader.dataset._samplers",
+    "DistributedTileSampler": "wsi_loader.dataset._samplers",
+    "FeatureBagDataset": "wsi_loader.dataset._feature_bags",
+    "pad_bags": "wsi_loader.dataset._feature_bags",
+    "ReadResult": "wsi_loader.dataset._reading",
+    "SlideBagDataset": "wsi_loader.dataset._bags",
+    "TileBatch": "wsi_loader.dataset._batch",
+    "TileDataset": "wsi_loader.dataset._tiles",
+    "TileReader": "wsi_loader.dataset._reading",
+    "make_loader": "wsi_loader.dataset._loader",
 }
 
 __all__ = [
@@ -37,13 +37,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from wsi_loader.dataset.bags import SlideBagDataset
-    from wsi_loader.dataset.batch import TileBatch
-    from wsi_loader.dataset.feature_bags import FeatureBagDataset, pad_bags
-    from wsi_loader.dataset.loader import make_loader
-    from wsi_loader.dataset.reading import ReadResult, TileReader
-    from wsi_loader.dataset.samplers import BalancedTileSampler, DistributedTileSampler
-    from wsi_loader.dataset.tiles import TileDataset
+    from wsi_loader.dataset._bags import SlideBagDataset
+    from wsi_loader.dataset._batch import TileBatch
+    from wsi_loader.dataset._feature_bags import FeatureBagDataset, pad_bags
+    from wsi_loader.dataset._loader import make_loader
+    from wsi_loader.dataset._reading import ReadResult, TileReader
+    from wsi_loader.dataset._samplers import BalancedTileSampler, DistributedTileSampler
+    from wsi_loader.dataset._tiles import TileDataset
 
 
 def __getattr__(name: str) -> Any:

@@ -3,8 +3,8 @@
 This layer never imports torch.
 """
 
-from wsi_loader.slides.base import SlideMeta, SlideReader
-from wsi_loader.slides.open import BACKENDS, open_slide
-from wsi_loader.slides.pool import HandlePool
+from wsi_loader.slides._base import SlideMeta, SlideReader
+from wsi_loader.slides._open import BACKENDS, open_slide
+from wsi_loader.slides._pool import HandlePool
 
 __all__ = ["BACKENDS", "HandlePool", "SlideMeta", "SlideReader", "open_slide"]

@@ -5,10 +5,10 @@ polygons, ``regions`` merges one slide's files into one geometry per class, ``co
 computes each tile's covered share and label, ``matching`` pairs files with slides.
 """
 
-from wsi_loader.index.annotations.coverage import ClassCells, Lattice, assign_labels
-from wsi_loader.index.annotations.formats import UNCLASSIFIED, read_annotations
-from wsi_loader.index.annotations.matching import AnnotationReport, match_annotations
-from wsi_loader.index.annotations.regions import (
+from wsi_loader.index.annotations._coverage import ClassCells, Lattice, assign_labels
+from wsi_loader.index.annotations._formats import UNCLASSIFIED, read_annotations
+from wsi_loader.index.annotations._matching import AnnotationReport, match_annotations
+from wsi_loader.index.annotations._regions import (
     SlideRegions,
     files_digest,
     read_regions,

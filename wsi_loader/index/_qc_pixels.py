@@ -1,0 +1,244 @@
+"""What each pixel of a slide's low-resolution picture shows, for quality control: pen ink,
+folded tissue, an air bubble, glass.
+
+Pen inks as histolab (after the "Deep Histopath" filters) defines them: a pixel is blue ink
+when for one of 12 threshold triples red < R, green < G and blue > B, green ink likewise
+with green > G (15 triples), red ink with red > R, green < G, blue < B (9 triples), and red
+rather than magenta (intense eosin, TCGA's deep pink, passes the red triples). Black ink,
+which those filters lack, is dark and grey: no channel above 90 and little colour. Each
+colour's triples are folded into one 256 x 256 table over (red, green) holding the
+bound on blue, so a pixel costs one lookup and one comparison whatever the number of
+triples (the triples tested one by one cost ~36 comparisons a pixel).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image
+from scipy import ndimage
+
+from wsi_loader.index._tissue import BoolArray, cross_step, fill_holes
+from wsi_loader.slides._base import RGBArray
+
+# (red, green, blue) thresholds of histolab's pen filters (filters/image_filters_functions.py)
+BILINEAR = Image.Resampling.BILINEAR
+
+BLUE_PEN = (
+    (60, 120, 190), (120, 170, 200), (175, 210, 230), (145, 180, 210), (37, 95, 160),
+    (30, 65, 130), (130, 155, 180), (40, 35, 85), (30, 20, 65), (90, 90, 140),
+    (60, 60, 120), (110, 110, 175),
+)  # fmt: skip
+GREEN_PEN = (
+    (150, 160, 140), (70, 110, 110), (45, 115, 100), (30, 75, 60), (195, 220, 210),
+    (225, 230, 225), (170, 210, 200), (20, 30, 20), (50, 60, 40), (30, 50, 35),
+    (65, 70, 60), (100, 110, 105), (165, 180, 180), (140, 140, 150), (185, 195, 195),
+)  # fmt: skip
+RED_PEN = (
+    (150, 80, 90), (110, 20, 30), (185, 65, 105), (195, 85, 125), (220, 115, 145),
+    (125, 40, 70), (200, 120, 150), (100, 50, 65), (85, 25, 45),
+)  # fmt: skip
+RED_INK_HUE = 3  # red ink: (blue - green) at most 3/10 of (red - green), a hue >= 342 degrees
+BLACK_INK_MAX = 90  # black ink: no channel above this...
+BLACK_INK_CHROMA = 35  # ...and channels this close (dense nuclei are purple even when dark)
+
+FOLD_DENSITY = 1.8  # a fold absorbs this many times the tissue around it, or more
+FOLD_HUE_COSINE = 0.97  # ...in the same colour (two layers of the same tissue)
+
+
+@cache
+def _pen_tables() -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int16], npt.NDArray[np.int16]]:
+    """Per (red, green): the blue above which a pixel is blue ink, above which it is green
+    ink, and below which it is red ink (256 / -1: never)."""
+    r = np.arange(256)[:, None]
+    g = np.arange(256)[None, :]
+    blue = np.full((256, 256), 256, dtype=np.int16)
+    green = np.full((256, 256), 256, dtype=np.int16)
+    red = np.full((256, 256), -1, dtype=np.int16)
+    for tr, tg, tb in BLUE_PEN:
+        blue = np.where((r < tr) & (g < tg), np.minimum(blue, tb), blue)
+    for tr, tg, tb in GREEN_PEN:
+        green = np.where((r < tr) & (g > tg), np.minimum(green, tb), green)
+    for tr, tg, tb in RED_PEN:
+        red = np.where((r > tr) & (g < tg), np.maximum(red, tb), red)
+    return blue, green, red
+
+
+def pen_ink(rgb: RGBArray) -> BoolArray:
+    """Pixels of pen ink: blue, green or red as histolab defines them, or black."""
+    blue_above, green_above, red_below = _pen_tables()
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    b16 = b.astype(np.int16)
+    # red ink is red, not magenta: intense eosin passes histolab's red triples too, but its
+    # hue is ~330 degrees, a red marker's 345-360 (in the red-magenta sector the hue is
+    # 360 - 60 (b - g) / (r - g) degrees, so hue >= 342 is (b - g) <= 0.3 (r - g))
+    g16 = g.astype(np.int16)
+    red = (b16 < red_below[r, g]) & (10 * (b16 - g16) <= RED_INK_HUE * (r.astype(np.int16) - g16))
+    ink: BoolArray = (b16 > blue_above[r, g]) | (b16 > green_above[r, g]) | red
+    high = np.maximum(np.maximum(r, g), b)
+    low = np.minimum(np.minimum(r, g), b)
+    ink |= (high <= BLACK_INK_MAX) & (high - low <= BLACK_INK_CHROMA)
+    return ink
+
+
+def optical_density(rgb: RGBArray) -> npt.NDArray[np.float32]:
+    """Per-channel optical density, -log10(I / 255) (Beer-Lambert: what stain absorbs)."""
+    table = -np.log10(np.maximum(np.arange(256, dtype=np.float32), 1.0) / 255.0)
+    density: npt.NDArray[np.float32] = table.astype(np.float32)[rgb]
+    return density
+
+
+def folded(
+    rgb: RGBArray, stained: BoolArray, ink: BoolArray, window: int, min_area: int
+) -> BoolArray:
+    """Pixels of tissue lying on itself: two layers absorb twice as much light (optical
+    density x2) in the same colour. A stained pixel is folded when its density is at least
+    `FOLD_DENSITY` times that of the stained tissue around it (within about ``window``
+    pixels; not the slide's, since a dense region is no fold) and points the same way in
+    colour space (a band of darker *other* tissue, such as epidermis beside dermis, has
+    another colour). Areas under ``min_area`` pixels (a speck, a cluster of nuclei) and the
+    rims of pen strokes (ink thinning out over tissue) are no folds."""
+    if not stained.any():
+        return np.zeros(stained.shape, dtype=bool)
+    density = optical_density(rgb)
+    strength = _norm(density)
+    # the tissue around: a mean that leaves out what is much denser than a first mean
+    around = local_mean(density, stained, window)
+    typical = stained & (strength <= 1.3 * _norm(around))
+    around = local_mean(density, typical if typical.any() else stained, window)
+    around_strength = _norm(around)
+    # a fold is an area: each pixel is judged by its 3 x 3 neighbourhood's density, so the
+    # speckle of nuclei and noise neither makes nor breaks one
+    density = ndimage.uniform_filter(density, (3, 3, 1), mode="nearest")
+    strength = _norm(density)
+    dot = density[..., 0] * around[..., 0]
+    dot += density[..., 1] * around[..., 1]
+    dot += density[..., 2] * around[..., 2]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cosine = dot / (strength * around_strength)
+    fold = stained & (strength >= FOLD_DENSITY * around_strength) & (cosine >= FOLD_HUE_COSINE)
+    fold &= ~ndimage.binary_dilation(ink, iterations=1)
+    # a fold is an area: most of each pixel's 3 x 3 neighbours folded too (not a clump of
+    # nuclei, a speck), and the area large enough
+    fold &= ndimage.uniform_filter(fold.astype(np.float32), 3, mode="constant") >= 4.5 / 9
+    return large_parts(fold, min_area)
+
+
+def _norm(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """Length of each pixel's 3-vector, channel by channel (numpy's reductions over a
+    length-3 last axis are several times slower than elementwise sums)."""
+    total = vectors[..., 0] ** 2
+    total += vectors[..., 1] ** 2
+    total += vectors[..., 2] ** 2
+    root: npt.NDArray[np.float32] = np.sqrt(total)
+    return root
+
+
+def large_parts(mask: BoolArray, min_area: int) -> BoolArray:
+    """The connected parts (8-neighbours) of ``mask`` of at least ``min_area`` pixels."""
+    labels, count = ndimage.label(mask, structure=np.ones((3, 3), dtype=bool))
+    if not count:
+        return mask
+    areas = np.bincount(labels.ravel(), minlength=count + 1)
+    big = areas >= min_area
+    big[0] = False
+    kept: BoolArray = big[labels]
+    return kept
+
+
+def local_mean(
+    values: npt.NDArray[np.float32], weight: BoolArray, window: int
+) -> npt.NDArray[np.float32]:
+    """The mean of ``values`` (H, W, C) over the ``weight`` pixels around each pixel: means
+    over blocks of ``window`` pixels, blocks without such pixels filled from their
+    neighbours (else the overall mean), then interpolated back to every pixel."""
+    h, w, channels = values.shape
+    block = max(2, window)
+    rows, cols = -(-h // block), -(-w // block)
+    counted = np.zeros((rows * block, cols * block), dtype=np.float32)
+    counted[:h, :w] = weight
+
+    def block_sums(plane: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        sums: npt.NDArray[np.float32] = (
+            plane.reshape(rows, block, cols, block).sum(axis=3).sum(axis=1)
+        )
+        return sums
+
+    counts = block_sums(counted)
+    planes = []
+    for c in range(channels):
+        padded = np.zeros_like(counted)
+        np.multiply(values[..., c], counted[:h, :w], out=padded[:h, :w])
+        planes.append(block_sums(padded))
+    sums = np.stack(planes, axis=-1)
+    overall = sums.sum(axis=(0, 1)) / max(float(counts.sum()), 1.0)
+    # each block with its 8 neighbours, so a block of little tissue borrows from them
+    near_sums = ndimage.uniform_filter(sums, (3, 3, 1), mode="nearest")
+    near_counts = ndimage.uniform_filter(counts, 3, mode="nearest")[..., None]
+    means = np.where(near_counts > 0, near_sums / np.maximum(near_counts, 1e-6), overall)
+    # bilinear between block centres (PIL: ~50x faster than ndimage.zoom here)
+    size = (cols * block, rows * block)
+    spread = [
+        np.asarray(Image.fromarray(means[..., c].astype(np.float32), "F").resize(size, BILINEAR))
+        for c in range(channels)
+    ]
+    out: npt.NDArray[np.float32] = np.stack(spread, axis=-1)[:h, :w]
+    return out
+
+
+BUBBLE_RIM_DARKER = 0.8  # a rim pixel is at most this bright relative to what is around it
+BUBBLE_RIM_GREYER = 0.8  # ...and at most this colourful relative to the tissue around it
+
+
+def bubbles(
+    rgb: RGBArray, ink: BoolArray, stained: BoolArray, window: int, min_area: int = 9
+) -> BoolArray:
+    """Pixels of an air bubble, rim included: a closed ring of pixels darker than what is
+    around them and greyer than the tissue around them (light refracted away, not stain),
+    closing in a roughly round area of at least ``min_area`` pixels. Pen ink, which
+    pathologists draw in circles too, is never rim; nuclei and folds are darker but more
+    colourful."""
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    high = np.maximum(np.maximum(r, g), b).astype(np.float32)
+    chroma = high - np.minimum(np.minimum(r, g), b)
+    bright = local_mean(high[..., None], ~ink, window)[..., 0]
+    colour = local_mean(chroma[..., None], stained, window)[..., 0]
+    rim = (high <= BUBBLE_RIM_DARKER * bright) & (chroma <= BUBBLE_RIM_GREYER * colour) & ~ink
+    if not rim.any():
+        return np.zeros(rim.shape, dtype=bool)
+    # ink crossing a rim does not open it: rings are closed over rim and ink together, but
+    # the edge of a hole must be mostly grey rim (a circle drawn in ink is no bubble)
+    ring = rim | ink
+    for grow in (True, True, False, False):  # a closing: gaps of up to 4 pixels in a ring
+        ring = cross_step(ring, grow)
+    holes = fill_holes(ring) & ~ring
+    labels, count = ndimage.label(holes)
+    if not count:
+        return np.zeros(rim.shape, dtype=bool)
+    # each hole's edge: the ring pixels within 2 of it, labelled as the hole
+    edge_labels = np.where(ring, ndimage.grey_dilation(labels, size=5), 0)
+    grey_edge = edge_labels * ~ink
+    areas = np.bincount(labels.ravel(), minlength=count + 1)
+    edge_count = np.bincount(edge_labels.ravel(), minlength=count + 1)
+    grey_count = np.bincount(grey_edge.ravel(), minlength=count + 1)
+    edge_sum = np.bincount(grey_edge.ravel(), weights=high.ravel(), minlength=count + 1)
+    hole_sum = np.bincount(labels.ravel(), weights=high.ravel(), minlength=count + 1)
+    edge_bright = edge_sum / np.maximum(grey_count, 1)
+    hole_bright = hole_sum / np.maximum(areas, 1)
+    keep = np.zeros(count + 1, dtype=bool)
+    for i, box in enumerate(ndimage.find_objects(labels), start=1):
+        if box is None or areas[i] < min_area or grey_count[i] < 0.5 * edge_count[i]:
+            continue
+        height, width = box[0].stop - box[0].start, box[1].stop - box[1].start
+        # roughly round: not a sliver, filling most of its bounding box (a disc: 79%)
+        round_enough = (
+            max(height, width) <= 1.6 * min(height, width) and areas[i] >= 0.6 * height * width
+        )
+        # a rim is darker than what it closes in; the edge of a round piece of tissue is not
+        if round_enough and edge_bright[i] <= BUBBLE_RIM_DARKER * hole_bright[i]:
+            keep[i] = True
+    keep[0] = False
+    found: BoolArray = keep[labels] | (keep[edge_labels] & ~ink)
+    return found

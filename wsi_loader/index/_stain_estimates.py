@@ -1,0 +1,494 @@
+"""Per-slide stain statistics, estimated once at index time from a low-resolution image.
+
+Two descriptions of a slide's colour, both computed from its tissue pixels (the tissue mask,
+less near-white pixels) of the image the builder already reads to find tissue, so level 0 of a
+pyramid is never decoded:
+
+- Macenko (2009): the optical-density (OD) vectors of haematoxylin and eosin, and the 99th
+  percentile of each stain's concentration (its robust maximum). Normalising a tile is then a
+  fixed per-pixel map: OD, one 3x3 matrix, exp (`wsi_loader.stain`).
+- Reinhard (2001): the mean and standard deviation of each CIELAB channel.
+
+When that image is coarser than `SAMPLE_MPP` (a deep pyramid's overview) or is the level
+tiles are read from, shrunk (a slide with one level: the builder decodes all of it anyway), the
+pixels come from a few storage tiles over tissue of a level fine enough to resolve nuclei,
+read at full resolution instead (`slide_estimate`): a coarse picture averages intensities,
+which mixes stains with each other and with glass non-linearly in OD and pulls the estimated
+vectors inward and the concentrations down (7.2 degrees on CMU-1-Small-Region's eosin,
+against 0.3 from its level-0 pixels 1-in-4; on a synthetic 20,000 px pyramid estimated from its
+64x level, haematoxylin 18 degrees and its maximum concentration 0.70 against 2.05 at level 0,
+which normalised every tile to saturated red). The level sampled is the coarsest at most
+`SAMPLE_MPP` um/px and no finer than the read level (without an MPP: at most 4x the read level's
+downsample), so level 0 of a pyramid is decoded only when tiles are read from it and no
+coarser level resolves nuclei.
+
+A slide whose stain cannot be estimated (too little tissue, two stains that are not separable,
+vectors far from any H&E) gets a reason instead of an estimate: it is flagged, never failed.
+`archive_reference` is the median stain of an archive's slides, a normalisation target.
+
+The OD conventions are torchstain's (``Io = 240``, ``OD = -log((I + 1) / Io)``, pixels with an
+OD below ``beta = 0.15`` in any channel are background), so a target fitted here and one fitted
+by torchstain on the same image agree. Torch-free, like the rest of the index.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from wsi_loader.errors import InputError, SlideError
+from wsi_loader.files import write_file
+from wsi_loader.slides._base import SlideMeta, SlideReader, level_to_l0
+
+log = logging.getLogger(__name__)
+
+IO = 240.0  # transmitted light intensity (torchstain's default)
+BETA = 0.15  # OD below this in any channel: background or near-white (not stained)
+ALPHA = 1.0  # percentile of the angle distribution taken as each stain's extreme
+MAX_C_PERCENTILE = 99.0  # robust maximum concentration
+MIN_PIXELS = 2000  # fewer stained tissue pixels give no estimate
+MAX_PIXELS = 1 << 18  # more are subsampled (evenly): the estimate does not need them all
+MIN_SEPARATION_DEG = 5.0  # H and E closer than this are not two stains
+MAX_OFF_REFERENCE_DEG = 40.0  # a vector further than this from the H&E reference: not H&E
+SAMPLE_WINDOWS = 16  # storage tiles read at full resolution when the mask image is too coarse
+SAMPLE_PIXELS = 1 << 17  # of the sampled tiles' tissue pixels, evenly spread
+SAMPLE_MPP = 2.0  # um/px: the coarsest level that still resolves nuclei (4 px across or more)
+METHOD = 2  # slide estimates of this method (sampled levels) are kept on rebuild; older are redone
+SAMPLE_WINDOW_MAX = 512  # a larger storage tile (or a strip) is sampled in windows this wide
+
+# Macenko's reference (torchstain's default target): H and E OD vectors and max concentrations
+REFERENCE_H = (0.5626, 0.7201, 0.4062)
+REFERENCE_E = (0.2159, 0.8012, 0.5581)
+REFERENCE_MAX_C = (1.9705, 1.0308)
+
+FloatArray = npt.NDArray[np.float64]
+Vector = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class StainEstimate:
+    """A stain description: Macenko vectors and maximum concentrations, Reinhard LAB moments.
+
+    ``h``/``e`` are unit OD vectors (R, G, B); ``max_c`` the robust maximum concentrations of
+    H and E; ``lab_mean``/``lab_std`` CIELAB (L in 0..100) means and standard deviations;
+    ``pixels`` how many pixels they come from; ``source`` which pixels those were (a slide's:
+    ``"level 2"``, the builder's mask image; ``"level 0, 16 tiles"``, storage tiles at full
+    resolution).
+    """
+
+    h: Vector
+    e: Vector
+    max_c: tuple[float, float]
+    lab_mean: Vector
+    lab_std: Vector
+    pixels: int = 0
+    source: str = ""
+
+    def matrix(self) -> FloatArray:
+        """The (3, 2) stain matrix, columns H and E."""
+        return np.array([self.h, self.e], dtype=np.float64).T
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "H": [round(v, 6) for v in self.h],
+            "E": [round(v, 6) for v in self.e],
+            "max_concentrations": [round(v, 6) for v in self.max_c],
+            "lab_mean": [round(v, 4) for v in self.lab_mean],
+            "lab_std": [round(v, 4) for v in self.lab_std],
+            "pixels": self.pixels,
+            **({"source": self.source, "method": METHOD} if self.source else {}),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], source: str = "stain") -> StainEstimate:
+        """Parse (and check) `as_json`'s form: a file given as a target is untrusted input."""
+
+        def numbers(key: str, count: int, positive: bool = False) -> tuple[float, ...]:
+            value = data.get(key)
+            if (
+                not isinstance(value, list)
+                or len(value) != count
+                or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in value)
+                or (positive and not all(v > 0 for v in value))
+            ):
+                need = "positive " if positive else ""
+                raise InputError(f"{source}: {key!r} must be a list of {count} {need}numbers")
+            return tuple(float(v) for v in value)
+
+        if not isinstance(data, Mapping):
+            raise InputError(f"{source}: a stain is a JSON object with H, E, ... keys")
+        h, e = numbers("H", 3), numbers("E", 3)
+        for name, vector in (("H", h), ("E", e)):
+            if np.linalg.norm(vector) < 1e-6:
+                raise InputError(f"{source}: the {name} vector is zero")
+        pixels, where = data.get("pixels", 0), data.get("source", "")
+        return cls(
+            h=_unit(h),
+            e=_unit(e),
+            max_c=numbers("max_concentrations", 2, positive=True),  # type: ignore[arg-type]
+            lab_mean=numbers("lab_mean", 3),  # type: ignore[arg-type]
+            lab_std=numbers("lab_std", 3, positive=True),  # type: ignore[arg-type]
+            pixels=int(pixels) if isinstance(pixels, int) else 0,
+            source=where[:200] if isinstance(where, str) else "",
+        )
+
+
+def _unit(v: Iterable[float]) -> Vector:
+    a = np.asarray(list(v), dtype=np.float64)
+    a = a / np.linalg.norm(a)
+    return (float(a[0]), float(a[1]), float(a[2]))
+
+
+def angle_deg(a: Iterable[float], b: Iterable[float]) -> float:
+    """The angle between two vectors, in degrees."""
+    u, v = np.asarray(list(a), np.float64), np.asarray(list(b), np.float64)
+    cos = float(u @ v / (np.linalg.norm(u) * np.linalg.norm(v)))
+    return math.degrees(math.acos(max(-1.0, min(1.0, cos))))
+
+
+def optical_density(rgb: npt.NDArray[np.uint8], io: float = IO) -> FloatArray:
+    """``-log((I + 1) / io)`` per channel, as float64 ``(..., 3)``."""
+    table = -np.log((np.arange(256, dtype=np.float64) + 1.0) / io)
+    od: FloatArray = table[rgb]
+    return od
+
+
+_THREADS_SET: list[int] = []
+
+
+def single_threaded_opencv() -> None:
+    """One OpenCV thread in every process that runs our OpenCV calls (the LAB moments here,
+    the CPU stain kernels of `wsi_loader.stain`). Their parallelism is the index's and the
+    DataLoader's worker processes, and an OpenCV thread pool started in the main process is
+    inherited half-locked by forked workers, which then hang in their first OpenCV call
+    (seen: a fork after an epoch with ``num_workers=0``)."""
+    import cv2  # here: reading an index (info) needs no OpenCV
+
+    pid = os.getpid()
+    if [pid] != _THREADS_SET:
+        _THREADS_SET[:] = [pid]
+        cv2.setNumThreads(1)
+
+
+def rgb_to_lab(rgb: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+    """CIELAB (D65, sRGB gamma; L in 0..100) of uint8 RGB pixels ``(..., 3)``: OpenCV's float
+    conversion, which agrees with scikit-image's ``rgb2lab`` to ~0.01."""
+    import cv2
+
+    single_threaded_opencv()
+    pixels = np.ascontiguousarray(rgb, dtype=np.uint8).reshape(-1, 3)
+    # OpenCV converts row by row: one very long row is ~20x slower than rows of ~1k pixels
+    width = 1024
+    rows = -(-len(pixels) // width)
+    padded = np.zeros((rows * width, 3), dtype=np.float32)
+    padded[: len(pixels)] = pixels
+    padded *= 1.0 / 255.0
+    lab = np.asarray(cv2.cvtColor(padded.reshape(rows, width, 3), cv2.COLOR_RGB2Lab))
+    out = lab.reshape(-1, 3)[: len(pixels)].reshape(rgb.shape).astype(np.float32, copy=False)
+    return out
+
+
+def macenko_vectors(od: FloatArray, alpha: float = ALPHA) -> FloatArray:
+    """The (3, 2) stain matrix (columns H, E) of OD pixels ``(n, 3)`` that are all stained
+    (Macenko 2009: the plane of the two main eigenvectors, the robust extreme angles in it).
+
+    The eigenvectors are oriented along the mean OD first, so the angles do not wrap around
+    +-pi (the published algorithm leaves their signs to the eigen solver)."""
+    _, vectors = np.linalg.eigh(np.cov(od.T))
+    plane = vectors[:, [1, 2]]
+    mean = od.mean(axis=0)
+    if plane[:, 1] @ mean < 0:  # the principal direction points into the stained octant
+        plane[:, 1] = -plane[:, 1]
+    projected = od @ plane
+    phi = np.arctan2(projected[:, 1], projected[:, 0])
+    low, high = np.percentile(phi, [alpha, 100 - alpha])
+    v_min = plane @ np.array([math.cos(low), math.sin(low)])
+    v_max = plane @ np.array([math.cos(high), math.sin(high)])
+    # haematoxylin absorbs more red than eosin: the vector with the larger red OD is H
+    h, e = (v_min, v_max) if v_min[0] > v_max[0] else (v_max, v_min)
+    he: FloatArray = np.stack([h, e], axis=1)
+    return he
+
+
+def concentrations(od: FloatArray, he: FloatArray) -> FloatArray:
+    """Least-squares stain concentrations ``(2, n)`` of OD pixels ``(n, 3)``."""
+    c: FloatArray = np.linalg.pinv(he) @ od.T  # the least-squares solution (he has rank 2)
+    return c
+
+
+def check_vectors(he: FloatArray) -> str | None:
+    """Why a stain matrix is not a usable H&E estimate, or None."""
+    h, e = he[:, 0], he[:, 1]
+    separation = angle_deg(h, e)
+    if separation < MIN_SEPARATION_DEG:
+        return f"the two stains are not separable (vectors {separation:.1f} degrees apart)"
+    if (he < -0.05).any():
+        return "a stain vector has a negative optical density (not a brightfield H&E stain)"
+    off_h, off_e = angle_deg(h, REFERENCE_H), angle_deg(e, REFERENCE_E)
+    if max(off_h, off_e) > MAX_OFF_REFERENCE_DEG:
+        return (
+            f"the stain vectors are {off_h:.0f} (H) and {off_e:.0f} (E) degrees from H&E's; "
+            "not an H&E stain"
+        )
+    return None
+
+
+def is_stained(od: FloatArray) -> npt.NDArray[np.bool_]:
+    """Pixels stained enough to estimate from: an OD of at least `BETA` in every channel
+    (Macenko's and torchstain's rule; a rule on the summed OD, which keeps light eosin, gave
+    noisier vectors on the test slides)."""
+    keep: npt.NDArray[np.bool_] = np.all(od >= BETA, axis=-1)
+    return keep
+
+
+def _evenly(pixels: npt.NDArray[Any], limit: int) -> npt.NDArray[Any]:
+    """At most ``limit`` rows, evenly spaced (deterministic)."""
+    if len(pixels) <= limit:
+        return pixels
+    return pixels[np.linspace(0, len(pixels) - 1, limit).astype(np.int64)]
+
+
+def estimate_stain(
+    rgb: npt.NDArray[np.uint8], tissue: npt.NDArray[np.bool_] | None = None, source: str = ""
+) -> StainEstimate | str:
+    """The stain of an image's tissue: its pixels inside ``tissue`` (all when None) whose OD
+    is at least `BETA` in every channel. Returns the reason when there is no usable estimate."""
+    pixels = rgb.reshape(-1, 3) if tissue is None else rgb[tissue]
+    od = optical_density(pixels)
+    stained = is_stained(od)
+    count = int(stained.sum())
+    if count < MIN_PIXELS:
+        return (
+            f"too little stained tissue for a stain estimate ({count} pixels of the "
+            f"{source or 'image'}, at least {MIN_PIXELS} needed)"
+        )
+    od, pixels = _evenly(od[stained], MAX_PIXELS), _evenly(pixels[stained], MAX_PIXELS)
+    he = macenko_vectors(od)
+    problem = check_vectors(he)
+    if problem is not None:
+        return problem
+    c = concentrations(od, he)
+    max_c = np.percentile(c, MAX_C_PERCENTILE, axis=1)
+    if not (max_c > 0).all():
+        return "a stain has no positive concentration (not an H&E stain)"
+    lab = rgb_to_lab(pixels).astype(np.float64)
+    return StainEstimate(
+        h=_unit(he[:, 0]),
+        e=_unit(he[:, 1]),
+        max_c=(float(max_c[0]), float(max_c[1])),
+        lab_mean=tuple(float(v) for v in lab.mean(axis=0)),  # type: ignore[arg-type]
+        lab_std=tuple(float(v) for v in lab.std(axis=0) + 1e-6),  # type: ignore[arg-type]
+        pixels=count,
+        source=source,
+    )
+
+
+def slide_estimate(
+    reader: SlideReader,
+    image: npt.NDArray[np.uint8],
+    tissue: npt.NDArray[np.bool_],
+    mask_level: int,
+    read_level: int,
+) -> StainEstimate | str:
+    """A slide's stain from the builder's mask image (``image`` of level ``mask_level`` and its
+    ``tissue`` mask), or, when that image is coarser than `sample_level` or is that level
+    shrunk, from `SAMPLE_WINDOWS` of that level's storage tiles over tissue at full resolution
+    (see the module's docstring; a sample that cannot be read falls back to the image)."""
+    level = sample_level(reader.meta, read_level)
+    l_w, l_h = reader.meta.level_dimensions[mask_level]
+    if level < mask_level or image.shape[:2] != (l_h, l_w):
+        try:
+            pixels, windows = read_tissue_sample(reader, level, tissue)
+        except SlideError as exc:  # a corrupt tile: the mask image still has the colours
+            log.debug("stain sample of %s unreadable (%s): the mask image", reader.path, exc)
+        else:
+            if windows:  # evenly fewer: ~1M pixels cost 200 ms, and 2^17 estimate as well
+                sample = _evenly(pixels, SAMPLE_PIXELS)
+                return estimate_stain(sample, source=f"level {level}, {windows} tiles")
+    return estimate_stain(image, tissue, source=f"level {mask_level}")
+
+
+def sample_level(meta: SlideMeta, read_level: int) -> int:
+    """The level a slide's stain is sampled at: the coarsest level no finer than ``read_level``
+    that still resolves nuclei (at most `SAMPLE_MPP` um/px; without a plausible MPP, at most
+    4x the read level's downsample), else ``read_level``."""
+    base = meta.level_downsamples[read_level]
+    mpp = meta.usable_mpp
+    chosen = read_level
+    for level in range(read_level + 1, meta.level_count):
+        ds = meta.level_downsamples[level]
+        fine_enough = ds * mpp <= SAMPLE_MPP if mpp is not None else ds <= 4 * base
+        if fine_enough:
+            chosen = level
+    return chosen
+
+
+def read_tissue_sample(
+    reader: SlideReader, level: int, tissue: npt.NDArray[np.bool_], count: int = SAMPLE_WINDOWS
+) -> tuple[npt.NDArray[np.uint8], int]:
+    """The tissue pixels ``(n, 3)`` of up to ``count`` storage tiles of ``level`` (windows at
+    most `SAMPLE_WINDOW_MAX` wide), read at full resolution, and how many were read. ``tissue``
+    is the level's mask at any scale; the windows are those at least half tissue (the most
+    tissue when none is), evenly spread in raster order: deterministic, and one decode each."""
+    from wsi_loader.index._tissue import tile_fractions
+
+    meta = reader.meta
+    l_w, l_h = meta.level_dimensions[level]
+    ds = meta.level_downsamples[level]
+    tile_w, tile_h = meta.tile_sizes[level] if level < len(meta.tile_sizes) else (0, 0)
+    win_w = tile_w if 0 < tile_w <= SAMPLE_WINDOW_MAX else min(256, l_w)
+    win_h = tile_h if 0 < tile_h <= SAMPLE_WINDOW_MAX else min(256, l_h)
+    l_x, l_y = (a.ravel() for a in np.meshgrid(np.arange(0, l_w, win_w), np.arange(0, l_h, win_h)))
+    # the fractions in level pixels, with the level's size as the "level-0" frame
+    fraction = tile_fractions(tissue, (l_w, l_h), l_x, l_y, float(max(win_w, win_h)))
+    candidates = np.flatnonzero(fraction >= 0.5)
+    if len(candidates) < count:
+        candidates = np.sort(np.argsort(-fraction, kind="stable")[:count])
+        candidates = candidates[fraction[candidates] > 0]
+    if not len(candidates):
+        return np.zeros((0, 3), np.uint8), 0
+    picks = candidates[np.unique(np.linspace(0, len(candidates) - 1, count).round().astype(int))]
+    h_m, w_m = tissue.shape
+    found = []
+    for i in picks.tolist():
+        x, y = int(l_x[i]), int(l_y[i])
+        w, h = min(win_w, l_w - x), min(win_h, l_h - y)
+        window = reader.read_region(level_to_l0(x, ds), level_to_l0(y, ds), level, w, h)
+        rows = np.minimum((y + np.arange(h)) * h_m // l_h, h_m - 1)
+        cols = np.minimum((x + np.arange(w)) * w_m // l_w, w_m - 1)
+        found.append(window[tissue[rows][:, cols]])
+    return np.concatenate(found), len(picks)
+
+
+def stain_columns(
+    reader: SlideReader,
+    image: npt.NDArray[np.uint8],
+    tissue: npt.NDArray[np.bool_],
+    mask_level: int,
+    read_level: int,
+) -> dict[str, Any]:
+    """The slide record's ``stain`` and ``stain_error`` fields (`slide_estimate`'s arguments;
+    an estimate that fails is a reason, never an exception)."""
+    try:
+        found = slide_estimate(reader, image, tissue, mask_level, read_level)
+    except (ValueError, np.linalg.LinAlgError) as exc:  # a degenerate image (all one colour)
+        found = f"stain estimate failed: {exc}"
+    if isinstance(found, str):
+        return {"stain": None, "stain_error": found}
+    return {"stain": found.as_json(), "stain_error": None}
+
+
+def is_current(stain: Mapping[str, Any] | None, stain_error: str | None) -> bool:
+    """Whether a stored slide record's stain columns come from this estimation: a record from
+    before stain columns has neither, and an estimate of an older `METHOD` (from before
+    slides were sampled at a level that resolves nuclei) has another or none. The builder
+    estimates the others again (a few reads per slide, once)."""
+    if stain is None:
+        return stain_error is not None
+    return stain.get("method") == METHOD
+
+
+def fit_image(rgb: npt.NDArray[np.uint8]) -> StainEstimate:
+    """A target fitted from an RGB image the way torchstain's ``fit`` does it: the Macenko
+    vectors from pixels with OD >= beta, concentrations over all pixels; LAB moments (sample
+    standard deviation) over all pixels. Give a crop filled with tissue."""
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
+        raise InputError(
+            f"a stain target image must be uint8 (H, W, 3), got {rgb.dtype} {rgb.shape}"
+        )
+    pixels = rgb.reshape(-1, 3)
+    od = optical_density(pixels)
+    stained = od[(od >= BETA).all(axis=1)]
+    if len(stained) < 100:
+        raise InputError(
+            f"the stain target image has {len(stained)} stained pixels: too few for a target "
+            "(give a crop with tissue)"
+        )
+    he = macenko_vectors(stained)
+    max_c = _nearest_percentile(concentrations(od, he), MAX_C_PERCENTILE)
+    lab = rgb_to_lab(pixels).astype(np.float64)
+    return StainEstimate(
+        h=_unit(he[:, 0]),
+        e=_unit(he[:, 1]),
+        max_c=(float(max_c[0]), float(max_c[1])),
+        lab_mean=tuple(float(v) for v in lab.mean(axis=0)),  # type: ignore[arg-type]
+        lab_std=tuple(float(v) for v in lab.std(axis=0, ddof=1)),  # type: ignore[arg-type]
+        pixels=len(stained),
+    )
+
+
+def _nearest_percentile(values: FloatArray, q: float) -> FloatArray:
+    """torchstain's percentile (the k-th smallest, k = 1 + round(q/100 (n - 1))) per row."""
+    k = round(q / 100 * (values.shape[-1] - 1))
+    out: FloatArray = np.partition(values, k, axis=-1)[..., k]
+    return out
+
+
+def archive_reference(stains: Iterable[StainEstimate]) -> StainEstimate:
+    """The median stain of an archive: element-wise medians of the slides' vectors (made
+    unit again), maximum concentrations and LAB moments."""
+    found = list(stains)
+    if not found:
+        raise InputError("no slide has a stain estimate, so there is no archive reference")
+
+    def median(values: Iterable[Iterable[float]]) -> tuple[float, ...]:
+        return tuple(float(v) for v in np.median(np.array([list(v) for v in values]), axis=0))
+
+    return StainEstimate(
+        h=_unit(median(s.h for s in found)),
+        e=_unit(median(s.e for s in found)),
+        max_c=median(s.max_c for s in found),  # type: ignore[arg-type]
+        lab_mean=median(s.lab_mean for s in found),  # type: ignore[arg-type]
+        lab_std=median(s.lab_std for s in found),  # type: ignore[arg-type]
+        pixels=sum(s.pixels for s in found),
+    )
+
+
+def slide_estimates(
+    records: Iterable[tuple[str, Mapping[str, Any] | None]],
+) -> list[StainEstimate | None]:
+    """The `StainEstimate` of each slide record's (``path``, ``stain``) (None where it has
+    none); a malformed one is an `InputError` naming the slide (index files are input)."""
+    return [
+        None if stain is None else StainEstimate.from_json(stain, source=f"{path}: stain")
+        for path, stain in records
+    ]
+
+
+def summary(records: Iterable[tuple[str, Mapping[str, Any] | None]]) -> dict[str, Any]:
+    """``info --json``'s ``stain``: how many slides have an estimate, and the archive
+    reference (their median) when any has."""
+    found = [s for s in slide_estimates(records) if s is not None]
+    return {
+        "estimated": len(found),
+        "reference": archive_reference(found).as_json() if found else None,
+    }
+
+
+def read_reference(path: str | os.PathLike[str]) -> StainEstimate:
+    """A stain written by `write_reference` (``wsi-loader stain IDX --reference --out``)."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise InputError(
+            f"cannot read the stain reference: {exc.strerror or exc}", path=name
+        ) from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"not a JSON stain reference: {exc}", path=name) from exc
+    return StainEstimate.from_json(data, source=name)
+
+
+def write_reference(path: str | os.PathLike[str], stain: StainEstimate, source: str) -> None:
+    body = {**stain.as_json(), "source": source}
+    write_file(Path(path), (json.dumps(body, indent=1) + "\n").encode())

@@ -1,0 +1,12 @@
+"""Models over an index: specs (``torchvision:``, ``timm:``, ``package.module:callable``,
+TorchScript with a JSON config) resolved to a `Model` with its input recipe (`_specs`), and one
+model pass over an index that `features` and `predict` write from (`_pass`: strip-order reads,
+checked outputs, resume per slide, torchrun ranks, a timeout per slide).
+
+May import: `slides`, `index`, `stain`, `dataset`, `device` and the foundation modules.
+"""
+
+from wsi_loader.models._pass import PassOptions, PassReport, run_pass
+from wsi_loader.models._specs import Model, as_model, load_model
+
+__all__ = ["Model", "PassOptions", "PassReport", "as_model", "load_model", "run_pass"]

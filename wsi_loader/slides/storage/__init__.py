@@ -1,0 +1,25 @@
+"""Bytes below the readers: where a slide's bytes come from (local files, object stores,
+HTTP) and how they are fetched (range planning and coalescing, a byte cache, look-ahead,
+local copies of whole remote slides).
+
+Readers ask for byte ranges and never know where the bytes come from. May import: the
+foundation modules (`wsi_loader.errors`, `wsi_loader.files`) only; never torch.
+
+- `_sources`: the `RangeStore` interface, URL helpers, opening a slide's bytes
+- `_request_plan`, `_range_cache`: which ranges to fetch together; the in-memory byte cache
+- `_remote`, `_remote_errors`, `_curl`, `_sigv4`: object-store and HTTP clients and their
+  errors mapped to ours
+- `_local_copies`: whole remote slides copied to a local cache folder (vendor formats that
+  only OpenSlide reads)
+"""
+
+from wsi_loader.slides.storage._sources import (
+    MAX_REQUEST,
+    Range,
+    RangeStore,
+    RemoteBytes,
+    RemoteStat,
+    coalesce,
+)
+
+__all__ = ["MAX_REQUEST", "Range", "RangeStore", "RemoteBytes", "RemoteStat", "coalesce"]
