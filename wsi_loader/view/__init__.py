@@ -40,7 +40,27 @@ _LAZY = {
     "stop_shown": _BROWSER,
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "COLOR_BY",
+    "QC_CLEAN",
+    "QC_COLOURS",
+    "STATUS_COLOURS",
+    "UNLABELLED",
+    "UNREADABLE",
+    "Cell",
+    "ColorBy",
+    "IndexSummary",
+    "Mosaic",
+    "SlideOverview",
+    "TileOptions",
+    "ViewerFrame",
+    "ViewerServer",
+    "create_app",
+    "serve",
+    "show",
+    "stop_shown",
+    "tissue_colour",
+]
 
 if TYPE_CHECKING:
     from wsi_loader.view._notebook import (
