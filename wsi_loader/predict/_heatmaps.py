@@ -22,7 +22,7 @@ from PIL import Image, ImageDraw
 from wsi_loader.errors import InputError
 from wsi_loader.index._lookup import resolve_slide
 from wsi_loader.index._table import SlideIndex
-from wsi_loader.predict._outputs import PREDICT_JSON, TilePredictions, read_run, slide_files
+from wsi_loader.predict._outputs import TilePredictions, read_run, slide_files, slide_stems
 from wsi_loader.predict._pictures import (
     Renders,
     hatch,
@@ -233,10 +233,9 @@ def prediction_heatmap(
             )
     sid = resolve_slide(index, slide)
     record = index.slides[sid]
-    entry = by_path.get(record.path)
-    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+    stem = slide_stems(run, predictions).get(record.path)
+    if stem is None:
         raise InputError(f"no predictions for {record.path}", path=os.fspath(predictions))
-    stem = safe_stem(entry["name"])
     tiles = TilePredictions.read_csv(slide_files(Path(predictions), stem)["csv"])
     side = int(tiles.boxes[0, 2]) if len(tiles.boxes) else 0
     failures = run.get("failures")
@@ -256,10 +255,3 @@ def prediction_heatmap(
         title=stem,
         max_size=max_size,
     )
-
-
-def safe_stem(name: str) -> str:
-    """A slide's file stem from predict.json, refused if it could leave its folder."""
-    if not name or name in (".", "..") or "/" in name or "\0" in name or name.startswith("."):
-        raise InputError(f"not a file name: {name!r}", path=PREDICT_JSON)
-    return name

@@ -17,7 +17,9 @@ import csv
 import hashlib
 import io
 import json
+import math
 import os
+import stat
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,7 @@ METRICS_JSON = "metrics.json"
 BOX_COLUMNS = ("minx", "miny", "width", "height")
 PROB_PREFIX = "prob_"
 MAX_CSV_BYTES = 2**31  # a slide's CSV is a few MB; more is not one of ours
+MAX_RUN_BYTES = 64 * 2**20  # predict.json: a few hundred bytes a slide
 _IDS = uuid.UUID("5b0c3c6e-6f1e-4d0e-9c1a-40d5a1e0c0de")  # namespace of tile object ids
 
 
@@ -120,39 +123,77 @@ class TilePredictions:
         return f'{{"type": "FeatureCollection", "features": [\n{body}\n]}}\n'.encode()
 
     @classmethod
-    def read_csv(cls, path: str | os.PathLike[str]) -> TilePredictions:
-        """A slide's ``model-outputs-csv`` file (ours or WSInfer's); `InputError` names the
-        file and the line at fault."""
+    def read_csv(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        follow_symlinks: bool = True,
+        max_bytes: int = MAX_CSV_BYTES,
+    ) -> TilePredictions:
+        """A slide's ``model-outputs-csv`` file (ours or WSInfer's): the box columns and the
+        ``prob_<class>`` columns in any order, other columns ignored, a UTF-8 BOM allowed,
+        blank lines skipped. Every value must be a finite number and every box non-empty;
+        boxes are rounded to whole level-0 pixels. `InputError` names the file (and the line)
+        at fault; a header alone is a table of no tiles. ``follow_symlinks=False`` (the
+        viewer, serving files of a folder to the network) refuses a symlink and anything but
+        a regular file; OSError is raised as it is."""
         where = os.fspath(path)
-        try:
-            if os.stat(where).st_size > MAX_CSV_BYTES:
-                raise InputError("too large for a model outputs CSV", path=where)
-            with open(where, encoding="utf-8", newline="") as fh:
-                rows = list(csv.reader(fh))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read: {exc}", path=where) from exc
-        if not rows:
-            raise InputError("empty: expected a header minx,miny,width,height,prob_...", path=where)
-        header = rows[0]
-        if tuple(header[:4]) != BOX_COLUMNS:
+        text = _read_text(where, follow_symlinks, max_bytes, "a model outputs CSV")
+        reader = csv.reader(io.StringIO(text))
+        header = [name.strip() for name in next(reader, [])]
+        missing = [name for name in BOX_COLUMNS if name not in header]
+        prob_columns = [name for name in header if name.startswith(PROB_PREFIX)]
+        if missing or not prob_columns:
             raise InputError(
-                f"the header must start with {','.join(BOX_COLUMNS)}, got {','.join(header[:4])}",
+                f"a prediction table needs the columns {', '.join(BOX_COLUMNS)} and "
+                f"prob_<class>; missing {', '.join(missing) or 'prob_ columns'}",
                 path=where,
                 line=1,
             )
-        prob = [i for i, name in enumerate(header) if name.startswith(PROB_PREFIX)]
-        if not prob:
-            raise InputError("no prob_<class> column", path=where, line=1)
-        classes = tuple(header[i][len(PROB_PREFIX) :] for i in prob)
-        boxes = np.zeros((len(rows) - 1, 4), dtype=np.int64)
-        probabilities = np.zeros((len(rows) - 1, len(prob)), dtype=np.float32)
-        for n, row in enumerate(rows[1:]):
+        wanted = [header.index(name) for name in (*BOX_COLUMNS, *prob_columns)]
+        values = []
+        for number, fields in enumerate(reader, start=2):
+            if not fields:
+                continue
             try:
-                boxes[n] = [round(float(v)) for v in row[:4]]
-                probabilities[n] = [float(row[i]) for i in prob]
-            except (ValueError, IndexError) as exc:
-                raise InputError(f"not a row of numbers: {exc}", path=where, line=n + 2) from None
-        return cls(boxes, probabilities, classes)
+                row = [float(fields[i]) for i in wanted]
+            except (ValueError, IndexError):
+                raise InputError(
+                    "a row whose boxes or probabilities are not numbers", path=where, line=number
+                ) from None
+            if not all(math.isfinite(v) for v in row) or row[2] <= 0 or row[3] <= 0:
+                raise InputError("a box that is empty or not finite", path=where, line=number)
+            values.append(row)
+        table = np.array(values, dtype=np.float64).reshape(len(values), 4 + len(prob_columns))
+        return cls(
+            np.rint(table[:, :4]).astype(np.int64),
+            table[:, 4:].astype(np.float32),
+            tuple(name[len(PROB_PREFIX) :] for name in prob_columns),
+        )
+
+
+def _read_text(where: str, follow_symlinks: bool, max_bytes: int, what: str) -> str:
+    """A file's UTF-8 text (BOM dropped), refused when larger than ``max_bytes``; without
+    ``follow_symlinks``, opened with O_NOFOLLOW and only when it is a regular file (a FIFO
+    would block a reader, a device would never end)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_symlinks else os.O_NOFOLLOW)
+    try:
+        fd = os.open(where, flags)
+    except OSError as exc:
+        if not follow_symlinks:
+            raise
+        raise InputError(f"cannot read: {exc.strerror or exc}", path=where) from exc
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError("not a regular file", path=where)
+        if info.st_size > max_bytes:
+            raise InputError(f"{info.st_size} bytes: too large for {what}", path=where)
+        raw = fh.read()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text ({exc.reason})", path=where) from None
 
 
 def slide_files(out: Path, stem: str) -> dict[str, Path]:
@@ -164,18 +205,41 @@ def slide_files(out: Path, stem: str) -> dict[str, Path]:
     }
 
 
-def read_run(out: str | os.PathLike[str]) -> dict[str, object]:
-    """``predict.json`` of a predictions folder; `InputError` when it is not one."""
+def read_run(out: str | os.PathLike[str], *, follow_symlinks: bool = True) -> dict[str, object]:
+    """``predict.json`` of a predictions folder; `InputError` when it is not one.
+    ``follow_symlinks=False`` (the viewer): opened as `TilePredictions.read_csv` opens a CSV
+    then, and a missing file is FileNotFoundError (a folder of WSInfer's has none)."""
     path = Path(out) / PREDICT_JSON
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
+    if follow_symlinks and not path.exists():
         raise InputError(
             "not a predictions folder (no predict.json): run wsi-loader predict first",
             path=str(out),
-        ) from exc
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read: {exc}", path=str(path)) from exc
+        )
+    text = _read_text(str(path), follow_symlinks, MAX_RUN_BYTES, "a predict.json")
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"not the JSON predict writes: {exc}", path=str(path)) from None
     if not isinstance(document, dict):
         raise InputError("not a predict.json (a JSON object)", path=str(path))
     return document
+
+
+def slide_stems(run: dict[str, object], out: str | os.PathLike[str]) -> dict[str, str]:
+    """The file stem of each slide path of a ``predict.json`` (``slides``: path -> {"name":
+    stem}), each checked to be a file name: one that could leave its folder, or a record
+    without one, is an `InputError` (guessing by name could show one slide's predictions on
+    another)."""
+    where = str(Path(out) / PREDICT_JSON)
+    slides = run.get("slides", {})
+    if not isinstance(slides, dict):
+        raise InputError("'slides' is not an object of slide paths", path=where)
+    stems = {}
+    for slide, entry in slides.items():
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str):
+            raise InputError(f"slide {slide!r} has no file name", path=where)
+        if not name or name in (".", "..") or "/" in name or "\0" in name or name[0] == ".":
+            raise InputError(f"slide {slide!r}: not a file name: {name!r}", path=where)
+        stems[slide] = name
+    return stems

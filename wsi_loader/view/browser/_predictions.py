@@ -10,12 +10,8 @@ and the line.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 import os
-import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,13 +22,15 @@ import numpy.typing as npt
 from wsi_loader.errors import InputError
 from wsi_loader.index._inputs import slide_name
 from wsi_loader.index._naming import safe_component
+from wsi_loader.predict._outputs import (
+    CSV_FOLDER,
+    PREDICT_JSON,
+    TilePredictions,
+    read_run,
+    slide_stems,
+)
 
-CSV_FOLDER = "model-outputs-csv"
-RUN_FILE = "predict.json"
-BOX_COLUMNS = ("minx", "miny", "width", "height")
-PROB_PREFIX = "prob_"
 MAX_FILE_BYTES = 512 * 2**20  # a table bigger than this is not a tile table
-MAX_RUN_BYTES = 64 * 2**20  # predict.json: a few hundred bytes a slide
 MAX_SPAN = 16  # lattice cells a box may cover along an edge (stride >= tile / 16)
 MAX_CELLS = 64 * 2**20  # heatmap pixels (level-0 area / stride^2)
 # viridis at 0, 0.25, 0.5, 0.75, 1 (as the static overviews colour tissue)
@@ -124,53 +122,13 @@ def _step(starts: npt.NDArray[np.float64], fallback: float) -> float:
 
 
 def read_table(path: str) -> PredictionTable:
-    """Parse one prediction CSV (raises `InputError` naming the file and line, or OSError)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise InputError("not a regular file", path=path)
-        if info.st_size > MAX_FILE_BYTES:
-            raise InputError(f"{info.st_size} bytes: too big for a prediction table", path=path)
-        raw = fh.read()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text ({exc.reason})", path=path) from None
-    reader = csv.reader(io.StringIO(text))
-    header = [name.strip() for name in next(reader, [])]
-    missing = [name for name in BOX_COLUMNS if name not in header]
-    prob_columns = [name for name in header if name.startswith(PROB_PREFIX)]
-    if missing or not prob_columns:
-        raise InputError(
-            f"a prediction table needs the columns {', '.join(BOX_COLUMNS)} and prob_<class>; "
-            f"missing {', '.join(missing) or 'prob_ columns'}",
-            path=path,
-            line=1,
-        )
-    wanted = [header.index(name) for name in (*BOX_COLUMNS, *prob_columns)]
-    values = []
-    for number, fields in enumerate(reader, start=2):
-        if not fields:
-            continue
-        try:
-            row = [float(fields[i]) for i in wanted]
-        except (ValueError, IndexError):
-            raise InputError(
-                "a row whose boxes or probabilities are not numbers", path=path, line=number
-            ) from None
-        if not all(math.isfinite(v) for v in row) or row[2] <= 0 or row[3] <= 0:
-            raise InputError("a box that is empty or not finite", path=path, line=number)
-        values.append(row)
-    if not values:
+    """One prediction CSV, read by predict's own reader without following symlinks (raises
+    `InputError` naming the file and line, or OSError); a table of no tiles is refused here,
+    having nothing to draw."""
+    tiles = TilePredictions.read_csv(path, follow_symlinks=False, max_bytes=MAX_FILE_BYTES)
+    if not len(tiles.boxes):
         raise InputError("no rows", path=path)
-    table = np.array(values, dtype=np.float64)
-    return PredictionTable(
-        path,
-        tuple(name[len(PROB_PREFIX) :] for name in prob_columns),
-        table[:, :4],
-        table[:, 4:].astype(np.float32),
-    )
+    return PredictionTable(path, tiles.classes, tiles.boxes.astype(np.float64), tiles.probabilities)
 
 
 class Predictions:
@@ -188,7 +146,7 @@ class Predictions:
             for entry in entries:
                 if entry.name.endswith(".csv") and entry.is_file(follow_symlinks=False):
                     self.files[entry.name[: -len(".csv")]] = entry.path
-        self.names = _names_by_path(self.folder / RUN_FILE)
+        self.names = _names_by_path(self.folder / PREDICT_JSON)
         self.keep = keep
         self._tables: dict[str, PredictionTable | InputError] = {}
         self._lock = threading.Lock()
@@ -229,30 +187,12 @@ class Predictions:
 
 
 def _names_by_path(path: Path) -> dict[str, str]:
-    """``predict.json``'s file stem of each slide path (``slides``: path -> {"name": stem});
-    empty when there is no such file. A file that is there but not such a record is said
-    (`InputError`): guessing by name could show one slide's predictions on another."""
+    """``predict.json``'s file stem of each slide path (`slide_stems`); empty when there is
+    no such file. A file that is there but not such a record is said (`InputError`)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        run = read_run(path.parent, follow_symlinks=False)
     except FileNotFoundError:
         return {}
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", path=str(path)) from None
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RUN_BYTES:
-            raise InputError("not a regular file of a predict run", path=str(path))
-        raw = fh.read()
-    try:
-        slides = json.loads(raw.decode("utf-8")).get("slides", {})
-    except (UnicodeDecodeError, ValueError, AttributeError):
-        raise InputError("not the JSON object predict writes", path=str(path)) from None
-    if not isinstance(slides, dict):
-        raise InputError("'slides' is not an object of slide paths", path=str(path))
-    names = {}
-    for slide, entry in slides.items():
-        name = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(name, str):
-            raise InputError(f"slide {slide!r} has no file name", path=str(path))
-        names[slide] = name
-    return names
+    return slide_stems(run, path.parent)
