@@ -336,7 +336,7 @@ def test_model_output_of_the_wrong_width_is_named(index: SlideIndex, tmp_path: P
 def test_the_float16_advice_comes_with_float16_runs_only(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from wsi_loader.cli.features import unfinished_slides
+    from wsi_loader.cli._model_pass import unfinished_slides
     from wsi_loader.models._pass import PassReport
 
     report = PassReport(failed_slides=[{"slide": "a.svs", "reason": "NaN"}])

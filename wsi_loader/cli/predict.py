@@ -4,21 +4,19 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+from wsi_loader.cli._model_pass import MODEL_PASS, pass_keywords, start, unfinished_slides
 from wsi_loader.cli.common import (
     COMMON,
     READS,
     TILES,
     Subparsers,
     class_names,
-    init_distributed,
     one_line,
 )
-from wsi_loader.cli.features import unfinished_slides
-from wsi_loader.cli.stain import add_stain_options, stain_option
+from wsi_loader.cli.stain import add_stain_options
 from wsi_loader.errors import ConfigError
 
 
@@ -26,7 +24,7 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "predict",
         help="run a trained model over every tile: per-slide CSV/GeoJSON, heatmaps, slide results",
-        parents=[COMMON, READS, TILES],
+        parents=[COMMON, READS, TILES, MODEL_PASS],
         description="Write DIR/model-outputs-csv/<slide>.csv (minx,miny,width,height,"
         "prob_<class>), DIR/model-outputs-geojson/<slide>.geojson (QuPath tile objects), "
         "DIR/heatmaps/<slide>.png, DIR/slides.csv, DIR/metrics.json (when slides or tiles have "
@@ -48,22 +46,9 @@ def register(sub: Subparsers) -> None:
         help="a bag model (package.module:callable or TorchScript) over FEATURES_DIR: "
         "features (1, N, D) -> logits, or (logits, attention)",
     )
-    p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--classes", type=class_names, metavar="A,B,..", help="class names, in order")
     p.add_argument("--multi-label", action="store_true", help="sigmoid per class, not softmax")
     p.add_argument("--tta", choices=["none", "flips", "d4"], default="none")
-    p.add_argument("--batch-size", type=int, default=64, metavar="B")
-    p.add_argument("--device", metavar="D", help="cuda, cuda:1, cpu (default: cuda if there)")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
-    p.add_argument("--workers", type=int, metavar="N", help="DataLoader workers")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=0,
-        metavar="S",
-        help="no batch for S seconds (a read that hangs): leave the slides being read for the "
-        "next run and go on (needs workers; 0: wait forever)",
-    )
     p.add_argument("--heatmap-class", metavar="NAME", help="draw this class only")
     p.add_argument("--heatmap-size", type=int, default=1024, metavar="PX")
     p.add_argument("--no-heatmaps", action="store_true")
@@ -88,7 +73,6 @@ def register(sub: Subparsers) -> None:
         "came from (finds the slides for heatmaps and labels; default: the paths in the files)",
     )
     p.add_argument("--labels", metavar="CSV", help="with --mil-model: slide labels for metrics")
-    p.add_argument("--no-progress", action="store_true")
     add_stain_options(p, config=True)
     p.set_defaults(run=run)
 
@@ -96,10 +80,7 @@ def register(sub: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from wsi_loader.predict._metrics import table
 
-    # `--model mymodels:classifier` finds mymodels.py in the current folder, as python -m does
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    init_distributed()
+    start(args)
     common = {
         "classes": args.classes,
         "multi_label": args.multi_label,
@@ -110,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
         "top_k": args.top_k,
         "threshold": args.threshold,
     }
-    stain = stain_option(args)  # --stain, --stain-target, or --config's stain section
-    if args.mil_model and stain is not None:
+    options = pass_keywords(args)
+    if args.mil_model and options["stain"] is not None:
         raise ConfigError(
             "--stain (or a stain section in --config) goes with --model: a MIL model reads "
             "features, stain them when you extract them (wsi-loader features --stain)",
@@ -145,17 +126,7 @@ def run(args: argparse.Namespace) -> int:
             args.model,
             args.out,
             tta=args.tta,
-            batch_size=args.batch_size,
-            device=args.device,
-            dtype=args.dtype,
-            workers=args.workers,
-            split=args.split,
-            root=args.root,
-            missing_slides=args.missing_slides,
-            quarantine=args.quarantine,
-            timeout=args.timeout,
-            progress=not args.no_progress,
-            stain=stain,
+            **options,
             **common,
         )
     print(

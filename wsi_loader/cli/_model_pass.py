@@ -1,0 +1,79 @@
+"""What `wsi-loader features` and `wsi-loader predict` share: the options of one model pass
+over an index (`wsi_loader.models.PassOptions`), turning them into the keyword arguments of
+`extract` and `predict`, and saying which slides a pass left unwritten."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from wsi_loader.cli.common import init_distributed, one_line
+from wsi_loader.cli.stain import stain_option
+
+if TYPE_CHECKING:
+    from wsi_loader.models._pass import PassReport
+
+MODEL_PASS = argparse.ArgumentParser(add_help=False)
+MODEL_PASS.add_argument("--out", required=True, metavar="DIR")
+MODEL_PASS.add_argument("--batch-size", type=int, default=64, metavar="B")
+MODEL_PASS.add_argument("--device", metavar="D", help="cuda, cuda:1, cpu (default: cuda if there)")
+MODEL_PASS.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+MODEL_PASS.add_argument("--workers", type=int, metavar="N", help="DataLoader workers")
+MODEL_PASS.add_argument(
+    "--timeout",
+    type=float,
+    default=0,
+    metavar="S",
+    help="no batch for S seconds (a read that hangs): leave the slides being read for the "
+    "next run and go on (needs workers; 0: wait forever)",
+)
+MODEL_PASS.add_argument("--no-progress", action="store_true")
+
+
+def start(args: argparse.Namespace) -> None:
+    """Before the model is loaded: ``--model mymodels:encoder`` finds mymodels.py in the
+    current folder, as ``python -m`` would; under torchrun, join the process group."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    init_distributed()
+
+
+def pass_keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """The pass's options as `extract` and `predict` take them (the fields of `PassOptions`):
+    the shared reading options (--split, --root, --missing-slides, --quarantine), those of
+    `MODEL_PASS`, and the stain transforms (--stain, --stain-target or --config's section)."""
+    return {
+        "batch_size": args.batch_size,
+        "device": args.device,
+        "dtype": args.dtype,
+        "workers": args.workers,
+        "split": args.split,
+        "root": args.root,
+        "missing_slides": args.missing_slides,
+        "quarantine": args.quarantine,
+        "timeout": args.timeout,
+        "progress": not args.no_progress,
+        "stain": stain_option(args),
+    }
+
+
+def unfinished_slides(report: PassReport, dtype: str | None = None) -> int:
+    """Print the slides a pass did not write and why; the exit code (1 when there are any).
+    ``dtype``: the pass's --dtype (float16 overflows: the advice names it only then)."""
+    for entry in report.incomplete:
+        print(
+            f"  not written: {one_line(entry['slide'])}: {one_line(entry['reason'])}",
+            file=sys.stderr,
+        )
+    for entry in report.failed_slides:
+        print(f"  failed: {one_line(entry['slide'])}: {one_line(entry['reason'])}", file=sys.stderr)
+    if report.incomplete:
+        print("error: some slides could not be read; run the command again", file=sys.stderr)
+    if report.failed_slides:
+        advice = " (with --dtype float16, try float32 or bfloat16)" if dtype == "float16" else ""
+        print(
+            f"error: the model's outputs were not finite for some slides{advice}", file=sys.stderr
+        )
+    return 1 if report.incomplete or report.failed_slides else 0
