@@ -51,3 +51,9 @@ def h5_file_names(index: SlideIndex, slide_ids: list[int]) -> dict[int, str]:
         taken.add(stem)
         names[sid] = f"{stem}.h5"
     return names
+
+
+def bag_stem(name: str) -> str:
+    """The file stem of a MIL output (attention CSV, heatmap) for a feature bag's slide name
+    (`FeatureBagDataset` names bags by their h5 stems, file names already)."""
+    return name.replace(os.sep, "_")

@@ -33,6 +33,7 @@ from wsi_loader.device._devices import resolve_device
 from wsi_loader.errors import ConfigError, ModelOutputError
 from wsi_loader.files import write_file
 from wsi_loader.index._inputs import slide_name
+from wsi_loader.index._naming import bag_stem
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.models._pass import write_json
 from wsi_loader.models._specs import Model, as_model, class_names_of, weights_digest
@@ -280,7 +281,7 @@ def _write_attention(
     ranked = ranks.astype(np.float32).astype(str).T.tolist()
     for box, a, r in zip(boxes.tolist(), raw, ranked, strict=True):
         writer.writerow([*box, *a, *r])
-    write_file(out / ATTENTION_FOLDER / f"{_stem(slide)}.csv", text.getvalue().encode())
+    write_file(out / ATTENTION_FOLDER / f"{bag_stem(slide)}.csv", text.getvalue().encode())
 
 
 def _heatmap(
@@ -307,12 +308,7 @@ def _heatmap(
         where, boxes, _ranks(attention).T, columns, show=show, mpp=mpp, title=slide,
         label="attention (rank in the slide)", max_size=size,
     )  # fmt: skip
-    picture.save(out / HEATMAP_FOLDER / f"{_stem(slide)}.png")
-
-
-def _stem(slide: str) -> str:
-    """A file stem for a slide name (FeatureBagDataset's names are h5 stems: safe already)."""
-    return slide.replace(os.sep, "_")
+    picture.save(out / HEATMAP_FOLDER / f"{bag_stem(slide)}.png")
 
 
 def _slides_csv(rows: list[dict[str, Any]], classes: tuple[str, ...]) -> bytes:
