@@ -373,7 +373,7 @@ def test_reinhard_cpu_kernel_equals_the_cielab_formulas(scale: tuple, shift: tup
     """The CPU kernel takes the map apart (a LUT, 3x3 maps, powers; the linear toes only
     for tiles with pixels that dark): every colour of a grid, dark and out-of-gamut ones
     too, within 1 grey level of CIELAB's float64 formulas."""
-    from wsi_loader.stain._transforms import LabAffine
+    from wsi_loader.stain._kernels import LabAffine
 
     grid = _colour_grid()
     out = np.empty_like(grid)
@@ -393,7 +393,7 @@ def test_reinhard_cpu_kernel_equals_the_cielab_formulas(scale: tuple, shift: tup
 def test_log_linear_cpu_kernel_clips_dark_pixels_at_zero_in_every_channel() -> None:
     """io * exp(y) - sub below zero is 0 in all three channels (OpenCV's cv2.max with a plain
     float clipped the first channel only: the other two came out as |value|, up to 1)."""
-    from wsi_loader.stain._transforms import LogLinear
+    from wsi_loader.stain._kernels import LogLinear
 
     kernel = LogLinear(io=240.0, sub=1.0)  # StainJitter's
     black = np.zeros((4, 256, 3), np.uint8)

@@ -39,7 +39,7 @@ def stain_option(args: argparse.Namespace, config: StainConfig | None = None) ->
     """The stain transforms the options ask for (a `wsi_loader.stain.Normalize`, or the list
     a config's ``stain`` section makes), or None. ``config``: that section, when the command
     read the file already; else the one of ``--config`` (if given)."""
-    from wsi_loader.stain._transforms import stain_from_config
+    from wsi_loader.stain._build import stain_from_config
 
     target = getattr(args, "stain_target", None)
     method = getattr(args, "stain", None)
@@ -80,7 +80,7 @@ def _vector(values: list[float]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from wsi_loader.index._stain_estimates import write_reference
-    from wsi_loader.stain._transforms import resolve_target
+    from wsi_loader.stain._targets import resolve_target
 
     index = open_index(args)
     if args.reference or args.target or args.out:

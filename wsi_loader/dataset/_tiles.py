@@ -33,7 +33,7 @@ from wsi_loader.errors import ConfigError
 from wsi_loader.index._health import require_slides
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.slides._pool import HandlePool
-from wsi_loader.stain._transforms import as_stain
+from wsi_loader.stain._build import as_stain
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from wsi_loader.device._devices import resolve_device
 from wsi_loader.errors import ConfigError, TileReadError
 from wsi_loader.index._quarantine import Quarantine
 from wsi_loader.index._table import SlideIndex
-from wsi_loader.stain._transforms import as_stain
+from wsi_loader.stain._build import as_stain
 
 log = logging.getLogger(__name__)
 

@@ -79,7 +79,7 @@ from wsi_loader.parallel import (
     run_all,
 )
 from wsi_loader.permutation import RandomPermutation
-from wsi_loader.stain._transforms import as_stain, from_spec
+from wsi_loader.stain._build import as_stain, from_spec
 
 log = logging.getLogger(__name__)
 

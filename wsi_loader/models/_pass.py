@@ -55,7 +55,7 @@ from wsi_loader.files import replacing
 from wsi_loader.index._table import SlideIndex, SlideRecord
 from wsi_loader.models._specs import Model, weights_digest
 from wsi_loader.parallel import progress_bar
-from wsi_loader.stain._transforms import as_stain
+from wsi_loader.stain._build import as_stain
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from wsi_loader.predict._pictures import (
     scale_bar,
     slide_thumbnail,
 )
-from wsi_loader.stain._transforms import as_stain
+from wsi_loader.stain._build import as_stain
 
 ColorBy = Literal["tissue", "label", "status", "annotation", "qc"]
 COLOR_BY: tuple[str, ...] = ("tissue", "label", "status", "annotation", "qc")
