@@ -349,7 +349,7 @@ def test_feature_bag_labels_are_checked_as_index_labels_are(
 # In every reading process: reads of good.svs hang, as on a share that stopped answering
 GOOD_HANGS = """
 import time
-from wsi_loader.slides import tiff_backend
+from wsi_loader.slides import _tiff as tiff_backend
 
 _raw = tiff_backend.TiffReader._raw
 

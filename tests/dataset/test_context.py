@@ -17,7 +17,7 @@ from wsi_loader.dataset._reading import TileReader
 from wsi_loader.errors import ConfigError, TileReadError
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.slides._base import rgba_to_rgb
-from wsi_loader.slides._tiff import _Level
+from wsi_loader.slides._tiff_decode import Level
 
 # a 40x scan: 0.25 um/px, levels of downsample exactly 1, 4, 16 (0.25, 1.0 and 4.0 um/px;
 # non-integer downsamples are another matter: README, "Reading and failures")
@@ -209,13 +209,13 @@ def test_overlapping_context_windows_share_decoded_storage_tiles(
     tiles for their 2.0 um/px context: each is decoded once per batch read, whatever the
     number of threads."""
     decodes: list[tuple[int, int]] = []  # (id of the level's geometry, DCT scale)
-    original = _Level.decode_jpeg
+    original = Level.decode_jpeg
 
-    def counting(self: _Level, data: bytes, out=None, scale: int = 1):  # type: ignore[no-untyped-def]
+    def counting(self: Level, data: bytes, out=None, scale: int = 1):  # type: ignore[no-untyped-def]
         decodes.append((id(self), scale))
         return original(self, data, out, scale)
 
-    monkeypatch.setattr(_Level, "decode_jpeg", counting)
+    monkeypatch.setattr(Level, "decode_jpeg", counting)
     cols = fine_index.columns
     one_row = np.flatnonzero(cols["l0_y"] == cols["l0_y"][len(fine_index) // 2])
     assert len(one_row) >= 6

@@ -135,24 +135,24 @@ def test_a_single_level_slide_is_not_decoded_at_full_resolution_for_its_mask(
     """A slide without a pyramid has only level 0 to find tissue on: its JPEG tiles are
     decoded shrunk (libjpeg's DCT scaling at 1/8), not at full size and then averaged; only
     the last few pixels of a side that is not a whole number of mask pixels are not."""
-    from wsi_loader.slides import _tiff as tiff_backend
+    from wsi_loader.slides._tiff_decode import Level
 
     path = _single_level_jpeg_tiff(tmp_path / "flat scan.v2.tif", 4096, 3072)
     scales: list[int] = []
-    decode = tiff_backend._Level.decode_jpeg
+    decode = Level.decode_jpeg
 
     def spy(level: object, data: bytes, out: object = None, scale: int = 1) -> np.ndarray:
         scales.append(scale)
         return decode(level, data, out, scale)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tiff_backend._Level, "decode_jpeg", spy)
+    monkeypatch.setattr(Level, "decode_jpeg", spy)
     with open_slide(str(path), "tiff") as slide:
         assert slide.meta.level_count == 1
         image, level = read_mask_image(slide, max_size=max_size)
     assert level == 0 and image.shape == (-(-3072 // factor), -(-4096 // factor), 3)
     full_size = [s for s in scales if s == 1]
     assert scales.count(8) == 12 * 16 and len(full_size) <= 12 + 16  # the last column and row
-    monkeypatch.setattr(tiff_backend._Level, "decode_jpeg", decode)
+    monkeypatch.setattr(Level, "decode_jpeg", decode)
     with open_slide(str(path), "tiff") as slide:
         full = slide.read_region(0, 0, 0, 4096, 3072)
     expected = _block_means(full, factor)  # the same picture as a full decode averaged down

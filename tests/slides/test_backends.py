@@ -12,7 +12,8 @@ from tests.conftest import SlideFactory
 from wsi_loader.errors import SlideNotFoundError, SlideOpenError, TileReadError
 from wsi_loader.slides import open_slide
 from wsi_loader.slides._base import SlideReader, resize, rgba_to_rgb
-from wsi_loader.slides._tiff import TiffReader, to_rgb
+from wsi_loader.slides._tiff import TiffReader
+from wsi_loader.slides._tiff_decode import to_rgb
 
 BACKENDS = ["openslide", "tiff"]
 

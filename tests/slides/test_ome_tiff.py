@@ -11,7 +11,7 @@ import tifffile
 
 from wsi_loader.index import build_index
 from wsi_loader.slides import open_slide
-from wsi_loader.slides._tiff import _ome_mpps
+from wsi_loader.slides._tiff_meta import ome_mpps
 
 SIZE = (1536, 2048)  # height, width
 
@@ -149,7 +149,7 @@ def test_ome_tiff_is_indexed_at_a_target_mpp(tmp_path: Path) -> None:
     ],
 )
 def test_unusable_ome_xml_gives_no_mpp(xml: str) -> None:
-    assert _ome_mpps(xml)[0] is None
+    assert ome_mpps(xml)[0] is None
 
 
 def test_ome_mpp_reads_the_first_image_with_any_schema_namespace() -> None:
@@ -158,7 +158,7 @@ def test_ome_mpp_reads_the_first_image_with_any_schema_namespace() -> None:
         '<Image ID="Image:0"><Pixels PhysicalSizeX="0.2628" PhysicalSizeXUnit="µm"/></Image>'
         '<Image ID="Image:1"><Pixels PhysicalSizeX="12.0"/></Image></OME>'
     )
-    assert _ome_mpps(xml)[0] == pytest.approx(0.2628)
+    assert ome_mpps(xml)[0] == pytest.approx(0.2628)
 
 
 def test_ome_pixels_that_are_not_square_are_said_in_the_index(tmp_path: Path) -> None:

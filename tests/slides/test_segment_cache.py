@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wsi_loader.slides._tiff import SegmentCache, TiffReader
+from wsi_loader.slides._segment_cache import SegmentCache
+from wsi_loader.slides._tiff import TiffReader
 
 KB = 1024
 

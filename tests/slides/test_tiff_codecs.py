@@ -100,12 +100,12 @@ def test_a_programming_error_propagates_instead_of_becoming_a_bad_tile(
     index, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     from wsi_loader.dataset._reading import TileReader
-    from wsi_loader.slides import _tiff as tiff_backend
+    from wsi_loader.slides._tiff_decode import Level
 
     def bug(*args: object, **kwargs: object) -> None:
         raise TypeError("a bug, not bad data")
 
-    monkeypatch.setattr(tiff_backend._Level, "decode_jpeg", bug)
+    monkeypatch.setattr(Level, "decode_jpeg", bug)
     reader = TileReader(index)
     with pytest.raises(TypeError, match="a bug"):
         reader.read([0, 1], threads=1)

@@ -29,7 +29,8 @@ import openslide
 from wsi_loader.errors import SlideNotFoundError, SlideOpenError
 from wsi_loader.slides._base import NOT_REGULAR, SlideReader
 from wsi_loader.slides._openslide import OpenSlideReader
-from wsi_loader.slides._tiff import SegmentCache, TiffReader
+from wsi_loader.slides._segment_cache import SegmentCache
+from wsi_loader.slides._tiff import TiffReader
 from wsi_loader.slides.storage._local_copies import LocalCopies
 from wsi_loader.slides.storage._sources import RangeStore, is_url, local_path
 

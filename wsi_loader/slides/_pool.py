@@ -22,7 +22,7 @@ import openslide
 
 from wsi_loader.slides._base import BytesLRU, KeepsLayout, SlideReader, supports
 from wsi_loader.slides._open import open_slide
-from wsi_loader.slides._tiff import SegmentCache
+from wsi_loader.slides._segment_cache import SegmentCache
 from wsi_loader.slides.storage._local_copies import DEFAULT_FOLDER, DEFAULT_MAX_BYTES, LocalCopies
 from wsi_loader.slides.storage._sources import RangeStore
 
