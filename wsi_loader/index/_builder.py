@@ -40,21 +40,16 @@ from wsi_loader.index._inputs import (
     identify,
     join_labels,
 )
+from wsi_loader.index._labels import warn_missing_spelt, warn_similar, warn_split_gaps
 from wsi_loader.index._lowres import FloatArray, TileBoxes
 from wsi_loader.index._quarantine import Quarantine, coords_in
 from wsi_loader.index._stain_estimates import is_current as stain_is_current
-from wsi_loader.index._table import (
-    CURRENT,
-    TILE_COLUMNS,
-    SlideIndex,
-    SlideRecord,
-    TileArrays,
+from wsi_loader.index._table import SlideIndex
+from wsi_loader.index._table_files import CURRENT, TILE_COLUMNS, SlideRecord, TileArrays
+from wsi_loader.index._table_writer import (
     exclusive_build,
     records_by_path,
     split_tiles,
-    warn_missing_spelt,
-    warn_similar,
-    warn_split_gaps,
     write_index,
 )
 from wsi_loader.index._tissue_masks import MaskReport, match_masks
