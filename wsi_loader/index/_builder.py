@@ -30,16 +30,9 @@ from wsi_loader.errors import (
 )
 from wsi_loader.index import _qc as qc
 from wsi_loader.index._analyses import analyse_slide
+from wsi_loader.index._fingerprints import content_key, fingerprint, identify
 from wsi_loader.index._geometry import grid, mag_disagreement, plan_read
-from wsi_loader.index._inputs import (
-    LabelReport,
-    SlideEntry,
-    content_key,
-    discover,
-    fingerprint,
-    identify,
-    join_labels,
-)
+from wsi_loader.index._inputs import LabelReport, SlideEntry, discover, join_labels
 from wsi_loader.index._labels import warn_missing_spelt, warn_similar, warn_split_gaps
 from wsi_loader.index._lowres import FloatArray, TileBoxes
 from wsi_loader.index._quarantine import Quarantine, coords_in

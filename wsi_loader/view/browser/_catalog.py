@@ -16,8 +16,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from wsi_loader.index._fingerprints import content_key
 from wsi_loader.index._health import slide_problem
-from wsi_loader.index._inputs import content_key
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.index._table_files import SlideRecord
 from wsi_loader.slides.storage._sources import is_url
