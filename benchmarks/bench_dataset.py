@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from wsi_loader.dataset import DistributedTileSampler, TileDataset
 from wsi_loader.index import SlideIndex, SlideRecord, build_index
-from wsi_loader.index._table import write_index
+from wsi_loader.index._table_writer import write_index
 
 
 def uss_mb(pid: int) -> float:

@@ -27,7 +27,7 @@ from common import scratch_folder, synthetic_slide
 from wsi_loader.dataset._reading import threads_per_process
 from wsi_loader.export import export_index
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.index._table import write_index
+from wsi_loader.index._table_writer import write_index
 
 
 def plain_loop(index: SlideIndex, out: Path, image_format: str) -> float:

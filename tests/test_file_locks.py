@@ -52,7 +52,7 @@ def test_a_build_already_running_is_still_refused_where_locks_work(
     archive: Path, tmp_path: Path
 ) -> None:
     from wsi_loader.errors import IndexFormatError
-    from wsi_loader.index._table import exclusive_build
+    from wsi_loader.index._table_writer import exclusive_build
 
     with (
         exclusive_build(tmp_path / "idx"),

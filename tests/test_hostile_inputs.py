@@ -14,7 +14,7 @@ import pytest
 
 from wsi_loader import ConfigError, IndexFormatError, SlideIndex, build_index, load_config
 from wsi_loader.cli import main
-from wsi_loader.index import _table as table_module
+from wsi_loader.index import _table_writer as writer_module
 
 
 @pytest.mark.parametrize("mpp", ["inf", "nan", "1e9", "-1"])
@@ -101,7 +101,7 @@ def test_a_full_disk_leaves_the_previous_index(
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(table_module.np, "save", full)
+    monkeypatch.setattr(writer_module.np, "save", full)
     with pytest.raises(IndexFormatError, match=r"No space left on device.*unchanged"):
         build_index([archive], built, level=0, min_tissue=0.0, tile_size=128)
     monkeypatch.undo()

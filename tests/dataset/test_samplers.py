@@ -236,7 +236,8 @@ class _TwoLabelDataset:
     """Three slides of 10, 10 and 40 tiles; the first two labelled 0, the third 1."""
 
     def __init__(self) -> None:
-        from wsi_loader.index._table import SlideIndex, SlideRecord
+        from wsi_loader.index._table import SlideIndex
+        from wsi_loader.index._table_files import SlideRecord
 
         counts = [10, 10, 40]
         slide_id = np.repeat(np.arange(3), counts).astype(np.int32)
@@ -280,7 +281,8 @@ class _TileLabelDataset:
     tile_label = np.array([0, 0, 1, 0, 0, 0, 2, 0, 1, 0, 1, 0], dtype=np.int32)
 
     def __init__(self) -> None:
-        from wsi_loader.index._table import SlideIndex, SlideRecord
+        from wsi_loader.index._table import SlideIndex
+        from wsi_loader.index._table_files import SlideRecord
 
         slide_id = np.repeat(np.arange(2), 6).astype(np.int32)
         zeros = np.zeros(len(slide_id))

@@ -15,9 +15,9 @@ from tests.conftest import SlideFactory
 from wsi_loader.errors import IndexFormatError
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index import _builder as builder_module
-from wsi_loader.index import _table as table_module
+from wsi_loader.index import _table_writer as writer_module
+from wsi_loader.index._labels import label_order, similar_labels
 from wsi_loader.index._quarantine import Quarantine, coords_in
-from wsi_loader.index._table import label_order, similar_labels
 from wsi_loader.slides import open_slide
 
 
@@ -138,7 +138,7 @@ def test_killed_build_leaves_previous_index(
     def crash(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt("killed mid-write")
 
-    monkeypatch.setattr(table_module.np, "save", crash)
+    monkeypatch.setattr(writer_module.np, "save", crash)
     with pytest.raises(KeyboardInterrupt):
         build_index([archive], out, tile_size=64)
     monkeypatch.undo()

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from wsi_loader.errors import InputError
-from wsi_loader.index._inputs import discover, fingerprint, join_labels, read_manifest
+from wsi_loader.index._fingerprints import fingerprint
+from wsi_loader.index._inputs import discover, join_labels, read_manifest
 
 
 def write(path: Path, text: str) -> Path:

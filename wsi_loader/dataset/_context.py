@@ -37,7 +37,8 @@ import numpy.typing as npt
 from wsi_loader.config import DatasetConfig, validate
 from wsi_loader.errors import ConfigError, ResolutionError
 from wsi_loader.index._geometry import plan_read
-from wsi_loader.index._table import SlideIndex, SlideRecord
+from wsi_loader.index._table import SlideIndex
+from wsi_loader.index._table_files import SlideRecord
 from wsi_loader.slides._base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, SlideMeta, l0_to_level
 
 Scale = tuple[float, int]  # (mpp, size)

@@ -20,14 +20,11 @@ import torch
 from torch.utils.data import Dataset
 
 from wsi_loader.errors import ConfigError, InputError
-from wsi_loader.index._inputs import name_cell, read_csv_table, slide_name
+from wsi_loader.index._csv_tables import read_csv_table
+from wsi_loader.index._inputs import name_cell, slide_name
+from wsi_loader.index._labels import label_order, warn_missing_spelt, warn_similar
 from wsi_loader.index._naming import h5_file_names
-from wsi_loader.index._table import (
-    SlideIndex,
-    label_order,
-    warn_missing_spelt,
-    warn_similar,
-)
+from wsi_loader.index._table import SlideIndex
 
 Bag = dict[str, Any]
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from wsi_loader.errors import (
     TransientReadError,
     is_transient,
 )
-from wsi_loader.index._inputs import content_key, identify
+from wsi_loader.index._fingerprints import content_key, identify
 from wsi_loader.index._quarantine import Quarantine
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.slides._base import (

@@ -70,8 +70,9 @@ from wsi_loader.export._folder import (
 )
 from wsi_loader.files import append_line, locked, replacing, write_file
 from wsi_loader.index._health import require_slides
+from wsi_loader.index._labels import label_order
 from wsi_loader.index._naming import file_text, h5_file_names, key_component, safe_component
-from wsi_loader.index._table import SlideIndex, label_order
+from wsi_loader.index._table import SlideIndex
 from wsi_loader.parallel import (
     GivenUp,
     progress_bar,

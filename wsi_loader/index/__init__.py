@@ -6,7 +6,8 @@ This layer never imports torch, so indexing runs on machines without it.
 from wsi_loader.index._builder import build_index, index_slide
 from wsi_loader.index._qc import qc_filter
 from wsi_loader.index._quarantine import Quarantine
-from wsi_loader.index._table import SCHEMA_VERSION, TILE_COLUMNS, SlideIndex, SlideRecord
+from wsi_loader.index._table import SlideIndex
+from wsi_loader.index._table_files import SCHEMA_VERSION, TILE_COLUMNS, SlideRecord
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -24,7 +24,7 @@ from wsi_loader.index import _qc as qc
 from wsi_loader.index._focus import measure_sharpness
 from wsi_loader.index._lowres import FloatArray, LowResolution, TileBoxes
 from wsi_loader.index._stain_estimates import stain_columns
-from wsi_loader.index._table import SlideRecord
+from wsi_loader.index._table_files import SlideRecord
 from wsi_loader.index._tissue import (
     DARK_FIELD_BRIGHTNESS,
     BoolArray,

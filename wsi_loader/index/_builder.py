@@ -30,31 +30,19 @@ from wsi_loader.errors import (
 )
 from wsi_loader.index import _qc as qc
 from wsi_loader.index._analyses import analyse_slide
+from wsi_loader.index._fingerprints import content_key, fingerprint, identify
 from wsi_loader.index._geometry import grid, mag_disagreement, plan_read
-from wsi_loader.index._inputs import (
-    LabelReport,
-    SlideEntry,
-    content_key,
-    discover,
-    fingerprint,
-    identify,
-    join_labels,
-)
+from wsi_loader.index._inputs import LabelReport, SlideEntry, discover, join_labels
+from wsi_loader.index._labels import warn_missing_spelt, warn_similar, warn_split_gaps
 from wsi_loader.index._lowres import FloatArray, TileBoxes
 from wsi_loader.index._quarantine import Quarantine, coords_in
 from wsi_loader.index._stain_estimates import is_current as stain_is_current
-from wsi_loader.index._table import (
-    CURRENT,
-    TILE_COLUMNS,
-    SlideIndex,
-    SlideRecord,
-    TileArrays,
+from wsi_loader.index._table import SlideIndex
+from wsi_loader.index._table_files import CURRENT, TILE_COLUMNS, SlideRecord, TileArrays
+from wsi_loader.index._table_writer import (
     exclusive_build,
     records_by_path,
     split_tiles,
-    warn_missing_spelt,
-    warn_similar,
-    warn_split_gaps,
     write_index,
 )
 from wsi_loader.index._tissue_masks import MaskReport, match_masks

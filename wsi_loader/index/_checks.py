@@ -15,15 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from wsi_loader.errors import IndexFormatError
-
-if TYPE_CHECKING:  # table.py imports this module to check what it opens
-    from wsi_loader.index._table import SlideRecord
+from wsi_loader.index._table_files import SlideRecord
 
 Floats = npt.NDArray[np.float64]
 MAX_TILE_SIZE = 16_384  # IndexConfig.tile_size's bound

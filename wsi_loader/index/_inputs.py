@@ -17,32 +17,18 @@ prefix is listed (recursively) like a folder, a URL glob is expanded, manifests 
 
 from __future__ import annotations
 
-import csv
-import errno
 import glob
-import hashlib
-import io
 import math
 import os
-import posixpath
 import re
-import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PureWindowsPath
 
-from wsi_loader.config import close_key
-from wsi_loader.errors import InputError, SlideError
+from wsi_loader.errors import InputError
+from wsi_loader.index._csv_tables import read_csv_rows, read_csv_table
 from wsi_loader.slides._base import MIN_PLAUSIBLE_MPP
-from wsi_loader.slides.storage._sources import (
-    is_url,
-    list_objects,
-    local_path,
-    read_range,
-    remote_content,
-    remote_stat,
-    url_join,
-)
+from wsi_loader.slides.storage._sources import is_url, list_objects, local_path, url_join
 
 SLIDE_SUFFIXES = frozenset(
     {
@@ -61,13 +47,6 @@ SLIDE_SUFFIXES = frozenset(
     }
 )
 _GLOB_CHARS = set("*?[")
-# field separators of CSVs in the wild: ',' and, from spreadsheets in locales whose decimal
-# mark is a comma, ';'; tabs from copied sheets and R's write.table
-CSV_DELIMITERS = (",", ";", "\t")
-# a column this close to one a table reads is a misspelling of it (difflib's ratio: 'lable'
-# 0.8, 'splt' 0.89 of 'label', 'split'); 0.75 leaves a spreadsheet's own columns alone
-# ('slide' is 0.6 of 'split', 'map' 0.67 of 'mpp')
-MISSPELT_COLUMN = 0.75
 MANIFEST_COLUMNS = ("path", "label", "split", "mpp", "annotations")
 LABELS_COLUMNS = ("path", "slide", "label", "split")
 _DECIMAL_COMMA = re.compile(r"[+-]?\d*,\d+")
@@ -81,7 +60,7 @@ def is_dicom(path: str) -> bool:
     """True when ``path`` is a DICOM file (by its preamble; unreadable files are not, and
     neither is anything but a regular file: opening a FIFO would block). URLs: by name."""
     if is_url(path):
-        return _is_dicom_name(path)
+        return is_dicom_name(path)
     if not os.path.isfile(path):
         return False
     try:
@@ -120,7 +99,7 @@ class LabelReport:
         }
 
 
-def _is_dicom_name(path: str) -> bool:
+def is_dicom_name(path: str) -> bool:
     return Path(path).suffix.lower() in DICOM_SUFFIXES
 
 
@@ -134,14 +113,14 @@ def name_cell(value: str) -> str:
 def slide_name(path: str) -> str:
     """The name labels are joined by: the file stem, or the folder name for DICOM."""
     p = Path(path)
-    return p.parent.name if _is_dicom_name(path) or is_dicom(path) else p.stem
+    return p.parent.name if is_dicom_name(path) or is_dicom(path) else p.stem
 
 
 def slide_folder(path: str) -> tuple[str, ...]:
     """The folders a slide is in, as path parts (a DICOM slide: those of its series folder,
     whose name is the slide's name)."""
     p = Path(path)
-    return (p.parent.parent if _is_dicom_name(path) or is_dicom(path) else p.parent).parts
+    return (p.parent.parent if is_dicom_name(path) or is_dicom(path) else p.parent).parts
 
 
 def _scan_folder(folder: Path) -> list[str]:
@@ -179,7 +158,7 @@ def dicom_series_files(path: str) -> list[str]:
         for f in os.listdir(folder)
         if not f.startswith(".")
         and os.path.isfile(os.path.join(folder, f))
-        and (_is_dicom_name(f) or is_dicom(os.path.join(folder, f)))
+        and (is_dicom_name(f) or is_dicom(os.path.join(folder, f)))
     )
 
 
@@ -233,16 +212,6 @@ def _parse_mpp(value: str, path: str, line: int, decimal_comma: bool) -> float |
     return mpp
 
 
-def _csv_text(path: str) -> io.StringIO:
-    """A CSV file's text (a local file or a URL), decoded as UTF-8 (a BOM is dropped)."""
-    if is_url(path):
-        data = read_range(path, 0, remote_stat(path).size)
-    else:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    return io.StringIO(data.decode("utf-8-sig"), newline="")
-
-
 def _windows_absolute(value: str) -> bool:
     """``C:\\x``, ``C:/x`` or ``\\\\server\\share``: a path no POSIX machine can open."""
     return os.sep == "/" and _WINDOWS_ABSOLUTE.match(value) is not None
@@ -272,108 +241,6 @@ def _resolve(folder: str, value: str, table: str, line: int) -> str:
 
 def _folder_of(path: str) -> str:
     return path.rsplit("/", 1)[0] if is_url(path) else os.path.dirname(os.path.abspath(path))
-
-
-@dataclass(frozen=True)
-class CsvTable:
-    """A CSV's rows (line number, stripped cells by stripped lower-case column name) and the
-    field separator its header was found with."""
-
-    rows: list[tuple[int, dict[str, str]]]
-    delimiter: str
-
-
-def _names(header: list[str]) -> list[str]:
-    """Column names as matched: spreadsheet users write 'Slide' and 'Label' too."""
-    return [name.lower() for name in header]
-
-
-def _delimiter(text: str, required: Sequence[str]) -> tuple[str, list[str]]:
-    """The first of `CSV_DELIMITERS` that splits the header into a required column, and that
-    header; the comma's header when none does."""
-    headers = []
-    for delimiter in CSV_DELIMITERS:
-        first = next(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter), [])
-        header = [h.strip() for h in first]
-        if any(col in _names(header) for col in required):
-            return delimiter, header
-        headers.append(header)
-    return ",", headers[0]
-
-
-def _check_spelling(header: list[str], known: Sequence[str], path: str) -> None:
-    """Refuse a column that is not one of ``known`` but close to one: read as it is, it
-    would be ignored and its values lost without a word (every slide unlabelled)."""
-    for name in _names(header):
-        if name not in known:
-            hint = close_key(name, known, cutoff=MISSPELT_COLUMN)
-            if hint:
-                raise InputError(
-                    f"unknown column {name!r}{hint}; the columns read are {', '.join(known)}",
-                    path=path,
-                )
-
-
-def read_csv_table(path: str, required: Sequence[str], known: Sequence[str] = ()) -> CsvTable:
-    """A CSV with a header naming at least one of ``required``, separated by ',', ';' or
-    tabs (found from the header); a UTF-8 BOM is dropped. Errors name the file and line.
-    A column close to one of ``known`` (the columns the caller reads) but not one is an
-    error; other columns are the user's own and are left alone."""
-    try:
-        with _csv_text(path) as fh:
-            delimiter, header = _delimiter(fh.getvalue(), required)
-            if not header:
-                raise InputError("empty CSV (no header row)", path=path)
-            _check_spelling(header, known, path)
-            if not any(col in _names(header) for col in required):
-                raise InputError(
-                    f"header {header} has none of the required columns {list(required)} "
-                    "(fields separated by ',', ';' or tabs)",
-                    path=path,
-                )
-            first: dict[str, str] = {}
-            for name in header:
-                if name.lower() in first:
-                    raise InputError(
-                        f"columns {first[name.lower()]!r} and {name!r} are the same column "
-                        "(names are matched whatever their case)",
-                        path=path,
-                    )
-                first[name.lower()] = name
-            reader = csv.DictReader(fh, delimiter=delimiter)
-            rows = []
-            for row in reader:
-                if None in row:
-                    raise InputError(
-                        f"{len(header) + len(row[None])} fields where the header has {len(header)}",
-                        path=path,
-                        line=reader.line_num,
-                    )
-                rows.append(
-                    (
-                        reader.line_num,
-                        {k.strip().lower(): (v or "").strip() for k, v in row.items()},
-                    )
-                )
-            return CsvTable(rows, delimiter)
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"not UTF-8 text: {exc.reason} at byte {exc.start} (in Excel, save it as 'CSV UTF-8')",
-            path=path,
-        ) from exc
-    except csv.Error as exc:
-        raise InputError(f"malformed CSV: {exc}", path=path) from exc
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from exc
-    except SlideError as exc:  # a manifest URL that cannot be fetched
-        raise InputError(f"cannot read: {exc}", path=path) from exc
-
-
-def read_csv_rows(
-    path: str, required: Sequence[str], known: Sequence[str] = ()
-) -> list[tuple[int, dict[str, str]]]:
-    """The rows of `read_csv_table`."""
-    return read_csv_table(path, required, known).rows
 
 
 def read_manifest(path: str) -> list[SlideEntry]:
@@ -506,7 +373,7 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
     out, used, report = [], set(), LabelReport()
     for entry in entries:
         candidates = [("path", entry.path), ("slide", slide_name(entry.path))]
-        if _is_dicom_name(entry.path) or is_dicom(entry.path):
+        if is_dicom_name(entry.path) or is_dicom(entry.path):
             candidates.insert(1, ("path", os.path.dirname(entry.path)))
         hit = None
         for kind, key in candidates:
@@ -520,81 +387,3 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
         out.append(replace(entry, label=hit[0], split=hit[1] or entry.split) if hit else entry)
     report.unmatched_rows = [name for key, name in row_name.items() if key not in used]
     return out, report
-
-
-def _require_regular(path: str) -> os.stat_result:
-    """``os.stat(path)``, refusing anything but a regular file (opening a FIFO blocks)."""
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or folder)", path)
-    return st
-
-
-def _head_tail(path: str, size: int) -> bytes:
-    """The first and last 64 KiB of a file (the whole file when it is smaller)."""
-    with open(path, "rb") as fh:
-        chunks = [fh.read(65536)]
-        if size > 65536:
-            fh.seek(max(65536, size - 65536))
-            chunks.append(fh.read(65536))
-    return b"".join(chunks)
-
-
-def content_digest(size: int, head_tail: bytes) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(str(size).encode())
-    digest.update(head_tail)
-    return digest.hexdigest()
-
-
-def content_key(path: str) -> str:
-    """A digest of a file's size and first and last 64 KiB, without its name or mtime: equal
-    for copies of one slide, local or remote (used to keep a slide out of two splits, and to
-    tell a replaced slide). Raises OSError (or `SlideError` for a URL)."""
-    if is_url(path):
-        size = remote_stat(path).size
-        return content_digest(size, remote_content(path, size))
-    st = _require_regular(path)
-    return content_digest(st.st_size, _head_tail(path, st.st_size))
-
-
-def identify(path: str) -> tuple[int, int, str, str]:
-    """(size, mtime_ns, fingerprint, content) of a slide, each file read once.
-
-    The fingerprint covers names, sizes, mtimes and the first and last 64 KiB of every file
-    (DICOM: the series folder), so a rewrite that keeps size and mtime is still noticed; the
-    content digest (`content_key`) covers the first file's bytes only. Raises OSError when the
-    file is gone. An object (URL): its size, mtime, version (ETag) and first and last 64 KiB,
-    three requests."""
-    if is_url(path):
-        stat = remote_stat(path)
-        head_tail = remote_content(path, stat.size)
-        remote = hashlib.blake2b(digest_size=16)
-        remote.update(f"{posixpath.basename(path)}:{stat.size}:{stat.version};".encode())
-        remote.update(head_tail)
-        return stat.size, stat.mtime_ns, remote.hexdigest(), content_digest(stat.size, head_tail)
-    files = [path]
-    if _is_dicom_name(path) or is_dicom(path):
-        files = dicom_series_files(path) or [path]
-    digest = hashlib.blake2b(digest_size=16)
-    size = mtime = 0
-    content = ""
-    for file in files:
-        st = _require_regular(file)
-        size += st.st_size
-        mtime = max(mtime, st.st_mtime_ns)
-        name = os.fsencode(os.path.basename(file))  # file names need not be UTF-8
-        digest.update(name + f":{st.st_size}:{st.st_mtime_ns};".encode())
-        head_tail = _head_tail(file, st.st_size)
-        digest.update(head_tail)
-        if file == files[0]:
-            content = content_digest(st.st_size, head_tail)
-    if files[0] != path:  # DICOM: the content digest is the entry's own file
-        content = content_key(path)
-    return size, mtime, digest.hexdigest(), content
-
-
-def fingerprint(path: str) -> tuple[int, int, str]:
-    """(size, mtime_ns, digest) of a slide: `identify` without the content digest."""
-    size, mtime, digest, _ = identify(path)
-    return size, mtime, digest

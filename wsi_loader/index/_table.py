@@ -1,19 +1,5 @@
-"""The on-disk slide index: a slide table plus memory-mapped numpy tile columns.
-
-Layout of an index directory::
-
-    DIR/CURRENT              name of the live generation, replaced atomically
-    DIR/gen-000003/meta.json schema_version, build parameters, counts, label names, root
-    DIR/gen-000003/slides.json one record per slide (slide id = position)
-    DIR/gen-000003/<column>.npy one array per tile column (see TILE_COLUMNS)
-    DIR/gen-000003/readers.lock every process using the generation holds a shared flock on it
-    DIR/quarantine.jsonl     failed reads appended by datasets (outlives generations)
-
-A build writes a new generation under a temporary name, renames it, then swaps ``CURRENT``:
-a build killed at any point leaves the previous index readable. Older generations are deleted
-only when no process holds their ``readers.lock``, so a dataset pickled to a worker (which
-reopens its generation by name) keeps working across an in-place rebuild. Tiles of one slide
-are contiguous (``SlideRecord.first_row``), in row-major grid order.
+"""The on-disk slide index: a slide table plus memory-mapped numpy tile columns, opened as a
+`SlideIndex` (a generation's files: `_table_files`; writing them: `_table_writer`).
 
 A `SlideIndex` may be a *view*: rows of one split, without quarantined tiles or without some
 slides (`SlideIndex.view`). Slide ids stay those of the generation; ``source_rows`` maps each
@@ -22,17 +8,10 @@ row of the view back to its row in the generation.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import logging
 import os
-import re
-import shutil
-import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +19,9 @@ import numpy as np
 import numpy.typing as npt
 
 from wsi_loader.errors import ConfigError, IndexFormatError
-from wsi_loader.files import expand_home, lock
+from wsi_loader.files import expand_home
 from wsi_loader.index._checks import check_params, check_slides, check_values
 from wsi_loader.index._qc import (
-    QC_COLUMNS,
     QcFilter,
     built_thresholds,
     excluded_counts,
@@ -53,134 +31,20 @@ from wsi_loader.index._qc import (
 from wsi_loader.index._qc import counts as qc_counts
 from wsi_loader.index._quarantine import Quarantine, coords_in
 from wsi_loader.index._stain_estimates import summary as stain_summary
+from wsi_loader.index._table_files import (
+    OPTIONAL_COLUMNS,
+    SCHEMA_VERSION,
+    TILE_COLUMNS,
+    GenerationLock,
+    SlideRecord,
+    TileArrays,
+    current_generation,
+    load_column,
+)
 from wsi_loader.slides.storage._sources import is_url, url_join
 
-log = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 1
-CURRENT = "CURRENT"
-READERS_LOCK = "readers.lock"
-
-# name -> dtype of every tile column; all have one row per tile.
-TILE_COLUMNS: dict[str, np.dtype[Any]] = {
-    "slide_id": np.dtype(np.int32),  # position in the slide table
-    "l0_x": np.dtype(np.int32),  # level-0 top-left x
-    "l0_y": np.dtype(np.int32),  # level-0 top-left y
-    "level": np.dtype(np.int16),  # read level
-    "read_size": np.dtype(np.int32),  # window edge in read-level pixels (l_w == l_h)
-    "tissue": np.dtype(np.float32),  # tissue fraction from the mask, 0..1
-}
-# Columns of annotated indexes only (built with annotations).
-OPTIONAL_COLUMNS: dict[str, np.dtype[Any]] = {
-    # (tiles, classes): share of the tile each class of meta["annotation_classes"] covers
-    "coverage": np.dtype(np.float32),
-    # label id (position in label_names) from the annotations, -1 when none
-    "tile_label": np.dtype(np.int32),
-    # quality control (index/qc.py): qc_focus, qc_pen, qc_fold, qc_bubble, qc_background
-    **QC_COLUMNS,
-}
-
-
-@dataclass(frozen=True)
-class SlideRecord:
-    """One row of the slide table. ``path`` is as stored: relative to the root when there is one."""
-
-    path: str
-    status: str = "ok"  # "ok" | "failed"
-    error: str | None = None  # why a failed slide could not be indexed
-    warning: str | None = None  # notes on an ok slide (repaired annotations, excluded tiles...)
-    label: str | None = None  # from the manifest or labels CSV
-    split: str | None = None  # train / val / test..., from the same
-    size: int | None = None  # bytes (a DICOM series: all its files)
-    mtime_ns: int | None = None  # newest modification time of its files
-    fingerprint: str | None = None  # names, sizes, mtimes and head/tail bytes (identify)
-    content: str | None = None  # size and head/tail digest, without name or mtime (content_key)
-    backend: str | None = None  # "openslide" | "tiff": the reader that indexed it
-    vendor: str | None = None  # OpenSlide's vendor name, or the TIFF flavour
-    width: int | None = None  # level-0 pixels
-    height: int | None = None
-    level_count: int | None = None  # pyramid levels the reader sees
-    mpp: float | None = None  # level-0 microns per pixel as used
-    mpp_source: str | None = None  # where mpp came from (vendor, manifest, tiff-resolution...)
-    objective_power: float | None = None
-    read_level: int | None = None  # the level tiles are read from
-    read_downsample: float | None = None  # that level's downsample from level 0
-    read_size: int | None = None  # window edge read, in read-level pixels
-    stride: int | None = None  # grid step in read-level pixels
-    tile_mpp: float | None = None  # the resolution tiles are delivered at
-    tile_mag: float | None = None  # their magnification (objective power / downsample, or 10/mpp)
-    mag_source: str | None = None  # how tile_mag was found: "objective-power" or "mpp"
-    aligned: bool | None = None  # grid starts on storage-tile corners
-    mask_level: int | None = None  # the level the tissue mask was computed on
-    tiles: int = 0
-    first_row: int = 0
-    excluded: int = 0  # quarantined tiles left out when this slide was indexed
-    annotations: list[str] | None = None  # annotation files of the slide (absolute paths)
-    annotation_digest: str | None = None  # of their contents: changed files re-index the slide
-    class_areas: dict[str, float] | None = None  # annotated class -> level-0 area (px^2)
-    # from the tissue of the low-resolution image (index/stain.py): H and E optical-density
-    # vectors, max concentrations, LAB moments; or why there is no estimate (stain_error)
-    stain: dict[str, Any] | None = None
-    stain_error: str | None = None
-    tissue_detector: str | None = None  # brightfield | fluorescence | mask | annotation
-    tissue_reason: str | None = None  # why that detector (what the picture looked like)
-    tissue_mask: str | None = None  # the user's mask image (tissue_masks)
-    tissue_mask_digest: str | None = None  # of its contents: a changed mask re-indexes
-    qc: dict[str, Any] | None = None  # quality-control summary (index/qc.py), excluded counts
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SlideRecord:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-TileArrays = dict[str, npt.NDArray[Any]]
 # a row filter: the columns (name -> array) in, one bool per row out
 Where = Callable[[Mapping[str, npt.NDArray[Any]]], npt.ArrayLike]
-
-
-def mapped(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """A plain ndarray view of a memory-mapped column: the same file mapping, without
-    np.memmap's per-indexing overhead (~10 us per element lookup on the per-tile path)."""
-    return array.view(np.ndarray)
-
-
-class GenerationLock:
-    """A shared ``flock`` on a generation's ``readers.lock``, held while this object lives.
-
-    Builds delete an old generation only when they can take the lock exclusively. Views and
-    forked children share the descriptor (flock belongs to the open file description), and a
-    process that unpickles an index takes its own. Generations written before the lock file
-    existed have none: nothing is held and rebuilds delete them as before.
-    """
-
-    def __init__(self, gen: Path) -> None:
-        self.fd: int | None = None
-        try:
-            self.fd = os.open(gen / READERS_LOCK, os.O_RDONLY)
-        except FileNotFoundError:
-            return
-        lock(self.fd, fcntl.LOCK_SH, gen / READERS_LOCK)
-
-    def __del__(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-def _unused(gen: Path) -> bool:
-    """True when no process holds ``gen``'s readers lock (or it has none)."""
-    try:
-        fd = os.open(gen / READERS_LOCK, os.O_RDONLY)
-    except FileNotFoundError:
-        return True
-    try:
-        lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, gen / READERS_LOCK)  # no locks: no way to know
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 @dataclass
@@ -240,7 +104,7 @@ class SlideIndex:
         """
         base = Path(path)
         if generation is None:
-            gen = _current_generation(base)
+            gen = current_generation(base)
         elif not generation.startswith("gen-") or "/" in generation:
             raise IndexFormatError(f"not a generation name: {generation!r}", path=str(base))
         else:
@@ -289,12 +153,12 @@ class SlideIndex:
         rows = meta["tiles_total"]
         classes = tuple(str(c) for c in meta.get("annotation_classes") or ())
         columns: TileArrays = {
-            name: _load_column(gen, name, dtype, (rows,)) for name, dtype in TILE_COLUMNS.items()
+            name: load_column(gen, name, dtype, (rows,)) for name, dtype in TILE_COLUMNS.items()
         }
         for name, dtype in OPTIONAL_COLUMNS.items():  # annotated indexes only
             if name in (meta.get("columns") or {}):
                 shape = (rows, len(classes)) if name == "coverage" else (rows,)
-                columns[name] = _load_column(gen, name, dtype, shape)
+                columns[name] = load_column(gen, name, dtype, shape)
         try:
             slides = tuple(SlideRecord.from_json(s) for s in slides_json)
         except TypeError as exc:
@@ -651,303 +515,3 @@ def quarantine_file(path: str | os.PathLike[str]) -> Path:
             value=path,
         )
     return file
-
-
-def _load_column(
-    gen: Path, name: str, dtype: np.dtype[Any], shape: tuple[int, ...]
-) -> npt.NDArray[Any]:
-    """One column file, memory-mapped, checked against the dtype and shape meta.json gives."""
-    file = gen / f"{name}.npy"
-    try:
-        array = np.load(file, mmap_mode="r")
-    except (OSError, ValueError, EOFError) as exc:  # EOFError: a zero-byte file
-        raise IndexFormatError(f"unreadable column {name!r}: {exc}", path=str(file)) from exc
-    if array.dtype != dtype or array.shape != shape:
-        raise IndexFormatError(
-            f"column {name!r} has dtype {array.dtype}, shape {array.shape}; expected "
-            f"{dtype} with {shape[0]} rows"
-            + (f" and {shape[1]} class columns" if len(shape) > 1 else ""),
-            path=str(file),
-        )
-    return mapped(array)
-
-
-def _current_generation(base: Path) -> Path:
-    pointer = base / CURRENT
-    try:
-        name = pointer.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        raise IndexFormatError("not an index directory (no CURRENT file)", path=str(base)) from None
-    except OSError as exc:
-        raise IndexFormatError(f"cannot read {CURRENT}: {exc.strerror}", path=str(base)) from exc
-    except UnicodeDecodeError:
-        raise IndexFormatError(
-            f"{CURRENT} is not a generation name (binary data)", path=str(base)
-        ) from None
-    gen = base / name
-    if not name.startswith("gen-") or "/" in name or not gen.is_dir():
-        raise IndexFormatError(f"CURRENT names a missing generation {name!r}", path=str(base))
-    return gen
-
-
-BUILD_LOCK = "build.lock"
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-
-
-def similar_labels(labels: Iterable[str]) -> list[list[str]]:
-    """Groups of distinct labels that differ only in case, spacing, '_' or '-' ('Tumor' /
-    'tumor', 'high grade' / 'high_grade'): two classes, where one was almost surely meant."""
-    groups: dict[str, set[str]] = {}
-    for name in labels:
-        groups.setdefault(re.sub(r"[\s_-]+", " ", name.casefold()).strip(), set()).add(name)
-    return sorted(sorted(group) for group in groups.values() if len(group) > 1)
-
-
-def warn_similar(names: Iterable[str], what: str) -> None:
-    """Say which labels differ only in case or spacing: kept apart, they are separate classes."""
-    groups = similar_labels(names)
-    if groups:
-        shown = "; ".join(" / ".join(repr(n) for n in group) for group in groups[:5])
-        log.warning(
-            "%s that differ only in case or spacing: %s. They are separate classes; spell "
-            "each one way if one class is meant",
-            what,
-            shown,
-        )
-
-
-# how pandas (astype(str)), R, Excel and SQL exports write a missing value
-MISSING_SPELLINGS = frozenset({"nan", "na", "n/a", "#n/a", "<na>", "none", "null", "nat"})
-
-
-def warn_missing_spelt(labels: list[str]) -> None:
-    """Say which labels spell a missing value ('nan', 'NA'...): each is a class of its own,
-    which a model then learns as if it were a diagnosis. Kept: the user decides."""
-    counts = Counter(label for label in labels if label.strip().casefold() in MISSING_SPELLINGS)
-    if counts:
-        shown = ", ".join(
-            f"{label!r} ({n} slide{'s' * (n != 1)})" for label, n in sorted(counts.items())
-        )
-        log.warning(
-            "labels that look like a missing value written by pandas, R or a spreadsheet: %s. "
-            "They are classes of their own; leave slides without a label out of the labels "
-            "file",
-            shown,
-        )
-
-
-def warn_split_gaps(index: SlideIndex) -> None:
-    """Say which split lacks a label another split has: its metrics cannot measure that
-    class (a validation split without a single tumour slide)."""
-    splits = index.splits()
-    if len(splits) < 2:
-        return
-    counts = {split: index.label_counts(split) for split in splits}
-    unit = "tile" if index.labels_from_annotations else "slide"
-    gaps = []
-    for split in splits:
-        for name in index.label_names:
-            others = [
-                f"{other} has {counts[other][name][unit + 's']}"
-                for other in splits
-                if other != split and name in counts[other]
-            ]
-            if name not in counts[split] and others:
-                gaps.append(
-                    f"split {split!r} has no {unit} labelled {name!r} ({', '.join(others)})"
-                )
-    if gaps:
-        more = f"; and {len(gaps) - 10} more" if len(gaps) > 10 else ""
-        log.warning(
-            "%s%s: metrics on such a split cannot measure that class",
-            "; ".join(gaps[:10]),
-            more,
-        )
-
-
-def label_order(labels: Iterable[str]) -> list[str]:
-    """Label names in id order: by value when every label is a number (grades, class numbers:
-    '2' before '10'), else as text. Ties ('1', '01') are broken by the text."""
-    names = set(labels)
-    if names and all(_NUMBER.fullmatch(name) for name in names):
-        return sorted(names, key=lambda name: (float(name), name))
-    return sorted(names)
-
-
-@contextmanager
-def exclusive_build(out: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold ``DIR/build.lock`` for one build: a second build into the same folder fails at
-    once with "another build is running" instead of racing the first (its temporary
-    generation removed under it)."""
-    base = Path(out)
-    if base.exists() and not base.is_dir():
-        raise IndexFormatError("the index output exists and is not a folder", path=str(base))
-    created = not base.exists()
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        fd = os.open(base / BUILD_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        raise IndexFormatError(
-            f"cannot write the index folder: {exc.strerror}", path=str(base)
-        ) from exc
-    try:
-        try:
-            lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, base / BUILD_LOCK)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
-            raise IndexFormatError(
-                f"another build is running into this index (pid {holder}); wait for it to finish",
-                path=str(base),
-            ) from None
-        try:  # who holds the lock, for the message above; a full disk fails the build later
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError as exc:
-            log.debug("cannot record the build's pid in %s: %s", base / BUILD_LOCK, exc)
-        try:
-            yield
-        except BaseException:
-            if created and not (base / CURRENT).exists():  # a failed first build leaves nothing
-                shutil.rmtree(base, ignore_errors=True)
-            raise
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def _no_partial_generation(out: str | os.PathLike[str]) -> Iterator[None]:
-    """A write that fails (a full disk, an interrupt) removes its partial generation, which
-    holds disk space; a system error becomes `IndexFormatError` with the reason."""
-    try:
-        yield
-    except BaseException as exc:
-        for partial in Path(out).glob(f".gen-*.tmp-{os.getpid()}"):
-            shutil.rmtree(partial, ignore_errors=True)
-        if not isinstance(exc, OSError):
-            raise
-        raise IndexFormatError(
-            f"cannot write the index: {exc.strerror or exc}; the previous index (if any) is "
-            "unchanged: make room and run the same command again",
-            path=os.fspath(out),
-        ) from exc
-
-
-def write_index(
-    out: str | os.PathLike[str],
-    slides: Sequence[SlideRecord],
-    tiles: Sequence[TileArrays],
-    params: Mapping[str, Any],
-    root: str | None,
-    extra_meta: Mapping[str, Any] | None = None,
-) -> SlideIndex:
-    """Write a new generation atomically. ``tiles[i]`` holds slide i's columns (any length).
-
-    A write that fails (a full disk) leaves the previous generation current and no partial
-    one behind, and raises `IndexFormatError` with the reason."""
-    with _no_partial_generation(out):
-        base = Path(out)
-        name = _write_generation(base, slides, tiles, params, root, extra_meta)
-        _remove_stale(base, keep=name)
-        return SlideIndex.open(base)
-
-
-def _write_generation(
-    base: Path,
-    slides: Sequence[SlideRecord],
-    tiles: Sequence[TileArrays],
-    params: Mapping[str, Any],
-    root: str | None,
-    extra_meta: Mapping[str, Any] | None,
-) -> str:
-    """`write_index`'s work: the new generation, made current; returns its name."""
-    base.mkdir(parents=True, exist_ok=True)
-    previous = None
-    if (base / CURRENT).exists():
-        previous = _current_generation(base).name
-    number = int(previous.split("-")[1]) + 1 if previous else 1
-    name = f"gen-{number:06d}"
-    tmp = base / f".{name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    (tmp / READERS_LOCK).touch()
-
-    records, first = [], 0
-    for record, arrays in zip(slides, tiles, strict=True):
-        count = len(arrays["l0_x"]) if arrays else 0
-        records.append(asdict(record) | {"tiles": count, "first_row": first})
-        first += count
-    labels = label_order(
-        r["label"] for r in records if r["label"] is not None and r["status"] == "ok"
-    )
-    # optional columns are written when every slide has them (the builder sees to that)
-    optional = {
-        name: dtype
-        for name, dtype in OPTIONAL_COLUMNS.items()
-        if tiles and all(name in t for t in tiles)
-    }
-    written = {**TILE_COLUMNS, **optional}
-    for col, dtype in written.items():
-        parts = [np.asarray(t[col], dtype=dtype) for t in tiles if t]
-        array = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-        with open(tmp / f"{col}.npy", "wb") as fh:
-            np.save(fh, array)
-            fh.flush()
-            os.fsync(fh.fileno())
-    meta = {
-        "schema_version": SCHEMA_VERSION,
-        "generation": name,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "params": dict(params),
-        "root": root,
-        "slides_total": len(records),
-        "tiles_total": first,
-        "label_names": labels,
-        "slide_label_names": labels,
-        "columns": {k: str(v) for k, v in written.items()},
-        **(extra_meta or {}),
-    }
-    for file, payload in (("slides.json", records), ("meta.json", meta)):
-        with open(tmp / file, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-    _fsync_dir(tmp)
-    os.rename(tmp, base / name)
-    pointer_tmp = base / f".{CURRENT}.tmp-{os.getpid()}"
-    pointer_tmp.write_text(name + "\n", encoding="utf-8")
-    os.replace(pointer_tmp, base / CURRENT)
-    _fsync_dir(base)
-    return name
-
-
-def _remove_stale(base: Path, keep: str) -> None:
-    """Delete older generations no process uses any more, and leftovers of killed builds."""
-    for entry in base.iterdir():
-        if entry.name == keep or not entry.is_dir():
-            continue
-        if entry.name.startswith("gen-"):
-            if _unused(entry):
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                log.info("keeping %s: a process still reads it", entry)
-        elif entry.name.startswith(".gen-"):
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def split_tiles(index: SlideIndex, slide_id: int) -> TileArrays:
-    """Copy one slide's rows out of an index (used to carry unchanged slides over)."""
-    record = index.slides[slide_id]
-    rows = slice(record.first_row, record.first_row + record.tiles)
-    return {name: np.array(col[rows]) for name, col in index.columns.items()}
-
-
-def records_by_path(index: SlideIndex) -> dict[str, tuple[int, SlideRecord]]:
-    return {r.path: (i, r) for i, r in enumerate(index.slides)}

@@ -23,11 +23,11 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from wsi_loader.errors import InputError
+from wsi_loader.index._csv_tables import read_csv_rows
 from wsi_loader.index._inputs import (
     SlideEntry,
     name_cell,
     path_or_name,
-    read_csv_rows,
     slide_name,
 )
 from wsi_loader.index._tissue import BoolArray

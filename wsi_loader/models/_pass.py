@@ -52,7 +52,8 @@ from wsi_loader.device._devices import resolve_device
 from wsi_loader.device._loader import DeviceLoader
 from wsi_loader.errors import ConfigError, LoaderTimeoutError, ModelOutputError
 from wsi_loader.files import replacing
-from wsi_loader.index._table import SlideIndex, SlideRecord
+from wsi_loader.index._table import SlideIndex
+from wsi_loader.index._table_files import SlideRecord
 from wsi_loader.models._specs import Model, weights_digest
 from wsi_loader.parallel import progress_bar
 from wsi_loader.stain._build import as_stain

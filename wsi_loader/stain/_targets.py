@@ -22,7 +22,8 @@ from wsi_loader.index._stain_estimates import (
     slide_estimate,
     slide_estimates,
 )
-from wsi_loader.index._table import CURRENT, SlideIndex
+from wsi_loader.index._table import SlideIndex
+from wsi_loader.index._table_files import CURRENT
 from wsi_loader.stain._kernels import Floats, UInt8s
 
 log = logging.getLogger(__name__)

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wsi_loader.errors import InputError
+from wsi_loader.index._csv_tables import read_csv_rows
 from wsi_loader.index._inputs import (
     SlideEntry,
     annotation_paths,
     name_cell,
     path_or_name,
-    read_csv_rows,
     slide_folder,
     slide_name,
 )

@@ -19,7 +19,7 @@ import numpy.typing as npt
 import shapely
 
 from wsi_loader.config import IndexConfig
-from wsi_loader.index._table import label_order
+from wsi_loader.index._labels import label_order
 from wsi_loader.index.annotations._coverage import ClassCells, Lattice, assign_labels
 from wsi_loader.index.annotations._formats import Shape, repair
 from wsi_loader.index.annotations._regions import (

@@ -150,7 +150,8 @@ def list_objects(url: str, suffixes: Iterable[str]) -> list[str]:
 
 
 def remote_content(url: str, size: int) -> bytes:
-    """The first and last 64 KiB of an object (two range requests), as `inputs._head_tail`."""
+    """The first and last 64 KiB of an object (two range requests), as
+    `_fingerprints._head_tail`."""
     head = read_range(url, 0, min(65536, size))
     if size <= 65536:
         return head

@@ -16,9 +16,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from wsi_loader.index._fingerprints import content_key
 from wsi_loader.index._health import slide_problem
-from wsi_loader.index._inputs import content_key
-from wsi_loader.index._table import SlideIndex, SlideRecord
+from wsi_loader.index._table import SlideIndex
+from wsi_loader.index._table_files import SlideRecord
 from wsi_loader.slides.storage._sources import is_url
 from wsi_loader.view.browser._tiles import SlideRef
 
