@@ -50,7 +50,7 @@ from wsi_loader.index._table import (
 from wsi_loader.index._tissue_masks import match_masks
 from wsi_loader.index.annotations import _formats as formats
 from wsi_loader.index.annotations import match_annotations
-from wsi_loader.index.annotations._formats import shorten
+from wsi_loader.index.annotations._shapes import shorten
 from wsi_loader.index.annotations._tiles import label_names, label_tiles, to_columns
 from wsi_loader.parallel import progress_bar, refuse_time_limit_with_executor, run_all
 from wsi_loader.slides._base import join_notes
