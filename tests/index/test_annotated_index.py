@@ -14,6 +14,7 @@ from tests.conftest import SlideFactory
 from wsi_loader.errors import InputError
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index import _builder as builder_module
+from wsi_loader.index._slide_task import SlideTask
 
 from .annotation_files import SHAPES, Region, annotated_archive, rect, write_geojson
 
@@ -43,7 +44,7 @@ def indexed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     real = builder_module.index_slide
 
-    def counting(task: builder_module.SlideTask) -> object:
+    def counting(task: SlideTask) -> object:
         calls.append(Path(task.entry.path).name)
         return real(task)
 

@@ -10,8 +10,8 @@ import shapely
 from wsi_loader.config import IndexConfig
 from wsi_loader.index.annotations import ClassCells, Lattice, assign_labels, read_shapes
 from wsi_loader.index.annotations import _coverage as coverage_module
-from wsi_loader.index.annotations._formats import Shape
 from wsi_loader.index.annotations._regions import read_regions
+from wsi_loader.index.annotations._shapes import Shape
 from wsi_loader.index.annotations._tiles import annotate_slide
 
 from .annotation_files import (

@@ -15,6 +15,7 @@ from tests.conftest import SlideFactory
 from wsi_loader.errors import IndexFormatError
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index import _builder as builder_module
+from wsi_loader.index import _slide_task as slide_task_module
 from wsi_loader.index import _table_writer as writer_module
 from wsi_loader.index._labels import label_order, similar_labels
 from wsi_loader.index._quarantine import Quarantine, coords_in
@@ -84,7 +85,7 @@ def test_level0_is_never_decoded(
     corrupt = [(c, r) for c in range(12) for r in range(8)]
     path = make_slide(width=3072, height=2048, seed=14, corrupt=corrupt)
     levels: list[int] = []
-    real_open = builder_module.open_slide
+    real_open = slide_task_module.open_slide
 
     def spying_open(p: str, backend: str = "auto"):  # type: ignore[no-untyped-def]
         reader = real_open(p, backend)
@@ -97,7 +98,7 @@ def test_level0_is_never_decoded(
         reader.read_region = read_region  # type: ignore[method-assign]
         return reader
 
-    monkeypatch.setattr(builder_module, "open_slide", spying_open)
+    monkeypatch.setattr(slide_task_module, "open_slide", spying_open)
     index = build_index([path], tmp_path / "idx", tile_size=256, mpp=0.5, min_tissue=0.3)
     assert index.slides[0].status == "ok" and index.slides[0].tiles > 0
     assert levels and 0 not in levels
@@ -170,16 +171,16 @@ def test_bad_slides_are_recorded_not_fatal(archive: Path, tmp_path: Path) -> Non
 # them).
 HANGING_SLIDE_HOOK = """
 import time
-import wsi_loader.index._builder as builder
+import wsi_loader.index._slide_task as slide_task
 
-_identify = builder.identify
+_identify = slide_task.identify
 
 def identify(path, *args, **kwargs):
     if "stuck" in str(path):
         time.sleep(3600)
     return _identify(path, *args, **kwargs)
 
-builder.identify = identify
+slide_task.identify = identify
 """
 
 
@@ -216,9 +217,9 @@ def test_a_slide_that_hangs_is_given_up_after_slide_timeout_and_the_rest_indexed
 # out-of-memory killer does (SIGKILL), or ends it with an exit status.
 DYING_WORKER_HOOK = """
 import os, signal
-import wsi_loader.index._builder as builder
+import wsi_loader.index._slide_task as slide_task
 
-_identify = builder.identify
+_identify = slide_task.identify
 
 def identify(path, *args, **kwargs):
     if "oom" in str(path):
@@ -227,7 +228,7 @@ def identify(path, *args, **kwargs):
         os._exit(3)
     return _identify(path, *args, **kwargs)
 
-builder.identify = identify
+slide_task.identify = identify
 """
 
 

@@ -17,7 +17,7 @@ from wsi_loader.cli.common import (
     open_index,
     printable,
 )
-from wsi_loader.index._builder import describe_copies
+from wsi_loader.index._build_checks import describe_copies
 from wsi_loader.index._health import problem_kind, slide_problems
 
 

@@ -1,12 +1,13 @@
 """Region annotations (QuPath GeoJSON, ASAP XML, Aperio XML) as per-tile class coverage.
 
 Torch-free like the rest of the index: ``formats`` parses files into class-named level-0
-polygons, ``regions`` merges one slide's files into one geometry per class, ``coverage``
-computes each tile's covered share and label, ``matching`` pairs files with slides.
+polygons (a module per file format, what they share in ``shapes``), ``regions`` merges one
+slide's files into one geometry per class, ``coverage`` computes each tile's covered share
+and label, ``matching`` pairs files with slides.
 """
 
 from wsi_loader.index.annotations._coverage import ClassCells, Lattice, assign_labels
-from wsi_loader.index.annotations._formats import UNCLASSIFIED, read_annotations
+from wsi_loader.index.annotations._formats import read_annotations
 from wsi_loader.index.annotations._matching import AnnotationReport, match_annotations
 from wsi_loader.index.annotations._regions import (
     SlideRegions,
@@ -14,6 +15,7 @@ from wsi_loader.index.annotations._regions import (
     read_regions,
     read_shapes,
 )
+from wsi_loader.index.annotations._shapes import UNCLASSIFIED
 
 __all__ = [
     "UNCLASSIFIED",

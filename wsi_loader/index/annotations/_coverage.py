@@ -29,7 +29,6 @@ import numpy.typing as npt
 import shapely
 from shapely.geometry.base import BaseGeometry
 
-from wsi_loader.index.annotations._formats import Shape, polygonal
 from wsi_loader.index.annotations._overlaps import (
     Cells,
     Outline,
@@ -38,6 +37,7 @@ from wsi_loader.index.annotations._overlaps import (
     meeting_pairs,
     region_areas,
 )
+from wsi_loader.index.annotations._shapes import Shape, polygonal
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -420,7 +420,7 @@ class ClassCells:
 
     def areas(self) -> dict[str, float]:
         """Each class's area on the slide (level-0 px^2)."""
-        # (a product and a sum, not a BLAS dot: see formats._flat)
+        # (a product and a sum, not a BLAS dot: see _shapes._flat)
         return {n: float((self.cells[i] * self.cell_area).sum()) for i, n in enumerate(self.names)}
 
     def share(self, name: str) -> Floats:

@@ -17,14 +17,8 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from shapely.geometry.base import BaseGeometry
 
-from wsi_loader.index.annotations._formats import (
-    Parsed,
-    Shape,
-    check_classes,
-    polygonal,
-    read_annotations,
-    repair,
-)
+from wsi_loader.index.annotations._formats import check_classes, read_annotations
+from wsi_loader.index.annotations._shapes import Parsed, Shape, polygonal, repair
 
 
 @dataclass
@@ -74,7 +68,7 @@ ReadShapes = tuple[list[Shape], list[str]]  # the shapes and the notes of what w
 
 def read_shapes(files: Sequence[str], objects: Sequence[str] = ()) -> ReadShapes:
     """Every shape of one slide's annotation files, not yet checked for validity (see
-    `formats.repair`), and the notes of what was skipped (each naming its file).
+    `_shapes.repair`), and the notes of what was skipped (each naming its file).
     ``objects``: the QuPath object types read (`read_annotations`)."""
     shapes: list[Shape] = []
     notes: list[str] = []

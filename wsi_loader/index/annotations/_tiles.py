@@ -21,13 +21,13 @@ import shapely
 from wsi_loader.config import IndexConfig
 from wsi_loader.index._labels import label_order
 from wsi_loader.index.annotations._coverage import ClassCells, Lattice, assign_labels
-from wsi_loader.index.annotations._formats import Shape, repair
 from wsi_loader.index.annotations._regions import (
     ReadShapes,
     outside_note,
     read_shapes,
     repaired_notes,
 )
+from wsi_loader.index.annotations._shapes import Shape, repair
 
 
 @dataclass
