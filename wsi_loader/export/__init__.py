@@ -19,21 +19,10 @@ why: quarantined before, failed now, or without a label in image folders) and ``
 the field types.
 """
 
-from wsi_loader.export._export import (
-    EXPORT_VERSION,
-    FAILURE_COLUMNS,
-    FORMATS,
-    IMAGE_FORMATS,
-    MANIFEST_COLUMNS,
-    ExportOptions,
-    ExportReport,
-    ExportUnit,
-    export_index,
-    export_unit,
-    label_folders,
-    log,
-    tile_label,
-)
+from wsi_loader.export._export import EXPORT_VERSION, FORMATS, ExportReport, export_index, log
+from wsi_loader.export._imagefolder import label_folders
+from wsi_loader.export._manifest import FAILURE_COLUMNS, MANIFEST_COLUMNS, tile_label
+from wsi_loader.export._unit import IMAGE_FORMATS, ExportOptions, ExportUnit, export_unit
 
 __all__ = [
     "EXPORT_VERSION",
