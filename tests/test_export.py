@@ -23,6 +23,8 @@ from wsi_loader.dataset import _reading as reading
 from wsi_loader.errors import ConfigError, UnitsNotDoneError, UnitTimeoutError, WorkerDiedError
 from wsi_loader.export import _export as export_module
 from wsi_loader.export import _folder as export_folder
+from wsi_loader.export import _unit as unit_module
+from wsi_loader.export import _webdataset as webdataset_module
 from wsi_loader.export import export_index, label_folders
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index._naming import safe_component
@@ -70,20 +72,20 @@ def test_threads_write_the_same_export(
 ) -> None:
     """A local export reads and encodes on usable cores / workers threads; the files, the
     manifest and the failures are those of a one-thread export."""
-    real_unit, real_encode = export_module.export_unit, export_module._encode
+    real_unit, real_encode = export_module.export_unit, unit_module._encode
     unit_threads: list[int] = []
     encoders: list[str] = []
 
-    def unit_spy(unit: export_module.ExportUnit) -> dict[str, Any]:
+    def unit_spy(unit: unit_module.ExportUnit) -> dict[str, Any]:
         unit_threads.append(unit.threads)
         return real_unit(unit)
 
-    def encode_spy(pixels: np.ndarray, options: export_module.ExportOptions) -> bytes:
+    def encode_spy(pixels: np.ndarray, options: unit_module.ExportOptions) -> bytes:
         encoders.append(threading.current_thread().name)
         return real_encode(pixels, options)
 
     monkeypatch.setattr(export_module, "export_unit", unit_spy)
-    monkeypatch.setattr(export_module, "_encode", encode_spy)
+    monkeypatch.setattr(unit_module, "_encode", encode_spy)
     outputs = {}
     for cores in (1, 3):
         monkeypatch.setattr(reading, "usable_cores", lambda cores=cores: cores)
@@ -139,7 +141,7 @@ def test_resume_writes_only_what_is_missing(
     real = export_module.export_unit
     calls: list[int] = []
 
-    def dies_on_third(unit: export_module.ExportUnit) -> dict:  # type: ignore[type-arg]
+    def dies_on_third(unit: unit_module.ExportUnit) -> dict:  # type: ignore[type-arg]
         calls.append(unit.number)
         if len(calls) == 3:
             (out / f".shard-{unit.number:06d}.tar.tmp-999").write_bytes(b"half")  # a torn write
@@ -170,7 +172,7 @@ def test_resume_writes_only_what_is_missing(
 # out-of-memory killer kills (SIGKILL)
 UNIT_1_KILLS_ITS_WORKER = """
 import os, signal
-import wsi_loader.export as export
+import wsi_loader.export._unit as export
 
 _export_unit = export.export_unit
 
@@ -212,7 +214,7 @@ def test_a_unit_whose_worker_dies_is_said_and_the_others_are_finished(
 # answering does
 UNIT_1_HANGS = """
 import time
-import wsi_loader.export as export
+import wsi_loader.export._unit as export
 
 _export_unit = export.export_unit
 
@@ -385,14 +387,14 @@ def test_a_unit_is_complete_only_after_its_shard_is_written(
 ) -> None:
     index = build_index([archive / "good.svs"], tmp_path / "idx", level=0, min_tissue=0)
     out = tmp_path / "out"
-    real = export_module.write_file
+    real = webdataset_module.write_file
 
     def dies_writing_a_shard(path: Path, data: bytes, tmp: Path | None = None) -> None:
         if path.name.endswith(".tar"):
             raise KeyboardInterrupt("killed while writing the shard")
         real(path, data, tmp)
 
-    monkeypatch.setattr(export_module, "write_file", dies_writing_a_shard)
+    monkeypatch.setattr(webdataset_module, "write_file", dies_writing_a_shard)
     with pytest.raises(KeyboardInterrupt):
         export_index(index, out, format="webdataset", shard_size=30)
     assert not export_folder.part_records(out)  # nothing marked done
@@ -413,7 +415,7 @@ def test_a_resumed_export_keeps_its_first_plan(
     real = export_module.export_unit
     calls: list[int] = []
 
-    def dies_on_second(unit: export_module.ExportUnit) -> dict:  # type: ignore[type-arg]
+    def dies_on_second(unit: unit_module.ExportUnit) -> dict:  # type: ignore[type-arg]
         calls.append(unit.number)
         if len(calls) == 2:
             raise KeyboardInterrupt("killed")

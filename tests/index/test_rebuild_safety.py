@@ -17,6 +17,7 @@ from wsi_loader import ConfigError, IndexFormatError, InputError, SlideIndex, bu
 from wsi_loader.cli import main
 from wsi_loader.export import _export as export_module
 from wsi_loader.export import export_index
+from wsi_loader.export._unit import ExportUnit
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def test_an_export_reads_its_generation_while_the_index_is_rebuilt(
     real = export_module.export_unit
     rebuilt: list[bool] = []
 
-    def rebuild_after_first(unit: export_module.ExportUnit) -> dict:  # type: ignore[type-arg]
+    def rebuild_after_first(unit: ExportUnit) -> dict:  # type: ignore[type-arg]
         record = real(unit)
         if not rebuilt:  # in place, with another tile size: every row changes meaning
             build_index([many], out, level=0, min_tissue=0.0, tile_size=128)

@@ -373,7 +373,7 @@ def test_the_page_and_its_assets(server: ViewerServer) -> None:
 def test_without_the_built_front_end_the_page_says_how_to_build_it(
     archive: Archive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wsi_loader.view.browser import app
+    from wsi_loader.view.browser import _app as app
 
     monkeypatch.setattr(app, "STATIC", tmp_path / "static")
     with ViewerServer(archive.index) as viewer:

@@ -1,52 +1,40 @@
-"""Freeze a tile dataset to disk for other tools: image folders or WebDataset tar shards.
+"""Freeze a tile dataset to disk for other tools: image folders, WebDataset tar shards, or the
+tiles' coordinates as HDF5 (``export_index``; ``wsi-loader export`` on the command line).
 
-The export is cut into deterministic units (a shard's rows, or a fixed chunk of rows for image
-folders). Each unit is a plain function of small arguments (`export_unit`) that reads its tiles
-through the dataset's `TileReader` (same backends, retries and quarantine), writes its files
-under temporary names, renames them into place, and writes a small part record last; it returns
-only that record (never pixels), so units run inline, in a process pool or on a Dask cluster.
+Its modules:
 
-Resuming: a unit whose record exists and whose files are intact (recorded sizes; SHA-256 with
-``verify``) is complete and is skipped, so a second run with the same arguments writes only
-what is missing. Records, settings and the plan are hidden plain files in the output root
-(``.export-*``, see `export_folder`), never folders, so image-folder readers see only class
-folders. Different arguments, or an index rebuilt with other tiles, into a folder holding an
-export are refused (``overwrite`` replaces it). ``manifest.csv`` (one row per exported tile,
-with its split and the SHA-256 of the stored bytes), ``failures.csv`` (tiles not exported and
-why: quarantined before, failed now, or without a label in image folders) and ``export.json``
-(arguments, source index and counts) are written at the end, and the dataset card
-(``README.md``, `dataset_card`) that tells Hugging Face ``datasets`` the split, the classes and
-the field types.
+* ``_export``: the orchestration: `export_index` checks its options, fixes the plan (which
+  rows, in which order, which left out and why), cuts it into units, runs them in parallel
+  (inline, local processes, any executor or Dask), and writes ``manifest.csv``,
+  ``failures.csv``, ``export.json`` and the dataset card.
+* ``_unit``: one unit of work (`export_unit`): read its tiles, encode them, write its files,
+  append its part record.
+* ``_imagefolder``: the image-folder layout: a folder per label (`label_folders`), a file per
+  tile.
+* ``_webdataset``: WebDataset samples (key, JSON, context tiles) and tar shards.
+* ``_coords_h5``: the coordinates export, one HDF5 file per slide (CLAM's and TRIDENT's
+  layout).
+* ``_manifest``: the columns of ``manifest.csv`` and ``failures.csv``, and a tile's fields.
+* ``_folder``: what the export's folder holds besides its tiles (settings, plan, part
+  records) and what a rerun makes of it (resume, refuse, ``overwrite``).
+* ``_card``: the dataset card (``README.md``) for Hugging Face ``datasets``.
+
+It may import the earlier steps (`wsi_loader.slides`, `wsi_loader.index`, `wsi_loader.stain`,
+`wsi_loader.dataset`) and the foundations (`wsi_loader.errors`, `wsi_loader.files`,
+`wsi_loader.config`, `wsi_loader.parallel`, `wsi_loader.permutation`), never a later one.
 """
 
-from wsi_loader.export._export import (
-    EXPORT_VERSION,
-    FAILURE_COLUMNS,
-    FORMATS,
-    IMAGE_FORMATS,
-    MANIFEST_COLUMNS,
-    ExportOptions,
-    ExportReport,
-    ExportUnit,
-    export_index,
-    export_unit,
-    label_folders,
-    log,
-    tile_label,
-)
+from wsi_loader.export._export import FORMATS, ExportReport, export_index
+from wsi_loader.export._imagefolder import label_folders
+from wsi_loader.export._manifest import FAILURE_COLUMNS, MANIFEST_COLUMNS
+from wsi_loader.export._unit import IMAGE_FORMATS
 
 __all__ = [
-    "EXPORT_VERSION",
     "FAILURE_COLUMNS",
     "FORMATS",
     "IMAGE_FORMATS",
     "MANIFEST_COLUMNS",
-    "ExportOptions",
     "ExportReport",
-    "ExportUnit",
     "export_index",
-    "export_unit",
     "label_folders",
-    "log",
-    "tile_label",
 ]

@@ -6,7 +6,7 @@ and the types of the fields. Without one it guesses, wrongly for exports:
 * Splits from words in file and folder names: "train", "val", "dev", "test", "eval"... between
   separators (digits count as separators), so Camelyon16's ``test_001`` or an NDPI named
   ``test3-DAPI-2`` made a "test" split of that slide's tiles alone, the others dropped. The
-  export names image files without slide names (see `export.export_unit`), and the card puts
+  export names image files without slide names (see `_imagefolder.image_file`), and the card puts
   every file in one split: the index split exported (``--split``), else ``train``.
 * Image-folder labels only when there are two class folders or more; the card names the
   classes (the index's labels, in its id order), so one class still has a label column.

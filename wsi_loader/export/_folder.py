@@ -8,7 +8,7 @@ ImageFolder and Hugging Face's imagefolder take every folder of the root for a c
   (`check_destination`) unless ``overwrite`` (`clear_export`).
 * ``.export-plan.npz``: which index rows, in which order, and which were left out and why.
 * ``.export-parts.jsonl``: one record per finished unit (its manifest rows and the files it
-  wrote, with sizes and SHA-256), appended under a lock by `export._append_part`. A unit counts
+  wrote, with sizes and SHA-256), appended under a lock by `_unit._append_part`. A unit counts
   as done while its files are intact (`outputs_intact`).
 """
 
