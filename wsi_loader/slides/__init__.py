@@ -1,6 +1,19 @@
-"""Slide readers: one protocol, an OpenSlide backend, a tifffile backend, a per-process pool.
+"""Slide readers, the first step: one protocol, two backends, a per-process pool, and the
+bytes below them.
 
-This layer never imports torch.
+- `_base`: the reader protocol and its optional capabilities (small Protocols checked with
+  `supports`), `SlideMeta`, resizing, a byte-bounded LRU
+- `_open`: `open_slide`, which picks the backend for a file
+- `_openslide`: OpenSlide, the universal reader (every vendor format) and the reference for pixels
+- `_tiff` (the reader), `_tiff_decode` (a level's segments decoded by libjpeg-turbo, with DCT
+  scaling), `_tiff_meta` (MPP and vendor metadata from tags), `_tiff_files` (the files tifffile
+  parses), `_segment_cache`: the raw path, reading compressed tiles at tifffile's offsets
+- `_pool`: `HandlePool`, a bounded pool of open readers per process (never pickled; a reader
+  that failed is closed, since OpenSlide's errors latch)
+- `storage/`: where the bytes come from (local files, object stores, HTTP): ranges, caches,
+  local copies
+
+May import: the foundation modules only. Never imports torch.
 """
 
 from wsi_loader.slides._base import SlideMeta, SlideReader

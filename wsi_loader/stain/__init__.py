@@ -7,12 +7,14 @@ index (`_transforms` explains the transforms).
 - `_augment`: the augmentations `HEDJitter`, `StainJitter` and `RandStain`
 - `_kernels`: the two per-pixel kernels (optical density, CIELAB), each in numpy/OpenCV and torch
 - `_targets`: the stain a normalisation goes to (`resolve_target`) and the per-slide tables
+- `write_reference`: a stain target frozen to a file (from the index's estimates module)
 - `_build`: transforms from ``stain=`` values, export specs, ``--stain`` options and configs
 
 May import: `slides`, `index` and the foundation modules; imports torch. Imported by `dataset`
 and `device` (and the later steps).
 """
 
+from wsi_loader.index._stain_estimates import write_reference
 from wsi_loader.stain._augment import HEDJitter, RandStain, StainJitter
 from wsi_loader.stain._build import as_stain, stain_from_config, stain_from_options
 from wsi_loader.stain._targets import resolve_target
@@ -28,4 +30,5 @@ __all__ = [
     "resolve_target",
     "stain_from_config",
     "stain_from_options",
+    "write_reference",
 ]
