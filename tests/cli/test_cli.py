@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SlideFactory
+from tests.conftest import REPO, SlideFactory
 from wsi_loader.cli import main
 
 
@@ -170,7 +170,7 @@ def test_version_names_the_libraries_a_bug_report_needs(
         main(["--version"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    pyproject = (REPO / "pyproject.toml").read_text()
     declared = re.search(r'^version = "(.*)"$', pyproject, re.MULTILINE)
     assert declared is not None and declared[1] == wsi_loader.__version__
     assert out.startswith(f"wsi-loader {wsi_loader.__version__} ")

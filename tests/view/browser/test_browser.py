@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import SlideFactory
-from tests.viewer.conftest import Archive, Predicted
+from tests.view.browser.conftest import Archive, Predicted
 from wsi_loader.index import _qc as qc
 from wsi_loader.index import build_index
 from wsi_loader.predict._outputs import TilePredictions
@@ -473,7 +473,7 @@ def test_predict_output_class_chooser_opacity_and_a_clicked_tiles_probabilities(
 
 def request_png(port: int, path: str) -> tuple[np.ndarray, list[float]]:
     """A heatmap of the viewer's API: its RGBA pixels and the level-0 rectangle they cover."""
-    from tests.viewer.conftest import request
+    from tests.view.browser.conftest import request
 
     reply = request(port, path)
     assert reply.status == 200

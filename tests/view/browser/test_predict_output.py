@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.viewer.conftest import Predicted, request
+from tests.view.browser.conftest import Predicted, request
 from wsi_loader.errors import InputError
 from wsi_loader.predict._outputs import TilePredictions
 from wsi_loader.view.browser import ViewerServer

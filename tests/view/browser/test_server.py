@@ -21,7 +21,7 @@ import simplejpeg
 from PIL import Image
 
 from tests.conftest import REPO
-from tests.viewer.conftest import TUMOUR_BOX, Archive, request
+from tests.view.browser.conftest import TUMOUR_BOX, Archive, request
 from wsi_loader.errors import ConfigError
 from wsi_loader.index._qc import QC_COLUMNS
 from wsi_loader.view.browser import ViewerServer, show, stop_shown

@@ -25,7 +25,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from tests.conftest import REPO, SlideFactory, corrupt_rows
 from tests.feature_models import Oriented, PoolLinear, classifier
-from tests.test_features import hang_reads_of_good_slide, openslide_tile
+from tests.features.test_features import hang_reads_of_good_slide, openslide_tile
 from wsi_loader.cli import main
 from wsi_loader.errors import ConfigError, ModelOutputError
 from wsi_loader.index import SlideIndex, build_index
@@ -367,7 +367,7 @@ def test_tta_averages_the_flips_and_turns(index: SlideIndex, tmp_path: Path) -> 
 def test_cli_interface_and_a_torchscript_model_with_its_config(
     index: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.test_models import scripted
+    from tests.models.test_models import scripted
 
     folder = tmp_path / "model"
     folder.mkdir()
@@ -439,7 +439,7 @@ def test_without_scikit_learn_there_are_no_metrics_and_it_is_said(
 
 @pytest.mark.slow
 def test_torchrun_ranks_split_the_slides(index: SlideIndex, tmp_path: Path) -> None:
-    from tests.test_features import TORCHRUN_SCRIPT
+    from tests.features.test_features import TORCHRUN_SCRIPT
 
     out = tmp_path / "ranks"
     script = tmp_path / "run.py"
@@ -494,8 +494,8 @@ def test_tile_level_metrics_when_tiles_carry_annotation_labels(
 
 @pytest.fixture(scope="module")
 def two_stains(tmp_path_factory: pytest.TempPathFactory) -> SlideIndex:
-    """Two slides stained differently (as tests/test_stain_outputs.py makes them)."""
-    from tests.test_stain_outputs import STAINS
+    """Two slides stained differently (as tests/stain/test_stain_outputs.py makes them)."""
+    from tests.stain.test_stain_outputs import STAINS
     from wsi_loader.synthetic import SlideSpec, write_svs
 
     folder = tmp_path_factory.mktemp("two")

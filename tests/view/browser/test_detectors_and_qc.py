@@ -17,7 +17,7 @@ from PIL import Image
 
 from tests.conftest import SlideFactory
 from tests.index.annotation_files import Region, rect, write_geojson
-from tests.viewer.conftest import request
+from tests.view.browser.conftest import request
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index import _qc as qc
 from wsi_loader.index._tissue import read_mask_image, tissue_mask
