@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from wsi_loader.config._base import ContextScales, PathText, Strict
 from wsi_loader.config._validate import OptionValueError, close_key, validate
 
-QC_RULES = ("pen", "blur", "fold", "bubble")  # index/qc.py's RULES, by name
+QC_RULES = ("pen", "blur", "fold", "bubble")  # index/_qc.py's RULES, by name
 
 
 class IndexConfig(Strict):

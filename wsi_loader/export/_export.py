@@ -15,7 +15,7 @@ export are refused (``overwrite`` replaces it). ``manifest.csv`` (one row per ex
 with its split and the SHA-256 of the stored bytes), ``failures.csv`` (tiles not exported and
 why: quarantined before, failed now, or without a label in image folders) and ``export.json``
 (arguments, source index and counts) are written at the end, and the dataset card
-(``README.md``, `dataset_card`) that tells Hugging Face ``datasets`` the split, the classes and
+(``README.md``, `_card`) that tells Hugging Face ``datasets`` the split, the classes and
 the field types.
 
 This module is the orchestration (`export_index`: options, plan, units run in parallel, the

@@ -3,7 +3,7 @@
 `analyse_slide` reads the picture once (`LowResolution`: the lowest level, shrunk to
 ``mask_max_size``) and runs every per-slide analysis over it: the tissue detector chosen for
 the slide (or the user's mask), the tissue fraction of each tile, the stain estimate
-(`index/stain.py`) and quality control (`index/qc.py`). A new analysis of the same pixels goes
+(`_stain_estimates`) and quality control (`_qc`). A new analysis of the same pixels goes
 here too, so no slide is read twice and the builder stays one call.
 """
 

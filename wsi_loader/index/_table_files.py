@@ -49,7 +49,7 @@ OPTIONAL_COLUMNS: dict[str, np.dtype[Any]] = {
     "coverage": np.dtype(np.float32),
     # label id (position in label_names) from the annotations, -1 when none
     "tile_label": np.dtype(np.int32),
-    # quality control (index/qc.py): qc_focus, qc_pen, qc_fold, qc_bubble, qc_background
+    # quality control (index/_qc.py): qc_focus, qc_pen, qc_fold, qc_bubble, qc_background
     **QC_COLUMNS,
 }
 
@@ -91,7 +91,7 @@ class SlideRecord:
     annotations: list[str] | None = None  # annotation files of the slide (absolute paths)
     annotation_digest: str | None = None  # of their contents: changed files re-index the slide
     class_areas: dict[str, float] | None = None  # annotated class -> level-0 area (px^2)
-    # from the tissue of the low-resolution image (index/stain.py): H and E optical-density
+    # from the tissue of the low-resolution image (index/_stain_estimates.py): H and E optical-density
     # vectors, max concentrations, LAB moments; or why there is no estimate (stain_error)
     stain: dict[str, Any] | None = None
     stain_error: str | None = None
@@ -99,7 +99,7 @@ class SlideRecord:
     tissue_reason: str | None = None  # why that detector (what the picture looked like)
     tissue_mask: str | None = None  # the user's mask image (tissue_masks)
     tissue_mask_digest: str | None = None  # of its contents: a changed mask re-indexes
-    qc: dict[str, Any] | None = None  # quality-control summary (index/qc.py), excluded counts
+    qc: dict[str, Any] | None = None  # quality-control summary (index/_qc.py), excluded counts
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SlideRecord:

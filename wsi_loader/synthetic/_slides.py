@@ -60,7 +60,7 @@ class SlideSpec:
     # stained with known optical-density vectors (H, E), by Beer-Lambert, instead of fixed
     # colours: nuclei haematoxylin, stroma eosin (tests of stain estimation)
     stain: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
-    artefacts: tuple[Artefact, ...] = ()  # painted over the tissue (synthetic_artefacts)
+    artefacts: tuple[Artefact, ...] = ()  # painted over the tissue (_artefacts)
     dark_field: bool = False  # a fluorescence slide: dark glass, bright nuclei
 
 
@@ -381,7 +381,7 @@ def tissue_of(spec: SlideSpec) -> Callable[[float, float, float, int, int], npt.
 
 
 def with_qc_artefacts(spec: SlideSpec, scale: float = 1.0) -> SlideSpec:
-    """``spec`` with the standard artefact set of `synthetic_artefacts.qc_layout` on its
+    """``spec`` with the standard artefact set of `_artefacts.qc_layout` on its
     tissue (four pen inks, three blurs, two folds, two bubbles)."""
     layout = qc_layout(spec.width, spec.height, tissue_of(spec), spec.seed, scale)
     return replace(spec, artefacts=layout)

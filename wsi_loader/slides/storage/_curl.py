@@ -12,7 +12,7 @@ against obstore's 59-64 us from threads, and 88 us for Python's http.client.
 `Transfers` runs the requests of a process. Each request may carry ``hedge_after`` (a second,
 identical request goes out when the first is slower than that: the first answer wins, the other
 is dropped) and ``deadline`` (every attempt still running then is dropped and the request fails
-with `StalledError`); both come from the latency seen so far (`request_plan.CostModel`).
+with `StalledError`); both come from the latency seen so far (`_request_plan.CostModel`).
 
 S3 requests are signed (AWS Signature V4: object requests by `sigv4.Signer`, which keeps the
 day's signing key; listings by libcurl) with the keys of the standard environment
@@ -129,7 +129,7 @@ class Pending(concurrent.futures.Future[Any]):
 
 class Transfers:
     """The HTTP requests of one process, over one libcurl multi handle (its connections are
-    kept alive and reused). Make one per process (`remote_clients` keeps one per pid); never
+    kept alive and reused). Make one per process (`_remote` keeps one per pid); never
     use one made before a fork.
 
     No thread of its own: whoever waits for an answer (`Pending.result`) drives libcurl, and

@@ -5,7 +5,7 @@ planner's memory and the cache of fetched bytes at once:
 
 * `RangeStore.start` is given the ranges the reader will want (the current batch and the
   look-ahead's next ones): ranges inside a block already fetched or in flight are not asked
-  again; the rest are merged by the store's `request_plan.CostModel` into requests;
+  again; the rest are merged by the store's `_request_plan.CostModel` into requests;
 * `RangeStore.take` serves a range from any block that holds all of it (waiting for one in
   flight), so a range inside, touching or overlapping others is cut from the request that
   fetched it; a second epoch over the same tiles asks for nothing still held;

@@ -1,5 +1,5 @@
 """The clients that fetch remote bytes, one set per process (see `storage`): libcurl's for
-``s3://`` with keys in the environment and ``http(s)://`` (`curl_client`), obstore's for the
+``s3://`` with keys in the environment and ``http(s)://`` (`_curl`), obstore's for the
 rest. `client_for` hands out this process's client of a URL's store, making it when first asked
 for; a forked child makes its own."""
 

@@ -6,17 +6,17 @@ no reader knows where its bytes come from.
 * Local files: ``pread`` (in the reader); `read_ahead` asks the kernel to read the next
   ranges ahead (``posix_fadvise(WILLNEED)``), so a cold page cache does not stall the decoder.
 * `RemoteBytes`: an object read by range requests through the process's `RangeStore`
-  (`range_cache`): the ranges of the next batches are planned together (merged by a cost
-  model learnt from this store's answers, `request_plan`), fetched concurrently, and kept
+  (`_range_cache`): the ranges of the next batches are planned together (merged by a cost
+  model learnt from this store's answers, `_request_plan`), fetched concurrently, and kept
   within a byte budget, so a range already held or in flight is never asked again.
 * Clients, made in each process when it first asks (a forked worker makes its own):
   ``s3://`` with keys in the environment and ``http(s)://`` go through libcurl
-  (`curl_client`: fork-safe, half the CPU per request); other stores (``gs://``, ``az://``,
+  (`_curl`: fork-safe, half the CPU per request); other stores (``gs://``, ``az://``,
   S3 with an instance role) through obstore (Rust's object_store), whose runtime does not
   survive fork: `survives_fork` says which.
 
 Faults. Each range request has a deadline and a hedge derived from the latency seen so far
-(`request_plan.CostModel`). An answer shorter than the range asked for, a reset, a stall, a 5xx
+(`_request_plan.CostModel`). An answer shorter than the range asked for, a reset, a stall, a 5xx
 or 429 is retried (`RETRIES` on top of the client's own); when short answers, resets or stalls
 keep coming it is a `TransientReadError` (never a tile or slide fault), when the server keeps
 refusing one range while the object answers, a failed tile. A 404 is permanent: not retried, said in
