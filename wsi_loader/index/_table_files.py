@@ -91,7 +91,7 @@ class SlideRecord:
     annotations: list[str] | None = None  # annotation files of the slide (absolute paths)
     annotation_digest: str | None = None  # of their contents: changed files re-index the slide
     class_areas: dict[str, float] | None = None  # annotated class -> level-0 area (px^2)
-    # from the tissue of the low-resolution image (index/_stain_estimates.py): H and E optical-density
+    # from the tissue of the low-resolution image (_stain_estimates.py): H and E optical-density
     # vectors, max concentrations, LAB moments; or why there is no estimate (stain_error)
     stain: dict[str, Any] | None = None
     stain_error: str | None = None

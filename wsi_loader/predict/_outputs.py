@@ -53,7 +53,7 @@ def tile_id(name: str) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-# class colours (matplotlib's tab10): QuPath shows classes in them, and view/_notebook.py draws labels
+# class colours (matplotlib's tab10): QuPath shows classes in them; view/_notebook.py draws labels
 LABEL_PALETTE = [
     (31, 119, 180),
     (255, 127, 14),
