@@ -49,11 +49,13 @@ from wsi_loader.models._pass import (
     PassReport,
     SlideOutputs,
     assign_slides,
-    gather_parts,
     open_view,
-    remove_stale_files,
     run_pass,
     slides_with_tiles,
+)
+from wsi_loader.models._pass_files import (
+    gather_parts,
+    remove_stale_files,
     temporary_path,
     write_json,
 )

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from wsi_loader.errors import ConfigError
 from wsi_loader.files import append_line, locked
 
 log = logging.getLogger(__name__)
@@ -301,3 +302,20 @@ def coords_in(
 def _xy_key(x: npt.ArrayLike, y: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """A unique int64 per (x, y) pair of int32 coordinates."""
     return np.asarray(x, np.int64) * 2**32 + (np.asarray(y, np.int64) & 0xFFFFFFFF)
+
+
+def quarantine_file(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a quarantine file: absolute (workers may start elsewhere), in a folder that
+    exists (a share that is not mounted is an error now, not a warning per failed tile)."""
+    file = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+    if file.is_dir():
+        raise ConfigError(
+            f"quarantine {str(file)!r} is a folder; name a file in it", key="quarantine", value=path
+        )
+    if not file.parent.is_dir():
+        raise ConfigError(
+            f"quarantine {str(file)!r}: the folder {str(file.parent)!r} does not exist",
+            key="quarantine",
+            value=path,
+        )
+    return file

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wsi_loader.errors import ConfigError, IndexFormatError
+from wsi_loader.errors import IndexFormatError
 from wsi_loader.files import expand_home
 from wsi_loader.index._checks import check_params, check_slides, check_values
 from wsi_loader.index._qc import (
@@ -29,7 +29,7 @@ from wsi_loader.index._qc import (
     slide_summary,
 )
 from wsi_loader.index._qc import counts as qc_counts
-from wsi_loader.index._quarantine import Quarantine, coords_in
+from wsi_loader.index._quarantine import Quarantine, coords_in, quarantine_file
 from wsi_loader.index._stain_estimates import summary as stain_summary
 from wsi_loader.index._table_files import (
     OPTIONAL_COLUMNS,
@@ -498,20 +498,3 @@ def _where_rows(where: Where, index: SlideIndex) -> npt.NDArray[np.bool_]:
             f"{keep.shape}; compare columns, e.g. lambda c: c['qc_pen'] < 0.05"
         )
     return keep
-
-
-def quarantine_file(path: str | os.PathLike[str]) -> Path:
-    """``path`` as a quarantine file: absolute (workers may start elsewhere), in a folder that
-    exists (a share that is not mounted is an error now, not a warning per failed tile)."""
-    file = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
-    if file.is_dir():
-        raise ConfigError(
-            f"quarantine {str(file)!r} is a folder; name a file in it", key="quarantine", value=path
-        )
-    if not file.parent.is_dir():
-        raise ConfigError(
-            f"quarantine {str(file)!r}: the folder {str(file.parent)!r} does not exist",
-            key="quarantine",
-            value=path,
-        )
-    return file

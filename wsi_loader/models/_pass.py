@@ -32,16 +32,13 @@ import hashlib
 import json
 import logging
 import os
-import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import torch
-import torch.distributed as dist
 from torch.nn import functional as F  # noqa: N812
 
 from wsi_loader.config import DatasetConfig
@@ -51,9 +48,11 @@ from wsi_loader.dataset._tiles import open_for_reading
 from wsi_loader.device._devices import resolve_device
 from wsi_loader.device._loader import DeviceLoader
 from wsi_loader.errors import ConfigError, LoaderTimeoutError, ModelOutputError
-from wsi_loader.files import replacing
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.index._table_files import SlideRecord
+from wsi_loader.models._pass_files import (
+    rank_and_world,
+)
 from wsi_loader.models._specs import Model, weights_digest
 from wsi_loader.parallel import progress_bar
 from wsi_loader.stain._build import as_stain
@@ -61,7 +60,6 @@ from wsi_loader.stain._build import as_stain
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-TMP_MARK = ".tmp-"
 
 # the model's step: a normalised (B, 3, H, W) batch on the device -> (B, D) outputs
 Forward = Callable[[torch.Tensor], torch.Tensor]
@@ -182,12 +180,6 @@ def output_rows(output: Any, tiles: int) -> torch.Tensor:
             "dimension must be the batch, one row per tile"
         )
     return output.reshape(tiles, -1)
-
-
-def rank_and_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def assign_slides(tiles: Sequence[int], world_size: int) -> list[int]:
@@ -475,44 +467,3 @@ def failure_reasons(
         elif entry.get("fingerprint") in (None, record.fingerprint):
             reasons[(int(entry["x"]), int(entry["y"]))] = str(entry.get("error") or "read failed")
     return reasons, slide_fault
-
-
-# -- files --------------------------------------------------------------------------------------
-def temporary_path(path: Path) -> Path:
-    """Where a slide's file is written before it is renamed to ``path``: hidden, and named by
-    host and process, so that `remove_stale_files` knows a killed run's file."""
-    return path.with_name(f".{path.name}{TMP_MARK}{socket.gethostname()}-{os.getpid()}")
-
-
-def remove_stale_files(folder: Path) -> None:
-    """Files of runs killed on this machine (their process is gone): a killed run leaves its
-    slide under a temporary name, never under the final one."""
-    host = socket.gethostname()
-    for path in folder.glob(f".*{TMP_MARK}{host}-*"):
-        try:
-            pid = int(path.name.rsplit("-", 1)[1])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            path.unlink(missing_ok=True)
-        except (ValueError, PermissionError):
-            continue
-
-
-def write_json(path: Path, payload: Any) -> None:
-    with replacing(path) as tmp:
-        tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))
-
-
-def gather_parts(out: Path, stem: str, part: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """Each rank writes its part of a summary; rank 0 gets them all once every rank is done
-    (the others get None)."""
-    rank, world = rank_and_world()
-    write_json(out / f".{stem}-rank{rank}.json", {**part, "rank": rank})
-    if world > 1:
-        dist.barrier()
-    if rank != 0:
-        return None
-    parts = [json.loads((out / f".{stem}-rank{r}.json").read_text()) for r in range(world)]
-    for r in range(world):
-        (out / f".{stem}-rank{r}.json").unlink(missing_ok=True)
-    return parts

@@ -35,7 +35,7 @@ from wsi_loader.files import write_file
 from wsi_loader.index._inputs import slide_name
 from wsi_loader.index._naming import bag_stem
 from wsi_loader.index._table import SlideIndex
-from wsi_loader.models._pass import write_json
+from wsi_loader.models._pass_files import write_json
 from wsi_loader.models._specs import Model, as_model, class_names_of, weights_digest
 from wsi_loader.predict._heatmaps import SlideHeatmap
 from wsi_loader.predict._metrics import (

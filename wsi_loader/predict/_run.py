@@ -36,12 +36,14 @@ from wsi_loader.models._pass import (
     PassOptions,
     PassReport,
     SlideOutputs,
-    gather_parts,
     open_view,
     output_rows,
-    remove_stale_files,
     run_pass,
     slides_with_tiles,
+)
+from wsi_loader.models._pass_files import (
+    gather_parts,
+    remove_stale_files,
     temporary_path,
     write_json,
 )

@@ -1,8 +1,9 @@
 """Look at an index: pictures for notebooks and a slide viewer in the browser.
 
 - `_notebook`: `SlideOverview` (the thumbnail with the grid, coloured by tissue, label,
-  status, annotation or QC), `Mosaic` (sampled tiles, as read or stain-transformed) and
-  `IndexSummary`; PNG renders that show themselves in Jupyter
+  status, annotation or QC) and `Mosaic` (sampled tiles, as read or stain-transformed): PNG
+  renders that show themselves in Jupyter, drawn with predict's picture helpers
+- `_summary`: `IndexSummary`, the slides as a table with counts per label
 - `browser/`: ``wsi-loader serve`` / `serve` / `show`: Deep Zoom tiles and overlay data (an
   ASGI app on uvicorn) and the page (OpenSeadragon, built from ``browser/frontend``)
 
@@ -27,7 +28,7 @@ _LAZY = {
     "UNREADABLE": _NOTEBOOK,
     "Cell": _NOTEBOOK,
     "ColorBy": _NOTEBOOK,
-    "IndexSummary": _NOTEBOOK,
+    "IndexSummary": "wsi_loader.view._summary",
     "Mosaic": _NOTEBOOK,
     "SlideOverview": _NOTEBOOK,
     "tissue_colour": _NOTEBOOK,
@@ -72,11 +73,11 @@ if TYPE_CHECKING:
         UNREADABLE,
         Cell,
         ColorBy,
-        IndexSummary,
         Mosaic,
         SlideOverview,
         tissue_colour,
     )
+    from wsi_loader.view._summary import IndexSummary
     from wsi_loader.view.browser import (
         TileOptions,
         ViewerFrame,
