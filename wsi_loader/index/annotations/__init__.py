@@ -1,9 +1,11 @@
-"""Region annotations (QuPath GeoJSON, ASAP XML, Aperio XML) as per-tile class coverage.
+"""Region annotations (QuPath GeoJSON, Digital Slide Archive JSON, ASAP XML, Aperio and HALO
+XML) as per-tile class coverage.
 
-Torch-free like the rest of the index: ``formats`` parses files into class-named level-0
-polygons (a module per file format, what they share in ``shapes``), ``regions`` merges one
-slide's files into one geometry per class, ``coverage`` computes each tile's covered share
-and label, ``matching`` pairs files with slides.
+Torch-free like the rest of the index: `_formats` reads a file into class-named level-0
+polygons, by its format (`_geojson`, `_dsa`, `_asap`, `_aperio`; what they share in
+`_shapes`); `_regions` merges one slide's files into one geometry per class; `_coverage`
+(with `_overlaps`) computes each tile's covered share and label; `_matching` pairs files with
+slides; `_tiles` applies all of it to an index's tiles.
 """
 
 from wsi_loader.index.annotations._coverage import ClassCells, Lattice, assign_labels
