@@ -39,7 +39,8 @@ from PIL import Image
 
 from wsi_loader.config import DatasetConfig, ExportConfig, validate
 from wsi_loader.dataset._context import check_context, recorded_context
-from wsi_loader.dataset._reading import TileReader, threads_per_process
+from wsi_loader.dataset._cores import threads_per_process
+from wsi_loader.dataset._reading import TileReader
 from wsi_loader.errors import (
     ConfigError,
     OutputError,
