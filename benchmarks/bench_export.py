@@ -24,7 +24,7 @@ import numpy as np
 import openslide
 from common import scratch_folder, synthetic_slide
 
-from wsi_loader.dataset._reading import threads_per_process
+from wsi_loader.dataset._cores import threads_per_process
 from wsi_loader.export import export_index
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index._table_writer import write_index

@@ -51,7 +51,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from wsi_loader.dataset import TileDataset, make_loader
 from wsi_loader.dataset._buffers import BufferRing
-from wsi_loader.dataset._reading import usable_cores
+from wsi_loader.dataset._cores import usable_cores
 from wsi_loader.device._bench import busy_cores
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.slides import open_slide

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import CORRUPT, corrupt_rows
 from wsi_loader.dataset import TileReader
 from wsi_loader.dataset import _reading as reading
-from wsi_loader.dataset._reading import FreeCores, usable_cores
+from wsi_loader.dataset._cores import FreeCores, usable_cores
 from wsi_loader.device._bench import busy_cores
 from wsi_loader.errors import TileReadError
 from wsi_loader.index import SlideIndex, build_index

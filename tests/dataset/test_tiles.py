@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from tests.conftest import corrupt_rows
 from wsi_loader.cli import main
 from wsi_loader.dataset import DistributedTileSampler, TileDataset
-from wsi_loader.dataset._reading import usable_cores
+from wsi_loader.dataset._cores import usable_cores
 from wsi_loader.index import Quarantine, SlideIndex
 
 
@@ -264,9 +264,9 @@ def test_invalid_quarantine_records_are_skipped_not_fatal(
 def test_failures_kept_in_memory_are_bounded(
     index: SlideIndex, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wsi_loader.dataset import _reading as reading
+    from wsi_loader.dataset import _failures as failures
 
-    monkeypatch.setattr(reading, "FAILURES_KEPT", 10)
+    monkeypatch.setattr(failures, "FAILURES_KEPT", 10)
     ds = TileDataset(index, record_failures=False)
     bad = corrupt_rows(index)
     for _ in range(6):  # 24 failures, epoch after epoch

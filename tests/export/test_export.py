@@ -18,8 +18,7 @@ from PIL import Image
 
 from tests.conftest import corrupt_rows
 from wsi_loader.cli import main
-from wsi_loader.dataset import TileDataset
-from wsi_loader.dataset import _reading as reading
+from wsi_loader.dataset import TileDataset, _cores
 from wsi_loader.errors import ConfigError, UnitsNotDoneError, UnitTimeoutError, WorkerDiedError
 from wsi_loader.export import _export as export_module
 from wsi_loader.export import _folder as export_folder
@@ -88,7 +87,7 @@ def test_threads_write_the_same_export(
     monkeypatch.setattr(unit_module, "_encode", encode_spy)
     outputs = {}
     for cores in (1, 3):
-        monkeypatch.setattr(reading, "usable_cores", lambda cores=cores: cores)
+        monkeypatch.setattr(_cores, "usable_cores", lambda cores=cores: cores)
         unit_threads.clear()
         encoders.clear()
         (index.path / "quarantine.jsonl").unlink(missing_ok=True)  # the same start for both

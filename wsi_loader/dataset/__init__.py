@@ -15,7 +15,7 @@ _LAZY = {
     "DistributedTileSampler": "wsi_loader.dataset._samplers",
     "FeatureBagDataset": "wsi_loader.dataset._feature_bags",
     "pad_bags": "wsi_loader.dataset._feature_bags",
-    "ReadResult": "wsi_loader.dataset._reading",
+    "ReadResult": "wsi_loader.dataset._failures",
     "SlideBagDataset": "wsi_loader.dataset._bags",
     "TileBatch": "wsi_loader.dataset._batch",
     "TileDataset": "wsi_loader.dataset._tiles",
@@ -39,9 +39,10 @@ __all__ = [
 if TYPE_CHECKING:
     from wsi_loader.dataset._bags import SlideBagDataset
     from wsi_loader.dataset._batch import TileBatch
+    from wsi_loader.dataset._failures import ReadResult
     from wsi_loader.dataset._feature_bags import FeatureBagDataset, pad_bags
     from wsi_loader.dataset._loader import make_loader
-    from wsi_loader.dataset._reading import ReadResult, TileReader
+    from wsi_loader.dataset._reading import TileReader
     from wsi_loader.dataset._samplers import BalancedTileSampler, DistributedTileSampler
     from wsi_loader.dataset._tiles import TileDataset
 

@@ -26,8 +26,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_wor
 from wsi_loader.config import LoaderConfig, check_keywords, validate
 from wsi_loader.dataset._batch import TileBatch
 from wsi_loader.dataset._buffers import BufferRing
+from wsi_loader.dataset._cores import usable_cores
 from wsi_loader.dataset._look_ahead import BatchPlan, LookAhead
-from wsi_loader.dataset._reading import usable_cores
 from wsi_loader.dataset._samplers import DistributedTileSampler
 from wsi_loader.dataset._tiles import TileDataset
 from wsi_loader.dataset._worker_exit import (

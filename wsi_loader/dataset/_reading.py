@@ -1,48 +1,28 @@
 """Read index rows into pixels, surviving bad data. Shared by every dataset and the exporter.
 
-A failed read discards the handle (OpenSlide errors latch), reopens it and retries a bounded
-number of times; then the policy applies: ``fill`` (constant colour, not ok), ``substitute``
-(a deterministic other tile of the same slide, not ok, marked substituted) or ``raise``
-(`TileReadError`). Every failure is appended to the index's quarantine and kept in
-``TileReader.failures`` (a bounded sample; ``failure_count`` counts them all).
-
-A slide that cannot be opened at all (gone, unreadable) is a *slide* fault: its tiles come back
-not ok without retries, one WARNING per slide per process and one slide-level quarantine record
-say so, and no tile of it is quarantined (it is read again once it is back). Nothing here
-imports torch: batches are numpy NHWC uint8 buffers.
+`TileReader` reads a batch of rows into one NHWC buffer; its base classes read one window
+with retries and apply the failure policy (`wsi_loader.dataset._retry`), keep the failure
+records (`wsi_loader.dataset._failures`) and read the context tiles
+(`wsi_loader.dataset._context_tiles`). Nothing here imports torch: batches are numpy NHWC
+uint8 buffers.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from wsi_loader.dataset._context import (
-    Box,
-    ContextPlan,
-    Scale,
-    fill_outside,
-    main_centre,
-    manifest_mpp,
-    plan_context,
-)
-from wsi_loader.errors import (
-    ResolutionError,
-    SlideChangedError,
-    SlideError,
-    TileReadError,
-    TransientReadError,
-    is_transient,
-)
+from wsi_loader.dataset._context import ContextPlan, Scale
+from wsi_loader.dataset._context_tiles import ContextTiles
+from wsi_loader.dataset._failures import ReadResult
+from wsi_loader.dataset._retry import ON_ERROR
+from wsi_loader.errors import SlideChangedError, SlideError
 from wsi_loader.index._fingerprints import content_key, identify
 from wsi_loader.index._quarantine import Quarantine
 from wsi_loader.index._table import SlideIndex
@@ -52,14 +32,11 @@ from wsi_loader.slides._base import (
     Prefetching,
     ReadsEncoded,
     ReadsInto,
-    ReadsScaled,
     RGBArray,
     SegmentJob,
     SegmentKey,
     SlideMeta,
     SlideReader,
-    level_to_l0,
-    resize,
     supports,
 )
 from wsi_loader.slides._pool import HandlePool
@@ -67,112 +44,12 @@ from wsi_loader.slides.storage._sources import is_url, survives_fork
 
 log = logging.getLogger(__name__)
 
-OnError = Literal["fill", "substitute", "raise"]
-ON_ERROR: tuple[str, ...] = ("fill", "substitute", "raise")
-SUBSTITUTE_ATTEMPTS = 3
-BACKOFF_S = 0.05  # first wait before retrying a resource error (doubles, at most 1 s)
-FAILURES_KEPT = 1000  # failures kept in TileReader.failures (all are counted)
 # Starting threads costs ~0.2 ms per read: measured, 2 threads lose on 2-tile reads (0.89x)
 # and win from 4 tiles on (1.23x at 4, 1.35x at 8, 1.5-1.7x at 64)
 MIN_THREADED_JOBS = 4
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask, e.g. a container's CPU set)."""
-    return len(_affinity())
-
-
-def threads_per_process(processes: int) -> int:
-    """Threads for each of ``processes`` reading processes: the usable cores shared out."""
-    return max(1, usable_cores() // max(1, processes))
-
-
-def _idle_seconds(cpus: set[int]) -> float | None:
-    """Idle + iowait time of the given CPUs since boot, from /proc/stat (None elsewhere)."""
-    try:
-        with open("/proc/stat", encoding="ascii") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    idle = 0
-    for line in lines:
-        name, _, rest = line.partition(" ")
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
-            fields = rest.split()
-            idle += int(fields[3]) + int(fields[4])
-    return idle / ticks
-
-
-class FreeCores:
-    """How many cores this process could use now: its usable cores minus what other processes
-    keep busy, measured over the last interval (its own CPU time plus the idle time of its
-    cores, per second of wall time).
-
-    Why: one decode thread per usable core is 1.3-1.7x one thread on an idle 2-core machine,
-    but 0.8-0.9x when another process keeps a core busy (threads wait for a core and thrash
-    caches). Measuring the load picks the right count in both states. Linux only (elsewhere
-    the cores are taken as free). Sampled at most every ``interval`` seconds; reset after a
-    fork (the counters are per process).
-    """
-
-    def __init__(self, interval: float = 0.1) -> None:
-        self.interval = interval
-        self._pid = -1
-        self._last: tuple[float, float, float] | None = None
-        self._free: float | None = None
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"interval": self.interval, "_pid": -1, "_last": None, "_free": None}
-
-    def __call__(self, limit: int) -> int:
-        """At most ``limit``, at least 1."""
-        if limit <= 1:
-            return 1
-        if self._pid != os.getpid():
-            self._pid, self._last, self._free = os.getpid(), None, None
-        now = time.monotonic()
-        # /proc/stat is read only when a new sample is due, not at every batch
-        if self._last is None or now - self._last[0] >= self.interval:
-            idle = _idle_seconds(_affinity())
-            if idle is None:
-                return limit
-            sample = (now, time.process_time(), idle)
-            if self._last is not None:
-                wall = sample[0] - self._last[0]
-                own = (sample[1] - self._last[1]) / wall
-                spare = (sample[2] - self._last[2]) / wall
-                self._free = own + spare
-            self._last = sample
-        if self._free is None:
-            return limit
-        return max(1, min(limit, int(self._free + 0.5)))
-
-
-def _affinity() -> set[int]:
-    try:
-        return set(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return set(range(os.cpu_count() or 1))
-
-
-@dataclass
-class ReadResult:
-    """Pixels of a group of rows plus what happened to each (all arrays have one row per tile)."""
-
-    pixels: npt.NDArray[np.uint8]  # (N, H, W, 3)
-    ok: npt.NDArray[np.bool_]
-    substituted: npt.NDArray[np.bool_]
-    source_rows: npt.NDArray[np.int64]  # the row whose pixels were returned
-    errors: list[str | None] = field(default_factory=list)
-    encoded: list[bytes | None] | None = None  # compressed tiles left for the caller to decode
-    # one (N, size, size, 3) buffer per context scale, and per tile and scale the box of the
-    # context tile that is on the slide (N, scales, 4: x0, y0, x1, y1; see dataset.context)
-    context: list[npt.NDArray[np.uint8]] = field(default_factory=list)
-    context_inside: npt.NDArray[np.int32] | None = None
-
-
-class TileReader:
+class TileReader(ContextTiles):
     """Reads tiles of a `SlideIndex` through a per-process `HandlePool`.
 
     Pickles without open handles (the pool keeps only its options), so it can live inside a
@@ -282,218 +159,6 @@ class TileReader:
         if self.on_slide is not None:
             self.on_slide(slide_id)
         return self.pool.get(self._paths[slide_id], self.backend, self._verify)
-
-    # -- one window ------------------------------------------------------------------------
-    def _windows(self, rows: npt.NDArray[np.int64]) -> list[tuple[int, int, int, int, int]]:
-        """(slide_id, l0_x, l0_y, level, read_size) per row, gathered in one vectorised pass."""
-        cols = self.index.columns
-        return list(
-            zip(
-                *(
-                    np.asarray(cols[name][rows]).tolist()
-                    for name in ("slide_id", "l0_x", "l0_y", "level", "read_size")
-                ),
-                strict=True,
-            )
-        )
-
-    def _read_window(
-        self,
-        window: tuple[int, int, int, int, int],
-        dest: RGBArray,
-        tried: SlideError | None = None,
-    ) -> None:
-        """Read one window into ``dest`` (square: its edge is the output size, the row's
-        ``tile_size`` or a context tile's), reopening and retrying a bounded number of times;
-        raises the last error as `TileReadError`, or as `TransientReadError` when it was a
-        resource error (those are retried with backoff). ``tried``: the error of a first
-        attempt already made (its handle discarded)."""
-        slide_id, x, y, level, size = window
-        path, backend, t = self._paths[slide_id], self.backend, int(dest.shape[0])
-        last: SlideError | None = tried
-        try:
-            for attempt in range(0 if tried is None else 1, self.retries + 1):
-                if last is not None and is_transient(last):
-                    time.sleep(min(BACKOFF_S * 2**attempt, 1.0))
-                try:
-                    reader = self.get_reader(slide_id)
-                except SlideError as exc:
-                    if not is_transient(exc):
-                        raise  # the slide as a whole (a slide fault): retrying tiles can't help
-                    last = exc
-                    continue
-                try:
-                    if size == t and supports(reader, ReadsInto):
-                        reader.read_region_into(dest, x, y, level, size, size)
-                    elif size != t and supports(reader, ReadsScaled):  # DCT downscaling
-                        dest[...] = reader.read_region_scaled(x, y, level, size, size, t, t)
-                    else:
-                        dest[...] = resize(reader.read_region(x, y, level, size, size), t, t)
-                    return
-                except SlideError as exc:  # includes TileReadError, not found, unopenable
-                    self.pool.discard(path, backend)  # its error state may be latched
-                    last = exc
-                    log.debug(  # the text: a record kept by a handler must not hold the frames
-                        "read of %s (%d, %d) failed, try %d: %s", path, x, y, attempt, str(exc)
-                    )
-            assert last is not None
-            if is_transient(last):
-                raise TransientReadError(
-                    f"read at level-0 ({x}, {y}), level {level} failed for want of a resource "
-                    f"after {self.retries + 1} attempts: {last}",
-                    path=path,
-                ) from last
-            if isinstance(last, TileReadError):
-                raise last
-            raise TileReadError.for_region(path, x, y, level, size, size, last) from last
-        finally:
-            # ``last``'s traceback holds this frame, which holds ``last`` and ``dest`` (a row
-            # of a whole batch buffer): a cycle only a full collection frees, so cut it
-            last = tried = None
-
-    def read_window(
-        self, slide_id: int, l0_x: int, l0_y: int, level: int, size: int, dest: RGBArray
-    ) -> None:
-        """Read one window (not necessarily a row of the index) into ``dest``, with the
-        retries but without the failure policy: raises `TileReadError` or `SlideError`."""
-        self._read_window((slide_id, l0_x, l0_y, level, size), dest)
-
-    # -- failures --------------------------------------------------------------------------
-    def _keep(self, entry: dict[str, Any]) -> None:
-        self.failure_count += 1
-        if len(self.failures) < FAILURES_KEPT:
-            self.failures.append(entry)
-
-    def _transient(self, slide_id: int, error: TransientReadError) -> None:
-        """Report a resource error (once per slide per process in the log; always counted)."""
-        self._keep({"kind": "transient", "slide_id": slide_id, "error": str(error)})
-        if slide_id not in self._transient_logged:
-            self._transient_logged.add(slide_id)
-            log.warning("%s (not quarantined: the slide is fine)", str(error))
-
-    def _slide_fault(self, slide_id: int, error: SlideError) -> None:
-        """Report a slide that cannot be opened: once per slide per process."""
-        reason = str(error)
-        if self.slide_faults.get(slide_id) == reason:
-            return
-        self.slide_faults[slide_id] = reason
-        record = self.index.slides[slide_id]
-        log.warning(
-            "slide %s cannot be read, its tiles are not ok: %s", self._paths[slide_id], reason
-        )
-        entry = {
-            "kind": "slide",
-            "slide_id": slide_id,
-            "path": record.path,
-            "fingerprint": record.fingerprint,
-            "error": reason,
-            "policy": self.on_error,
-        }
-        self._keep(entry)
-        if not self.record_failures:
-            return
-        try:
-            self._kept_quarantine().append_slide(entry)
-        except OSError as exc:
-            self._unrecorded(exc)
-
-    def _record(self, row: int, error: TileReadError) -> dict[str, Any]:
-        """Keep a tile failure and append it to the quarantine; the record."""
-        cols = self.index.columns
-        slide_id = int(cols["slide_id"][row])
-        x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
-        entry = {
-            "kind": "tile",
-            "slide_id": slide_id,
-            "path": self.index.slides[slide_id].path,
-            "fingerprint": self.index.slides[slide_id].fingerprint,
-            "x": x,
-            "y": y,
-            "level": int(cols["level"][row]),
-            "row": int(row),
-            "error": error.cause or str(error),
-            "policy": self.on_error,
-        }
-        self._keep(entry)
-        if not self.record_failures:
-            return entry
-        try:
-            self._kept_quarantine().record_tile(entry)
-        except OSError as exc:
-            self._unrecorded(exc)
-        return entry
-
-    def _report_tile_failures(self, rows: npt.NDArray[np.int64]) -> None:
-        """Say the tile failures of slides whose first ones this call met: one WARNING per
-        slide per process, with the count in this read. A slide that fails 13% of its tiles
-        would otherwise go unnoticed, since failed tiles only come back not ok; logging each
-        one would bury everything else (every epoch meets them again)."""
-        slide_ids = self.index.columns["slide_id"][rows]
-        kept = "the dataset's failures"
-        if self.record_failures and not self._quarantine_unwritable:
-            kept += f" and the quarantine ({self.index.quarantine.path})"
-        for slide_id, (count, first) in self._unreported.items():
-            self._reported.add(slide_id)
-            log.warning(
-                "%d of %d tiles of slide %s in this read failed and are not ok (on_error=%s; "
-                "the first at level-0 (%d, %d): %s). Later tile failures of this slide are not "
-                "logged by this process: %s list every one",
-                count,
-                int(np.count_nonzero(slide_ids == slide_id)),
-                self._paths[slide_id],
-                self.on_error,
-                first["x"],
-                first["y"],
-                first["error"],
-                kept,
-            )
-        self._unreported.clear()
-
-    def _kept_quarantine(self) -> Quarantine:
-        """One Quarantine object per reader: it remembers the records it has seen, so a
-        failure recorded already is not read from the file again."""
-        if self._quarantine is None:
-            self._quarantine = self.index.quarantine
-        return self._quarantine
-
-    def _unrecorded(self, error: OSError) -> None:
-        """A quarantine write failed (a read-only index): said once per process, since every
-        failed tile would say it again; the failures stay in the batches and `failures`."""
-        if self._quarantine_unwritable:
-            log.debug("quarantine not written: %s", error)
-            return
-        self._quarantine_unwritable = True
-        log.warning(
-            "cannot write the quarantine %s (%s): failed reads are still reported (ok=False, "
-            "dataset.failures) but not recorded; pass quarantine=FILE (--quarantine FILE) to "
-            "record them in a file you can write (said once per process)",
-            self.index.quarantine.path,
-            error,
-        )
-
-    def _substitute(self, row: int, i: int, result: ReadResult) -> int | None:
-        """Read a deterministic other row of the same slide (with its context tiles) into
-        slot ``i`` of ``result``; its row, or None."""
-        slide_id = int(self.index.columns["slide_id"][row])
-        start, stop = int(self._slide_start[slide_id]), int(self._slide_start[slide_id + 1])
-        if stop - start < 2:
-            return None
-        rng = np.random.default_rng([row, 0x5EED])
-        tried: set[int] = {row}
-        for _ in range(SUBSTITUTE_ATTEMPTS):
-            other = int(rng.integers(start, stop))
-            if other in tried:
-                continue
-            tried.add(other)
-            try:
-                self._read_window(self._windows(np.array([other]))[0], result.pixels[i])
-                self._read_context_of(other, i, result)
-                return other
-            except TileReadError as exc:
-                self._record(other, exc)
-            except SlideError:
-                return None
-        return None
 
     # -- public ----------------------------------------------------------------------------
     def prefetch(self, rows: npt.ArrayLike) -> None:
@@ -739,193 +404,6 @@ class TileReader:
             return reader.read_encoded(x, y, level, size, size)
         except SlideError:
             return None
-
-    def _read_into(
-        self,
-        row: int,
-        window: tuple[int, int, int, int, int],
-        i: int,
-        result: ReadResult,
-        faulted: dict[int, SlideError],
-        tried: SlideError | None = None,
-        read: Callable[[], None] | None = None,
-    ) -> None:
-        """Read slot ``i`` (``read``: by default the row's main window) with the retries, then
-        apply the failure policy: the one place that decides what a failure means. ``faulted``:
-        slides of this call found unreadable (their other rows fail at once)."""
-        slide_id = window[0]
-        error = faulted.get(slide_id)
-        try:
-            if error is None:
-                try:
-                    if read is None:
-                        self._read_window(window, result.pixels[i], tried)
-                    else:
-                        read()
-                except SlideError as exc:
-                    error = exc
-                else:
-                    if self.slide_faults:  # the slide is back: a later fault is reported again
-                        self.slide_faults.pop(slide_id, None)
-                    return
-            self._failed(row, i, error, result, faulted)
-        finally:
-            error = tried = None  # their tracebacks hold this frame (see `_read_window`)
-
-    def _failed(
-        self,
-        row: int,
-        i: int,
-        error: SlideError,
-        result: ReadResult,
-        faulted: dict[int, SlideError],
-    ) -> None:
-        """Report a row that could not be read and apply the failure policy to it."""
-        slide_id = int(self.index.columns["slide_id"][row])
-        result.ok[i] = False
-        if isinstance(error, TileReadError):
-            entry = self._record(row, error)
-            result.errors[i] = error.cause or str(error)
-            if self.report_failures and slide_id not in self._reported:
-                count, first = self._unreported.get(slide_id, (0, entry))
-                self._unreported[slide_id] = (count + 1, first)
-        elif isinstance(error, TransientReadError):  # not the data's fault: never quarantined
-            faulted[slide_id] = error  # the rest of this call's tiles of the slide fail fast
-            self._transient(slide_id, error)
-            result.errors[i] = f"resource error: {error}"
-        else:  # the whole slide: no substitute from it either
-            faulted[slide_id] = error
-            self._slide_fault(slide_id, error)
-            result.errors[i] = f"slide fault: {error}"
-        if self.on_error == "raise":
-            raise error
-        if self.on_error == "substitute" and isinstance(error, TileReadError):
-            found = self._substitute(row, i, result)
-            if found is not None:
-                result.source_rows[i] = found
-                result.substituted[i] = True
-                return
-        self._fill(i, result)
-
-    def _fill(self, i: int, result: ReadResult) -> None:
-        """Slot ``i`` of a row that failed: its tile and context tiles in ``fill_value``."""
-        result.pixels[i] = self.fill_value
-        for tiles in result.context:
-            tiles[i] = self.fill_value
-        if result.context_inside is not None:
-            result.context_inside[i] = 0
-
-    # -- context tiles ---------------------------------------------------------------------
-    def _context_buffers(
-        self, n: int, given: Sequence[npt.NDArray[np.uint8]] | None
-    ) -> list[npt.NDArray[np.uint8]]:
-        shapes = [(n, size, size, 3) for _, size in self.context]
-        if given is None:
-            return [np.empty(shape, dtype=np.uint8) for shape in shapes]
-        found = [(tuple(a.shape), a.dtype) for a in given]
-        if found != [(shape, np.dtype(np.uint8)) for shape in shapes]:
-            raise ValueError(f"context_out must be uint8 buffers of shapes {shapes}, got {found}")
-        return list(given)
-
-    def _plans(self, slide_id: int) -> tuple[SlideMeta, list[ContextPlan]]:
-        """The slide's meta (as this process's reader sees it) and its context plans. A slide
-        that cannot serve a scale raises `ResolutionError`, a slide fault."""
-        planned = self._context_plans.get(slide_id)
-        if planned is None:
-            meta = self.get_reader(slide_id).meta
-            record = self.index.slides[slide_id]
-            tolerance = float(self.index.params.get("mpp_tolerance", 0.1))
-            try:
-                plans = plan_context(meta, self.context, tolerance, manifest_mpp(record))
-            except ResolutionError as exc:
-                raise ResolutionError(str(exc), path=self._paths[slide_id]) from exc
-            planned = self._context_plans[slide_id] = (meta, plans)
-        return planned
-
-    def context_windows(self, row: int) -> list[tuple[tuple[int, int, int, int, int], Box]]:
-        """Per context scale, the window of index row ``row`` (slide id, level-0 x, y, level,
-        window edge in level pixels) and its box on the slide (see `wsi_loader.dataset._context`).
-        Opens the slide; raises `SlideError` when it cannot be read."""
-        cols = self.index.columns
-        slide_id = int(cols["slide_id"][row])
-        meta, plans = self._plans(slide_id)
-        x, y = int(cols["l0_x"][row]), int(cols["l0_y"][row])
-        centre_x, centre_y = main_centre(
-            meta, x, y, int(cols["level"][row]), int(cols["read_size"][row])
-        )
-        found = []
-        for plan in plans:
-            l_x, l_y = plan.place(centre_x, centre_y)
-            l0_x, l0_y = level_to_l0(l_x, plan.downsample), level_to_l0(l_y, plan.downsample)
-            found.append(
-                ((slide_id, l0_x, l0_y, plan.level, plan.read_size), plan.inside(l_x, l_y))
-            )
-        return found
-
-    def _context_windows(
-        self, row: int, quiet: bool = False
-    ) -> list[tuple[tuple[int, int, int, int, int], Box]]:
-        """`context_windows`; with ``quiet``, none for a slide that cannot be read (the serial
-        path reads it again and reports)."""
-        try:
-            return self.context_windows(row)
-        except SlideError:
-            if quiet:
-                return []
-            raise
-
-    def _read_context_of(
-        self, row: int, i: int, result: ReadResult, done: frozenset[int] = frozenset()
-    ) -> None:
-        """Read the context tiles of ``row`` into slot ``i`` (scales in ``done`` were read by
-        the threads), fill what is off the slide, and note the boxes on it. A failed window
-        raises `TileReadError` naming the scale."""
-        assert result.context_inside is not None
-        for k, (window, box) in enumerate(self.context_windows(row)):
-            tile = result.context[k][i]
-            if k not in done:
-                try:
-                    self._read_window(window, tile)
-                except TileReadError as exc:
-                    mpp, size = self.context[k]
-                    raise TileReadError(
-                        f"context tile {k + 1} ({size} px at {mpp:g} um/px): {exc}",
-                        path=exc.path,
-                        l0_x=exc.l0_x,
-                        l0_y=exc.l0_y,
-                        level=exc.level,
-                        cause=f"context {mpp:g} um/px: {exc.cause or exc}",
-                    ) from exc
-            fill_outside(tile, box, self.fill_value)
-            result.context_inside[i, k] = box
-
-    def _read_contexts(
-        self,
-        rows: npt.NDArray[np.int64],
-        order: list[int],
-        result: ReadResult,
-        faulted: dict[int, SlideError],
-        done: set[tuple[int, int]],
-    ) -> None:
-        """Read the context tiles of every row whose main window was read (failed rows are
-        filled; substituted ones were read with their substitute), with the failure policy."""
-        threaded: dict[int, set[int]] = {}
-        for i, k in done:
-            threaded.setdefault(i, set()).add(k)
-        slides = self.index.columns["slide_id"]
-        for i in order:
-            if not result.ok[i] or result.substituted[i]:
-                continue
-            row = int(rows[i])
-            skip = frozenset(threaded.get(i, ()))
-            self._read_into(
-                row,
-                (int(slides[row]), 0, 0, 0, 0),
-                i,
-                result,
-                faulted,
-                read=partial(self._read_context_of, row, i, result, skip),
-            )
 
     def close(self) -> None:
         self.pool.close()

@@ -22,12 +22,9 @@ from wsi_loader.config import DatasetConfig, validate
 from wsi_loader.dataset._batch import TileBatch
 from wsi_loader.dataset._buffers import BufferRing, fresh_buffer, lease, release
 from wsi_loader.dataset._context import check_context, recorded_context
-from wsi_loader.dataset._reading import (
-    FreeCores,
-    ReadResult,
-    TileReader,
-    threads_per_process,
-)
+from wsi_loader.dataset._cores import FreeCores, threads_per_process
+from wsi_loader.dataset._failures import ReadResult
+from wsi_loader.dataset._reading import TileReader
 from wsi_loader.dataset._worker_exit import let_queue_feeders_finish  # noqa: F401 (registers it)
 from wsi_loader.errors import ConfigError
 from wsi_loader.index._health import require_slides

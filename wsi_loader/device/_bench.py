@@ -25,8 +25,8 @@ import openslide
 import torch
 
 from wsi_loader.dataset._buffers import BufferRing
+from wsi_loader.dataset._cores import threads_per_process
 from wsi_loader.dataset._loader import make_loader
-from wsi_loader.dataset._reading import threads_per_process
 from wsi_loader.dataset._tiles import TileDataset
 from wsi_loader.device._devices import resolve_device
 from wsi_loader.device._loader import DeviceLoader

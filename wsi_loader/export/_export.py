@@ -38,7 +38,7 @@ import numpy as np
 
 from wsi_loader.config import DatasetConfig, ExportConfig, validate
 from wsi_loader.dataset._context import check_context, recorded_context
-from wsi_loader.dataset._reading import threads_per_process
+from wsi_loader.dataset._cores import threads_per_process
 from wsi_loader.errors import (
     ConfigError,
     UnitsNotDoneError,
