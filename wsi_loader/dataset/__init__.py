@@ -1,8 +1,27 @@
-"""torch Datasets, samplers and batches over a SlideIndex.
+"""Reading tiles of a `SlideIndex`, the third step after `stain`: torch Datasets, samplers
+and whole batches, surviving bad data.
 
-Names are imported on first use: `wsi_loader.dataset._reading` (the torch-free reader that the
-exporter and the views use) can be imported without paying for torch, which keeps spawned
-export workers quick to start.
+Reading (torch-free: the exporter's and views' workers use it too):
+- `_reading`: `TileReader`, index rows into one NHWC uint8 buffer, per batch, with a thread
+  pool sized by `_cores`
+- `_retry`: one window with retries (a failed reader is closed and reopened), then the
+  failure policy (``fill``, ``substitute`` or ``raise``)
+- `_failures`: `ReadResult` and the failure records: where a tile's failure becomes a
+  quarantine record (`wsi_loader.index.Quarantine`)
+- `_context`, `_context_tiles`: co-centred context tiles: their geometry, and their reads
+- `_scan`: a whole-slide pass's batches in strip order (each storage tile decoded once)
+- `_quarantine`: listing, clearing and retrying the quarantine (``wsi-loader quarantine``)
+
+torch:
+- `_tiles`: `TileDataset`; `_bags`: `SlideBagDataset`; `_feature_bags`: `FeatureBagDataset`
+  and `pad_bags` over the h5 files `features` writes
+- `_samplers`: `DistributedTileSampler`, `BalancedTileSampler` (permutations, not lists)
+- `_loader`: `make_loader`, a DataLoader whose workers read whole batches (`_batch`:
+  `TileBatch`; `_buffers`: batch buffers reused once released; `_look_ahead`: the next
+  batches' bytes fetched while decoding; `_worker_exit`: workers that end cleanly)
+
+May import: `slides`, `index`, `stain` and the foundation modules. Names are imported on first
+use, so importing the reader does not pay for torch (spawned export workers start quickly).
 """
 
 from __future__ import annotations
