@@ -1,4 +1,4 @@
-"""Reading tiles of a `SlideIndex`, the third step after `stain`: torch Datasets, samplers
+"""Reading tiles of a `SlideIndex`, the step after `index` and `stain`: torch Datasets, samplers
 and whole batches, surviving bad data.
 
 Reading (torch-free: the exporter's and views' workers use it too):
