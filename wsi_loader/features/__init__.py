@@ -8,16 +8,15 @@ May import: every earlier step (`slides` ... `models`) and the foundation module
 """
 
 from wsi_loader.features._extract import (
-    DTYPES,
     FEATURES_JSON,
     Encoder,
     FeatureReport,
-    assign_slides,
     encoder_from,
     extract,
     extract_features,
     load_encoder,
 )
+from wsi_loader.models._pass import DTYPES, assign_slides
 
 __all__ = [
     "DTYPES",

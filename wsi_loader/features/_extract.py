@@ -43,12 +43,10 @@ from wsi_loader.files import write_file
 from wsi_loader.index._naming import file_text, h5_file_names
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.models._pass import (
-    DTYPES,
     BatchTransform,
     PassOptions,
     PassReport,
     SlideOutputs,
-    assign_slides,
     open_view,
     run_pass,
     slides_with_tiles,
@@ -67,17 +65,6 @@ FEATURES_JSON = "features.json"
 # the names this module had before model loading and the pass moved out of it
 Encoder = Model
 FeatureReport = PassReport
-__all__ = [
-    "DTYPES",
-    "FEATURES_JSON",
-    "Encoder",
-    "FeatureReport",
-    "assign_slides",
-    "encoder_from",
-    "extract",
-    "extract_features",
-    "load_encoder",
-]
 
 
 def load_encoder(spec: str) -> Model:
