@@ -154,3 +154,18 @@ def test_windows_is_told_it_is_not_supported() -> None:
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: wsi_loader needs Linux or macOS"), done.stderr
     assert "WSL" in last
+
+
+def test_predict_stays_the_function_when_the_predict_package_is_imported() -> None:
+    # `predict` names a public function and the predict/ package: importing the package binds
+    # it on `wsi_loader` unless the package root keeps the function there
+    code = (
+        "import inspect, wsi_loader as wl;"
+        "import wsi_loader.predict._outputs, wsi_loader.predict._heatmaps;"
+        "from wsi_loader.predict import read_run;"
+        "from wsi_loader import predict;"
+        "assert inspect.isfunction(wl.predict) and predict is wl.predict, wl.predict;"
+        "assert wl.predict.__module__ == 'wsi_loader.predict._run';"
+        "import sys; assert sys.modules['wsi_loader.predict'].read_run is read_run"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
