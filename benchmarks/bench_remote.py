@@ -401,7 +401,7 @@ def request_child(url: str, count: str, mode: str) -> dict[str, float]:
     """``count`` random ranges of 15-35 KB, 64 KB apart at least, in batches of 64: "planned",
     the reader's path (each batch's look-ahead planned two batches ahead through the range
     store, then every range read), or "libcurl", the same requests straight through
-    `curl_client.Transfers`, a batch at a time. CPU per range after four warm-up batches."""
+    `_curl.Transfers`, a batch at a time. CPU per range after four warm-up batches."""
     from wsi_loader.slides.storage._range_cache import RangeStore
     from wsi_loader.slides.storage._sources import RemoteBytes
 

@@ -17,7 +17,7 @@ On the same tiles (256 px, from synthetic slides stained with known vectors), in
   where its cost comes from: one process's CPU per tile to read (decode) a batch and to
   normalise it, on the synthetic archive and on any ``--real SLIDE`` (tiles as they decode from a
   real scanner's JPEGs; e.g. ``$WSI_LOADER_TEST_DATA/CMU-1-Small-Region.svs``).
-- what it costs a whole run: `wsi_loader.predict.predict` with a small CNN (bench_predict.py's)
+- what it costs a whole run: `wsi_loader.predict` with a small CNN (bench_predict.py's)
   on ``--device``, with and without normalisation (on a CPU the map runs in the process that runs
   the model; on a GPU, on the device), and for scale a ResNet-18's forward per tile on
   ``--device`` (``--model-scale`` prints only that).

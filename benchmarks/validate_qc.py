@@ -2,10 +2,10 @@
 
     .venv/bin/python benchmarks/validate_qc.py [--scratch DIR] [--quick]
 
-1. Synthetic slides with painted artefacts (`wsi_loader.synthetic.qc_layout`: pen
+1. Synthetic slides with painted artefacts (`wsi_loader.synthetic._artefacts.qc_layout`: pen
    strokes in four inks along curves, regions blurred with sigma 2, 4 and 8 level-0 px,
    folded strips, bubbles; masks known exactly), indexed at 256 px, 0.5 um/px: per rule,
-   tile precision and recall (`synthetic_artefacts.score`: positives are tiles the artefact
+   tile precision and recall (`synthetic._artefacts.score`: positives are tiles the artefact
    covers at least half of, negatives those it covers under 2%, partly covered tiles are not
    scored), in three regimes of the picture QC works on: 32 um/px (0.5 um/px scans whose
    lowest level is 1/64), 8 um/px (lowest level 1/16), and 0.25 um/px scans read at 0.5.

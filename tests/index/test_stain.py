@@ -1,4 +1,4 @@
-"""Per-slide stain estimates in the index (index/stain.py and the builder's columns)."""
+"""Per-slide stain estimates in the index (index/_stain_estimates.py and the builder's columns)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ class ReadResult:
     errors: list[str | None] = field(default_factory=list)
     encoded: list[bytes | None] | None = None  # compressed tiles left for the caller to decode
     # one (N, size, size, 3) buffer per context scale, and per tile and scale the box of the
-    # context tile that is on the slide (N, scales, 4: x0, y0, x1, y1; see dataset.context)
+    # context tile that is on the slide (N, scales, 4: x0, y0, x1, y1; see dataset._context)
     context: list[npt.NDArray[np.uint8]] = field(default_factory=list)
     context_inside: npt.NDArray[np.int32] | None = None
 

@@ -38,7 +38,7 @@ CARD_FILE = "README.md"
 # the card's last line: a README.md without it is someone else's, never replaced
 MARK = "<!-- written by wsi_loader export; rewritten by the next export into this folder -->"
 
-# The JSON member of every sample (export.py writes it): field -> Hugging Face type
+# The JSON member of every sample (export/_webdataset.py writes it): field -> Hugging Face type
 SAMPLE_FIELDS = {
     "slide": "string",
     "slide_id": "int64",

@@ -1,4 +1,5 @@
-"""Freeze a tile dataset to disk for other tools: image folders or WebDataset tar shards.
+"""Freeze a tile dataset to disk for other tools: image folders, WebDataset tar shards or
+CLAM's coordinates (h5).
 
 The export is cut into deterministic units (a shard's rows, or a fixed chunk of rows for image
 folders). Each unit is a plain function of small arguments (`export_unit`) that reads its tiles

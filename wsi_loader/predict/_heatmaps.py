@@ -1,5 +1,5 @@
 """Heatmaps of tile outputs over the slide thumbnail: predict's ``heatmaps/<slide>.png``,
-``inspect --predictions`` and MIL attention, drawn with `view`'s machinery (thumbnail from a
+``inspect --predictions`` and MIL attention, drawn with `_pictures`' helpers (thumbnail from a
 low pyramid level, scale bar, hatching of what could not be read).
 
 Each thumbnail pixel shows the mean of the tiles covering its centre, so an overlapping grid

@@ -122,7 +122,7 @@ Reader = TypeVar("Reader", bound="SlideReader")
 
 @runtime_checkable
 class SlideReader(Protocol):
-    """An open slide. Not thread-safe; one per process (see ``slides.pool``). A context
+    """An open slide. Not thread-safe; one per process (see ``slides._pool``). A context
     manager (``with open_slide(path) as slide:``) that closes itself; backends subclass it
     for that. Reading a closed reader is a ``ValueError`` (the caller's bug, as for a closed
     file), never a failed tile.

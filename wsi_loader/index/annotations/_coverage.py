@@ -13,7 +13,7 @@ Shapes of one class may overlap, and a class's holes (Aperio negative regions, A
 groups) are cut out of it; sums of areas are wrong there. So every cell is resolved by a rule
 from the per-shape areas: a shape that covers the cell decides it; a cell crossed by a single
 outline takes that shape's area. Cells crossed by two or more outlines of one class (and
-covered by none; ~130 of 4,700 in the benchmark above) are measured by `overlaps`, which
+covered by none; ~130 of 4,700 in the benchmark above) are measured by `_overlaps`, which
 keeps the outline pieces that bound the class there; where outlines run along each other, a
 polygon overlay (shapely's intersection with that cell alone) decides.
 """
@@ -349,7 +349,7 @@ class ClassCells:
 
     def _overlapping(self, classes: Ints, cells: Ints) -> tuple[Floats, npt.NDArray[np.bool_]]:
         """Each class's area in the cells (sorted by class, then cell) crossed by several of
-        its outlines (`overlaps`); a shape only meets the shapes of its own class there.
+        its outlines (`_overlaps`); a shape only meets the shapes of its own class there.
         Done in chunks of about `CHUNK_PAIRS` piece pairs, so memory stays bounded on
         archives of overlapping annotations."""
         n_cells = len(self.cell_area)

@@ -14,11 +14,11 @@ identical request goes out when the first is slower than that: the first answer 
 is dropped) and ``deadline`` (every attempt still running then is dropped and the request fails
 with `StalledError`); both come from the latency seen so far (`_request_plan.CostModel`).
 
-S3 requests are signed (AWS Signature V4: object requests by `sigv4.Signer`, which keeps the
+S3 requests are signed (AWS Signature V4: object requests by `_sigv4.Signer`, which keeps the
 day's signing key; listings by libcurl) with the keys of the standard environment
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL``,
 ``AWS_REGION``/``AWS_DEFAULT_REGION``); stores whose credentials come from elsewhere (an instance
-role, GCS, Azure) are read through obstore (`storage`).
+role, GCS, Azure) are read through obstore (`_remote`).
 """
 
 from __future__ import annotations
@@ -396,7 +396,7 @@ class Endpoint:
     credentials: tuple[str, str] | None = None
     token: str | None = None  # AWS_SESSION_TOKEN
     list_url: str | None = None  # S3: the bucket's URL for ListObjectsV2
-    signer: Signer | None = None  # S3: signs object requests (HEAD, GET), see `sigv4`
+    signer: Signer | None = None  # S3: signs object requests (HEAD, GET), see `_sigv4`
 
     def object_url(self, key: str) -> str:
         return self.base + quote(key, safe="/~")

@@ -166,7 +166,7 @@ class _CurlStore:
         return body
 
     def poke(self) -> None:
-        """Send what was submitted, take in what arrived (see `curl_client.Transfers`)."""
+        """Send what was submitted, take in what arrived (see `_curl.Transfers`)."""
         self.transfers.poke()
 
     def download(self, url: str, dest: str, size: int, etag: str | None) -> None:
