@@ -49,7 +49,7 @@ from wsi_loader.dataset._reading import TileReader
 from wsi_loader.device._bench import busy_cores
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.slides import _pool as pool_module
-from wsi_loader.slides import _tiff as tiff_backend
+from wsi_loader.slides import _tiff
 from wsi_loader.slides._base import BytesLRU
 
 SCALE = (2.0, 224)
@@ -107,13 +107,13 @@ def decodes_per_row(
     dealt in turn to two readers, each with its own segment cache), on one thread.
     ``plain_lru``: with the segment cache a plain LRU instead of a segmented one."""
     counted = {0: 0, 1: 0}
-    original = tiff_backend.TiffReader._decoder
+    original = _tiff.TiffReader._decoder
 
     def counting(self: Any, level: int, index: int, scale: int) -> Any:
         counted[level] = counted.get(level, 0) + 1  # the serial path decodes what it asks for
         return original(self, level, index, scale)
 
-    tiff_backend.TiffReader._decoder = counting  # type: ignore[method-assign]
+    _tiff.TiffReader._decoder = counting  # type: ignore[method-assign]
     cache = pool_module.SegmentCache
     if plain_lru:
         pool_module.SegmentCache = PlainLRU  # type: ignore[misc,assignment]
@@ -122,7 +122,7 @@ def decodes_per_row(
         for n, start in enumerate(range(0, len(rows), batch)):
             readers[n % 2].read(rows[start : start + batch])
     finally:
-        tiff_backend.TiffReader._decoder = original  # type: ignore[method-assign]
+        _tiff.TiffReader._decoder = original  # type: ignore[method-assign]
         pool_module.SegmentCache = cache  # type: ignore[misc]
     return counted[0] / len(rows), counted[1] / len(rows)
 

@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.feature_models import MeanLinear
 from wsi_loader.features import encoder_from, extract
 from wsi_loader.index import SlideIndex
-from wsi_loader.slides import _tiff as tiff_backend
+from wsi_loader.slides import _tiff
 
-_decoder = tiff_backend.TiffReader._decoder
+_decoder = _tiff.TiffReader._decoder
 
 
-def _counted(self: tiff_backend.TiffReader, level: int, index: int, scale: int) -> Any:
+def _counted(self: _tiff.TiffReader, level: int, index: int, scale: int) -> Any:
     decode = _decoder(self, level, index, scale)
 
     def run() -> Any:
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("index")
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     args = parser.parse_args()
-    tiff_backend.TiffReader._decoder = _counted  # type: ignore[method-assign]
+    _tiff.TiffReader._decoder = _counted  # type: ignore[method-assign]
     index = SlideIndex.open(args.index)
     encoder = encoder_from(
         (MeanLinear(), {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)})

@@ -311,10 +311,10 @@ def test_look_ahead_asks_for_the_context_windows_bytes_too(
 ) -> None:
     """Rows named ahead (remote range requests, kernel read-ahead) have their context
     windows' storage segments asked for too, not only their tiles'."""
-    from wsi_loader.slides import _tiff as tiff_backend
+    from wsi_loader.slides import _tiff
 
     asked: list[tuple[int, int]] = []
-    monkeypatch.setattr(tiff_backend, "read_ahead", lambda fd, ranges: asked.extend(ranges))
+    monkeypatch.setattr(_tiff, "read_ahead", lambda fd, ranges: asked.extend(ranges))
     reader = TileReader(fine_index, context=[(2.0, 224)], record_failures=False)
     raw = reader.get_reader(0)
     rows = [0, len(fine_index) // 2]

@@ -17,20 +17,20 @@ import pytest
 from tests.conftest import REPO
 from wsi_loader import SlideIndex, TileDataset, build_index
 from wsi_loader.errors import ConfigError, LoaderTimeoutError
-from wsi_loader.slides import _tiff as tiff_backend
+from wsi_loader.slides import _tiff
 
 
 def _failing_raw(monkeypatch: pytest.MonkeyPatch, code: int, times: int | None) -> list[int]:
-    real = tiff_backend.TiffReader._raw
+    real = _tiff.TiffReader._raw
     calls: list[int] = []
 
-    def raw(self: tiff_backend.TiffReader, level: int, index: int) -> bytes:
+    def raw(self: _tiff.TiffReader, level: int, index: int) -> bytes:
         calls.append(index)
         if times is None or len(calls) <= times:
             raise OSError(code, os.strerror(code))
         return real(self, level, index)
 
-    monkeypatch.setattr(tiff_backend.TiffReader, "_raw", raw)
+    monkeypatch.setattr(_tiff.TiffReader, "_raw", raw)
     return calls
 
 
@@ -130,7 +130,7 @@ def test_readers_refuse_a_fifo(tmp_path: Path, backend: str) -> None:
     from wsi_loader.slides._openslide import OpenSlideReader
 
     os.mkfifo(tmp_path / "pipe.svs")
-    reader = tiff_backend.TiffReader if backend == "tiff" else OpenSlideReader
+    reader = _tiff.TiffReader if backend == "tiff" else OpenSlideReader
     with pytest.raises(SlideOpenError, match="not a regular file"):
         reader(str(tmp_path / "pipe.svs"))
 
@@ -159,16 +159,16 @@ def test_a_stuck_worker_is_a_timeout_naming_its_slide(
     from wsi_loader import make_loader
 
     index = build_index([archive], tmp_path / "idx", level=0, min_tissue=0.0)
-    real = tiff_backend.TiffReader._raw
+    real = _tiff.TiffReader._raw
 
-    def hangs_on_bad(self: tiff_backend.TiffReader, level: int, i: int) -> bytes:
+    def hangs_on_bad(self: _tiff.TiffReader, level: int, i: int) -> bytes:
         if self.path.endswith("bad.svs"):
             import time
 
             time.sleep(60)  # a share that stopped answering
         return real(self, level, i)
 
-    monkeypatch.setattr(tiff_backend.TiffReader, "_raw", hangs_on_bad)
+    monkeypatch.setattr(_tiff.TiffReader, "_raw", hangs_on_bad)
     loader = make_loader(
         index, batch_size=len(index), num_workers=1, timeout=3, multiprocessing_context="fork"
     )

@@ -15,12 +15,12 @@ from tests.conftest import SlideFactory
 from wsi_loader.dataset._loader import make_loader
 from wsi_loader.dataset._scan import scan_order, slide_batches, strip_windows
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.slides import _tiff as tiff_backend
+from wsi_loader.slides import _tiff
 
-_decoder = tiff_backend.TiffReader._decoder  # as imported: never a patched one
+_decoder = _tiff.TiffReader._decoder  # as imported: never a patched one
 
 
-def _counted(self: tiff_backend.TiffReader, level: int, index: int, scale: int) -> Any:
+def _counted(self: _tiff.TiffReader, level: int, index: int, scale: int) -> Any:
     """`TiffReader._decoder` that logs each decode (in this process and forked workers)."""
     decode = _decoder(self, level, index, scale)
 
@@ -98,7 +98,7 @@ def test_each_storage_tile_is_decoded_once_in_a_whole_slide_pass(
 ) -> None:
     log = tmp_path / "decodes.log"
     monkeypatch.setenv("DECODE_LOG", str(log))
-    monkeypatch.setattr(tiff_backend.TiffReader, "_decoder", _counted)  # forked workers too
+    monkeypatch.setattr(_tiff.TiffReader, "_decoder", _counted)  # forked workers too
     in_index_order = read_all(wide, log, workers, scan=False)
     scanned = read_all(wide, log, workers, scan=True)
     assert set(scanned) == set(in_index_order)  # the same storage tiles

@@ -21,10 +21,9 @@ from wsi_loader.cli import main
 from wsi_loader.dataset import TileDataset, _cores
 from wsi_loader.errors import ConfigError, UnitsNotDoneError, UnitTimeoutError, WorkerDiedError
 from wsi_loader.export import _export as export_module
-from wsi_loader.export import _folder as export_folder
+from wsi_loader.export import _folder, export_index, label_folders
 from wsi_loader.export import _unit as unit_module
 from wsi_loader.export import _webdataset as webdataset_module
-from wsi_loader.export import export_index, label_folders
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index._naming import safe_component
 
@@ -396,7 +395,7 @@ def test_a_unit_is_complete_only_after_its_shard_is_written(
     monkeypatch.setattr(webdataset_module, "write_file", dies_writing_a_shard)
     with pytest.raises(KeyboardInterrupt):
         export_index(index, out, format="webdataset", shard_size=30)
-    assert not export_folder.part_records(out)  # nothing marked done
+    assert not _folder.part_records(out)  # nothing marked done
     monkeypatch.undo()
     report = export_index(index, out, format="webdataset", shard_size=30)
     assert report.units_skipped == 0 and report.tiles == len(index)
@@ -583,7 +582,7 @@ def test_an_export_of_an_older_layout_is_refused_with_that_reason(
     # would mix both layouts
     out = tmp_path / "out"
     export_index(index, out, shard_size=50)
-    settings = out / export_folder.SETTINGS_FILE
+    settings = out / _folder.SETTINGS_FILE
     old = json.loads(settings.read_text())
     settings.write_text(json.dumps({**old, "version": 2}))
     with pytest.raises(ConfigError, match="another version of wsi_loader"):

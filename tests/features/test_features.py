@@ -349,16 +349,16 @@ def test_feature_bag_labels_are_checked_as_index_labels_are(
 # In every reading process: reads of good.svs hang, as on a share that stopped answering
 GOOD_HANGS = """
 import time
-from wsi_loader.slides import _tiff as tiff_backend
+from wsi_loader.slides import _tiff
 
-_raw = tiff_backend.TiffReader._raw
+_raw = _tiff.TiffReader._raw
 
 def _hangs(self, level, index):
     if self.path.endswith("good.svs"):
         time.sleep(3600)
     return _raw(self, level, index)
 
-tiff_backend.TiffReader._raw = _hangs
+_tiff.TiffReader._raw = _hangs
 """
 
 
@@ -367,17 +367,17 @@ def hang_reads_of_good_slide(
 ) -> None:
     """Every read of good.svs hangs: in spawned or forkserver workers (`GOOD_HANGS`) and in
     this process and its forked workers (the patch)."""
-    from wsi_loader.slides import _tiff as tiff_backend
+    from wsi_loader.slides import _tiff
 
     hook_workers(GOOD_HANGS)
-    real = tiff_backend.TiffReader._raw
+    real = _tiff.TiffReader._raw
 
-    def _hangs(self: tiff_backend.TiffReader, level: int, i: int) -> bytes:
+    def _hangs(self: _tiff.TiffReader, level: int, i: int) -> bytes:
         if self.path.endswith("good.svs"):
             time.sleep(3600)
         return real(self, level, i)
 
-    monkeypatch.setattr(tiff_backend.TiffReader, "_raw", _hangs)
+    monkeypatch.setattr(_tiff.TiffReader, "_raw", _hangs)
 
 
 @pytest.mark.timeout(240)

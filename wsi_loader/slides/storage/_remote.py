@@ -19,7 +19,7 @@ from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
 from wsi_loader.errors import ForkUnsafeError, SlideOpenError
-from wsi_loader.slides.storage import _curl as curl_client
+from wsi_loader.slides.storage import _curl
 from wsi_loader.slides.storage._curl import Answer, Endpoint, NetworkError, Request
 from wsi_loader.slides.storage._remote_errors import (
     CREDENTIALS_ADVICE,
@@ -69,7 +69,7 @@ class RemoteStat:
 class _CurlStore:
     """S3 (keys in the environment) and plain HTTP(S) through libcurl."""
 
-    def __init__(self, endpoint: Endpoint, transfers: curl_client.Transfers) -> None:
+    def __init__(self, endpoint: Endpoint, transfers: _curl.Transfers) -> None:
         self.endpoint = endpoint
         self.transfers = transfers
         self.model = CostModel()
@@ -296,7 +296,7 @@ class _Clients:
         self.used_obstore = False
         self.pid = os.getpid()
         self.clients: dict[str, Client] = {}
-        self.transfers: curl_client.Transfers | None = None
+        self.transfers: _curl.Transfers | None = None
         self.threads: concurrent.futures.ThreadPoolExecutor | None = None
         self.lock = threading.Lock()
 
@@ -312,11 +312,11 @@ class _Clients:
             return found
 
     def _make(self, root: str, url: str) -> Client:
-        endpoint = curl_client.endpoint_for(url)
+        endpoint = _curl.endpoint_for(url)
         if endpoint is not None:
             try:
                 if self.transfers is None:
-                    self.transfers = curl_client.Transfers()
+                    self.transfers = _curl.Transfers()
             except ImportError as exc:  # an optional dependency
                 raise SlideOpenError(
                     "reading slides from URLs needs pycurl (pip install 'wsi_loader[remote]')",

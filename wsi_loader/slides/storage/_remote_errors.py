@@ -22,7 +22,7 @@ from wsi_loader.errors import (
     SlideOpenError,
     TransientReadError,
 )
-from wsi_loader.slides.storage import _curl as curl_client
+from wsi_loader.slides.storage import _curl
 from wsi_loader.slides.storage._curl import Answer, NetworkError, StalledError
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def _network_text(url: str, exc: BaseException) -> str:
 
 
 def _endpoint_host(url: str) -> str:
-    endpoint = curl_client.endpoint_for(url)
+    endpoint = _curl.endpoint_for(url)
     return urlsplit(endpoint.base).netloc if endpoint is not None else urlsplit(url).netloc
 
 

@@ -48,7 +48,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from wsi_loader.errors import SlideOpenError, TransientReadError
-from wsi_loader.slides.storage import _curl as curl_client
+from wsi_loader.slides.storage import _curl
 from wsi_loader.slides.storage._range_cache import RangeStore
 from wsi_loader.slides.storage._remote import RemoteStat, client_for
 from wsi_loader.slides.storage._remote_errors import (
@@ -87,7 +87,7 @@ def url_join(folder: str, name: str) -> str:
 def survives_fork(url: str) -> bool:
     """Whether a process forked after reading ``url`` can read it too (libcurl's clients are
     made per process; obstore's runtime is not)."""
-    return not is_url(url) or curl_client.endpoint_for(url) is not None
+    return not is_url(url) or _curl.endpoint_for(url) is not None
 
 
 def remote_stat(url: str, retries: int = RETRIES) -> RemoteStat:
