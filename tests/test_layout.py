@@ -6,6 +6,7 @@ import inside a function or under ``TYPE_CHECKING`` counts as much as one at the
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,25 @@ def test_the_root_holds_the_public_api_and_a_few_foundations() -> None:
 def test_modules_are_small_enough_to_read_in_one_sitting(path: Path) -> None:
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(REPO)}: {lines} lines"
+
+
+def test_each_package_docstring_names_its_modules() -> None:
+    """A newcomer finds a module from its package's docstring in one hop: every private module
+    and subpackage is named there."""
+    unnamed = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        folder = init.parent
+        for child in sorted(folder.iterdir()):
+            if (
+                child.suffix == ".py"
+                and child.name.startswith("_")
+                and not child.name.startswith("__")
+            ):
+                if not re.search(rf"(?<![\w.]){re.escape(child.stem)}(?!\w)", doc):
+                    unnamed.append(str(child.relative_to(PACKAGE)))
+            elif (child / "__init__.py").is_file() and not re.search(
+                rf"(?<![\w.]){re.escape(child.name)}(?![\w])", doc
+            ):
+                unnamed.append(f"{child.relative_to(PACKAGE)}/")
+    assert unnamed == []

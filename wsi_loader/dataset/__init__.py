@@ -7,7 +7,8 @@ Reading (torch-free: the exporter's and views' workers use it too):
 - `_retry`: one window with retries (a failed reader is closed and reopened), then the
   failure policy (``fill``, ``substitute`` or ``raise``)
 - `_failures`: `ReadResult` and the failure records: where a tile's failure becomes a
-  quarantine record (`wsi_loader.index.Quarantine`)
+  quarantine record (`wsi_loader.index.Quarantine`; a tile whose bytes fail to decode on the
+  device is recorded by `wsi_loader.device`)
 - `_context`, `_context_tiles`: co-centred context tiles: their geometry, and their reads
 - `_scan`: a whole-slide pass's batches in strip order (each storage tile decoded once)
 - `_quarantine`: listing, clearing and retrying the quarantine (``wsi-loader quarantine``)

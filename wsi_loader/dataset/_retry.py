@@ -1,5 +1,6 @@
 """One window read with retries, and the failure policy applied to a row that could not be
-read: the one place that decides what a failure means (`TileReader`'s base class).
+read: where a failure of the pixels the reader decodes is decided (`TileReader`'s base class;
+bytes shipped for decoding on the device fail there, in `wsi_loader.device._loader`).
 
 A failed read discards the handle (OpenSlide errors latch), reopens it and retries a bounded
 number of times; then the policy applies: ``fill`` (constant colour, not ok), ``substitute``

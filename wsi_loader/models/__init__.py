@@ -1,7 +1,8 @@
 """Models over an index: specs (``torchvision:``, ``timm:``, ``package.module:callable``,
 TorchScript with a JSON config) resolved to a `Model` with its input recipe (`_specs`), and one
 model pass over an index that `features` and `predict` write from (`_pass`: strip-order reads,
-checked outputs, resume per slide, torchrun ranks, a timeout per slide).
+checked outputs, resume per slide, torchrun ranks, a timeout per slide; `_pass_files`: each
+slide's file written whole, files of killed runs removed, each rank's part of a summary).
 
 May import: `slides`, `index`, `stain`, `dataset`, `device` and the foundation modules.
 """

@@ -5,8 +5,10 @@
   the QuPath GeoJSON, ``predict.json``
 - `_heatmaps`: heatmaps drawn over the slide thumbnail (`prediction_heatmap`), on the
   picture helpers of `_pictures` (thumbnails, scale bars, hatching), which `view` reuses
-- `_metrics`: slide-level results and metrics with bootstrap intervals
-- `_mil`: slide predictions of a MIL model over feature bags (``--mil-model``)
+- `_metrics`: slide-level results (``slides.csv`` of a tile model) and metrics with bootstrap
+  intervals
+- `_mil`: slide predictions of a MIL model over feature bags (``--mil-model``), with its
+  attention CSVs and its own ``slides.csv`` (a slide's probabilities, no tile statistics)
 
 May import: every earlier step (`slides` ... `models`) and the foundation modules; not
 `features`, `export`, `view` or `cli`.

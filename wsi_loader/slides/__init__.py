@@ -5,9 +5,10 @@ bytes below them.
   `supports`), `SlideMeta`, resizing, a byte-bounded LRU
 - `_open`: `open_slide`, which picks the backend for a file
 - `_openslide`: OpenSlide, the universal reader (every vendor format) and the reference for pixels
-- `_tiff` (the reader), `_tiff_decode` (a level's segments decoded by libjpeg-turbo, with DCT
-  scaling), `_tiff_meta` (MPP and vendor metadata from tags), `_tiff_files` (the files tifffile
-  parses), `_segment_cache`: the raw path, reading compressed tiles at tifffile's offsets
+- the raw path, reading compressed tiles at tifffile's offsets: `_tiff` (the reader),
+  `_tiff_decode` (a level's segments decoded by libjpeg-turbo, with DCT scaling), `_tiff_meta`
+  (MPP and vendor metadata from tags), `_tiff_files` (the files tifffile parses) and
+  `_segment_cache` (the per-process cache of decoded segments)
 - `_pool`: `HandlePool`, a bounded pool of open readers per process (never pickled; a reader
   that failed is closed, since OpenSlide's errors latch)
 - `storage/`: where the bytes come from (local files, object stores, HTTP): ranges, caches,

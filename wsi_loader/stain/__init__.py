@@ -7,8 +7,11 @@ index (`_transforms` explains the transforms).
 - `_augment`: the augmentations `HEDJitter`, `StainJitter` and `RandStain`
 - `_kernels`: the two per-pixel kernels (optical density, CIELAB), each in numpy/OpenCV and torch
 - `_targets`: the stain a normalisation goes to (`resolve_target`) and the per-slide tables
-- `write_reference`: a stain target frozen to a file (from the index's estimates module)
 - `_build`: transforms from ``stain=`` values, export specs, ``--stain`` options and configs
+
+The stain of each slide (Macenko vectors, Reinhard moments) is estimated at index time, in
+`wsi_loader.index._stain_estimates`; its `write_reference` (a target frozen to a file) is
+re-exported here.
 
 May import: `slides`, `index` and the foundation modules; imports torch. Imported by `dataset`
 and `device` (and the later steps).

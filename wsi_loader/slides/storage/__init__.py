@@ -5,8 +5,10 @@ local copies of whole remote slides).
 Readers ask for byte ranges and never know where the bytes come from. May import: the
 foundation modules (`wsi_loader.errors`, `wsi_loader.files`) only; never torch.
 
-- `_sources`: the `RangeStore` interface, URL helpers, opening a slide's bytes
-- `_request_plan`, `_range_cache`: which ranges to fetch together; the in-memory byte cache
+- `_sources`: URL helpers, `RemoteBytes` (a remote slide as a file object), stat, listing,
+  download, read-ahead of local ranges
+- `_range_cache`, `_request_plan`: `RangeStore`, the byte cache that fetches the planned
+  ranges of the next batches together; which ranges one request should merge
 - `_remote`, `_remote_errors`, `_curl`, `_sigv4`: object-store and HTTP clients and their
   errors mapped to ours
 - `_local_copies`: whole remote slides copied to a local cache folder (vendor formats that
