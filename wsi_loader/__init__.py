@@ -5,9 +5,9 @@ Data flow, one package per step, each importing only earlier ones: ``slides`` (r
 samplers, batches) -> ``device`` (batches on the GPU) -> ``models`` (one pass over an index)
 -> ``features``, ``predict``, ``export`` -> ``view`` -> ``cli``; the foundations ``errors``,
 ``config``, ``files``, ``parallel`` and ``permutation`` serve them all; ``synthetic`` makes
-slides for tests, the demo and benchmarks. The slides and index
-layers never import torch, and importing this package does not either until a torch-based
-name is used. This module is the public API.
+slides for tests, the demo and benchmarks. The slides and index layers never import torch,
+and importing this package does not either until a torch-based name is used. This module is
+the public API.
 """
 
 import sys as _sys
