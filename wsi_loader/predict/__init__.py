@@ -1,6 +1,8 @@
 """Whole-slide prediction (``wsi-loader predict``, `wsi_loader.predict`) and its files.
 
-- `_run`: the tile pass's writer and the run summary (`predict`)
+- `_run`: `predict`, the tile pass's writer (a slide's CSV, GeoJSON, heatmap and state file)
+- `_summary`: the run's summary after the pass (``slides.csv``, ``metrics.json``,
+  ``predict.json``; `PredictReport`)
 - `_outputs`: the files, in WSInfer's layout: the one reader and writer of the per-tile CSV,
   the QuPath GeoJSON, ``predict.json``
 - `_heatmaps`: heatmaps drawn over the slide thumbnail (`prediction_heatmap`), on the
@@ -9,6 +11,9 @@
   intervals
 - `_mil`: slide predictions of a MIL model over feature bags (``--mil-model``), with its
   attention CSVs and its own ``slides.csv`` (a slide's probabilities, no tile statistics)
+
+``wsi_loader.predict`` itself is the function `predict` (the public API, as before this
+package existed); take this package's names with ``from wsi_loader.predict import ...``.
 
 May import: every earlier step (`slides` ... `models`) and the foundation modules; not
 `features`, `export`, `view` or `cli`.
@@ -21,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 # imported on first use: the viewer reads predictions (`_outputs`) without paying for torch
 _LAZY = {
-    "PredictReport": "wsi_loader.predict._run",
+    "PredictReport": "wsi_loader.predict._summary",
     "SlideHeatmap": "wsi_loader.predict._heatmaps",
     "TilePredictions": "wsi_loader.predict._outputs",
     "prediction_heatmap": "wsi_loader.predict._heatmaps",
@@ -33,7 +38,7 @@ __all__ = ["PredictReport", "SlideHeatmap", "TilePredictions", "prediction_heatm
 if TYPE_CHECKING:
     from wsi_loader.predict._heatmaps import SlideHeatmap, prediction_heatmap
     from wsi_loader.predict._outputs import TilePredictions, read_run
-    from wsi_loader.predict._run import PredictReport
+    from wsi_loader.predict._summary import PredictReport
 
 
 def __getattr__(name: str) -> Any:

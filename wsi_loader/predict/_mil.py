@@ -47,7 +47,7 @@ from wsi_loader.predict._metrics import (
 )
 from wsi_loader.predict._outputs import HEATMAP_FOLDER, METRICS_JSON, PREDICT_JSON, SLIDES_CSV
 from wsi_loader.predict._pictures import measured_mpp
-from wsi_loader.predict._run import PredictReport
+from wsi_loader.predict._summary import PredictReport
 from wsi_loader.slides._open import open_slide
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 heatmaps and slide results.
 
 The pass (reading in strip order, the model on the device, checks of its outputs, resuming,
-ranks, timeouts) is `wsi_loader.models`; this module is its writer and the summary after
-it. Outputs, in the layout WSInfer users know, are described in `wsi_loader.predict`.
+ranks, timeouts) is `wsi_loader.models`; this module is its writer (`_summary` writes the
+summary after it). Outputs, in the layout WSInfer users know, are described in `wsi_loader.predict`.
 
 A slide is complete when its state file (``DIR/.predict-state/<slide>.json``, written last)
 holds the slide's content digest and its CSV, GeoJSON and heatmap have the sizes it recorded;
@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,6 @@ from wsi_loader.models._pass import (
     BadOutputError,
     BatchTransform,
     PassOptions,
-    PassReport,
     SlideOutputs,
     open_view,
     output_rows,
@@ -42,47 +39,28 @@ from wsi_loader.models._pass import (
     slides_with_tiles,
 )
 from wsi_loader.models._pass_files import (
-    gather_parts,
     remove_stale_files,
     temporary_path,
-    write_json,
 )
-from wsi_loader.models._specs import Model, as_model, class_names_of, weights_digest
+from wsi_loader.models._specs import Model, as_model, class_names_of
 from wsi_loader.predict._heatmaps import MAX_PANELS, SlideHeatmap
 from wsi_loader.predict._metrics import (
-    TILE_BOOTSTRAP_ROUNDS,
     SlideRule,
-    aggregate,
-    class_of_label,
-    metrics,
-    metrics_available,
-    predicted,
-    slides_csv,
 )
 from wsi_loader.predict._outputs import (
     CSV_FOLDER,
     GEOJSON_FOLDER,
     HEATMAP_FOLDER,
-    METRICS_JSON,
-    PREDICT_JSON,
-    SLIDES_CSV,
     TilePredictions,
     slide_files,
 )
 from wsi_loader.predict._pictures import measured_mpp
+from wsi_loader.predict._summary import STATE_FOLDER, PredictReport, read_state, write_summary
 
 log = logging.getLogger(__name__)
 
-STATE_FOLDER = ".predict-state"
 TTA: dict[str, int] = {"none": 1, "flips": 4, "d4": 8}  # views averaged per tile
 MPP_TOLERANCE = 0.1  # a model's training MPP and the index's may differ this much unsaid
-
-
-@dataclass
-class PredictReport(PassReport):
-    classes: tuple[str, ...] = ()
-    slide_results: list[dict[str, Any]] = field(default_factory=list)  # rank 0: slides.csv
-    metrics: dict[str, Any] | None = None  # rank 0, when slides or tiles have labels
 
 
 def predict(
@@ -174,7 +152,7 @@ def predict(
     forward = _forward(loaded.model, tta, multi_label, len(names))
     done = run_pass(view, loaded, forward, writer, options, "predict")
     report = PredictReport(**vars(done), classes=names)
-    _summary(out_path, view, slide_ids, stems, loaded, report, rule, tta)
+    write_summary(out_path, view, slide_ids, stems, loaded, report, rule, tta)
     return report
 
 
@@ -360,151 +338,3 @@ class PredictionWriter:
         }
         path = self.state_path(sid)  # last: the slide is complete once this is there
         write_file(path, json.dumps(state, sort_keys=True).encode(), temporary_path(path))
-
-
-def read_state(path: Path) -> dict[str, Any] | None:
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
-
-
-def _summary(
-    out: Path,
-    view: SlideIndex,
-    slide_ids: list[int],
-    stems: dict[int, str],
-    model: Model,
-    report: PredictReport,
-    rule: SlideRule,
-    tta: str,
-) -> None:
-    """Rank 0, once every rank is done: slides.csv, metrics.json and predict.json, from the
-    files of every complete slide (written by this run or an earlier one)."""
-    parts = gather_parts(out, "predict", report.part())
-    if parts is None:
-        return
-    classes = report.classes
-    rows, failures, slide_truth, slide_scores = [], [], [], []
-    tile_truth: list[int] = []
-    tile_scores: list[np.ndarray] = []
-    tile_groups: list[int] = []
-    names = view.label_names
-    for sid in slide_ids:
-        record = view.slides[sid]
-        state = read_state(out / STATE_FOLDER / f"{stems[sid]}.json")
-        files = slide_files(out, stems[sid])
-        if state is None or not files["csv"].is_file():
-            continue  # not done (see incomplete, failed_slides)
-        tiles = TilePredictions.read_csv(files["csv"])
-        failures.extend(state.get("failures", []))
-        stats = aggregate(tiles.probabilities, rule)
-        rows.append(
-            {
-                "slide": record.path,
-                "name": stems[sid],
-                "label": record.label,
-                "tiles": len(tiles.boxes),
-                "failed": len(state.get("failures", [])),
-                "stats": stats,
-                "predicted": predicted(stats["score"], classes, rule),
-            }
-        )
-        truth = class_of_label(record.label, classes)
-        if truth is not None and not view.labels_from_annotations and len(tiles.boxes):
-            slide_truth.append(truth)
-            slide_scores.append(stats["score"])
-        if view.labels_from_annotations:
-            labels = _tile_labels(view, sid, tiles.boxes)
-            known = [class_of_label(names[i], classes) if i >= 0 else None for i in labels]
-            keep = [i for i, c in enumerate(known) if c is not None]
-            tile_truth.extend(c for c in known if c is not None)
-            tile_scores.append(tiles.probabilities[keep])
-            tile_groups.extend([sid] * len(keep))
-    report.slide_results = rows
-    write_file(out / SLIDES_CSV, slides_csv(rows, classes, rule))
-    results: dict[str, Any] = {}
-    if (slide_truth or tile_truth) and not metrics_available():
-        slide_truth, tile_truth = [], []
-    if slide_truth:
-        results["slides"] = metrics(np.array(slide_truth), np.array(slide_scores), classes, rule)
-    if tile_truth:
-        results["tiles"] = metrics(
-            np.array(tile_truth),
-            np.concatenate(tile_scores).astype(np.float64),
-            classes,
-            rule,
-            groups=np.array(tile_groups),
-            rounds=TILE_BOOTSTRAP_ROUNDS,
-        )
-    if results:
-        results["rule"] = rule.describe()
-        write_json(out / METRICS_JSON, results)
-        report.metrics = results
-    summary = _run_metadata(view, model, report, parts, rule, tta, rows)
-    summary["failures"], summary["failed"] = failures, len(failures)
-    write_json(out / PREDICT_JSON, summary)
-
-
-def _tile_labels(view: SlideIndex, sid: int, boxes: np.ndarray) -> list[int]:
-    """The annotation label id of each tile (by its position), -1 when none."""
-    starts = view.slide_starts()
-    rows = np.arange(int(starts[sid]), int(starts[sid + 1]))
-    cols = view.columns
-    where = {
-        (int(x), int(y)): int(r)
-        for x, y, r in zip(cols["l0_x"][rows], cols["l0_y"][rows], rows, strict=True)
-    }
-    found = [where.get((int(x), int(y)), -1) for x, y in boxes[:, :2].tolist()]
-    labels = view.tile_labels(np.array([r for r in found if r >= 0], dtype=np.int64)).tolist()
-    it = iter(labels)
-    return [next(it) if r >= 0 else -1 for r in found]
-
-
-def _run_metadata(
-    view: SlideIndex,
-    model: Model,
-    report: PredictReport,
-    parts: list[dict[str, Any]],
-    rule: SlideRule,
-    tta: str,
-    rows: list[dict[str, Any]],
-) -> dict[str, Any]:
-    def version(package: str) -> str | None:
-        try:
-            return metadata.version(package)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {
-        "model": model.spec,
-        "weights_digest": weights_digest(model.model),
-        "preprocessing": {"size": model.size, "mean": model.mean, "std": model.std},
-        "classes": list(report.classes),
-        "activation": "sigmoid" if rule.multi_label or len(report.classes) == 1 else "softmax",
-        "tta": tta,
-        "stain": report.stain,  # the transforms, targets resolved (None: none)
-        "slide_rule": {
-            "rule": rule.rule,
-            "top_k": rule.top_k,
-            "threshold": rule.threshold,
-            "predicted": rule.describe(),
-        },
-        "index": str(view.path),
-        "generation": view.meta.get("generation"),
-        "tile_size": view.params.get("tile_size"),
-        "mpp": view.params.get("mpp"),
-        "slides": {r["slide"]: {"name": r["name"], "tiles": r["tiles"]} for r in rows},
-        "written": sum(p["written"] for p in parts),
-        "skipped": sum(p["skipped"] for p in parts),
-        "tiles": sum(r["tiles"] for r in rows),
-        "incomplete": [i for p in parts for i in p["incomplete"]],
-        "failed_slides": [f for p in parts for f in p["failed_slides"]],
-        "written_by": {path: p["rank"] for p in parts for path in p["slides_written"]},
-        "ranks": len(parts),
-        "versions": {
-            name: version(name)
-            for name in ("wsi_loader", "torch", "numpy", "openslide-python", "scikit-learn")
-        },
-    }
