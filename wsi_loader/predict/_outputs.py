@@ -19,7 +19,6 @@ import io
 import json
 import math
 import os
-import stat
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wsi_loader.errors import InputError
+from wsi_loader.slides._base import NOT_REGULAR, open_regular
 
 CSV_FOLDER = "model-outputs-csv"
 GEOJSON_FOLDER = "model-outputs-geojson"
@@ -174,19 +174,18 @@ class TilePredictions:
 
 def _read_text(where: str, follow_symlinks: bool, max_bytes: int, what: str) -> str:
     """A file's UTF-8 text (BOM dropped), refused when larger than ``max_bytes``; without
-    ``follow_symlinks``, opened with O_NOFOLLOW and only when it is a regular file (a FIFO
-    would block a reader, a device would never end)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_symlinks else os.O_NOFOLLOW)
+    ``follow_symlinks``, a symlink is an OSError. Opened by the slides' `open_regular`: only a
+    regular file (a FIFO would block a reader, a device would never end)."""
     try:
-        fd = os.open(where, flags)
+        fd = open_regular(where, follow_symlinks=follow_symlinks)
     except OSError as exc:
+        if exc.strerror == NOT_REGULAR:
+            raise InputError("not a regular file", path=where) from None
         if not follow_symlinks:
             raise
         raise InputError(f"cannot read: {exc.strerror or exc}", path=where) from exc
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise InputError("not a regular file", path=where)
         if info.st_size > max_bytes:
             raise InputError(f"{info.st_size} bytes: too large for {what}", path=where)
         raw = fh.read()

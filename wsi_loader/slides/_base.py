@@ -49,13 +49,15 @@ def require_regular(path: str) -> None:
         raise OSError(errno.EINVAL, NOT_REGULAR, path)
 
 
-def open_regular(path: str) -> int:
+def open_regular(path: str, *, follow_symlinks: bool = True) -> int:
     """A read-only descriptor of ``path`` (not inherited by children, PEP 446), refusing
     anything but a regular file without ever blocking: checked before the open (no device's
     open is tried), and on the opened file, which ``O_NONBLOCK`` lets a FIFO put in its place
-    meanwhile be opened at once instead of waiting for a writer. Raises ``OSError``."""
+    meanwhile be opened at once instead of waiting for a writer. ``follow_symlinks=False``
+    refuses a symlink (``O_NOFOLLOW``: ELOOP). Raises ``OSError``."""
     require_regular(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    nofollow = 0 if follow_symlinks else os.O_NOFOLLOW
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | nofollow)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, NOT_REGULAR, path)
