@@ -6,8 +6,13 @@ STAMP := $(VENV)/.installed-stamp
 # torch is pinned for the dev environment only (a CPU wheel on this machine's disk);
 # pyproject.toml states the supported range for users.
 TORCH_DEV := torch==2.13.0
+# torchvision (and so timm) does not import beside that CPU torch: the tests that need it
+# (marked `vision`) run in a second venv with the pair that imports together
+VENV_TV := .venv-tv
+TV_STAMP := $(VENV_TV)/.installed-stamp
+TORCH_TV := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test lint typecheck bench notebooks clean frontend browser
+.PHONY: demo test test-vision lint typecheck bench notebooks clean frontend browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +52,19 @@ typecheck: $(STAMP)
 
 test: lint typecheck frontend browser
 	$(BIN)/python -m pytest
+	$(MAKE) test-vision
+
+$(TV_STAMP): pyproject.toml
+	test -x $(VENV_TV)/bin/python || $(PYTHON) -m venv $(VENV_TV)
+	$(VENV_TV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_TV)/bin/python -m pip install --quiet $(TORCH_TV)
+	$(VENV_TV)/bin/python -m pip install --quiet -e '.[test,vision]'
+	touch $@
+
+# the `vision` tests where torchvision imports; WSI_LOADER_REQUIRE_VISION turns their skip into
+# a failure, so a broken install cannot pass as skipped tests
+test-vision: $(TV_STAMP) frontend
+	WSI_LOADER_REQUIRE_VISION=1 $(VENV_TV)/bin/python -m pytest -m vision -p no:cacheprovider
 
 notebooks: $(STAMP)
 	$(BIN)/python notebooks/execute.py
@@ -55,4 +73,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_index.py
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/view/browser/static
+	rm -rf $(VENV) $(VENV_TV) demo .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/view/browser/static
