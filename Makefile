@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # pyproject.toml states the supported range for users.
 TORCH_DEV := torch==2.13.0
 
-.PHONY: demo test lint typecheck bench notebooks clean frontend browser
+.PHONY: demo test lint typecheck bench notebooks clean frontend browser docs docs-serve changelog
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,13 +40,29 @@ browser:
 	  else echo "warning: chromium is not installed and cannot be (not root, no sudo): the viewer's browser tests are skipped" >&2; fi; }
 
 lint: $(STAMP)
-	$(BIN)/ruff check wsi_loader tests benchmarks notebooks
+	$(BIN)/ruff check wsi_loader tests benchmarks notebooks docs
 
 typecheck: $(STAMP)
 	$(BIN)/mypy wsi_loader
 
-test: lint typecheck frontend browser
+test: lint typecheck frontend browser docs
 	$(BIN)/python -m pytest
+
+# The documentation site (MkDocs Material), built offline into site/ (git-ignored). --strict: a
+# broken link or anchor, a reference that does not resolve, a public name without a
+# docstring or an asset fetched from the network fails the build. The API, CLI and
+# configuration references are generated from the code by docs/_gen/hooks.py.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+docs: $(STAMP)
+	$(MKDOCS) build --strict --quiet
+
+docs-serve: $(STAMP)
+	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
+
+# docs/changelog.md from the git history, one section per round (committed: the site builds
+# from a shallow clone too)
+changelog:
+	$(BIN)/python docs/_gen/changelog.py
 
 notebooks: $(STAMP)
 	$(BIN)/python notebooks/execute.py
@@ -55,4 +71,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_index.py
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/view/browser/static
+	rm -rf $(VENV) demo site .cache/mkdocs-jupyter .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/view/browser/static
