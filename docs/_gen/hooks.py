@@ -19,6 +19,7 @@ Nothing here is hand-copied, so a new option or name appears on the next build.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import logging
 import re
@@ -150,15 +151,10 @@ def api_page() -> str:
             obj = names[name]
             if not (inspect.getdoc(obj) or "").strip() or _inherited_doc(obj):
                 LOG.warning("wsi_loader.%s has no docstring of its own", name)
-            lines += [
-                f"### `{name}` {{ #{name} }}",
-                "",
-                f"::: {_where(name, obj)}",
-                "    options:",
-                "      show_root_heading: false",
-                "      show_root_toc_entry: false",
-                "",
-            ]
+            where = _where(name, obj)
+            if not where.endswith(f".{name}"):  # an alias: say which name the docs show
+                lines += [f"`wl.{name}` is `{where.rsplit('.', 1)[1]}`:", ""]
+            lines += [f"::: {where}", ""]
     return "\n".join(lines)
 
 
@@ -167,8 +163,12 @@ def issubclass_safe(obj: object, base: type) -> bool:
 
 
 def _inherited_doc(obj: object) -> bool:
-    """A class whose only docstring is its base's (``inspect.getdoc`` falls back to it)."""
-    return isinstance(obj, type) and not (obj.__dict__.get("__doc__") or "").strip()
+    """A class without a docstring of its own: ``inspect.getdoc`` falls back to its base's,
+    and ``@dataclass`` writes its signature as ``__doc__``."""
+    if not isinstance(obj, type):
+        return False
+    own = (obj.__dict__.get("__doc__") or "").strip()
+    return not own or (dataclasses.is_dataclass(obj) and own.startswith(f"{obj.__name__}("))
 
 
 # ---------------------------------------------------------------------------------------- CLI
