@@ -265,6 +265,9 @@ def test_the_config_reference_has_every_key() -> None:
             )
             assert row, (section, key)
             assert row.group(3).strip(), f"{section}.{key} has no meaning"
+    # nested keys (stain.augment.hed_jitter.sigma...) too: every row says what its key means
+    for row in re.findall(r"^\| `[\w.]+` \|.*\|$", page, re.M):
+        assert not row.rstrip().endswith("|  |"), row
 
 
 # ------------------------------------------------------------------------- the batch table

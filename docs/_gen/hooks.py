@@ -334,9 +334,11 @@ def _model_table(
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
     nested = []
     for name, field in model.model_fields.items():
-        meaning = field.description or comments.get((section, name), "")
         annotation = field.annotation
         sub = _submodel(annotation)
+        meaning = field.description or comments.get((section, name), "")
+        if not meaning and sub is not None:  # a nested section: its class says what it is
+            meaning = (inspect.getdoc(sub) or "").split("\n\n")[0]
         if sub is not None:
             nested.append((name, sub))
         lines.append(
