@@ -309,6 +309,27 @@ def test_the_gpu_page_names_every_batch_attribute_and_device_key(index) -> None:
     assert set(next(iter(loader)).as_dict()) == set(batch)
 
 
+# ---------------------------------------------------------------------------------- offline
+
+
+@pytest.mark.parametrize(
+    ("html", "remote"),
+    [
+        ('<script src="https://cdn.example/x.js"></script>', True),
+        ('<link rel="stylesheet" href="//fonts.example/css">', True),
+        ("<style>@import url('https://fonts.example/a.css');</style>", True),
+        ('const m = await import("https://cdnjs.example/mermaid.mjs");', True),
+        ('<img src="https://example.org/a.png">', True),
+        ('<link rel="canonical" href="http://127.0.0.1:8000/">', False),
+        ('<a href="https://github.com/">a link</a>', False),
+        ('<script src="../assets/javascripts/bundle.js"></script>', False),
+        ('<link rel="stylesheet" href="assets/stylesheets/main.css">', False),
+    ],
+)
+def test_the_build_finds_assets_fetched_from_the_network(html: str, remote: bool) -> None:
+    assert bool(_hooks()._REMOTE_ASSET.search(html)) is remote
+
+
 # ------------------------------------------------------------------------------ troubleshooting
 
 

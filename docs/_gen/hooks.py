@@ -56,8 +56,11 @@ _CDN_SCRIPT = re.compile(
     r"<script[^>]*>(?:(?!</script>).)*?https://cdn(?:(?!</script>).)*</script>", re.S
 )
 _REMOTE_ASSET = re.compile(
-    r"""<(?:script|img|iframe|source)\b[^>]*\bsrc=["']?(?:https?:)?//"""
-    r"""|<link\b[^>]*\bhref=["']?(?:https?:)?//"""
+    r"""<(?:script|img|iframe|source|audio|video|embed)\b[^>]*\bsrc=["']?(?:https?:)?//"""
+    # a link that loads something (a stylesheet, an icon, a preload); not rel=canonical,
+    # which `mkdocs serve` writes and which loads nothing
+    r"""|<link\b(?![^>]*\brel=["']?(?:canonical|alternate|prev|next)\b)[^>]*"""
+    r"""\bhref=["']?(?:https?:)?//"""
     r"""|@import\s+(?:url\()?["']?(?:https?:)?//"""
     r"""|url\(["']?(?:https?:)?//"""
     r"""|import\(["'](?:https?:)?//"""
