@@ -309,6 +309,29 @@ def test_the_gpu_page_names_every_batch_attribute_and_device_key(index) -> None:
     assert set(next(iter(loader)).as_dict()) == set(batch)
 
 
+def test_files_the_pages_name_exist() -> None:
+    """Modules, tests, benchmarks and configs named in the text (they move: a page must
+    follow), and a test named with ``::`` is in its file."""
+    named = 0
+    for page in [REPO / "README.md", *PAGES]:
+        text = page.read_text(encoding="utf-8")
+        pattern = (
+            r"`((?:wsi_loader|tests|benchmarks|notebooks|configs)/[\w/.-]+?"
+            r"\.(?:py|sh|yaml|ipynb))(?:::(\w+))?`"
+        )
+        for path, test in re.findall(pattern, text):
+            assert (REPO / path).exists(), f"{_name(page)} names {path}"
+            if test:
+                assert f"def {test}(" in (REPO / path).read_text(), f"{_name(page)}: {test}"
+            named += 1
+        packages = "index|dataset|slides|stain|device|models|features|predict|export|view"
+        short = rf"`((?:{packages})/[\w/]+\.py)`"
+        for path in re.findall(short, text):
+            assert (REPO / "wsi_loader" / path).exists(), f"{_name(page)} names {path}"
+            named += 1
+    assert named >= 20
+
+
 # ---------------------------------------------------------------------------------- offline
 
 
