@@ -12,7 +12,7 @@ VENV_TV := .venv-tv
 TV_STAMP := $(VENV_TV)/.installed-stamp
 TORCH_TV := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test test-vision lint typecheck bench notebooks clean frontend browser
+.PHONY: demo test test-vision lint typecheck bench notebooks clean frontend browser docs docs-serve changelog
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,12 +45,12 @@ browser:
 	  else echo "warning: chromium is not installed and cannot be (not root, no sudo): the viewer's browser tests are skipped" >&2; fi; }
 
 lint: $(STAMP)
-	$(BIN)/ruff check wsi_loader tests benchmarks notebooks
+	$(BIN)/ruff check wsi_loader tests benchmarks notebooks docs
 
 typecheck: $(STAMP)
 	$(BIN)/mypy wsi_loader
 
-test: lint typecheck frontend browser
+test: lint typecheck frontend browser docs
 	$(BIN)/python -m pytest
 	$(MAKE) test-vision
 
@@ -66,6 +66,22 @@ $(TV_STAMP): pyproject.toml
 test-vision: $(TV_STAMP) frontend
 	WSI_LOADER_REQUIRE_VISION=1 $(VENV_TV)/bin/python -m pytest -m vision -p no:cacheprovider
 
+# The documentation site (MkDocs Material), built offline into site/ (git-ignored). --strict: a
+# broken link or anchor, a reference that does not resolve, a public name without a
+# docstring or an asset fetched from the network fails the build. The API, CLI and
+# configuration references are generated from the code by docs/_gen/hooks.py.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+docs: $(STAMP)
+	$(MKDOCS) build --strict --quiet
+
+docs-serve: $(STAMP)
+	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
+
+# docs/changelog.md from the git history, one section per round (committed: the site builds
+# from a shallow clone too)
+changelog:
+	$(BIN)/python docs/_gen/changelog.py
+
 notebooks: $(STAMP)
 	$(BIN)/python notebooks/execute.py
 
@@ -73,4 +89,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_index.py
 
 clean:
-	rm -rf $(VENV) $(VENV_TV) demo .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/view/browser/static
+	rm -rf $(VENV) $(VENV_TV) demo site .cache/mkdocs-jupyter .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/view/browser/static

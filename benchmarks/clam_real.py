@@ -1,6 +1,6 @@
 """CLAM's own feature-extraction data path, run by `bench_features.py --clam DIR` in a Python
 that has CLAM's dependencies (torchvision, h5py, openslide, pandas: e.g. the torch 2.14.1 +
-torchvision 0.29.1 venv README describes), never in this project's venv.
+torchvision 0.29.1 venv docs/getting-started.md describes), never in this project's venv.
 
     PY benchmarks/clam_real.py --clam CLAM_CHECKOUT --job job.json
 

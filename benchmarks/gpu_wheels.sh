@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch, on a machine with internet access, the wheels the GPU machine lacks (its image has
 # Python 3.12, CUDA torch, torchvision, numpy, scipy, pillow, pyyaml, tqdm, pytest), into .whl/
-# (git-ignored). Then, on the GPU machine, from the repository root (see README "GPU checks"):
+# (git-ignored). Then, on the GPU machine, from the repository root (see docs/benchmarks.md, "GPU checks"):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #   PYTHONPATH=/tmp/site:$PWD python3 benchmarks/gpu_check.py --out gpu-check
 set -euo pipefail

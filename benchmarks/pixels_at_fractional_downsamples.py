@@ -7,7 +7,7 @@ every 256 px tile of the level's own grid (level-0 x = round(level x * downsampl
 index lays it) it prints how far OpenSlide's ``read_region`` is from ours (the largest
 difference per tile, its mean and maximum), how far OpenSlide's is from the stored pixels
 resampled bilinearly at x / downsample (what OpenSlide does), and the sharpness of both
-(variance of the Laplacian; resampling blurs). Not a speed benchmark: the README's numbers on
+(variance of the Laplacian; resampling blurs). Not a speed benchmark: the docs' numbers on
 pixels at such levels come from here.
 """
 

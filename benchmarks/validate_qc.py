@@ -1,4 +1,4 @@
-"""Validate index-time quality control against known truth, and print README's tables.
+"""Validate index-time quality control against known truth; print docs/journeys/qc.md's tables.
 
     .venv/bin/python benchmarks/validate_qc.py [--scratch DIR] [--quick]
 

@@ -1,4 +1,5 @@
-"""Every Python block of README.md runs, in order, on a small synthetic archive."""
+"""README.md's training loop runs on a small synthetic archive, and its loss masks failed
+tiles (the documentation's other blocks: tests/test_docs.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def python_blocks() -> list[str]:
 
 
 def test_the_readme_has_python_blocks() -> None:
-    assert len(python_blocks()) >= 3
+    assert len(python_blocks()) >= 1
 
 
 def test_readme_python_blocks_run(
@@ -49,39 +50,3 @@ def test_readme_python_blocks_run(
     assert per_tile.shape == (2,)
     (per_tile * torch.tensor([1.0, 0.0])).sum().backward()
     assert logits.grad is not None and not logits.grad[1].any()
-
-
-def _batch_table() -> list[tuple[set[str], set[str]]]:
-    """The README's table of TileBatch attributes and DeviceLoader keys: the names in
-    backticks of its first two columns, per row."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    start = text.index("| `TileBatch` attribute | `DeviceLoader` key |")
-    rows = []
-    for line in text[start:].splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        first, second = line.split("|")[1:3]
-        rows.append((set(re.findall(r"`(\w+)`", first)), set(re.findall(r"`(\w+)`", second))))
-    return rows
-
-
-def test_the_readme_names_every_batch_attribute_and_device_key(index) -> None:  # type: ignore[no-untyped-def]
-    from dataclasses import fields
-
-    from wsi_loader import DeviceLoader, TileBatch, TileDataset, make_loader
-
-    table = _batch_table()
-    attributes = set().union(*(first for first, _ in table))
-    keys = set().union(*(second for _, second in table))
-    data = {f.name for f in fields(TileBatch) if f.name in TileBatch._BY_VALUE}
-    assert attributes == data | {"images", "context"}  # every per-tile field, nothing else
-    loader = make_loader(index, batch_size=4, num_workers=0)
-    batch = next(iter(DeviceLoader(loader, "cpu")))
-    sample = TileDataset(index)[0]
-    # an index without annotations, read without context tiles
-    assert (
-        set(batch)
-        == set(sample)
-        == keys - {"coverage", "context", "context_inside", "context_mask"}
-    )
-    assert set(next(iter(loader)).as_dict()) == set(batch)

@@ -20,7 +20,7 @@ from wsi_loader.slides._base import rgba_to_rgb
 from wsi_loader.slides._tiff_decode import Level
 
 # a 40x scan: 0.25 um/px, levels of downsample exactly 1, 4, 16 (0.25, 1.0 and 4.0 um/px;
-# non-integer downsamples are another matter: README, "Reading and failures")
+# non-integer downsamples are another matter: docs/concepts/pixels.md)
 FINE = {"width": 3072, "height": 2048, "seed": 21, "mpp": 0.25}
 # scale -> (level, window edge in level pixels): the coarsest level at least as fine
 LEVELS = {

@@ -94,7 +94,7 @@ def test_device_loader_normalises_every_scale(index: SlideIndex) -> None:
     for got, batch in zip(DeviceLoader(loader, "cpu"), raw, strict=True):
         torch.testing.assert_close(got["image"], normalised(batch.images), atol=1e-5, rtol=1e-5)
         assert len(got["context"]) == len(SCALES)
-        assert {"context", "context_inside", "context_mask"} <= set(got)  # README's table
+        assert {"context", "context_inside", "context_mask"} <= set(got)  # docs/journeys/gpu.md
         for k, tiles in enumerate(got["context"]):
             assert tiles.is_contiguous(memory_format=torch.channels_last)
             torch.testing.assert_close(tiles, normalised(batch.context[k]), atol=1e-5, rtol=1e-5)

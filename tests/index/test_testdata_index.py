@@ -102,9 +102,10 @@ def test_level_mode_indexes_slides_without_usable_mpp(testdata: Path, tmp_path: 
     assert "level 4 requested but the slide has 4 level(s)" in (too_deep.slides[0].error or "")
 
 
-# --mag X on the third-party slides: the level a pathologist would read (the table in README's
-# "Magnification" section). file -> {mag: (level, window px for 64 px tiles, tile mag)}; None:
-# refused (the scan is coarser than asked, or the slide states neither objective nor MPP)
+# --mag X on the third-party slides: the level a pathologist would read (the table in
+# docs/journeys/magnification-and-context.md). file -> {mag: (level, window px for 64 px
+# tiles, tile mag)}; None: refused (the scan is coarser than asked, or the slide states
+# neither objective nor MPP)
 AT_MAG = {
     # Aperio 20x, 0.499 um/px, one level: 20x as stored; 10x and 5x shrink level 0
     "CMU-1-Small-Region.svs": {40: None, 20: (0, 64, 20), 10: (0, 128, 10), 5: (0, 256, 5)},

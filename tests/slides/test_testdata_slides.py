@@ -131,7 +131,8 @@ def test_a_level_at_a_non_integer_downsample_reads_the_stored_pixels(
     pixels stored there, on the level's own grid. OpenSlide's read_region maps level-0 x to
     x / 2.0005, a fraction of a pixel off that grid, and interpolates: its tiles are the
     stored pixels resampled bilinearly (within rounding), equal to ours only where x / 2.0005
-    is whole, as at (0, 0). So the raw path is the reference at such levels (README)."""
+    is whole, as at (0, 0). So the raw path is the reference at such levels
+    (docs/concepts/pixels.md)."""
     import tifffile
 
     from wsi_loader import TileDataset, build_index

@@ -37,7 +37,7 @@ class DatasetConfig(Strict):
         description="local copies of remote slides only OpenSlide reads (NDPI, SCN...)",
     )
     remote_cache_gb: float = Field(100, gt=0, allow_inf_nan=False)
-    exclude_quarantined: bool = False
+    exclude_quarantined: bool = Field(False, description="leave out the quarantined tiles")
     decode_threads: int | None = Field(None, ge=1)
     split: str | None = Field(None, min_length=1, description="read only this split's slides")
     missing_slides: Literal["raise", "exclude"] = Field(
@@ -49,7 +49,9 @@ class DatasetConfig(Strict):
         "drop, or raise",
     )
     root: PathText | None = Field(None, description="remap the folder relative slide paths live in")
-    backend: Literal["auto", "openslide", "tiff"] | None = None
+    backend: Literal["auto", "openslide", "tiff"] | None = Field(
+        None, description="the slides' reader; null: auto (the fastest correct one per slide)"
+    )
     record_failures: bool = Field(True, description="append failures to the quarantine")
     quarantine: PathText | None = Field(
         None,
@@ -94,7 +96,7 @@ class ExportConfig(Strict):
     image_format: Literal["png", "jpeg", "webp"] = "png"
     quality: int = Field(90, ge=1, le=100)
     shard_size: int = Field(1000, ge=1)
-    workers: int = Field(1, ge=1, le=512)
+    workers: int = Field(1, ge=1, le=512, description="units of work written in parallel")
     unit_timeout: float = Field(
         0, ge=0, description="seconds a unit of work may take before it is given up (0: no limit)"
     )

@@ -12,22 +12,28 @@ from wsi_loader.config._base import PathText, Strict
 class HEDJitterConfig(Strict):
     """`wsi_loader.stain.HEDJitter`: per tile and HED channel, h * U(1 +- sigma) + U(+-bias)."""
 
-    sigma: float = Field(0.05, ge=0, lt=1)
-    bias: float = Field(0.05, ge=0, lt=1)
+    sigma: float = Field(
+        0.05, ge=0, lt=1, description="HED values scaled by U(1 - sigma, 1 + sigma)"
+    )
+    bias: float = Field(0.05, ge=0, lt=1, description="then shifted by U(-bias, bias)")
     clamp: bool = Field(False, description="cut negative HED values first (scikit-image's trip)")
 
 
 class StainJitterConfig(Strict):
     """`wsi_loader.stain.StainJitter`: the slide's stain vectors and concentrations moved."""
 
-    sigma: float = Field(0.05, ge=0, lt=1)
-    concentration: float = Field(0.1, ge=0, lt=1)
+    sigma: float = Field(0.05, ge=0, lt=1, description="N(0, sigma) added to each vector component")
+    concentration: float = Field(
+        0.1, ge=0, lt=1, description="concentrations scaled by U(1 - c, 1 + c)"
+    )
 
 
 class RandStainConfig(Strict):
     """`wsi_loader.stain.RandStain`: a Reinhard target drawn from the archive's spread."""
 
-    spread: float = Field(1.0, ge=0, le=10)
+    spread: float = Field(
+        1.0, ge=0, le=10, description="the spread of the slides' LAB statistics, times this"
+    )
 
 
 class AugmentStep(Strict):

@@ -30,6 +30,15 @@ from wsi_loader.dataset._buffers import lease
 
 @dataclass
 class TileBatch:
+    """One batch of tiles as `make_loader`'s workers ship it: the pixels in one contiguous
+    NHWC uint8 buffer (shared memory, no per-item collate) and one tensor per field, a row
+    per tile. `DeviceLoader` turns it into the dict a `TileDataset` sample has (``image``
+    normalised NCHW on the device); `as_dict` gives that dict on the CPU. ``ok`` is False
+    where a tile could not be read (its pixels are ``fill_value``, or another tile's when
+    ``substituted``), and, with ``decode="device"``, where it is still compressed in
+    ``encoded`` until `DeviceLoader` decodes it: mask the loss with it.
+    """
+
     images: torch.Tensor  # (N, H, W, 3) uint8, RGB
     ok: torch.Tensor  # (N,) bool: False when the requested tile could not be read
     substituted: torch.Tensor  # (N,) bool: pixels come from another tile of the slide

@@ -68,7 +68,7 @@ class Rule:
         return flagged
 
 
-# Thresholds chosen on the synthetic validation slides (README, "Quality control"): each sits
+# Thresholds chosen on the synthetic validation slides (docs/journeys/qc.md): each sits
 # between what clean tissue and the artefact measure there, with room on both sides.
 RULES: dict[str, Rule] = {
     "pen": Rule("qc_pen", 0.1, False, "pen ink covers at least this share of the tile"),
