@@ -65,7 +65,7 @@ from wsi_loader.export._folder import (
     unit_contents,
     unlabelled_folder,
 )
-from wsi_loader.export._imagefolder import label_folders
+from wsi_loader.export._imagefolder import label_folders, split_folders
 from wsi_loader.export._manifest import FAILURE_COLUMNS, MANIFEST_COLUMNS, tile_fields, write_csv
 from wsi_loader.export._unit import ExportOptions, ExportUnit, export_unit
 from wsi_loader.files import replacing, write_file
@@ -84,8 +84,9 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("imagefolder", "webdataset", "coords-h5")
 # 2: the plan holds generation rows (splits, dropped slides); 3: image files are named without
-# the slide's name, and tiles without a label are left out (or go to unlabelled_out)
-EXPORT_VERSION = 3
+# the slide's name, and tiles without a label are left out (or go to unlabelled_out); 4: the
+# image folders of an index with splits, exported whole, are DIR/<split>/<label>/
+EXPORT_VERSION = 4
 # why a tile of the index is not in the plan (the plan's left_out rows: row, why)
 QUARANTINED, UNREADABLE, UNLABELLED = 0, 1, 2
 
@@ -228,12 +229,15 @@ def export_index(
             "(unlabelled_out=DIR) to write them to a plain folder, or use --format webdataset",
             key="unlabelled_out",
         )
+    by_split = split_folders(index) if options.format == "imagefolder" else {}
     settings: dict[str, Any] = {
         **asdict(options),
         # a JSON value, not the string that options carry (readers accept both: read_settings)
         "stain": None if options.stain is None else json.loads(options.stain),
         "index": str(Path(index.path).resolve()),
         "split": index.split,
+        # image folders of an index with splits, exported whole: a folder per split
+        "split_folders": by_split,
         "unlabelled_out": None if kept is None else str(kept),
         "version": EXPORT_VERSION,
     }
@@ -304,6 +308,7 @@ def export_index(
             verify=verify,
             threads=threads,
             quarantine=None if index.quarantine_file is None else str(index.quarantine_file),
+            split_folders=tuple(by_split.items()),
         )
         for i, start in enumerate(range(0, len(order), shard_size))
     ]
@@ -381,7 +386,8 @@ def export_index(
         # every label of the index, present or not: the class ids are then the index's
         # label ids (the folders sort in that order) in an export of any split
         classes = sorted(folder for _, folder in folders)
-        write_card(out_path, imagefolder_card(options.image_ext, classes, index.split))
+        card = imagefolder_card(options.image_ext, classes, index.split, list(by_split.items()))
+        write_card(out_path, card)
     return report
 
 
