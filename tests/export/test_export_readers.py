@@ -551,6 +551,8 @@ def test_an_index_with_splits_exported_whole_is_laid_out_by_split(
     assert sorted(names[i] for i in card["train"]["label"]) == sorted(
         r["label"] for r in listed if r["split"] == "train"
     )
+    again = export_index(index, out, shard_size=20)  # resumed: every unit was done
+    assert again.units_skipped == again.units == report.units and again.tiles == len(index)
     # one split exported: its class folders at the top, as before
     one = export_index(index, tmp_path / "val-only", shard_size=20, split="val")
     assert sorted(e.name for e in os.scandir(tmp_path / "val-only") if e.is_dir()) == ["normal"]

@@ -84,9 +84,8 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("imagefolder", "webdataset", "coords-h5")
 # 2: the plan holds generation rows (splits, dropped slides); 3: image files are named without
-# the slide's name, and tiles without a label are left out (or go to unlabelled_out); 4: the
-# image folders of an index with splits, exported whole, are DIR/<split>/<label>/
-EXPORT_VERSION = 4
+# the slide's name, and tiles without a label are left out (or go to unlabelled_out)
+EXPORT_VERSION = 3
 # why a tile of the index is not in the plan (the plan's left_out rows: row, why)
 QUARANTINED, UNREADABLE, UNLABELLED = 0, 1, 2
 
@@ -236,11 +235,11 @@ def export_index(
         "stain": None if options.stain is None else json.loads(options.stain),
         "index": str(Path(index.path).resolve()),
         "split": index.split,
-        # image folders of an index with splits, exported whole: a folder per split
-        "split_folders": by_split,
         "unlabelled_out": None if kept is None else str(kept),
         "version": EXPORT_VERSION,
     }
+    if by_split:  # image folders of an index with splits, exported whole: DIR/<split>/<label>/
+        settings["split_folders"] = by_split
     settings = json.loads(json.dumps(settings))  # as the settings file holds them (no tuples)
     if overwrite and read_settings(out_path) is not None:
         clear_export(out_path)
