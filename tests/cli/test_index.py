@@ -117,3 +117,41 @@ def test_an_index_without_a_tile_is_an_error(
     assert err.count("broken.svs") == 1 and err.count("tiny.svs") == 1  # said once each
     assert main(["index", str(slides / "broken.svs"), "--out", str(tmp_path / "j")]) == 1
     assert "error: no slide could be indexed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("written", ["20x", "20X", " 20 x"])
+def test_mag_is_accepted_as_pathologists_write_it(
+    tmp_path: Path, make_slide: SlideFactory, written: str
+) -> None:
+    """`--mag 20x` was refused by argparse ("invalid float value"): it works as `--mag 20`,
+    on the command line and in a config file."""
+    from wsi_loader.index import SlideIndex
+
+    slide = make_slide(width=1024, height=768, seed=9, mpp=0.25)  # AppMag 40
+    out = tmp_path / "idx"
+    args = ["index", str(slide), "--out", str(out), "--tile-size", "64", "--min-tissue", "0"]
+    assert main([*args, "--mag", written, "--no-progress"]) == 0
+    record = SlideIndex.open(out).slides[0]
+    assert (record.read_level, record.read_size, record.tile_mag) == (0, 128, 20)
+    assert SlideIndex.open(out).params["mag"] == 20
+    config = tmp_path / "c.yaml"
+    config.write_text(f"index:\n  mag: '{written}'\n  tile_size: 64\n  min_tissue: 0\n")
+    out2 = tmp_path / "idx2"
+    assert main(["index", str(slide), "--out", str(out2), "--config", str(config)]) == 0
+    assert SlideIndex.open(out2).slides[0].tile_mag == 20
+
+
+@pytest.mark.parametrize("written", ["20y", "x", "twenty", "20xx", "-20x"])
+def test_a_magnification_that_is_not_one_is_refused(
+    tmp_path: Path, make_slide: SlideFactory, capsys: pytest.CaptureFixture[str], written: str
+) -> None:
+    slide = make_slide(width=300, height=200, seed=9)
+    with pytest.raises(SystemExit) as exited:
+        main(["index", str(slide), "--out", str(tmp_path / "i"), f"--mag={written}"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--mag" in err and "20x" in err  # says how to write one
+    config = tmp_path / "c.yaml"
+    config.write_text(f"index:\n  mag: '{written}'\n")
+    assert main(["index", str(slide), "--out", str(tmp_path / "j"), "--config", str(config)]) == 2
+    assert "'index.mag'" in capsys.readouterr().err

@@ -504,3 +504,56 @@ def test_the_card_names_the_split_exported(camelyon: Path, tmp_path: Path) -> No
     loaded = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "hf"))
     assert list(loaded) == ["val"] and loaded["val"].num_rows == report.tiles
     assert loaded["val"].features["label"].names == ["normal", "tumor"]
+
+
+def test_an_index_with_splits_exported_whole_is_laid_out_by_split(
+    camelyon: Path, tmp_path: Path
+) -> None:
+    """Exported without --split, an index with splits put every tile in Hugging Face's
+    `train` (val slides included): the image folders are DIR/<split>/<label>/, which
+    Hugging Face reads split by split (by the card, and by its own inference from folder
+    names) and torchvision's ImageFolder reads one split folder at a time."""
+    rows = "tumor_001,tumor,train\nnormal_001,normal,val\ntest_001,normal,test\n"
+    (camelyon / "labels.csv").write_text(f"slide,label,split\n{rows}")
+    index = build_index(
+        [camelyon], tmp_path / "idx", level=0, min_tissue=0.0, labels=str(camelyon / "labels.csv")
+    )
+    out = tmp_path / "folders"
+    report = export_index(index, out, shard_size=20)
+    assert report.tiles == len(index)
+    assert sorted(e.name for e in os.scandir(out) if e.is_dir()) == ["test", "train", "val"]
+    tiles = {
+        split: sum(s.tiles for s in index.slides if s.split == split)
+        for split in ("train", "val", "test")
+    }
+    with open(out / "manifest.csv", newline="") as fh:
+        listed = list(csv.DictReader(fh))
+    for row in listed:  # each file under its slide's split, then its label
+        split, label, _ = Path(row["file"]).parts
+        assert (split, label) == (row["split"], row["label"])
+    # torchvision's ImageFolder on one split: its class folders only
+    assert sorted(e.name for e in os.scandir(out / "train")) == ["tumor"]
+    assert sorted(e.name for e in os.scandir(out / "val")) == ["normal"]
+    import datasets
+
+    card = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "hf-card"))
+    assert sorted(card) == ["test", "train", "val"]
+    inferred = datasets.load_dataset(
+        "imagefolder", data_dir=str(out), cache_dir=str(tmp_path / "hf-dir")
+    )
+    assert sorted(inferred) == ["test", "train", "validation"]
+    for loaded, val in ((card, "val"), (inferred, "validation")):
+        assert loaded["train"].num_rows == tiles["train"]
+        assert loaded[val].num_rows == tiles["val"]
+        assert loaded["test"].num_rows == tiles["test"]
+    assert card["val"].features["label"].names == ["normal", "tumor"]  # the index's ids
+    names = card["train"].features["label"].names
+    assert sorted(names[i] for i in card["train"]["label"]) == sorted(
+        r["label"] for r in listed if r["split"] == "train"
+    )
+    again = export_index(index, out, shard_size=20)  # resumed: every unit was done
+    assert again.units_skipped == again.units == report.units and again.tiles == len(index)
+    # one split exported: its class folders at the top, as before
+    one = export_index(index, tmp_path / "val-only", shard_size=20, split="val")
+    assert sorted(e.name for e in os.scandir(tmp_path / "val-only") if e.is_dir()) == ["normal"]
+    assert one.tiles == tiles["val"]

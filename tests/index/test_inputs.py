@@ -228,10 +228,11 @@ def test_misspelt_manifest_columns_are_an_error(
 
 
 def test_other_manifest_columns_are_kept_out_of_the_way(tmp_path: Path) -> None:
-    # columns of a spreadsheet's own (a patient id, notes) are no typo of a manifest column
+    # columns of a spreadsheet's own (notes) are no typo of a manifest column; a patient id
+    # is the slide's patient
     manifest = write(tmp_path / "m.csv", "path,label,patient_id,notes\na.svs,tumor,P1,fine\n")
     (entry,) = read_manifest(str(manifest))
-    assert entry.label == "tumor"
+    assert entry.label == "tumor" and entry.patient == "P1"
 
 
 def test_misspelt_labels_columns_name_the_close_column(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ synthetic slides whose artefacts are painted with known masks."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -157,7 +158,22 @@ def test_cli_index_excludes_and_info_counts(qc_index: SlideIndex, tmp_path: Path
          "blur=0.4", "--no-progress"]
     )  # fmt: skip
     assert code == 0
-    assert "left out by --qc-exclude" in capsys.readouterr().err
+    # "0 tiles flagged; 12 left out by --qc-exclude" read as a contradiction: what was left
+    # out comes first, then what the tiles kept are flagged for
+    said = re.search(
+        r"quality control: (\d+) tiles? left out by --qc-exclude \(pen (\d+), blur (\d+)\); "
+        r"of the (\d+) tiles kept, (\d+) (?:is|are) flagged "
+        r"\(pen 0, blur 0, fold \d+, bubble \d+\)",
+        capsys.readouterr().err,
+    )
+    assert said is not None, "the QC line"
+    kept = SlideIndex.open(out)
+    left_out, pen, blur, n_kept, _ = (int(g) for g in said.groups())
+    assert n_kept == len(kept) and left_out > 0 and pen > 0 and blur > 0
+    assert main(["info", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert f"{left_out} tiles left out by qc_exclude" in shown
+    assert f"of the {n_kept} tiles kept" in shown
     assert main(["info", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["qc"]["thresholds"]["blur"] == 0.4

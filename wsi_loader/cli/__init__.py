@@ -1,7 +1,7 @@
 """The ``wsi-loader`` command, the top floor: a thin layer over the library.
 
 `main` builds the parser from the subcommands, one module each, named as the command (`index`,
-`info`, `quarantine`, `stain`, `view` for ``inspect`` and ``mosaic``, `export`, `features`,
+`split`, `info`, `quarantine`, `stain`, `view` for ``inspect`` and ``mosaic``, `export`, `features`,
 `predict`, `serve`, `bench`, `demo`); `common` holds the options and printing they share,
 `_model_pass` the options of ``features`` and ``predict``, `_demo` the demo's job.
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, TypeAlias
 
+from wsi_loader.config import magnification
 from wsi_loader.errors import ConfigError
 from wsi_loader.index import SlideIndex
 
@@ -59,6 +60,17 @@ def class_names(value: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError(f"no class names in {value!r}")
     return names
+
+
+def magnification_arg(value: str) -> float:
+    """``20``, ``20x`` or ``40X`` as a magnification (``--mag``)."""
+    try:
+        number: float = magnification(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a magnification above 0")
+    return number
 
 
 def open_index(args: argparse.Namespace) -> SlideIndex:
@@ -189,6 +201,30 @@ def counts_line(counts: dict[str, dict[str, int]], shown: int = 12) -> str:
     ]
     more = f" and {len(counts) - shown} more" if len(counts) > shown else ""
     return ", ".join(parts) + more
+
+
+def tiles(n: int) -> str:
+    return f"{n} tile{'s' * (n != 1)}"
+
+
+def qc_counts_text(
+    flagged: dict[str, Any], excluded: dict[str, Any], kept: int, option: str
+) -> str:
+    """What quality control did to ``kept`` tiles (a slide's, or an index's): ``3 of 120 tiles
+    flagged (pen 2, ...)``, or, when ``option`` (``--qc-exclude``) left tiles out, those first
+    and then what the tiles kept are flagged for (the excluded rules flag none of them)."""
+    rules = ", ".join(
+        f"{name} {n}" for name, n in flagged.items() if name not in ("any", "excluded")
+    )
+    n = int(flagged["any"])
+    left_out = int(excluded.get("any", 0)) if excluded else 0
+    if not left_out:
+        return f"{n} of {tiles(kept)} flagged ({rules})"
+    parts = ", ".join(f"{name} {k}" for name, k in excluded.items() if name != "any")
+    return (
+        f"{tiles(left_out)} left out by {option} ({parts}); of the {tiles(kept)} kept, "
+        f"{n} {'is' if n == 1 else 'are'} flagged ({rules})"
+    )
 
 
 # C0 and C1 control characters: from a slide name or a label they could drive the terminal

@@ -13,7 +13,9 @@ from wsi_loader.cli.common import (
     config_flag,
     dask_client,
     labels_line,
+    magnification_arg,
     one_line,
+    qc_counts_text,
 )
 from wsi_loader.config import IndexConfig, load_config, with_overrides
 from wsi_loader.errors import ConfigError
@@ -42,9 +44,9 @@ def register(sub: Subparsers) -> None:
     res.add_argument("--level", type=int, metavar="N", help="read this level (no MPP needed)")
     res.add_argument(
         "--mag",
-        type=float,
+        type=magnification_arg,
         metavar="X",
-        help="target magnification (20 = 20x): the slide's objective power / X is the "
+        help="target magnification (20, 20x or 40X): the slide's objective power / X is the "
         "downsample; slides stating none use mpp = 10 / X",
     )
     p.add_argument("--mpp-tolerance", type=float, metavar="F", help="accepted relative MPP error")
@@ -211,17 +213,12 @@ def qc_threshold(value: str) -> tuple[str, float]:
 
 
 def qc_line(index: SlideIndex) -> str | None:
-    """What quality control flagged (and left out) over the index, in one line."""
+    """What quality control left out and flagged over the index, in one line."""
     totals = index.summary()["qc"]
     if totals is None:
         return None
-    flagged = ", ".join(f"{name} {n}" for name, n in totals["flagged"].items() if name != "any")
-    line = f"quality control: {totals['flagged']['any']} tiles flagged ({flagged})"
-    excluded = totals["excluded"]
-    if excluded:
-        left_out = ", ".join(f"{name} {n}" for name, n in excluded.items() if name != "any")
-        line += f"; {excluded.get('any', 0)} left out by --qc-exclude ({left_out})"
-    return line
+    counts = qc_counts_text(totals["flagged"], totals["excluded"], len(index), "--qc-exclude")
+    return f"quality control: {counts}"
 
 
 def annotations_line(report: dict[str, Any]) -> str:

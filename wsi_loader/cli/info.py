@@ -16,6 +16,7 @@ from wsi_loader.cli.common import (
     one_line,
     open_index,
     printable,
+    qc_counts_text,
 )
 from wsi_loader.index._build_checks import describe_copies
 from wsi_loader.index._health import problem_kind, slide_problems
@@ -101,19 +102,23 @@ def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
             f"E {_vector(ref['E'])} (wsi-loader stain)"
         )
     if summary.get("qc"):
-        lines.append(qc_summary_line(summary["qc"]))
+        lines.append(qc_summary_line(summary["qc"], summary["tiles"]))
     lines.append(
-        f"{'id':>4} {'status':7} {'tiles':>7} {'mpp':>7} {'mag':>5} {'level':>5} {'label':12} path"
+        f"{'id':>4} {'status':7} {'tiles':>7} {'tile_mpp':>8} {'mag':>5} {'level':>5} "
+        f"{'scan_mpp':>8} {'label':12} path"
     )
     for s in slides:
         if only_failed and s["status"] != "failed":
             continue
-        mpp = f"{s['mpp']:.3f}" if s["mpp"] else "-"
+        # the tiles' resolution (what a model sees), then the scan's level 0
+        tile_mpp = f"{s['tile_mpp']:.3f}" if s.get("tile_mpp") else "-"
+        scan_mpp = f"{s['mpp']:.3f}" if s["mpp"] else "-"
         mag = f"{s['tile_mag']:.3g}x" if s.get("tile_mag") else "-"
         level = "-" if s["read_level"] is None else str(s["read_level"])
         lines.append(
-            f"{s['slide_id']:>4} {_state(s):7} {s['tiles']:>7} {mpp:>7} {mag:>5} {level:>5} "
-            f"{one_line(s['label'] or '-')[:12]:12} {one_line(s['path'])}"
+            f"{s['slide_id']:>4} {_state(s):7} {s['tiles']:>7} {tile_mpp:>8} {mag:>5} "
+            f"{level:>5} {scan_mpp:>8} {one_line(s['label'] or '-')[:12]:12} "
+            f"{one_line(s['path'])}"
         )
         if s["error"]:
             lines.append(f"{'':>4} error: {one_line(s['error'])}")
@@ -128,31 +133,18 @@ def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
             lines.append(f"{'':>4} tissue: {s['tissue_detector']}{why}")
         qc = s.get("qc")
         if qc and (qc["any"] or qc["excluded"]):
-            lines.append(f"{'':>4} qc: {qc_counts_text(qc, qc['excluded'])}")
+            counts = qc_counts_text(qc, qc["excluded"], s["tiles"], "qc_exclude")
+            lines.append(f"{'':>4} qc: {counts}")
     return printable("\n".join(lines))
 
 
-def qc_counts_text(flagged: dict[str, Any], excluded: dict[str, Any]) -> str:
-    """``pen 3, blur 0, fold 1, bubble 0 flagged; 12 left out (pen 12)``."""
-    text = ", ".join(
-        f"{name} {n}" for name, n in flagged.items() if name not in ("any", "excluded")
-    )
-    text += " flagged"
-    if excluded:
-        parts = ", ".join(f"{name} {n}" for name, n in excluded.items() if name != "any")
-        text += f"; {excluded.get('any', 0)} left out by qc_exclude ({parts})"
-    return text
-
-
-def qc_summary_line(totals: dict[str, Any]) -> str:
+def qc_summary_line(totals: dict[str, Any], tiles: int) -> str:
     limits = ", ".join(
         f"{name} {'<' if name == 'blur' else '>='} {value:g}"
         for name, value in totals["thresholds"].items()
     )
-    flagged = totals["flagged"]
-    return f"quality control ({limits}): {flagged['any']} tiles flagged: " + qc_counts_text(
-        flagged, totals["excluded"]
-    )
+    counts = qc_counts_text(totals["flagged"], totals["excluded"], tiles, "qc_exclude")
+    return f"quality control ({limits}): {counts}"
 
 
 def run(args: argparse.Namespace) -> int:

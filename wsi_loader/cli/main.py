@@ -25,6 +25,7 @@ from wsi_loader.cli import (
     predict,
     quarantine,
     serve,
+    split,
     stain,
     view,
 )
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action=_VersionAction, help="show the versions a bug report needs and exit"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    commands = (index, info, quarantine, stain, view, export, features, predict, serve)
+    commands = (index, split, info, quarantine, stain, view, export, features, predict, serve)
     for command in (*commands, bench, demo):
         command.register(sub)  # each sets `run`, the function that carries it out
     return parser

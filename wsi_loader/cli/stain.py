@@ -11,6 +11,7 @@ from typing import Any
 from wsi_loader.cli.common import COMMON, READS, Subparsers, one_line, open_index, printable
 from wsi_loader.config import StainConfig, load_config
 from wsi_loader.errors import ConfigError
+from wsi_loader.index._labels import split_mask
 
 STAIN_HELP = (
     "normalise tiles to --stain-target with each slide's stain from the index: macenko or reinhard"
@@ -106,8 +107,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     slides: list[dict[str, Any]] = [
         {"slide_id": i, "path": s.path, "stain": s.stain, "stain_error": s.stain_error}
-        for i, s in enumerate(index.slides)
-        if s.status == "ok" and (index.split is None or s.split == index.split)
+        for i, (s, chosen) in enumerate(
+            zip(index.slides, split_mask(index.slides, index.split), strict=True)
+        )
+        if s.status == "ok" and chosen
     ]
     if args.json:
         print(json.dumps(slides, indent=1))

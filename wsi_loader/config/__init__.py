@@ -9,6 +9,7 @@ import it. One module per section (``_index``, ``_reading``, ``_stain``) on a sh
 (``_base``); ``_validate`` turns pydantic's errors into `ConfigError`; ``_load`` reads a file.
 """
 
+from wsi_loader.config._base import magnification
 from wsi_loader.config._index import QC_RULES, IndexConfig, with_overrides
 from wsi_loader.config._load import Config, load_config
 from wsi_loader.config._reading import BagConfig, DatasetConfig, ExportConfig, LoaderConfig
@@ -28,6 +29,7 @@ __all__ = [
     "check_keywords",
     "close_key",
     "load_config",
+    "magnification",
     "validate",
     "with_overrides",
 ]

@@ -3,6 +3,7 @@ inf or nan) and the field types several sections share (paths, context scales)."
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
@@ -12,6 +13,20 @@ from wsi_loader.files import expand_home
 PathText = Annotated[str, AfterValidator(expand_home)]  # a local path or a URL
 
 MAX_CONTEXT_SCALES = 8  # context tiles per item (each is a buffer per batch)
+
+# a magnification as pathologists write it: 20, 20x, 40X, 2.5x
+_MAGNIFICATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*[xX]?\s*")
+
+
+def magnification(value: Any) -> Any:
+    """A magnification written as text (``"20x"``, ``"40X"``, ``"20"``) as its number; other
+    values are left for the type check. Raises ``ValueError`` for text that is not one."""
+    if not isinstance(value, str):
+        return value
+    match = _MAGNIFICATION.fullmatch(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a magnification (write it as 20, 20x or 40X)")
+    return float(match.group(1))
 
 
 def context_scales(value: Any) -> Any:
@@ -53,6 +68,9 @@ def _check_context(scales: list[tuple[float, int]] | None) -> list[tuple[float, 
         raise ValueError(f"context scales repeat: {scales}")
     return list(scales)
 
+
+# a target magnification: a number, or text such as "20x" (see magnification)
+Magnification = Annotated[float | None, BeforeValidator(magnification)]
 
 # co-centred context tiles: [(mpp, size), ...] (see context_scales for the spellings)
 ContextScales = Annotated[

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from wsi_loader.config._base import ContextScales, PathText, Strict
+from wsi_loader.config._base import ContextScales, Magnification, PathText, Strict
 from wsi_loader.config._validate import OptionValueError, close_key, validate
 
 QC_RULES = ("pen", "blur", "fold", "bubble")  # index/_qc.py's RULES, by name
@@ -19,11 +19,11 @@ class IndexConfig(Strict):
     tile_size: int = Field(256, gt=0, le=16384, description="tile edge in output pixels")
     mpp: float | None = Field(0.5, gt=0, le=1000, description="target microns per pixel")
     level: int | None = Field(None, ge=0, description="read this pyramid level instead of an MPP")
-    mag: float | None = Field(
+    mag: Magnification = Field(
         None,
         gt=0,
         le=200,
-        description="target magnification instead of an MPP (20 = 20x: the slide's objective "
+        description="target magnification instead of an MPP (20, 20x or 20X: the slide's objective "
         "power, else mpp = 10 / mag)",
     )
     mpp_tolerance: float = Field(0.1, ge=0, lt=1, description="relative MPP mismatch accepted")

@@ -1,9 +1,8 @@
 """Batch buffers that a reading process reuses once the consumer has let go of them.
 
 Why: a fresh shared-memory batch buffer costs the worker a page fault per 4 KiB page when it
-first writes it, and the kernel's zeroing of those pages. Measured on a 2-core VM with 64 tiles
-of 256 px: ~10 ms per batch, ~150 us of system time per tile, a fifth of a worker's time;
-with reused buffers the system time per tile drops to ~10 us.
+first writes it, and the kernel's zeroing of those pages: a large share of a worker's time,
+which reused buffers save (benchmarks/README.md, "Batch buffers").
 
 How a buffer is known to be free, without trusting anyone to call "release":
 - every ring buffer starts with a header whose first int64 is 1 while a batch is out, 0 when

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from wsi_loader.errors import ConfigError, InputError
 from wsi_loader.index._csv_tables import read_csv_table
 from wsi_loader.index._inputs import name_cell, slide_name
-from wsi_loader.index._labels import label_order, warn_missing_spelt, warn_similar
+from wsi_loader.index._labels import label_order, split_mask, warn_missing_spelt, warn_similar
 from wsi_loader.index._naming import h5_file_names
 from wsi_loader.index._table import SlideIndex
 
@@ -80,11 +80,8 @@ class FeatureBagDataset(Dataset[Bag]):
             if split is not None:
                 opened = opened.view(split=split)
             self.label_names = tuple(opened.slide_label_names)
-            wanted = [
-                sid
-                for sid, record in enumerate(opened.slides)
-                if opened.split is None or record.split == opened.split
-            ]
+            chosen = split_mask(opened.slides, opened.split)
+            wanted = [sid for sid in range(len(opened.slides)) if chosen[sid]]
             # without features.json: the names extraction gives (a name's second slide gets
             # its id), never one file for two slides of the same name
             named = h5_file_names(opened, wanted)

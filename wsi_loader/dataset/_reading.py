@@ -44,8 +44,8 @@ from wsi_loader.slides.storage._sources import is_url, survives_fork
 
 log = logging.getLogger(__name__)
 
-# Starting threads costs ~0.2 ms per read: measured, 2 threads lose on 2-tile reads (0.89x)
-# and win from 4 tiles on (1.23x at 4, 1.35x at 8, 1.5-1.7x at 64)
+# Starting threads has a fixed cost per read: threads lose on 2-tile reads and win from 4
+# tiles on (benchmarks/README.md, "Threads per read")
 MIN_THREADED_JOBS = 4
 
 

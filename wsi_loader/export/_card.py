@@ -70,20 +70,22 @@ def card_split(split: str | None) -> str:
 
 
 def _card(
-    data_files: str,
+    data_files: str | Sequence[tuple[str, str]],
     split: str,
     features: list[dict[str, Any]],
     text: str,
     options: dict[str, Any] | None = None,
 ) -> str:
-    """A card with one config: the files of ``data_files`` in ``split``, the builder
-    ``options``, and ``features``; ``text`` below the YAML header."""
+    """A card with one config: the files of ``data_files`` in ``split`` (or, given (split,
+    files) pairs, each split's files), the builder ``options``, and ``features``; ``text``
+    below the YAML header."""
+    pairs = [(split, data_files)] if isinstance(data_files, str) else list(data_files)
     card: dict[str, Any] = {
         "configs": [
             {
                 "config_name": "default",
                 **(options or {}),
-                "data_files": [{"split": split, "path": data_files}],
+                "data_files": [{"split": name, "path": path} for name, path in pairs],
             }
         ],
         "dataset_info": {"features": features},
@@ -149,9 +151,15 @@ def webdataset_card(
     return _card("shard-*.tar", card_split(split), features, text)
 
 
-def imagefolder_card(image_ext: str, classes: Sequence[str], split: str | None = None) -> str:
+def imagefolder_card(
+    image_ext: str,
+    classes: Sequence[str],
+    split: str | None = None,
+    splits: Sequence[tuple[str, str]] = (),
+) -> str:
     """The card of class folders ``<class>/<tile>.<image_ext>``; ``classes`` are the folder
-    names in the index's label id order (which is also their sorted order)."""
+    names in the index's label id order (which is also their sorted order). With ``splits``
+    (split name, folder): ``<folder>/<class>/<tile>``, one card split per folder."""
     features: list[dict[str, Any]] = [{"name": "image", "dtype": "image"}]
     if classes:
         names = {str(i): name for i, name in enumerate(classes)}
@@ -161,12 +169,25 @@ def imagefolder_card(image_ext: str, classes: Sequence[str], split: str | None =
         f"{image_ext}`, one folder per label (tiles without a label are not here). "
         "`manifest.csv` maps every file to its slide, level-0 position, level, label and "
         "split; `failures.csv` lists the tiles not exported and why; `export.json` the "
-        "arguments and counts. Load with `datasets.load_dataset(FOLDER)` (this card: one split, "
-        "the classes above with the index's label ids) or `torchvision.datasets.ImageFolder`. "
-        f"Every tile is in the one `{card_split(split)}` split of this card."
+        "arguments and counts. "
     )
     # drop_labels false: labels even for one class folder (inferred only from two or more)
     options = {"drop_labels": False} if classes else {}
+    if splits:
+        named = [(card_split(name or folder), folder) for name, folder in splits]
+        text = text.replace("`CLASS/", "`SPLIT/CLASS/") + (
+            "Load with `datasets.load_dataset(FOLDER)` (this card: the splits "
+            f"{', '.join(f'`{name}`' for name, _ in named)}, the classes above with the "
+            "index's label ids) or `torchvision.datasets.ImageFolder(FOLDER/SPLIT)` (its class "
+            "ids are those of the class folders present in that split)."
+        )
+        files = [(name, f"{folder}/*/*.{image_ext}") for name, folder in named]
+        return _card(files, named[0][0], features, text, options)
+    text += (
+        "Load with `datasets.load_dataset(FOLDER)` (this card: one split, the classes above "
+        "with the index's label ids) or `torchvision.datasets.ImageFolder`. Every tile is in "
+        f"the one `{card_split(split)}` split of this card."
+    )
     return _card(f"*/*.{image_ext}", card_split(split), features, text, options)
 
 

@@ -65,7 +65,7 @@ from wsi_loader.export._folder import (
     unit_contents,
     unlabelled_folder,
 )
-from wsi_loader.export._imagefolder import label_folders
+from wsi_loader.export._imagefolder import label_folders, split_folders
 from wsi_loader.export._manifest import FAILURE_COLUMNS, MANIFEST_COLUMNS, tile_fields, write_csv
 from wsi_loader.export._unit import ExportOptions, ExportUnit, export_unit
 from wsi_loader.files import replacing, write_file
@@ -228,6 +228,7 @@ def export_index(
             "(unlabelled_out=DIR) to write them to a plain folder, or use --format webdataset",
             key="unlabelled_out",
         )
+    by_split = split_folders(index) if options.format == "imagefolder" else {}
     settings: dict[str, Any] = {
         **asdict(options),
         # a JSON value, not the string that options carry (readers accept both: read_settings)
@@ -237,6 +238,8 @@ def export_index(
         "unlabelled_out": None if kept is None else str(kept),
         "version": EXPORT_VERSION,
     }
+    if by_split:  # image folders of an index with splits, exported whole: DIR/<split>/<label>/
+        settings["split_folders"] = by_split
     settings = json.loads(json.dumps(settings))  # as the settings file holds them (no tuples)
     if overwrite and read_settings(out_path) is not None:
         clear_export(out_path)
@@ -304,6 +307,7 @@ def export_index(
             verify=verify,
             threads=threads,
             quarantine=None if index.quarantine_file is None else str(index.quarantine_file),
+            split_folders=tuple(by_split.items()),
         )
         for i, start in enumerate(range(0, len(order), shard_size))
     ]
@@ -381,7 +385,8 @@ def export_index(
         # every label of the index, present or not: the class ids are then the index's
         # label ids (the folders sort in that order) in an export of any split
         classes = sorted(folder for _, folder in folders)
-        write_card(out_path, imagefolder_card(options.image_ext, classes, index.split))
+        card = imagefolder_card(options.image_ext, classes, index.split, list(by_split.items()))
+        write_card(out_path, card)
     return report
 
 

@@ -1,5 +1,7 @@
 """The image-folder layout: a folder per label (the class ids torchvision's ImageFolder and
-Hugging Face's imagefolder read from the folders' sorted names) and each tile's file in it.
+Hugging Face's imagefolder read from the folders' sorted names) and each tile's file in it;
+for an index with splits exported whole, a folder per split above them
+(``DIR/<split>/<label>/``, which both read split by split).
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ def image_file(
     folders: dict[str, str],
     unlabelled_out: str | None,
     ext: str,
+    splits: dict[str, str] | None = None,
 ) -> Path:
     """The file of a tile in an image-folder export: in its label's folder of ``out``
-    (``folders``, `label_folders`), or in ``unlabelled_out`` when it has no label."""
+    (``folders``, `label_folders`), under its slide's split folder when given ``splits``
+    (`split_folders`), or in ``unlabelled_out`` when it has no label."""
     cols = index.columns
     # no slide name in it: Hugging Face's imagefolder reads "train", "val", "test"...
     # between separators in a file name as a split (Camelyon16's test_001), and a name
@@ -60,4 +64,26 @@ def image_file(
     if label is None:  # the plan holds such tiles only with unlabelled_out
         assert unlabelled_out is not None
         return Path(unlabelled_out) / name
+    if splits is not None:
+        out = out / splits[index.slides[sid].split or ""]
     return out / folders[label] / name
+
+
+UNASSIGNED = "unassigned"  # the split folder of slides without a split
+
+
+def split_folders(index: SlideIndex) -> dict[str, str]:
+    """Split name ("" for slides without one) -> its folder, for an index with splits that
+    is exported whole; empty for an index without splits, or a view of one split."""
+    names = index.splits()
+    if index.split is not None or not names:
+        return {}
+    folders: dict[str, str] = {}
+    for name in names:
+        folder = safe_component(name)
+        if folder in folders.values():  # two names that sanitise alike
+            folder = f"{folder}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+        folders[name] = folder
+    if any(s.split is None and s.status == "ok" and s.tiles for s in index.slides):
+        folders[""] = UNASSIGNED if UNASSIGNED not in folders.values() else f"_{UNASSIGNED}"
+    return folders

@@ -71,6 +71,9 @@ class ExportUnit:
     rewrite: bool = False  # it has a record whose files are gone or changed: write them all
     threads: int = 1  # reading and encoding threads (PNG/WebP encoders release the GIL)
     quarantine: str | None = None  # failed reads go here (None: the index's own)
+    # image folders of an index with splits exported whole: split name ("" for none) ->
+    # folder, DIR/<split>/<label>/ (empty: DIR/<label>/)
+    split_folders: tuple[tuple[str, str], ...] = ()
 
 
 def _encode(pixels: np.ndarray, options: ExportOptions) -> bytes:
@@ -113,10 +116,13 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     rows = np.asarray(unit.rows, dtype=np.int64)
     cols, folders = index.columns, dict(unit.folders)
     ext = unit.options.image_ext
+    splits = dict(unit.split_folders) or None
 
     imagefolder = unit.options.format == "imagefolder"
     files = [
-        image_file(index, r, out, folders, unit.unlabelled_out, ext) if imagefolder else None
+        image_file(index, r, out, folders, unit.unlabelled_out, ext, splits)
+        if imagefolder
+        else None
         for r in rows.tolist()
     ]
     # image files already under their final name are complete (atomic renames): keep them

@@ -21,7 +21,9 @@ Per slide, from its low-resolution picture (`_analyses` gathers what the builder
 On disk:
 - `_table`: `SlideIndex` (opening, views, splits, selection); `_table_files`: the format
   (generations, columns, locks); `_table_writer`: writing a generation atomically; `_checks`:
-  what its files must agree on; `_labels`: label names, ids and the warnings about them
+  what its files must agree on; `_labels`: label names, ids and the warnings about them,
+  patients and the slides a split name selects; `_splits`: splits made for an index
+  (`wsi-loader split`: patients dealt to train/val/test or k folds, by label and seed)
 - `_quarantine`: tiles that failed to read, appended as JSON lines by whichever process hit
   them (the dataset's reader records them; the next build leaves them out); `_health`: slides
   gone missing before reading

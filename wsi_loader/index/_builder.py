@@ -33,7 +33,12 @@ from wsi_loader.index._build_checks import (
 )
 from wsi_loader.index._fingerprints import fingerprint
 from wsi_loader.index._inputs import discover, join_labels
-from wsi_loader.index._labels import warn_missing_spelt, warn_similar, warn_split_gaps
+from wsi_loader.index._labels import (
+    check_patient_splits,
+    warn_missing_spelt,
+    warn_similar,
+    warn_split_gaps,
+)
 from wsi_loader.index._quarantine import Quarantine, coords_in
 from wsi_loader.index._slide_task import SlideTask, empty_tiles, given_up, index_slide
 from wsi_loader.index._stain_estimates import is_current as stain_is_current
@@ -243,7 +248,9 @@ def _build(
             except (OSError, SlideError):
                 digest = None
             if digest == hit[1].fingerprint:
-                record = replace(hit[1], label=entry.label, split=entry.split)
+                record = replace(
+                    hit[1], label=entry.label, split=entry.split, patient=entry.patient
+                )
                 arrays = split_tiles(previous, hit[0])
                 arrays.pop("tile_label", None)  # labels are derived again below
                 if cfg.annotations is None:
@@ -286,6 +293,7 @@ def _build(
         )
     check_shrink(out, [record for record, _ in results], cfg.allow_shrink)
     check_splits([record for record, _ in results], root)
+    check_patient_splits([record for record, _ in results])
     extra: dict[str, Any] = {
         "copies": copies([record for record, _ in results]),
         "build": {"unchanged": reused, "indexed": len(tasks)},  # what this build did

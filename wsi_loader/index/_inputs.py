@@ -3,7 +3,8 @@
 A folder is searched recursively for slide files. A DICOM slide is a folder of DICOM
 instances (found by their ``DICM`` preamble, whatever their extension: ``.dcm``, ``.dicom`` or
 none): it becomes one entry (the first instance; OpenSlide finds the rest of the series).
-A CSV manifest has a header with ``path`` and optionally ``label``, ``split``, ``mpp`` and
+A CSV manifest has a header with ``path`` and optionally ``label``, ``split``, ``patient``
+(or ``patient_id``, ``case_id``: a patient's slides stay in one split), ``mpp`` and
 ``annotations`` (annotation files of the slide, ``;``-separated);
 relative paths are relative to the manifest's folder ('\\' separates folders in those
 written on Windows). A labels CSV (``path`` or ``slide``,
@@ -47,8 +48,10 @@ SLIDE_SUFFIXES = frozenset(
     }
 )
 _GLOB_CHARS = set("*?[")
-MANIFEST_COLUMNS = ("path", "label", "split", "mpp", "annotations")
-LABELS_COLUMNS = ("path", "slide", "label", "split")
+# a slide's patient: CLAM's tables say case_id, spreadsheets patient or patient_id
+PATIENT_COLUMNS = ("patient", "patient_id", "case_id")
+MANIFEST_COLUMNS = ("path", "label", "split", *PATIENT_COLUMNS, "mpp", "annotations")
+LABELS_COLUMNS = ("path", "slide", "label", "split", *PATIENT_COLUMNS)
 _DECIMAL_COMMA = re.compile(r"[+-]?\d*,\d+")
 _WINDOWS_ABSOLUTE = re.compile(r"[A-Za-z]:[\\/]|\\\\")
 DICOM_SUFFIXES = frozenset({".dcm", ".dicom"})
@@ -78,6 +81,7 @@ class SlideEntry:
     path: str
     label: str | None = None
     split: str | None = None
+    patient: str | None = None  # the ``patient`` or ``case_id`` column
     mpp: float | None = None
     annotations: tuple[str, ...] = ()  # the manifest's ``annotations`` column (absolute paths)
 
@@ -239,6 +243,18 @@ def _resolve(folder: str, value: str, table: str, line: int) -> str:
     return os.path.normpath(os.path.join(folder, value.replace("\\", "/")))
 
 
+def patient_cell(row: dict[str, str], path: str, line: int) -> str | None:
+    """A row's patient: its ``patient``, ``patient_id`` or ``case_id`` cell (those given must
+    agree)."""
+    given = {name: row[name] for name in PATIENT_COLUMNS if row.get(name)}
+    if len(set(given.values())) > 1:
+        said = " and ".join(f"{name!r} {value!r}" for name, value in given.items())
+        raise InputError(
+            f"{said} differ (they name one thing: give one of them)", path=path, line=line
+        )
+    return next(iter(given.values()), None)
+
+
 def _folder_of(path: str) -> str:
     return path.rsplit("/", 1)[0] if is_url(path) else os.path.dirname(os.path.abspath(path))
 
@@ -269,6 +285,7 @@ def read_manifest(path: str) -> list[SlideEntry]:
                 path=full,
                 label=row.get("label") or None,
                 split=row.get("split") or None,
+                patient=patient_cell(row, path, line),
                 mpp=_parse_mpp(row.get("mpp", ""), path, line, table.delimiter != ","),
                 annotations=annotation_paths(row.get("annotations", ""), folder, path, line),
             )
@@ -334,15 +351,16 @@ def discover(inputs: Iterable[str | os.PathLike[str]]) -> list[SlideEntry]:
 
 
 def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideEntry], LabelReport]:
-    """Fill each entry's label (and split) from a labels CSV; manifest labels are overridden.
+    """Fill each entry's label (and split, patient) from a labels CSV; manifest labels are
+    overridden.
 
     Returns the entries and a `LabelReport` (rows that matched no slide, slides left without a
     label: in neither the labels CSV nor the manifest). A row with an empty label, or a slide
     given two different labels or splits, is an `InputError`.
     """
     folder = _folder_of(labels_csv)
-    by_path: dict[str, tuple[str, str | None]] = {}
-    by_name: dict[str, tuple[str, str | None]] = {}
+    by_path: dict[str, tuple[str, str | None, str | None]] = {}
+    by_name: dict[str, tuple[str, str | None, str | None]] = {}
     row_name: dict[tuple[str, str], str] = {}
     for line, row in read_csv_rows(labels_csv, ["path", "slide"], LABELS_COLUMNS):
         if "label" not in row:
@@ -353,7 +371,7 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
                 path=labels_csv,
                 line=line,
             )
-        value = (row["label"], row.get("split") or None)
+        value = (row["label"], row.get("split") or None, patient_cell(row, labels_csv, line))
         if row.get("path"):
             kind, key = path_or_name(folder, row["path"], labels_csv, line)
             table, shown = (by_path if kind == "path" else by_name), row["path"]
@@ -363,7 +381,7 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
             raise InputError("a row needs 'path' or 'slide'", path=labels_csv, line=line)
         if key in table and table[key] != value:
             raise InputError(
-                f"slide {shown!r} is given two different labels or splits "
+                f"slide {shown!r} is given two different labels, splits or patients "
                 f"({table[key]} and {value})",
                 path=labels_csv,
                 line=line,
@@ -384,6 +402,12 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
                 break
         if hit is None and entry.label is None:  # a manifest's label stays the label
             report.unlabelled_slides.append(entry.path)
-        out.append(replace(entry, label=hit[0], split=hit[1] or entry.split) if hit else entry)
+        out.append(
+            replace(
+                entry, label=hit[0], split=hit[1] or entry.split, patient=hit[2] or entry.patient
+            )
+            if hit
+            else entry
+        )
     report.unmatched_rows = [name for key, name in row_name.items() if key not in used]
     return out, report

@@ -65,7 +65,9 @@ def _index_slide(
     task: SlideTask, pool: ThreadPoolExecutor, reading: Future[ReadShapes] | None
 ) -> tuple[SlideRecord, TileArrays]:
     entry, cfg = task.entry, task.config
-    record = SlideRecord(path=task.stored_path, label=entry.label, split=entry.split)
+    record = SlideRecord(
+        path=task.stored_path, label=entry.label, split=entry.split, patient=entry.patient
+    )
     try:
         size, mtime_ns, digest, content = identify(entry.path)
         record = replace(record, size=size, mtime_ns=mtime_ns, fingerprint=digest, content=content)
@@ -250,6 +252,11 @@ def given_up(task: SlideTask, why: GivenUp) -> tuple[SlideRecord, TileArrays]:
         error = f"its worker process died while indexing it ({why.detail}); not indexed"
     entry = task.entry
     record = SlideRecord(
-        path=task.stored_path, label=entry.label, split=entry.split, status="failed", error=error
+        path=task.stored_path,
+        label=entry.label,
+        split=entry.split,
+        patient=entry.patient,
+        status="failed",
+        error=error,
     )
     return record, empty_tiles()

@@ -14,13 +14,11 @@ tiles are read from, shrunk (a slide with one level: the builder decodes all of 
 pixels come from a few storage tiles over tissue of a level fine enough to resolve nuclei,
 read at full resolution instead (`slide_estimate`): a coarse picture averages intensities,
 which mixes stains with each other and with glass non-linearly in OD and pulls the estimated
-vectors inward and the concentrations down (7.2 degrees on CMU-1-Small-Region's eosin,
-against 0.3 from its level-0 pixels 1-in-4; on a synthetic 20,000 px pyramid estimated from its
-64x level, haematoxylin 18 degrees and its maximum concentration 0.70 against 2.05 at level 0,
-which normalised every tile to saturated red). The level sampled is the coarsest at most
-`SAMPLE_MPP` um/px and no finer than the read level (without an MPP: at most 4x the read level's
-downsample), so level 0 of a pyramid is decoded only when tiles are read from it and no
-coarser level resolves nuclei.
+vectors inward and the concentrations down (normalising with such an estimate saturates the
+tiles; benchmarks/README.md, "Stain estimates from coarse levels"). The level sampled is
+the coarsest at most `SAMPLE_MPP` um/px and no finer than the read level (without an MPP: at
+most 4x the read level's downsample), so level 0 of a pyramid is decoded only when tiles are
+read from it and no coarser level resolves nuclei.
 
 A slide whose stain cannot be estimated (too little tissue, two stains that are not separable,
 vectors far from any H&E) gets a reason instead of an estimate: it is flagged, never failed.

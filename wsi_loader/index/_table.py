@@ -21,6 +21,7 @@ import numpy.typing as npt
 from wsi_loader.errors import IndexFormatError
 from wsi_loader.files import expand_home
 from wsi_loader.index._checks import check_params, check_slides, check_values
+from wsi_loader.index._labels import split_choices, split_mask, split_members
 from wsi_loader.index._qc import (
     QcFilter,
     built_thresholds,
@@ -230,14 +231,15 @@ class SlideIndex:
                 raise ValueError(
                     f"this index is already the {index.split!r} split; it has no {split!r} rows"
                 )
-            names = index.splits()
-            if split not in names:
+            members = split_members(index.slides, split)
+            if members is None:
                 raise IndexFormatError(
-                    f"no slide is in split {split!r}; the splits are {names or 'none'} (set "
-                    "them with a 'split' column in the manifest or the labels CSV)",
+                    f"no slide is in split {split!r}; the splits are "
+                    f"{split_choices(index.splits())} (set them with a 'split' column in the "
+                    "manifest or the labels CSV, or with wsi-loader split)",
                     path=str(index.path),
                 )
-            in_split = np.array([s.split == split for s in index.slides] + [False])
+            in_split = np.array([*members, False])
             index = index._keep_rows(in_split[index.columns["slide_id"]], split=split)
         drop = sorted(set(drop_slides) - set(index.dropped_slides))
         if drop:
@@ -363,7 +365,7 @@ class SlideIndex:
             return {}
         labels = self.tile_labels()
         slide_ids = np.asarray(self.columns["slide_id"], dtype=np.int64)
-        in_split = np.array([split is None or s.split == split for s in self.slides], dtype=bool)
+        in_split = np.array(split_mask(self.slides, split), dtype=bool)
         keep = in_split[slide_ids] & (labels >= 0)
         labels, slide_ids = labels[keep], slide_ids[keep]
         tiles = np.bincount(labels, minlength=len(names))
@@ -416,6 +418,7 @@ class SlideIndex:
             entry["labels"] = self.label_counts(name)
         limits = built_thresholds(self.params)
         per_slide_qc = qc_counts(self.columns, starts, limits)
+        chosen = split_mask(self.slides, self.split)  # the slides of this view's split
         return {
             "path": str(self.path),
             "schema_version": self.schema_version,
@@ -468,11 +471,15 @@ class SlideIndex:
                     "qc_summary": slide_summary(s.qc),
                 }
                 for i, s in enumerate(self.slides)
-                if self.split is None or s.split == self.split
+                if chosen[i]
             ],
             "qc": None
             if per_slide_qc is None
-            else qc_totals(per_slide_qc, limits, self.slides, self.split),
+            else qc_totals(
+                [q for q, c in zip(per_slide_qc, chosen, strict=True) if c],
+                limits,
+                [s for s, c in zip(self.slides, chosen, strict=True) if c],
+            ),
             "filtered": self.filtered,
             "quarantine_path": str(self.quarantine.path),
             "quarantine": {

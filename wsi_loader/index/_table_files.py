@@ -64,6 +64,7 @@ class SlideRecord:
     warning: str | None = None  # notes on an ok slide (repaired annotations, excluded tiles...)
     label: str | None = None  # from the manifest or labels CSV
     split: str | None = None  # train / val / test..., from the same
+    patient: str | None = None  # its patient or case, from the same (slides of one: one split)
     size: int | None = None  # bytes (a DICOM series: all its files)
     mtime_ns: int | None = None  # newest modification time of its files
     fingerprint: str | None = None  # names, sizes, mtimes and head/tail bytes (identify)

@@ -108,16 +108,43 @@ def _import_failed(package: str, spec: str, exc: BaseException) -> ConfigError:
     """A ConfigError for a model package that is missing or does not load: pip's torchvision
     wheel on a CPU build of torch (or another torch version) fails on import with a
     RuntimeError, and timm imports torchvision."""
-    if isinstance(exc, ModuleNotFoundError) and exc.name == package:
-        extra = "'wsi_loader[gpu]'" if package == "torchvision" else package
-        return ConfigError(f"{spec} needs {package} (pip install {extra})", key="model", value=spec)
+    missing = (exc.name or "").partition(".")[0] if isinstance(exc, ModuleNotFoundError) else None
+    if missing in (package, "torchvision"):
+        # torchvision is the vision extra (its name was gpu, yet it runs on CPUs too); a plain
+        # pip install may fetch a CUDA build, or one made for another torch
+        wanted = f"{package} and torchvision" if package == "timm" else package
+        extra = "'wsi_loader[vision]' timm" if package == "timm" else "'wsi_loader[vision]'"
+        return ConfigError(
+            f"{spec} needs {wanted}: pip install {extra}. {torchvision_recipe()}",
+            key="model",
+            value=spec,
+        )
     return ConfigError(
         f"{spec}: {package} cannot be imported ({type(exc).__name__}: {exc}); a torchvision "
-        f"built for another torch than this one ({torch.__version__}) fails this way: install "
-        "the torchvision release made for it, from the same index as torch",
+        f"built for another torch than this one ({torch.__version__}) fails this way. "
+        + torchvision_recipe(),
         key="model",
         value=spec,
     )
+
+
+def torchvision_recipe(version: str | None = None) -> str:
+    """How to install the torchvision made for this torch (``version``, torch's by default):
+    torch 2.M.P pairs with torchvision 0.(M+15).P, and a CPU build of torch with the CPU
+    build of torchvision, from PyTorch's CPU index."""
+    version = version or torch.__version__
+    release, _, local = version.partition("+")
+    parts = release.split(".")
+    if len(parts) < 2 or parts[0] != "2" or not all(p.isdigit() for p in parts[:3]):
+        return (
+            "Install the torchvision release made for this torch "
+            f"({version}), from the index torch came from"
+        )
+    pin = f"torchvision==0.{int(parts[1]) + 15}.{parts[2] if len(parts) > 2 else 0}"
+    cpu = local == "cpu" or not torch.cuda.is_available()
+    where = " --index-url https://download.pytorch.org/whl/cpu" if cpu else ""
+    machine = "on this machine without CUDA" if cpu else "for this torch"
+    return f"The pair that imports together {machine}: pip install torch=={release} {pin}{where}"
 
 
 def _torchvision(name: str, spec: str, head: Head) -> Model:

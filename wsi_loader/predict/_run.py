@@ -225,8 +225,9 @@ def _views(image: torch.Tensor, tta: str) -> list[torch.Tensor]:
 def _softmax(logits: torch.Tensor) -> torch.Tensor:
     """Softmax over classes as `F.softmax` computes it (shift by the row maximum, exp, divide
     by the sum), in element-wise operations: on a CPU, `F.softmax` enters torch's intra-op
-    thread pool even for (64, 2) logits, and right after the model's pass that costs ~7 ms a
-    batch on a machine whose other cores are busy (the workers'), against ~0.4 ms."""
+    thread pool even for (64, 2) logits, and right after the model's pass that waits on
+    threads on a machine whose other cores are busy (the workers'): many times the cost of
+    the element-wise form (benchmarks/README.md, "Softmax after the model")."""
     shifted = (logits - logits.amax(dim=1, keepdim=True)).exp()
     return shifted / shifted.sum(dim=1, keepdim=True)
 

@@ -62,11 +62,12 @@ class LabAffine:
     """``lab' = lab * scale + shift`` per channel in CIELAB (D65, sRGB gamma), per tile.
 
     On the CPU the map is taken apart instead of going through OpenCV's float CIELAB
-    conversions (~350 us each per 256 px tile): CIELAB is ``K f(M rgb_linear) + k0``, with
+    conversions (the costly part of Reinhard per tile): CIELAB is ``K f(M rgb_linear) + k0``, with
     ``f`` the cube root (linear below 0.008856) per channel, so the per-channel affine map in
     CIELAB is one 3x3 affine map between ``f`` and its inverse: a LUT (sRGB to linear), three
-    3x3 transforms, two cube roots / cubes and the sRGB gamma, 1.6-2.1x faster and within 1
-    grey level of the float64 formulas (OpenCV's spline gamma: 1). The linear toes of ``f``,
+    3x3 transforms, two cube roots / cubes and the sRGB gamma: faster (benchmarks/README.md,
+    "Stain kernels") and within 1 grey level of the float64 formulas (OpenCV's spline
+    gamma: 1). The linear toes of ``f``,
     its inverse and the sRGB gamma cost three passes each; a tile with no pixel that dark
     (checked with one min) skips them."""
 

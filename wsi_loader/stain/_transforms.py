@@ -127,7 +127,7 @@ class StainTransform:
         p = self.params(images, np.asarray(slide_ids), np.asarray(rows), epoch)
         active = p.active if ok is None else p.active & np.asarray(ok, dtype=bool)
         # float scratch once per batch: a fresh 0.8 MB array per pass of every tile costs
-        # page faults (measured 1.4 ms vs 0.55 ms per 256 px tile for Reinhard)
+        # page faults (benchmarks/README.md, "Stain kernels")
         work = (np.empty(images.shape[1:], np.float32), np.empty(images.shape[1:], np.float32))
         for i in np.flatnonzero(active):
             tile = images[i]

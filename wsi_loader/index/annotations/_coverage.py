@@ -4,16 +4,16 @@ Green's theorem on a lattice (the tiles' edges plus the slide's borders), the wa
 rasterisers compute exact pixel coverage: every polygon edge is cut where it crosses a lattice
 line, and each piece adds its signed area to its own cell and, through a prefix sum along the
 row, a full-width strip to every cell right of it. The result is each shape's exact area in
-every cell, linear in the number of vertices, with no polygon overlay. On a 40k x 30k slide
-with 50 overlapping polygons of 1,000 vertices it takes ~30 ms where the previous method
-(class unions, then tile boxes intersected with shapely) took ~180 ms. A raster within 1% at
-a 256 px tile would need ~10 px cells and still err on thin regions.
+every cell, linear in the number of vertices, with no polygon overlay (class unions, then
+tile boxes intersected with shapely, cost several times more: benchmarks/README.md,
+"Annotation coverage"). A raster within 1% at a 256 px tile would need ~10 px cells and still
+err on thin regions.
 
 Shapes of one class may overlap, and a class's holes (Aperio negative regions, ASAP exclusion
 groups) are cut out of it; sums of areas are wrong there. So every cell is resolved by a rule
 from the per-shape areas: a shape that covers the cell decides it; a cell crossed by a single
 outline takes that shape's area. Cells crossed by two or more outlines of one class (and
-covered by none; ~130 of 4,700 in the benchmark above) are measured by `_overlaps`, which
+covered by none; a few percent of the cells) are measured by `_overlaps`, which
 keeps the outline pieces that bound the class there; where outlines run along each other, a
 polygon overlay (shapely's intersection with that cell alone) decides.
 """

@@ -179,8 +179,8 @@ def _qupath_class(properties: Json, path: str, where: str, names: dict[object, s
     if not isinstance(value, simdjson.Object | simdjson.Array):
         return _class_name(value, path, where) or UNCLASSIFIED
     # the same few classifications repeat on every detection: their names are kept by their
-    # JSON text. A missing key costs ~2 us on a simdjson Object (it raises and catches
-    # inside): three such lookups were 40% of reading a file of 20,000 cell detections
+    # JSON text. A missing key is costly on a simdjson Object (it raises and catches
+    # inside), and a file of cell detections would pay it on every detection
     text: object = value.mini  # bytes (the stubs say str)
     name = names.get(text)
     if name is None:

@@ -117,8 +117,8 @@ def repair(shapes: list[Shape], valid: npt.NDArray[np.bool_] | None = None) -> P
     fixed, lost = [], 0
     for shape, ok in zip(shapes, valid.tolist(), strict=True):
         # "structure": keeps everything the outline encloses. The default "linework" method
-        # alternates lobes in and out and took 2.2 s on a 126-vertex outline crossing itself
-        # ~4,000 times (a 3 KB hostile input) against 35 ms
+        # alternates lobes in and out, and is slow on an outline crossing itself thousands of
+        # times (a hostile input of a few KB: benchmarks/README.md, "Annotation parsing")
         geometry = (
             shape.geometry
             if ok
@@ -209,9 +209,9 @@ class Rings:
 
 
 # -- coordinates of the JSON formats -----------------------------------------------------------
-# simdjson hands each ring's numbers over as one buffer: ~3x faster than orjson plus numpy on
-# coordinate arrays, and it builds no Python object per point (which also spared the garbage
-# collector runs that made orjson's time vary 7-35 ms on a 2 MB file).
+# simdjson hands each ring's numbers over as one buffer: faster than orjson plus numpy on
+# coordinate arrays (benchmarks/README.md, "Annotation parsing"), and it builds no Python
+# object per point, so no garbage collector runs make the time vary.
 Json = simdjson.Object | simdjson.Array | str | int | float | bool | None
 
 

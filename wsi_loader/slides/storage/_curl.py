@@ -5,9 +5,9 @@ Why libcurl and not obstore here: obstore's Rust runtime is made once per proces
 survive fork() (a child of a process that used it panics or hangs), so make_loader had to start
 its workers another way, and a script without ``if __name__ == "__main__":`` failed. A libcurl
 multi handle is plain C state: each process makes its own when it first asks for bytes, so
-workers fork as they do for local slides. It is also cheaper: measured here against one S3
-endpoint on another core, 32-40 us of client CPU per range request (SigV4 signed by libcurl)
-against obstore's 59-64 us from threads, and 88 us for Python's http.client.
+workers fork as they do for local slides. It also costs less client CPU per range request
+than obstore driven from threads or Python's http.client (benchmarks/README.md, "Range
+requests").
 
 `Transfers` runs the requests of a process. Each request may carry ``hedge_after`` (a second,
 identical request goes out when the first is slower than that: the first answer wins, the other
@@ -135,14 +135,14 @@ class Transfers:
     No thread of its own: whoever waits for an answer (`Pending.result`) drives libcurl, and
     `submit` sends what it can at once. Answers that arrive while nobody waits sit in the
     kernel's socket buffers until the next drive, which `poke` gives cheaply from the reading
-    path. A thread that ran the transfers cost the reader a GIL hand-over per answer: 65-79 us
-    of CPU per 25 KB range against 32-40 us driven in place (one S3 endpoint on another core).
+    path. A thread that ran the transfers would cost the reader a GIL hand-over per answer,
+    about doubling the client CPU of a range (benchmarks/README.md, "Range requests").
 
     libcurl is driven through its socket interface (``curl_multi_socket_action``): it tells
     us which sockets to watch (`_on_socket`) and when to wake it (`_on_timer`), and we wake it
     only for the sockets that are ready. ``curl_multi_perform`` instead walks every request in
-    flight on every call, each with a ``recv`` that finds nothing: with the 128-192 ranges of a
-    look-ahead in flight that was 14 failed ``recv`` calls per answered request.
+    flight on every call, each with a ``recv`` that finds nothing: with a look-ahead's many
+    ranges in flight, many failed ``recv`` calls per answered request.
     """
 
     def __init__(self) -> None:

@@ -2,8 +2,8 @@
 body), signed here rather than by libcurl.
 
 Why: libcurl derives the signing key again for every request (five HMAC-SHA256 rounds, each
-looking the digest up in OpenSSL's registry); measured with valgrind on the range read path,
-that was ~170,000 instructions per request, a quarter of a range read's CPU. The signing key
+looking the digest up in OpenSSL's registry), a large share of a range read's CPU
+(benchmarks/README.md, "Range requests"). The signing key
 only changes with the date, so `Signer` keeps it: a request then costs one SHA-256 of its
 canonical form and one HMAC.
 

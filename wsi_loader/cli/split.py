@@ -1,0 +1,118 @@
+"""`wsi-loader split`: assign an index's slides to train/val/test, or to k folds, by patient."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+from wsi_loader.cli.common import COMMON, Subparsers, one_line
+from wsi_loader.index import SlideIndex
+from wsi_loader.index._labels import patient_of
+from wsi_loader.index._splits import SplitPlan, write_splits
+
+
+def share(value: str) -> float:
+    """A share in [0, 1)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 <= number < 1:
+        raise argparse.ArgumentTypeError(f"a share is in [0, 1), got {value}")
+    return number
+
+
+def register(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "split",
+        help="assign the slides to train/val/test or k folds, keeping each patient in one",
+        parents=[COMMON],
+        description="Deal whole patients (or slides) to train/val/test, or to K folds beside "
+        "a test split, stratified by label, the same for the same seed. The index gets a new "
+        "generation whose slides carry their split: --split train (and foldN:train, "
+        "foldN:val, test with --folds) selects them in every command.",
+        epilog="A slide's patient is the 'patient' (or 'case_id') column of the manifest or "
+        "labels CSV it was indexed with, else the case of its TCGA barcode name "
+        "(TCGA-CR-7395-01A-01-TS1 -> TCGA-CR-7395), else the slide is its own patient.",
+    )
+    p.add_argument("index", metavar="DIR")
+    p.add_argument(
+        "--folds",
+        type=int,
+        default=1,
+        metavar="K",
+        help="K > 1: folds fold1..foldK beside the test split; round N trains on foldN:train "
+        "and validates on foldN:val (default 1: one train/val/test split)",
+    )
+    p.add_argument(
+        "--by",
+        choices=["patient", "slide"],
+        default="patient",
+        help="what is dealt whole (default: patient)",
+    )
+    p.add_argument(
+        "--stratify",
+        choices=["label", "none"],
+        default="none",
+        help="keep each label's share alike in every split (label: every slide needs one)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the same seed, the same splits")
+    p.add_argument("--test", type=share, default=0.2, metavar="F", help="test share (0.2)")
+    p.add_argument("--val", type=share, metavar="F", help="validation share without --folds (0.2)")
+    p.add_argument("--overwrite", action="store_true", help="replace the index's splits")
+    p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+    p.set_defaults(run=run)
+
+
+def counts(index: SlideIndex) -> dict[str, dict[str, object]]:
+    """Per split: patients, slides, tiles and slides per label."""
+    out: dict[str, dict[str, object]] = {}
+    patients: dict[str, set[str]] = defaultdict(set)
+    for record in index.slides:
+        if record.split is None:
+            continue
+        entry = out.setdefault(record.split, {"patients": 0, "slides": 0, "tiles": 0, "labels": {}})
+        entry["slides"] = int(str(entry["slides"])) + 1
+        entry["tiles"] = int(str(entry["tiles"])) + record.tiles
+        labels = entry["labels"]
+        assert isinstance(labels, dict)
+        name = record.label or "(none)"
+        labels[name] = labels.get(name, 0) + 1
+        patients[record.split].add(patient_of(record) or f"slide {record.path}")
+    for name, entry in out.items():
+        entry["patients"] = len(patients[name])
+    return dict(sorted(out.items()))
+
+
+def run(args: argparse.Namespace) -> int:
+    val = args.val if args.val is not None else (0.2 if args.folds == 1 else 0.0)
+    plan = SplitPlan(
+        by=args.by,
+        stratify=None if args.stratify == "none" else "label",
+        folds=args.folds,
+        test=args.test,
+        val=val,
+        seed=args.seed,
+    )
+    index = write_splits(args.index, plan, overwrite=args.overwrite)
+    found = counts(index)
+    if args.json:
+        print(json.dumps({"plan": plan.as_json(), "splits": found}, indent=1))
+        return 0
+    for name, entry in found.items():
+        labels = entry["labels"]
+        assert isinstance(labels, dict)
+        shown = ", ".join(f"{one_line(label)} {n}" for label, n in sorted(labels.items()))
+        print(
+            f"{name}: {entry['patients']} patients, {entry['slides']} slides, "
+            f"{entry['tiles']} tiles ({shown})"
+        )
+    if args.folds > 1:
+        print(
+            f"select round N with --split foldN:train and --split foldN:val (N = 1..{args.folds})"
+            + (", the held-out slides with --split test" if "test" in found else ""),
+            file=sys.stderr,
+        )
+    return 0
