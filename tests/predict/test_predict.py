@@ -90,7 +90,7 @@ def test_geojson_is_valid_and_read_back_by_our_qupath_reader(
     for record in index.slides:
         stem = Path(record.path).stem
         tiles = TilePredictions.read_csv(out / "model-outputs-csv" / f"{stem}.csv")
-        path = out / "model-outputs-geojson" / f"{stem}.geojson"
+        path = out / "model-outputs-geojson" / f"{stem}.json"
         document = json.loads(path.read_text())
         checked = geojson.loads(path.read_text())  # python-geojson's validation
         assert checked.is_valid, checked.errors()
@@ -385,7 +385,7 @@ def test_cli_interface_and_a_torchscript_model_with_its_config(
     assert "slide level (n=0)" not in err
     for record in index.slides:
         stem = Path(record.path).stem
-        for file in (f"model-outputs-csv/{stem}.csv", f"model-outputs-geojson/{stem}.geojson",
+        for file in (f"model-outputs-csv/{stem}.csv", f"model-outputs-geojson/{stem}.json",
                      f"heatmaps/{stem}.png"):  # fmt: skip
             assert (out / file).is_file(), file
     assert (out / "slides.csv").is_file()

@@ -163,8 +163,9 @@ class BadOutputError(Exception):
 
 
 def output_rows(output: Any, tiles: int) -> torch.Tensor:
-    """``output`` as a (tiles, D) floating-point tensor (trailing dimensions flattened), or
-    `BadOutputError` saying what is wrong with it."""
+    """``output`` as a (tiles, D) floating-point tensor (trailing dimensions of size 1
+    dropped), or `BadOutputError` saying what is wrong with it: a (B, C, H, W) map would
+    otherwise become C*H*W "classes" or features."""
     if isinstance(output, tuple | list):
         raise BadOutputError(
             f"returned a {type(output).__name__} of {len(output)}, not a tensor (a model "
@@ -178,6 +179,11 @@ def output_rows(output: Any, tiles: int) -> torch.Tensor:
         raise BadOutputError(
             f"returned shape {tuple(output.shape)} for a batch of {tiles} tiles: the first "
             "dimension must be the batch, one row per tile"
+        )
+    if output.ndim > 2 and any(side != 1 for side in output.shape[2:]):
+        raise BadOutputError(
+            f"returned shape {tuple(output.shape)}: one row of values per tile, (B, C) or "
+            "(B, C, 1, 1), not a map per tile (pool or flatten it in the model)"
         )
     return output.reshape(tiles, -1)
 

@@ -31,7 +31,7 @@ from torch.nn import functional as F  # noqa: N812
 from wsi_loader.dataset._feature_bags import FeatureBagDataset
 from wsi_loader.device._devices import resolve_device
 from wsi_loader.errors import ConfigError, ModelOutputError
-from wsi_loader.files import write_file
+from wsi_loader.files import csv_row, write_file
 from wsi_loader.index._inputs import slide_name
 from wsi_loader.index._naming import bag_stem
 from wsi_loader.index._table import SlideIndex
@@ -125,7 +125,7 @@ def predict_bags(
         p = probs.cpu().numpy().astype(np.float64)
         label_name = bags.label_names[bag["label"]] if bag["label"] >= 0 else None
         rows.append({"slide": slide, "label": label_name, "tiles": len(bag["coords"]), "p": p})
-        rows[-1]["predicted"] = predicted(p, names, rule)
+        rows[-1]["predicted"] = predicted(p, names, rule.deciding(len(names)))
         known = class_of_label(label_name, names)
         if known is not None:
             truth.append(known)
@@ -148,7 +148,9 @@ def predict_bags(
     report.slide_results = [{"name": r["slide"], **r} for r in rows]
     if truth and metrics_available():
         report.metrics = {
-            "slides": metrics(np.array(truth), np.array(scores), report.classes, rule),
+            "slides": metrics(
+                np.array(truth), np.array(scores), report.classes, rule.deciding(len(names or ()))
+            ),
             "rule": "the MIL model's slide probabilities",
         }
         write_json(out_path / METRICS_JSON, report.metrics)
@@ -315,7 +317,9 @@ def _slides_csv(rows: list[dict[str, Any]], classes: tuple[str, ...]) -> bytes:
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["slide", "label", "tiles", *(f"prob_{c}" for c in classes), "predicted"])
+    # text cells quoted (csv_row): a slide named =cmd|calc!A0 is not a formula
     for row in rows:
         probs = [f"{v:.6g}" for v in row["p"]]
-        writer.writerow([row["slide"], row["label"] or "", row["tiles"], *probs, row["predicted"]])
+        cells = csv_row([row["slide"], row["label"] or "", row["predicted"]])
+        writer.writerow([*cells[:2], row["tiles"], *probs, cells[2]])
     return text.getvalue().encode("utf-8")

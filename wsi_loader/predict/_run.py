@@ -51,6 +51,7 @@ from wsi_loader.predict._outputs import (
     CSV_FOLDER,
     GEOJSON_FOLDER,
     HEATMAP_FOLDER,
+    OLD_GEOJSON_SUFFIX,
     TilePredictions,
     slide_files,
 )
@@ -136,6 +137,7 @@ def predict(
         )
     if heatmap_class is not None and heatmap_class not in names:
         raise ConfigError(f"no class {heatmap_class!r}: {list(names)}", key="heatmap_class")
+    rule = rule.deciding(len(names))
     _check_resolution(loaded, view)
     out_path = Path(out)
     for folder in (out_path, *(out_path / f for f in (CSV_FOLDER, GEOJSON_FOLDER, STATE_FOLDER))):
@@ -147,8 +149,9 @@ def predict(
     slide_ids = slides_with_tiles(view)
     stems = {sid: name[: -len(".h5")] for sid, name in h5_file_names(view, slide_ids).items()}
     writer = PredictionWriter(
-        out_path, view, stems, names, heatmaps, heatmap_class, heatmap_size, multi_label, tta
-    )
+        out_path, view, stems, names, heatmaps, heatmap_class, heatmap_size, multi_label, tta,
+        rule.threshold,
+    )  # fmt: skip
     forward = _forward(loaded.model, tta, multi_label, len(names))
     done = run_pass(view, loaded, forward, writer, options, "predict")
     report = PredictReport(**vars(done), classes=names)
@@ -263,12 +266,18 @@ class PredictionWriter:
         heatmap_size: int,
         multi_label: bool,
         tta: str,
+        threshold: float = 0.5,
     ) -> None:
         self.out, self.view, self.stems, self.classes = out, view, stems, classes
         self.heatmaps, self.heatmap_class, self.heatmap_size = heatmaps, heatmap_class, heatmap_size
         self.settings: list[Any] = [list(classes), multi_label, tta]
         if heatmaps:
             self.settings.append([heatmap_class, heatmap_size])
+        # a single output's tiles are classified by the threshold (in the GeoJSON): part of
+        # its content; absent for other models (their files' digests stay valid)
+        self.threshold = threshold if len(classes) == 1 else None
+        if self.threshold is not None:
+            self.settings.append({"threshold": self.threshold})
 
     def state_path(self, sid: int) -> Path:
         return self.out / STATE_FOLDER / f"{self.stems[sid]}.json"
@@ -308,10 +317,11 @@ class PredictionWriter:
         files = self.files(sid)
         data = {
             "csv": tiles.csv_bytes(),
-            "geojson": tiles.geojson_bytes(self.stems[sid]),
+            "geojson": tiles.geojson_bytes(self.stems[sid], threshold=self.threshold),
         }
         for kind in ("csv", "geojson"):
             write_file(files[kind], data[kind], temporary_path(files[kind]))
+        files["geojson"].with_suffix(OLD_GEOJSON_SUFFIX).unlink(missing_ok=True)
         sizes = {kind: len(value) for kind, value in data.items()}
         if self.heatmaps:
             failed = [(f["x"], f["y"], side, side) for f in outputs.failures]
