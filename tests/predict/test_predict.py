@@ -515,7 +515,8 @@ def test_stain_normalisation_changes_the_probabilities_and_is_part_of_the_conten
     plain = TilePredictions.read_csv(out / "model-outputs-csv" / f"{stem}.csv").probabilities
     target = resolve_target(two_stains.slide_path(1))
     report = predict(two_stains, "tests.feature_models:classifier", out, workers=0,
-                     heatmaps=False, stain=Normalize("macenko", target=target))  # fmt: skip
+                     heatmaps=False, stain=Normalize("macenko", target=target),
+                     overwrite=True)  # fmt: skip
     assert report.written == 2 and report.skipped == 0  # the stain is part of the content
     stained = TilePredictions.read_csv(out / "model-outputs-csv" / f"{stem}.csv").probabilities
     assert plain.shape == stained.shape and not np.allclose(plain, stained)

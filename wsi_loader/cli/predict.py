@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             split=args.split,
             root=args.root,
+            overwrite=args.overwrite,
             **common,
         )
     else:

@@ -33,7 +33,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,6 +55,7 @@ from wsi_loader.models._pass_files import (
 )
 from wsi_loader.models._specs import Model, weights_digest
 from wsi_loader.parallel import progress_bar
+from wsi_loader.slides.storage._sources import is_url
 from wsi_loader.stain._build import as_stain
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,14 @@ class PassOptions:
     stain: Any = None  # transforms of wsi_loader.stain, applied on the device
     # context tiles (mpp, size) per scale, run through the same model as the tiles
     context: Sequence[tuple[float, int]] = ()
+    # write into a folder holding the outputs of a run with other options (`claim_folder`)
+    overwrite: bool = False
+
+    @classmethod
+    def pick(cls, values: dict[str, Any]) -> PassOptions:
+        """The options among ``values`` (a function's ``locals()``: `extract` and `predict`
+        take the same keyword arguments, each a field of this class)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
     def check(self) -> None:
         if self.dtype not in DTYPES:
@@ -214,24 +223,32 @@ def slides_with_tiles(view: SlideIndex) -> list[int]:
     return [int(s) for s in np.flatnonzero(np.diff(view.slide_starts()) > 0)]
 
 
-def run_pass(
-    view: SlideIndex,
-    model: Model,
-    forward: Forward,
-    writer: Writer,
-    options: PassOptions,
-    what: str,
-) -> PassReport:
-    """Run ``forward`` over every tile of this rank's slides of ``view`` that ``writer`` does
-    not hold complete yet, and hand each slide's outputs to ``writer``."""
-    options.check()
-    device = resolve_device(options.device)
-    rank, world = rank_and_world()
-    starts = view.slide_starts()
-    counts = np.diff(starts)
-    slide_ids = slides_with_tiles(view)
-    owner = assign_slides([int(counts[s]) for s in slide_ids], world)
-    mine = [sid for sid, r in zip(slide_ids, owner, strict=True) if r == rank]
+@dataclass
+class BoundPass:
+    """What every slide's content shares (`slide_content`'s ``header``: the model, its
+    weights and preprocessing, the precision, the writer's settings) and the stain transforms
+    bound to the index (with their spec, targets resolved)."""
+
+    header: list[Any]
+    stain: Any
+    stain_spec: Any
+
+    def options(self) -> dict[str, Any]:
+        """What a run's outputs depend on, as JSON values (`claim_folder` compares them)."""
+        spec, weights, dtype, *preprocessing = self.header[:6]
+        value = {
+            "model": spec,
+            "weights": weights,
+            "dtype": dtype,
+            "preprocessing": preprocessing,
+            "settings": self.header[6:],  # the writer's
+            "stain": self.stain_spec,
+        }
+        loaded: dict[str, Any] = json.loads(json.dumps(value, default=str))
+        return loaded
+
+
+def bind_pass(view: SlideIndex, model: Model, writer: Writer, options: PassOptions) -> BoundPass:
     steps = as_stain(options.stain)
     stain = None if steps is None else steps.bind(view)
     stain_spec = None if stain is None else stain.spec()
@@ -245,8 +262,40 @@ def run_pass(
         model.std,
         *writer.settings,
     ]
+    return BoundPass(header, stain, stain_spec)
+
+
+def run_pass(
+    view: SlideIndex,
+    model: Model,
+    forward: Forward,
+    writer: Writer,
+    options: PassOptions,
+    what: str,
+    bound: BoundPass | None = None,
+) -> PassReport:
+    """Run ``forward`` over every tile of this rank's slides of ``view`` that ``writer`` does
+    not hold complete yet, and hand each slide's outputs to ``writer``. ``bound``: the pass's
+    `bind_pass`, when the caller has it already."""
+    options.check()
+    device = resolve_device(options.device)
+    rank, world = rank_and_world()
+    starts = view.slide_starts()
+    counts = np.diff(starts)
+    slide_ids = slides_with_tiles(view)
+    owner = assign_slides([int(counts[s]) for s in slide_ids], world)
+    mine = [sid for sid, r in zip(slide_ids, owner, strict=True) if r == rank]
+    bound = bound or bind_pass(view, model, writer, options)
+    header, stain, stain_spec = bound.header, bound.stain, bound.stain_spec
     content = {sid: slide_content(view, sid, header, stain_spec) for sid in mine}
-    todo = [sid for sid in mine if not writer.is_complete(sid, content[sid])]
+    todo = [
+        sid
+        for sid in mine
+        if not writer.is_complete(sid, content[sid])
+        and not writer.is_complete(
+            sid, slide_content(view, sid, header, stain_spec, legacy=True)
+        )  # outputs written before slides were known by content, of this very slide version
+    ]
     report = PassReport(slides=len(slide_ids), skipped=len(mine) - len(todo), stain=stain_spec)
     run = _Run(view, model, forward, writer, options, device, report, content, stain)
     total = int(sum(counts[s] for s in todo))
@@ -264,21 +313,36 @@ def run_pass(
     return report
 
 
-def slide_content(view: SlideIndex, sid: int, header: list[Any], stain: Any = None) -> str:
-    """What a slide's outputs hold: slide version, its tiles, ``header`` (the model, its
-    weights and preprocessing, the precision, the writer's settings) and the stain transforms
-    (their spec), when there are."""
+def slide_content(
+    view: SlideIndex, sid: int, header: list[Any], stain: Any = None, *, legacy: bool = False
+) -> str:
+    """What a slide's outputs hold: the slide (`same_slide`), its tiles, ``header`` (the
+    model, its weights and preprocessing, the precision, the writer's settings) and the stain
+    transforms (their spec), when there are. ``legacy``: the digest of outputs written before
+    the slide was known by its content, with its fingerprint (mtime in it) instead."""
     starts = view.slide_starts()
     rows = slice(int(starts[sid]), int(starts[sid + 1]))
     cols = view.columns
     record = view.slides[sid]
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(json.dumps([record.path, record.fingerprint, *header]).encode())
+    version = record.fingerprint if legacy else same_slide(record)
+    digest.update(json.dumps([record.path, version, *header]).encode())
     if stain is not None:  # absent: the digest of files written before stain options
         digest.update(json.dumps(stain, sort_keys=True).encode())
     for name in ("l0_x", "l0_y", "level", "read_size"):
         digest.update(np.ascontiguousarray(cols[name][rows]).tobytes())
     return digest.hexdigest()
+
+
+def same_slide(record: SlideRecord) -> str | None:
+    """What decides that outputs were computed from this slide: its content, not its mtime (a
+    ``touch``, or an archive copied without its timestamps, must not recompute features).
+    Local files: the index's content digest (size and first and last 64 KiB, as the readers
+    use it to tell a rewritten slide); objects: the fingerprint, which holds the store's
+    version (ETag) and size and no mtime. Records without a content digest: the fingerprint."""
+    if is_url(record.path):
+        return record.fingerprint
+    return "content:" + record.content if record.content else record.fingerprint
 
 
 @dataclass
