@@ -112,3 +112,37 @@ def test_tile_boxes_off_level_0_are_the_read_size_times_the_downsample(
     # neighbours in the grid are one box apart: the boxes tile the slide without gaps
     xs = np.unique(tiles.boxes[:, 0])
     assert (np.diff(xs) == side).all()
+
+
+def test_a_geojson_of_an_earlier_run_is_replaced_by_wsinfers_name(
+    index: SlideIndex, tmp_path: Path
+) -> None:
+    """Runs before this one wrote <slide>.geojson; WSInfer's layout (and the tools reading it)
+    has <slide>.json. A rerun writes the slide again under that name and removes the old."""
+    out = tmp_path / "p"
+    assert run_predict(index, out, "--model", "tests.feature_models:classifier",
+                       "--no-heatmaps") == 0  # fmt: skip
+    folder = out / "model-outputs-geojson"
+    assert sorted(p.name for p in folder.iterdir()) == ["bad.json", "good.json"]
+    (folder / "good.json").rename(folder / "good.geojson")  # as an earlier run left it
+    assert run_predict(index, out, "--model", "tests.feature_models:classifier",
+                       "--no-heatmaps") == 0  # fmt: skip
+    assert sorted(p.name for p in folder.iterdir()) == ["bad.json", "good.json"]
+
+
+def test_a_one_output_mil_model_is_decided_by_the_threshold(
+    index: SlideIndex, tmp_path: Path
+) -> None:
+    from wsi_loader.features import extract
+
+    features = tmp_path / "features"
+    extract(index, "tests.feature_models:tiny", features, workers=0)
+    for threshold, called in (("0.5", ""), ("0.005", "tumour")):
+        out = tmp_path / f"mil-{threshold}"
+        code = main(["predict", str(features), "--mil-model",
+                     "tests.feature_models:one_output_bag", "--out", str(out), "--device", "cpu",
+                     "--no-heatmaps", "--threshold", threshold])  # fmt: skip
+        assert code == 0
+        rows = slides_csv(out)
+        assert len(rows) == 2
+        assert all(float(r["prob_tumour"]) < 0.01 and r["predicted"] == called for r in rows)

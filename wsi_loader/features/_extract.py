@@ -42,12 +42,12 @@ from wsi_loader.errors import ConfigError
 from wsi_loader.files import write_file
 from wsi_loader.index._naming import file_text, h5_file_names
 from wsi_loader.index._table import SlideIndex
+from wsi_loader.models._content import bind_pass
 from wsi_loader.models._pass import (
     BatchTransform,
     PassOptions,
     PassReport,
     SlideOutputs,
-    bind_pass,
     open_view,
     run_pass,
     slides_with_tiles,

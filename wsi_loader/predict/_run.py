@@ -28,12 +28,12 @@ from wsi_loader.errors import ConfigError, ModelOutputError
 from wsi_loader.files import write_file
 from wsi_loader.index._naming import h5_file_names
 from wsi_loader.index._table import SlideIndex
+from wsi_loader.models._content import bind_pass
 from wsi_loader.models._pass import (
     BadOutputError,
     BatchTransform,
     PassOptions,
     SlideOutputs,
-    bind_pass,
     open_view,
     output_rows,
     run_pass,
