@@ -63,7 +63,8 @@ def register(sub: Subparsers) -> None:
         "--threshold",
         type=float,
         default=0.5,
-        help="for the share of tiles at or above it, and multi-label slide calls",
+        help="for the share of tiles at or above it, multi-label slide calls, and the calls of "
+        "a one-output model (slides.csv's predicted, each tile's GeoJSON classification)",
     )
     p.add_argument(
         "--index",
