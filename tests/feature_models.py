@@ -193,3 +193,46 @@ class BagAttention(nn.Module):
 
 def bag_model() -> nn.Module:
     return BagAttention()
+
+
+class OneOutput(nn.Module):
+    """A single logit per tile: -5 everywhere (sigmoid 0.0067, "not tumour" at any usual
+    threshold) plus a tiny share of the tile's mean, so tiles differ."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(1, 2, 3))[:, None] * 1e-3 - 5.0
+
+
+def one_output() -> Any:
+    return OneOutput(), {"classes": ["tumour"]}
+
+
+class MapOutput(nn.Module):
+    """Two classes per pixel of a 4 x 4 map (B, 2, 4, 4), or pooled to (B, 2, 1, 1)."""
+
+    def __init__(self, side: int) -> None:
+        super().__init__()
+        self.side = side
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = torch.nn.functional.adaptive_avg_pool2d(x[:, :2], self.side)
+        return pooled
+
+
+def map_output() -> nn.Module:
+    return MapOutput(4)
+
+
+def map_output_1x1() -> nn.Module:
+    return MapOutput(1)
+
+
+class OneOutputBag(nn.Module):
+    """A bag model of a single logit, -5 (sigmoid 0.0067) plus a trace of the bag's mean."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.mean(dim=(1, 2))[:, None] * 1e-3 - 5.0
+
+
+def one_output_bag() -> Any:
+    return OneOutputBag(), {"classes": ["tumour"]}

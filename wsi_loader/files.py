@@ -142,6 +142,33 @@ def write_file(path: Path, data: bytes, tmp: Path | None = None) -> None:
         os.fsync(fh.fileno())
 
 
+# what makes a spreadsheet read a cell as a formula (OWASP's "CSV injection"), and the quote
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+CELL_QUOTE = "'"
+
+
+def csv_cell(value: Any) -> Any:
+    """``value`` as a CSV cell we write: text starting with ``= + - @``, a tab or CR gets a
+    leading ``'`` (OWASP), so that Excel and LibreOffice show a slide named ``=cmd|calc!A0``
+    as text instead of running it; text already starting with ``'`` gets one more (so that
+    `csv_text` gives back exactly what was written). Numbers (int, float) stay numbers: pass
+    them as numbers, not as their text."""
+    if isinstance(value, str) and value.startswith((*FORMULA_STARTS, CELL_QUOTE)):
+        return CELL_QUOTE + value
+    return value
+
+
+def csv_row(values: Any) -> list[Any]:
+    """`csv_cell` of each value of a row."""
+    return [csv_cell(v) for v in values]
+
+
+def csv_text(cell: str) -> str:
+    """The text a `csv_cell` cell was written from (the leading quote it added removed):
+    what our own readers of our CSV files use."""
+    return cell[1:] if cell.startswith(CELL_QUOTE) else cell
+
+
 def expand_home(path: str) -> str:
     """``~/x`` as a shell would expand it: YAML files and ``--opt=~/x`` reach us unexpanded.
     URLs (which never start with '~') are unchanged."""

@@ -118,7 +118,9 @@ def test_plain_model_on_exact_pixels_and_a_rerun_skips_complete_slides(
     other = PoolLinear()
     with torch.no_grad():
         other.linear.bias.add_(1.0)
-    assert extract(index, other, out, batch_size=32, workers=0).written == 2
+    with pytest.raises(ConfigError, match="other options"):  # another model: not mixed in
+        extract(index, other, out, batch_size=32, workers=0)
+    assert extract(index, other, out, batch_size=32, workers=0, overwrite=True).written == 2
 
 
 def test_resume_after_a_kill(index: SlideIndex, tmp_path: Path) -> None:

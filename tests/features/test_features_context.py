@@ -84,8 +84,9 @@ def test_concatenated_features_and_the_command_line(index: SlideIndex, tmp_path:
     np.testing.assert_allclose(
         features, np.concatenate(expected(index, rows), axis=1), rtol=1e-5, atol=1e-5
     )
-    # another layout is other content: written again, not skipped
-    assert main([*args, "--context", "2.0:64,1.0:48"]) == 0
+    # another layout is other content: written again (with --overwrite), not skipped
+    assert main([*args, "--context", "2.0:64,1.0:48"]) == 2
+    assert main([*args, "--context", "2.0:64,1.0:48", "--overwrite"]) == 0
     summary = json.loads((out / "features.json").read_text())
     assert summary["written"] == 1 and summary["skipped"] == 0
     assert main([*args, "--context", "2.0:64,1.0:48"]) == 0

@@ -90,7 +90,7 @@ def test_geojson_is_valid_and_read_back_by_our_qupath_reader(
     for record in index.slides:
         stem = Path(record.path).stem
         tiles = TilePredictions.read_csv(out / "model-outputs-csv" / f"{stem}.csv")
-        path = out / "model-outputs-geojson" / f"{stem}.geojson"
+        path = out / "model-outputs-geojson" / f"{stem}.json"
         document = json.loads(path.read_text())
         checked = geojson.loads(path.read_text())  # python-geojson's validation
         assert checked.is_valid, checked.errors()
@@ -385,7 +385,7 @@ def test_cli_interface_and_a_torchscript_model_with_its_config(
     assert "slide level (n=0)" not in err
     for record in index.slides:
         stem = Path(record.path).stem
-        for file in (f"model-outputs-csv/{stem}.csv", f"model-outputs-geojson/{stem}.geojson",
+        for file in (f"model-outputs-csv/{stem}.csv", f"model-outputs-geojson/{stem}.json",
                      f"heatmaps/{stem}.png"):  # fmt: skip
             assert (out / file).is_file(), file
     assert (out / "slides.csv").is_file()
@@ -515,7 +515,8 @@ def test_stain_normalisation_changes_the_probabilities_and_is_part_of_the_conten
     plain = TilePredictions.read_csv(out / "model-outputs-csv" / f"{stem}.csv").probabilities
     target = resolve_target(two_stains.slide_path(1))
     report = predict(two_stains, "tests.feature_models:classifier", out, workers=0,
-                     heatmaps=False, stain=Normalize("macenko", target=target))  # fmt: skip
+                     heatmaps=False, stain=Normalize("macenko", target=target),
+                     overwrite=True)  # fmt: skip
     assert report.written == 2 and report.skipped == 0  # the stain is part of the content
     stained = TilePredictions.read_csv(out / "model-outputs-csv" / f"{stem}.csv").probabilities
     assert plain.shape == stained.shape and not np.allclose(plain, stained)

@@ -50,9 +50,13 @@ def test_ours_and_wsinfers_layouts_read_the_same_in_predict_and_the_viewer(tmp_p
     [
         # inspect and notebooks read a NaN probability as a number and drew it; the viewer
         # refused the same file
-        (HEADER + "0,0,256,256,nan,0.5\n", ":2: a box that is empty or not finite"),
-        (HEADER + "0,0,256,256,0.5,inf\n", ":2: a box that is empty or not finite"),
-        (HEADER + "0,0,0,256,0.5,0.5\n", ":2: a box that is empty"),
+        (HEADER + "0,0,256,256,nan,0.5\n", ":2: column prob_benign: nan is not a finite"),
+        (HEADER + "0,0,256,256,0.5,inf\n", ":2: column prob_tumour: inf is not a finite"),
+        (HEADER + "0,0,256,-inf,0.5,0.5\n", ":2: column height: -inf is not a finite"),
+        # probabilities outside [0, 1] were drawn (clipped) as if they were ones
+        (HEADER + "0,0,256,256,0.5,0.5\n0,0,256,256,7.5,0.5\n", ":3: column prob_benign: 7.5 is"),
+        (HEADER + "0,0,256,256,0.5,-3\n", ":2: column prob_tumour: -3 is not a probability"),
+        (HEADER + "0,0,0,256,0.5,0.5\n", ":2: column width: a box that is empty"),
         (HEADER + "0,0,256,256,0.5\n", ":2: a row whose boxes"),
         ("minx,miny,width,height\n0,0,1,1\n", "missing prob_ columns"),
         ("x,y,prob_a\n0,0,1\n", "missing minx, miny, width, height"),
@@ -94,3 +98,22 @@ def test_predict_json_names_are_file_names(tmp_path: Path) -> None:
     assert slide_stems(read_run(tmp_path), tmp_path) == {"a.svs": "a"}
     with pytest.raises(InputError, match="not a predictions folder"):
         read_run(tmp_path / "elsewhere")
+
+
+def test_a_value_that_is_not_finite_spoils_no_other_pixel_of_a_heatmap() -> None:
+    """The heatmap's cell means are cumulative sums: one NaN (a table our reader refuses, but
+    values handed to `SlideHeatmap` directly) used to blank every pixel right of and below
+    its tile."""
+    from wsi_loader.predict._heatmaps import tile_means
+
+    boxes = np.array([[x, y, 10, 10] for y in range(0, 40, 10) for x in range(0, 40, 10)])
+    values = np.linspace(0, 1, 2 * len(boxes)).reshape(-1, 2)
+    clean = tile_means(boxes, values, (40, 40), 1.0)
+    spoilt = values.copy()
+    spoilt[5, 0] = np.nan  # the tile at (10, 10), class 0
+    means = tile_means(boxes, spoilt, (40, 40), 1.0)
+    assert np.isnan(means[10:20, 10:20, 0]).all()  # its own cell: nothing left to average
+    outside = np.ones((40, 40), bool)
+    outside[10:20, 10:20] = False
+    np.testing.assert_array_equal(means[..., 0][outside], clean[..., 0][outside])
+    np.testing.assert_array_equal(means[..., 1], clean[..., 1])  # the other class, whole

@@ -113,7 +113,7 @@ def test_features_with_stain_differ_and_are_recomputed(
     target = resolve_target(two_stains.slide_path(1))
     report = extract(
         two_stains, "tests.feature_models:tiny", out, batch_size=16, workers=0,
-        stain=Normalize("macenko", target=target),
+        stain=Normalize("macenko", target=target), overwrite=True,
     )  # fmt: skip
     assert report.written == 2 and report.skipped == 0  # the stain is part of the content
     with h5py.File(out / name) as h5:

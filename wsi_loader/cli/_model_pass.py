@@ -30,6 +30,12 @@ MODEL_PASS.add_argument(
     "next run and go on (needs workers; 0: wait forever)",
 )
 MODEL_PASS.add_argument("--no-progress", action="store_true")
+MODEL_PASS.add_argument(
+    "--overwrite",
+    action="store_true",
+    help="write into DIR even though it holds the outputs of a run with other options "
+    "(without it, such a run is refused and DIR left as it is)",
+)
 
 
 def start(args: argparse.Namespace) -> None:
@@ -56,6 +62,7 @@ def pass_keywords(args: argparse.Namespace) -> dict[str, Any]:
         "timeout": args.timeout,
         "progress": not args.no_progress,
         "stain": stain_option(args),
+        "overwrite": args.overwrite,
     }
 
 

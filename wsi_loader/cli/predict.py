@@ -26,7 +26,7 @@ def register(sub: Subparsers) -> None:
         help="run a trained model over every tile: per-slide CSV/GeoJSON, heatmaps, slide results",
         parents=[COMMON, READS, TILES, MODEL_PASS],
         description="Write DIR/model-outputs-csv/<slide>.csv (minx,miny,width,height,"
-        "prob_<class>), DIR/model-outputs-geojson/<slide>.geojson (QuPath tile objects), "
+        "prob_<class>), DIR/model-outputs-geojson/<slide>.json (QuPath tile objects), "
         "DIR/heatmaps/<slide>.png, DIR/slides.csv, DIR/metrics.json (when slides or tiles have "
         "labels) and DIR/predict.json. Reruns skip complete slides; under torchrun, ranks split "
         "the slides. With --mil-model, IDX is a features folder (wsi-loader features) and a MIL "
@@ -63,7 +63,8 @@ def register(sub: Subparsers) -> None:
         "--threshold",
         type=float,
         default=0.5,
-        help="for the share of tiles at or above it, and multi-label slide calls",
+        help="for the share of tiles at or above it, multi-label slide calls, and the calls of "
+        "a one-output model (slides.csv's predicted, each tile's GeoJSON classification)",
     )
     p.add_argument(
         "--index",
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             split=args.split,
             root=args.root,
+            overwrite=args.overwrite,
             **common,
         )
     else:

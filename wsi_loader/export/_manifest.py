@@ -9,7 +9,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from wsi_loader.files import write_file
+from wsi_loader.files import csv_cell, write_file
 from wsi_loader.index._table import SlideIndex
 
 MANIFEST_COLUMNS = (
@@ -55,9 +55,11 @@ def tile_fields(index: SlideIndex, row: int) -> dict[str, Any]:
 
 
 def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
+    """The rows as a CSV file; text cells that a spreadsheet would run as formulas (a slide
+    named ``=cmd|calc!A0``) are quoted by `csv_cell`."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({key: csv_cell(value) for key, value in row.items()} for row in rows)
     # a path that is not UTF-8 (see `file_text`) is written as the file system's own bytes
     write_file(path, buf.getvalue().encode("utf-8", "surrogateescape"))

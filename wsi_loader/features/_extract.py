@@ -42,6 +42,7 @@ from wsi_loader.errors import ConfigError
 from wsi_loader.files import write_file
 from wsi_loader.index._naming import file_text, h5_file_names
 from wsi_loader.index._table import SlideIndex
+from wsi_loader.models._content import bind_pass
 from wsi_loader.models._pass import (
     BatchTransform,
     PassOptions,
@@ -52,6 +53,7 @@ from wsi_loader.models._pass import (
     slides_with_tiles,
 )
 from wsi_loader.models._pass_files import (
+    claim_folder,
     gather_parts,
     remove_stale_files,
     temporary_path,
@@ -94,6 +96,7 @@ def extract(
     stain: Any = None,
     context: Sequence[tuple[float, int]] | None = None,
     context_features: str = "separate",
+    overwrite: bool = False,
 ) -> PassReport:
     """Features of every tile of every slide of ``index`` (``split``) into ``out``.
 
@@ -116,6 +119,11 @@ def extract(
     each) those of each scale; ``"concat"``: ``features`` is ``[tile | ctx1 | ...]``
     (N x (1 + scales) D), one vector per tile for dual-stream MIL. The file's ``context``
     attribute (JSON) names the scales and the layout, which are part of its content.
+
+    A folder holding the features of a run with other options (model, weights, precision,
+    preprocessing, stain, context) is refused (`ConfigError`, nothing changed) unless
+    ``overwrite`` (then the files of slides this run does not write are removed); a folder
+    another run is writing is refused.
     """
     if context_features not in CONTEXT_LAYOUTS:
         raise ConfigError(
@@ -123,20 +131,7 @@ def extract(
             key="context_features",
             value=context_features,
         )
-    options = PassOptions(
-        batch_size=batch_size,
-        device=device,
-        dtype=dtype,
-        workers=workers,
-        split=split,
-        root=root,
-        missing_slides=missing_slides,
-        quarantine=quarantine,
-        timeout=timeout,
-        progress=progress,
-        batch_transform=batch_transform,
-        stain=stain,
-    )
+    options = PassOptions.pick(locals())
     options.check()
     try:
         import h5py  # noqa: F401
@@ -151,12 +146,16 @@ def extract(
     )
     layout = context_layout(options.context, context_features)
     out_path = Path(out)
-    out_path.mkdir(parents=True, exist_ok=True)
-    remove_stale_files(out_path)
     slide_ids = slides_with_tiles(view)
     writer = FeatureWriter(out_path, view, h5_file_names(view, slide_ids), encoder, layout)
-    report = run_pass(view, encoder, encoder.model, writer, options, "features")
-    _write_summary(out_path, view, slide_ids, writer.names, encoder, report, layout)
+    bound = bind_pass(view, encoder, writer, options)
+    keep = set(writer.names.values())
+    with claim_folder(
+        out_path, "features", bound.options(), overwrite, lambda: _clear(out_path, keep)
+    ):
+        remove_stale_files(out_path)
+        report = run_pass(view, encoder, encoder.model, writer, options, "features", bound)
+        _write_summary(out_path, view, slide_ids, writer.names, encoder, report, layout)
     return report
 
 
@@ -240,6 +239,21 @@ class FeatureWriter:
                 coords_ds.attrs[key] = attrs[key]
             h5.attrs.update(attrs)
         write_file(path, buf.getvalue(), temporary_path(path))
+
+
+def _clear(out: Path, keep: set[str]) -> None:
+    """Before a run that replaces another's features (``overwrite``): the files its
+    features.json lists that this run does not write (those it writes are written again
+    unless their content is this run's), and features.json."""
+    try:
+        slides = json.loads((out / FEATURES_JSON).read_text(encoding="utf-8")).get("slides", {})
+    except (OSError, ValueError, AttributeError):
+        slides = {}
+    for entry in slides.values() if isinstance(slides, dict) else ():
+        name = entry.get("file") if isinstance(entry, dict) else None
+        if isinstance(name, str) and name not in keep and "/" not in name and name.endswith(".h5"):
+            (out / name).unlink(missing_ok=True)
+    (out / FEATURES_JSON).unlink(missing_ok=True)
 
 
 def _stored_content(path: Path) -> str | None:

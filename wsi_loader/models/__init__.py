@@ -1,7 +1,9 @@
 """Models over an index: specs (``torchvision:``, ``timm:``, ``package.module:callable``,
 TorchScript with a JSON config) resolved to a `Model` with its input recipe (`_specs`), and one
 model pass over an index that `features` and `predict` write from (`_pass`: strip-order reads,
-checked outputs, resume per slide, torchrun ranks, a timeout per slide; `_pass_files`: each
+checked outputs, resume per slide, torchrun ranks, a timeout per slide; `_content`: what a
+slide's outputs are made of, the slide known by its content, and the options a run's outputs
+depend on; `_pass_files`: the output folder held by one run of one set of options, each
 slide's file written whole, files of killed runs removed, each rank's part of a summary).
 
 May import: `slides`, `index`, `stain`, `dataset`, `device` and the foundation modules.

@@ -28,12 +28,10 @@ What every writer gets from here:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -50,12 +48,12 @@ from wsi_loader.device._loader import DeviceLoader
 from wsi_loader.errors import ConfigError, LoaderTimeoutError, ModelOutputError
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.index._table_files import SlideRecord
+from wsi_loader.models._content import BoundPass, bind_pass, slide_content
 from wsi_loader.models._pass_files import (
     rank_and_world,
 )
-from wsi_loader.models._specs import Model, weights_digest
+from wsi_loader.models._specs import Model
 from wsi_loader.parallel import progress_bar
-from wsi_loader.stain._build import as_stain
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +84,14 @@ class PassOptions:
     stain: Any = None  # transforms of wsi_loader.stain, applied on the device
     # context tiles (mpp, size) per scale, run through the same model as the tiles
     context: Sequence[tuple[float, int]] = ()
+    # write into a folder holding the outputs of a run with other options (`claim_folder`)
+    overwrite: bool = False
+
+    @classmethod
+    def pick(cls, values: dict[str, Any]) -> PassOptions:
+        """The options among ``values`` (a function's ``locals()``: `extract` and `predict`
+        take the same keyword arguments, each a field of this class)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
     def check(self) -> None:
         if self.dtype not in DTYPES:
@@ -163,8 +169,9 @@ class BadOutputError(Exception):
 
 
 def output_rows(output: Any, tiles: int) -> torch.Tensor:
-    """``output`` as a (tiles, D) floating-point tensor (trailing dimensions flattened), or
-    `BadOutputError` saying what is wrong with it."""
+    """``output`` as a (tiles, D) floating-point tensor (trailing dimensions of size 1
+    dropped), or `BadOutputError` saying what is wrong with it: a (B, C, H, W) map would
+    otherwise become C*H*W "classes" or features."""
     if isinstance(output, tuple | list):
         raise BadOutputError(
             f"returned a {type(output).__name__} of {len(output)}, not a tensor (a model "
@@ -178,6 +185,11 @@ def output_rows(output: Any, tiles: int) -> torch.Tensor:
         raise BadOutputError(
             f"returned shape {tuple(output.shape)} for a batch of {tiles} tiles: the first "
             "dimension must be the batch, one row per tile"
+        )
+    if output.ndim > 2 and any(side != 1 for side in output.shape[2:]):
+        raise BadOutputError(
+            f"returned shape {tuple(output.shape)}: one row of values per tile, (B, C) or "
+            "(B, C, 1, 1), not a map per tile (pool or flatten it in the model)"
         )
     return output.reshape(tiles, -1)
 
@@ -215,9 +227,11 @@ def run_pass(
     writer: Writer,
     options: PassOptions,
     what: str,
+    bound: BoundPass | None = None,
 ) -> PassReport:
     """Run ``forward`` over every tile of this rank's slides of ``view`` that ``writer`` does
-    not hold complete yet, and hand each slide's outputs to ``writer``."""
+    not hold complete yet, and hand each slide's outputs to ``writer``. ``bound``: the pass's
+    `bind_pass`, when the caller has it already."""
     options.check()
     device = resolve_device(options.device)
     rank, world = rank_and_world()
@@ -226,21 +240,17 @@ def run_pass(
     slide_ids = slides_with_tiles(view)
     owner = assign_slides([int(counts[s]) for s in slide_ids], world)
     mine = [sid for sid, r in zip(slide_ids, owner, strict=True) if r == rank]
-    steps = as_stain(options.stain)
-    stain = None if steps is None else steps.bind(view)
-    stain_spec = None if stain is None else stain.spec()
-    # (this order keeps the digests of feature files written before the pass was shared)
-    header = [
-        model.spec,
-        weights_digest(model.model),
-        options.dtype,
-        model.size,
-        model.mean,
-        model.std,
-        *writer.settings,
-    ]
+    bound = bound or bind_pass(view, model, writer, options)
+    header, stain, stain_spec = bound.header, bound.stain, bound.stain_spec
     content = {sid: slide_content(view, sid, header, stain_spec) for sid in mine}
-    todo = [sid for sid in mine if not writer.is_complete(sid, content[sid])]
+    todo = [
+        sid
+        for sid in mine
+        if not writer.is_complete(sid, content[sid])
+        and not writer.is_complete(
+            sid, slide_content(view, sid, header, stain_spec, legacy=True)
+        )  # outputs written before slides were known by content, of this very slide version
+    ]
     report = PassReport(slides=len(slide_ids), skipped=len(mine) - len(todo), stain=stain_spec)
     run = _Run(view, model, forward, writer, options, device, report, content, stain)
     total = int(sum(counts[s] for s in todo))
@@ -256,23 +266,6 @@ def run_pass(
                 bar.n = total - int(sum(counts[s] for s in todo))  # a slide begun starts over
                 bar.refresh()
     return report
-
-
-def slide_content(view: SlideIndex, sid: int, header: list[Any], stain: Any = None) -> str:
-    """What a slide's outputs hold: slide version, its tiles, ``header`` (the model, its
-    weights and preprocessing, the precision, the writer's settings) and the stain transforms
-    (their spec), when there are."""
-    starts = view.slide_starts()
-    rows = slice(int(starts[sid]), int(starts[sid + 1]))
-    cols = view.columns
-    record = view.slides[sid]
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(json.dumps([record.path, record.fingerprint, *header]).encode())
-    if stain is not None:  # absent: the digest of files written before stain options
-        digest.update(json.dumps(stain, sort_keys=True).encode())
-    for name in ("l0_x", "l0_y", "level", "read_size"):
-        digest.update(np.ascontiguousarray(cols[name][rows]).tobytes())
-    return digest.hexdigest()
 
 
 @dataclass

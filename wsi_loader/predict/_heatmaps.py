@@ -77,9 +77,13 @@ def tile_means(
     """Per pixel of a (height, width) picture at ``scale`` picture pixels per level-0 pixel,
     the mean of ``values`` (N, C) over the tiles whose level-0 box (N, 4: minx, miny, width,
     height) covers the pixel's centre; NaN where none does. Two cumulative sums, whatever the
-    overlap."""
+    overlap. A value that is not finite (NaN, Inf) is left out of the means of its class (the
+    other tiles of its pixels still count), and a box that is not finite is left out: in a
+    cumulative sum it would spoil every pixel right of and below it."""
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     values = np.asarray(values, dtype=np.float64).reshape(len(boxes), -1)
+    keep = np.isfinite(boxes).all(axis=1)
+    boxes, values = boxes[keep], values[keep]
     height, width = shape
     # pixel j's centre (j + 0.5) / scale lies in [x0, x1) when ceil(x0 * scale - 0.5) <= j <
     # ceil(x1 * scale - 0.5)
@@ -88,14 +92,16 @@ def tile_means(
     r0 = np.clip(np.ceil(boxes[:, 1] * scale - 0.5), 0, height).astype(np.int64)
     r1 = np.clip(np.ceil((boxes[:, 1] + boxes[:, 3]) * scale - 0.5), 0, height).astype(np.int64)
     channels = values.shape[1]
-    sums = np.zeros((height + 1, width + 1, channels + 1))
-    weighted = np.concatenate([values, np.ones((len(values), 1))], axis=1)  # last: the count
+    sums = np.zeros((height + 1, width + 1, 2 * channels))
+    finite = np.isfinite(values)
+    # the values (non-finite ones as 0), then per class the count of the values summed
+    weighted = np.concatenate([np.where(finite, values, 0.0), finite.astype(np.float64)], axis=1)
     for rows, cols, sign in ((r0, c0, 1), (r0, c1, -1), (r1, c0, -1), (r1, c1, 1)):
         np.add.at(sums, (rows, cols), sign * weighted)
     sums = sums.cumsum(axis=0).cumsum(axis=1)[:height, :width]
-    count = np.rint(sums[..., -1:])  # exact integers, whatever the rounding of the sums
+    count = np.rint(sums[..., channels:])  # exact integers, whatever the rounding of the sums
     with np.errstate(invalid="ignore", divide="ignore"):
-        means = np.where(count > 0, sums[..., :-1] / np.maximum(count, 1), np.nan)
+        means = np.where(count > 0, sums[..., :channels] / np.maximum(count, 1), np.nan)
     return means.astype(np.float32)
 
 

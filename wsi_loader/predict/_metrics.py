@@ -17,7 +17,7 @@ import io
 import logging
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -25,6 +25,7 @@ import numpy.typing as npt
 from scipy.stats import rankdata
 
 from wsi_loader.errors import ConfigError
+from wsi_loader.files import csv_row
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,12 @@ class SlideRule:
             raise ConfigError("top_k must be a whole number >= 1", key="top_k", value=self.top_k)
         if not 0 <= self.threshold <= 1:
             raise ConfigError("threshold must be in [0, 1]", key="threshold", value=self.threshold)
+
+    def deciding(self, classes: int) -> SlideRule:
+        """The rule for a model of ``classes`` outputs: a single output (one sigmoid) is
+        decided by the threshold, as multi-label classes are (an argmax over one class would
+        call every slide and tile that class)."""
+        return replace(self, multi_label=True) if classes == 1 else self
 
     def describe(self) -> str:
         score = {"mean": "mean", "max": "max", "topk": f"mean of the top {self.top_k}"}[self.rule]
@@ -111,8 +118,10 @@ def slides_csv(rows: list[dict[str, Any]], classes: Sequence[str], rule: SlideRu
             for i in range(len(classes))
             for key in ("mean", "max", "topk", "share", "score")
         ]
-        first = [row["slide"], row["name"], row["label"] or "", row["tiles"], row["failed"]]
-        writer.writerow([*first, *numbers, row["predicted"]])
+        text_cells = csv_row([row["slide"], row["name"], row["label"] or ""])
+        writer.writerow(
+            [*text_cells, row["tiles"], row["failed"], *numbers, *csv_row([row["predicted"]])]
+        )
     return text.getvalue().encode("utf-8")
 
 

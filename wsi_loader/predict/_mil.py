@@ -31,11 +31,11 @@ from torch.nn import functional as F  # noqa: N812
 from wsi_loader.dataset._feature_bags import FeatureBagDataset
 from wsi_loader.device._devices import resolve_device
 from wsi_loader.errors import ConfigError, ModelOutputError
-from wsi_loader.files import write_file
+from wsi_loader.files import csv_row, write_file
 from wsi_loader.index._inputs import slide_name
 from wsi_loader.index._naming import bag_stem
 from wsi_loader.index._table import SlideIndex
-from wsi_loader.models._pass_files import write_json
+from wsi_loader.models._pass_files import claim_folder, write_json
 from wsi_loader.models._specs import Model, as_model, class_names_of, weights_digest
 from wsi_loader.predict._heatmaps import SlideHeatmap
 from wsi_loader.predict._metrics import (
@@ -73,12 +73,15 @@ def predict_bags(
     slide_rule: str = "mean",
     top_k: int = 10,
     threshold: float = 0.5,
+    overwrite: bool = False,
 ) -> PredictReport:
     """Run a MIL ``model`` over each slide's bag of ``features`` into ``out`` (see the module's
     docstring). ``index`` (the index the features came from) finds the slides for heatmaps
     and gives labels; without it, the slide paths stored in the feature files are used and
     ``labels`` (CSV or none) gives labels. ``slide_rule``/``top_k`` are not used (the model
-    makes the slide call); ``threshold`` decides multi-label calls."""
+    makes the slide call); ``threshold`` decides multi-label calls and a single output's.
+    ``out`` is held and kept to one run's options as `wsi_loader.predict.predict` holds it
+    (``overwrite``)."""
     rule = SlideRule("mean", top_k, threshold, multi_label)
     rule.check()
     opened = None
@@ -90,6 +93,40 @@ def predict_bags(
     net = loaded.model.eval().to(run_on)
     two_args = _takes_mask(net)
     out_path = Path(out)
+    run_options = {
+        "mil_model": loaded.spec,
+        "weights": weights_digest(loaded.model),
+        "features": os.fspath(features),
+        "classes": list(classes) if classes else None,
+        "multi_label": multi_label,
+        "heatmaps": [heatmaps, heatmap_class, heatmap_size],
+        "threshold": threshold,
+    }
+    with claim_folder(out_path, "predict --mil-model", run_options, overwrite, lambda: None):
+        report = _predict_bags(
+            bags, loaded, net, two_args, run_on, opened, out_path, features, classes,
+            multi_label, heatmaps, heatmap_class, heatmap_size, rule,
+        )  # fmt: skip
+    return report
+
+
+def _predict_bags(
+    bags: FeatureBagDataset,
+    loaded: Model,
+    net: nn.Module,
+    two_args: bool,
+    run_on: torch.device,
+    opened: SlideIndex | None,
+    out_path: Path,
+    features: str | os.PathLike[str],
+    classes: list[str] | tuple[str, ...] | None,
+    multi_label: bool,
+    heatmaps: bool,
+    heatmap_class: str | None,
+    heatmap_size: int,
+    rule: SlideRule,
+) -> PredictReport:
+    """`predict_bags` in the folder it holds."""
     (out_path / ATTENTION_FOLDER).mkdir(parents=True, exist_ok=True)
     if heatmaps:
         (out_path / HEATMAP_FOLDER).mkdir(exist_ok=True)
@@ -125,7 +162,7 @@ def predict_bags(
         p = probs.cpu().numpy().astype(np.float64)
         label_name = bags.label_names[bag["label"]] if bag["label"] >= 0 else None
         rows.append({"slide": slide, "label": label_name, "tiles": len(bag["coords"]), "p": p})
-        rows[-1]["predicted"] = predicted(p, names, rule)
+        rows[-1]["predicted"] = predicted(p, names, rule.deciding(len(names)))
         known = class_of_label(label_name, names)
         if known is not None:
             truth.append(known)
@@ -148,7 +185,9 @@ def predict_bags(
     report.slide_results = [{"name": r["slide"], **r} for r in rows]
     if truth and metrics_available():
         report.metrics = {
-            "slides": metrics(np.array(truth), np.array(scores), report.classes, rule),
+            "slides": metrics(
+                np.array(truth), np.array(scores), report.classes, rule.deciding(len(names or ()))
+            ),
             "rule": "the MIL model's slide probabilities",
         }
         write_json(out_path / METRICS_JSON, report.metrics)
@@ -315,7 +354,9 @@ def _slides_csv(rows: list[dict[str, Any]], classes: tuple[str, ...]) -> bytes:
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["slide", "label", "tiles", *(f"prob_{c}" for c in classes), "predicted"])
+    # text cells quoted (csv_row): a slide named =cmd|calc!A0 is not a formula
     for row in rows:
         probs = [f"{v:.6g}" for v in row["p"]]
-        writer.writerow([row["slide"], row["label"] or "", row["tiles"], *probs, row["predicted"]])
+        cells = csv_row([row["slide"], row["label"] or "", row["predicted"]])
+        writer.writerow([*cells[:2], row["tiles"], *probs, cells[2]])
     return text.getvalue().encode("utf-8")

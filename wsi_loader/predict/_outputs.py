@@ -2,7 +2,7 @@
 (``inspect --predictions``, notebooks, the viewer)::
 
     DIR/model-outputs-csv/<slide>.csv          minx,miny,width,height,prob_<class>... (level-0 px)
-    DIR/model-outputs-geojson/<slide>.geojson  each tile a QuPath "tile" object
+    DIR/model-outputs-geojson/<slide>.json     each tile a QuPath "tile" object (GeoJSON)
     DIR/heatmaps/<slide>.png                   the probabilities over the thumbnail
     DIR/slides.csv, DIR/metrics.json           slide-level results (`wsi_loader.predict`)
     DIR/predict.json                           run metadata: model, classes, counts, failures
@@ -32,6 +32,10 @@ from wsi_loader.slides._base import NOT_REGULAR, open_regular
 CSV_FOLDER = "model-outputs-csv"
 GEOJSON_FOLDER = "model-outputs-geojson"
 HEATMAP_FOLDER = "heatmaps"
+# WSInfer names a slide's GeoJSON <slide>.json, and tools that read its layout look for that
+# name; runs before this one wrote <slide>.geojson (removed when the slide is written again)
+GEOJSON_SUFFIX = ".json"
+OLD_GEOJSON_SUFFIX = ".geojson"
 PREDICT_JSON = "predict.json"
 SLIDES_CSV = "slides.csv"
 METRICS_JSON = "metrics.json"
@@ -93,18 +97,25 @@ class TilePredictions:
             self._text = self.probabilities.astype(np.float32).astype(str).tolist()
         return self._text
 
-    def geojson_bytes(self, slide: str) -> bytes:
+    def geojson_bytes(self, slide: str, *, threshold: float | None = None) -> bytes:
         """A FeatureCollection of QuPath tile objects (QuPath 0.4+ imports it by drag and
         drop): the tile's box, its probabilities as ``measurements`` and the most probable
-        class as ``classification``. Ids are derived from the slide and the box (the same in
-        every run)."""
+        class as ``classification``. ``threshold`` (a model of one output): the class when its
+        probability is at or above it, else no classification (an argmax over one class
+        would call every tile that class). Ids are derived from the slide and the box (the
+        same in every run)."""
         numbers = self._numbers()
         names = [json.dumps(PROB_PREFIX + c) for c in self.classes]  # quoted once, not per tile
         top = np.argmax(self.probabilities, axis=1).tolist() if len(self.boxes) else []
         classifications = [
-            json.dumps({"name": c, "color": list(LABEL_PALETTE[i % len(LABEL_PALETTE)])})
+            ', "classification": '
+            + json.dumps({"name": c, "color": list(LABEL_PALETTE[i % len(LABEL_PALETTE)])})
             for i, c in enumerate(self.classes)
         ]
+        if threshold is not None and len(self.classes) == 1 and len(self.boxes):
+            below = (self.probabilities[:, 0] < threshold).tolist()
+            classifications.append("")  # no classification
+            top = [1 if low else 0 for low in below]
         features = []
         for (x, y, w, h), probs, best in zip(self.boxes.tolist(), numbers, top, strict=True):
             # the ring as json.dumps writes a list of [x, y] pairs of ints
@@ -116,7 +127,7 @@ class TilePredictions:
             features.append(
                 f'{{"type": "Feature", "id": "{ident}", "geometry": {{"type": "Polygon", '
                 f'"coordinates": [{ring}]}}, "properties": {{"objectType": "tile", '
-                f'"isLocked": true, "classification": {classifications[best]}, '
+                f'"isLocked": true{classifications[best]}, '
                 f'"measurements": {{{measurements}}}}}}}'
             )
         body = ",\n".join(features)
@@ -132,7 +143,8 @@ class TilePredictions:
     ) -> TilePredictions:
         """A slide's ``model-outputs-csv`` file (ours or WSInfer's): the box columns and the
         ``prob_<class>`` columns in any order, other columns ignored, a UTF-8 BOM allowed,
-        blank lines skipped. Every value must be a finite number and every box non-empty;
+        blank lines skipped. Every value must be a finite number, every probability in [0, 1]
+        and every box non-empty (the error names the line and the column);
         boxes are rounded to whole level-0 pixels. `InputError` names the file (and the line)
         at fault; a header alone is a table of no tiles. ``follow_symlinks=False`` (the
         viewer, serving files of a folder to the network) refuses a symlink and anything but
@@ -150,7 +162,8 @@ class TilePredictions:
                 path=where,
                 line=1,
             )
-        wanted = [header.index(name) for name in (*BOX_COLUMNS, *prob_columns)]
+        names = [*BOX_COLUMNS, *prob_columns]
+        wanted = [header.index(name) for name in names]
         values = []
         for number, fields in enumerate(reader, start=2):
             if not fields:
@@ -161,8 +174,9 @@ class TilePredictions:
                 raise InputError(
                     "a row whose boxes or probabilities are not numbers", path=where, line=number
                 ) from None
-            if not all(math.isfinite(v) for v in row) or row[2] <= 0 or row[3] <= 0:
-                raise InputError("a box that is empty or not finite", path=where, line=number)
+            bad = _bad_value(row, names)
+            if bad:
+                raise InputError(bad, path=where, line=number)
             values.append(row)
         table = np.array(values, dtype=np.float64).reshape(len(values), 4 + len(prob_columns))
         return cls(
@@ -170,6 +184,21 @@ class TilePredictions:
             table[:, 4:].astype(np.float32),
             tuple(name[len(PROB_PREFIX) :] for name in prob_columns),
         )
+
+
+def _bad_value(row: list[float], names: list[str]) -> str | None:
+    """What is wrong with one row of a prediction table (box columns, then probabilities),
+    naming the column; None when nothing is. A NaN drawn into a heatmap would spoil the
+    cumulative sums, and a probability of 7.5 or -3 is no probability."""
+    for name, value in zip(names, row, strict=True):
+        if not math.isfinite(value):
+            return f"column {name}: {value} is not a finite number"
+        if name.startswith(PROB_PREFIX) and not 0 <= value <= 1:
+            return f"column {name}: {value:g} is not a probability (0 to 1)"
+    for name, value in zip(names[2:4], row[2:4], strict=True):
+        if value <= 0:
+            return f"column {name}: a box that is empty ({value:g} px)"
+    return None
 
 
 def _read_text(where: str, follow_symlinks: bool, max_bytes: int, what: str) -> str:
@@ -199,7 +228,7 @@ def slide_files(out: Path, stem: str) -> dict[str, Path]:
     """The per-slide files of ``out`` for a slide whose file stem is ``stem``."""
     return {
         "csv": out / CSV_FOLDER / f"{stem}.csv",
-        "geojson": out / GEOJSON_FOLDER / f"{stem}.geojson",
+        "geojson": out / GEOJSON_FOLDER / f"{stem}{GEOJSON_SUFFIX}",
         "heatmap": out / HEATMAP_FOLDER / f"{stem}.png",
     }
 

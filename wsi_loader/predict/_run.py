@@ -28,6 +28,7 @@ from wsi_loader.errors import ConfigError, ModelOutputError
 from wsi_loader.files import write_file
 from wsi_loader.index._naming import h5_file_names
 from wsi_loader.index._table import SlideIndex
+from wsi_loader.models._content import bind_pass
 from wsi_loader.models._pass import (
     BadOutputError,
     BatchTransform,
@@ -39,6 +40,7 @@ from wsi_loader.models._pass import (
     slides_with_tiles,
 )
 from wsi_loader.models._pass_files import (
+    claim_folder,
     remove_stale_files,
     temporary_path,
 )
@@ -51,11 +53,18 @@ from wsi_loader.predict._outputs import (
     CSV_FOLDER,
     GEOJSON_FOLDER,
     HEATMAP_FOLDER,
+    OLD_GEOJSON_SUFFIX,
     TilePredictions,
     slide_files,
 )
 from wsi_loader.predict._pictures import measured_mpp
-from wsi_loader.predict._summary import STATE_FOLDER, PredictReport, read_state, write_summary
+from wsi_loader.predict._summary import (
+    STATE_FOLDER,
+    PredictReport,
+    clear_outputs,
+    read_state,
+    write_summary,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +98,7 @@ def predict(
     threshold: float = 0.5,
     batch_transform: BatchTransform | None = None,
     stain: Any = None,
+    overwrite: bool = False,
 ) -> PredictReport:
     """Run ``model`` over every tile of ``index`` (``split``) and write ``out`` (see
     `wsi_loader.predict` for the files).
@@ -101,23 +111,13 @@ def predict(
     ``flips`` averages the probabilities of 4 flips of each tile, ``d4`` of its 8 rotations and
     flips. Slide results: ``slide_rule`` (mean, max, topk with ``top_k``) and ``threshold``
     (see `wsi_loader.predict`). ``stain``: transforms of `wsi_loader.stain` applied on
-    the device before the model (part of each slide's content). The other options are those
-    of `wsi_loader.features.extract`.
+    the device before the model (part of each slide's content). A folder holding the outputs
+    of a run with other options (model, classes, multi_label, tta, heatmaps, slide results,
+    stain...) is refused (`ConfigError`, nothing changed) unless ``overwrite``; a folder
+    another run is writing is refused. The other options are those of
+    `wsi_loader.features.extract`.
     """
-    options = PassOptions(
-        batch_size=batch_size,
-        device=device,
-        dtype=dtype,
-        workers=workers,
-        split=split,
-        root=root,
-        missing_slides=missing_slides,
-        quarantine=quarantine,
-        timeout=timeout,
-        progress=progress,
-        batch_transform=batch_transform,
-        stain=stain,
-    )
+    options = PassOptions.pick(locals())
     options.check()
     rule = SlideRule(slide_rule, top_k, threshold, multi_label)
     rule.check()
@@ -136,23 +136,45 @@ def predict(
         )
     if heatmap_class is not None and heatmap_class not in names:
         raise ConfigError(f"no class {heatmap_class!r}: {list(names)}", key="heatmap_class")
+    rule = rule.deciding(len(names))
     _check_resolution(loaded, view)
     out_path = Path(out)
-    for folder in (out_path, *(out_path / f for f in (CSV_FOLDER, GEOJSON_FOLDER, STATE_FOLDER))):
-        folder.mkdir(parents=True, exist_ok=True)
-        remove_stale_files(folder)
-    if heatmaps:
-        (out_path / HEATMAP_FOLDER).mkdir(exist_ok=True)
-        remove_stale_files(out_path / HEATMAP_FOLDER)
     slide_ids = slides_with_tiles(view)
     stems = {sid: name[: -len(".h5")] for sid, name in h5_file_names(view, slide_ids).items()}
     writer = PredictionWriter(
-        out_path, view, stems, names, heatmaps, heatmap_class, heatmap_size, multi_label, tta
-    )
-    forward = _forward(loaded.model, tta, multi_label, len(names))
-    done = run_pass(view, loaded, forward, writer, options, "predict")
-    report = PredictReport(**vars(done), classes=names)
-    write_summary(out_path, view, slide_ids, stems, loaded, report, rule, tta)
+        out_path, view, stems, names, heatmaps, heatmap_class, heatmap_size, multi_label, tta,
+        rule.threshold,
+    )  # fmt: skip
+    bound = bind_pass(view, loaded, writer, options)
+    run_options = {
+        **bound.options(),
+        "settings": None,  # the writer's, named:
+        "classes": list(names),
+        "multi_label": multi_label,
+        "tta": tta,
+        "heatmaps": [heatmaps, heatmap_class, heatmap_size],
+        "slide_rule": [rule.rule, rule.top_k, rule.threshold],
+    }
+    with claim_folder(
+        out_path,
+        "predict",
+        run_options,
+        overwrite,
+        lambda: clear_outputs(out_path, set(stems.values())),
+    ):
+        for folder in (
+            out_path,
+            *(out_path / f for f in (CSV_FOLDER, GEOJSON_FOLDER, STATE_FOLDER)),
+        ):
+            folder.mkdir(parents=True, exist_ok=True)
+            remove_stale_files(folder)
+        if heatmaps:
+            (out_path / HEATMAP_FOLDER).mkdir(exist_ok=True)
+            remove_stale_files(out_path / HEATMAP_FOLDER)
+        forward = _forward(loaded.model, tta, multi_label, len(names))
+        done = run_pass(view, loaded, forward, writer, options, "predict", bound)
+        report = PredictReport(**vars(done), classes=names)
+        write_summary(out_path, view, slide_ids, stems, loaded, report, rule, tta)
     return report
 
 
@@ -264,12 +286,18 @@ class PredictionWriter:
         heatmap_size: int,
         multi_label: bool,
         tta: str,
+        threshold: float = 0.5,
     ) -> None:
         self.out, self.view, self.stems, self.classes = out, view, stems, classes
         self.heatmaps, self.heatmap_class, self.heatmap_size = heatmaps, heatmap_class, heatmap_size
         self.settings: list[Any] = [list(classes), multi_label, tta]
         if heatmaps:
             self.settings.append([heatmap_class, heatmap_size])
+        # a single output's tiles are classified by the threshold (in the GeoJSON): part of
+        # its content; absent for other models (their files' digests stay valid)
+        self.threshold = threshold if len(classes) == 1 else None
+        if self.threshold is not None:
+            self.settings.append({"threshold": self.threshold})
 
     def state_path(self, sid: int) -> Path:
         return self.out / STATE_FOLDER / f"{self.stems[sid]}.json"
@@ -309,10 +337,11 @@ class PredictionWriter:
         files = self.files(sid)
         data = {
             "csv": tiles.csv_bytes(),
-            "geojson": tiles.geojson_bytes(self.stems[sid]),
+            "geojson": tiles.geojson_bytes(self.stems[sid], threshold=self.threshold),
         }
         for kind in ("csv", "geojson"):
             write_file(files[kind], data[kind], temporary_path(files[kind]))
+        files["geojson"].with_suffix(OLD_GEOJSON_SUFFIX).unlink(missing_ok=True)
         sizes = {kind: len(value) for kind, value in data.items()}
         if self.heatmaps:
             failed = [(f["x"], f["y"], side, side) for f in outputs.failures]

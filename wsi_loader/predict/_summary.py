@@ -5,6 +5,8 @@ classes, counts, failures and versions: `PredictReport`)."""
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import json
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -13,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from wsi_loader.files import write_file
+from wsi_loader.files import csv_text, write_file
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.models._pass import PassReport
 from wsi_loader.models._pass_files import gather_parts, write_json
@@ -30,6 +32,7 @@ from wsi_loader.predict._metrics import (
 )
 from wsi_loader.predict._outputs import (
     METRICS_JSON,
+    OLD_GEOJSON_SUFFIX,
     PREDICT_JSON,
     SLIDES_CSV,
     TilePredictions,
@@ -54,6 +57,22 @@ def read_state(path: Path) -> dict[str, Any] | None:
     return state if isinstance(state, dict) else None
 
 
+def clear_outputs(out: Path, keep: set[str]) -> None:
+    """Before a run that replaces another's outputs (``overwrite``): the files of every slide
+    whose stem is not in ``keep`` (a slide of this run keeps its files when their content is
+    this run's, else they are written again), and the summary files."""
+    for state in (out / STATE_FOLDER).glob("*.json"):
+        stem = state.name[: -len(".json")]
+        if stem in keep:
+            continue
+        files = slide_files(out, stem)
+        for path in (*files.values(), files["geojson"].with_suffix(OLD_GEOJSON_SUFFIX)):
+            path.unlink(missing_ok=True)
+        state.unlink(missing_ok=True)
+    for name in (SLIDES_CSV, METRICS_JSON, PREDICT_JSON):
+        (out / name).unlink(missing_ok=True)
+
+
 def write_summary(
     out: Path,
     view: SlideIndex,
@@ -68,6 +87,11 @@ def write_summary(
     files of every complete slide (written by this run or an earlier one)."""
     parts = gather_parts(out, "predict", report.part())
     if parts is None:
+        return
+    key = _summary_key(out, view, slide_ids, stems, report.classes, rule)
+    if sum(p["written"] for p in parts) == 0 and _kept_summary(out, key, report):
+        summary = _run_metadata(view, model, report, parts, rule, tta, report.slide_results)
+        _finish_metadata(out, summary, key, view, slide_ids, stems)
         return
     classes = report.classes
     rows, failures, slide_truth, slide_scores = [], [], [], []
@@ -126,8 +150,75 @@ def write_summary(
         results["rule"] = rule.describe()
         write_json(out / METRICS_JSON, results)
         report.metrics = results
+    else:
+        (out / METRICS_JSON).unlink(missing_ok=True)  # a previous run's, of other slides
     summary = _run_metadata(view, model, report, parts, rule, tta, rows)
     summary["failures"], summary["failed"] = failures, len(failures)
+    summary["summary_key"] = key
+    write_json(out / PREDICT_JSON, summary)
+
+
+def _summary_key(
+    out: Path,
+    view: SlideIndex,
+    slide_ids: list[int],
+    stems: dict[int, str],
+    classes: tuple[str, ...],
+    rule: SlideRule,
+) -> str:
+    """What slides.csv and metrics.json are made of: each slide's state (its outputs'
+    content and sizes), its label, the classes and the rule; equal keys, equal files."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(json.dumps([list(classes), rule.describe(), rule.threshold, rule.top_k]).encode())
+    if view.labels_from_annotations:  # tile labels: the index generation's
+        digest.update(str(view.meta.get("generation")).encode())
+    for sid in slide_ids:
+        state = read_state(out / STATE_FOLDER / f"{stems[sid]}.json") or {}
+        record = view.slides[sid]
+        entry = [record.path, stems[sid], record.label, state.get("content"), state.get("sizes")]
+        digest.update(json.dumps(entry, sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
+def _kept_summary(out: Path, key: str, report: PredictReport) -> bool:
+    """Whether slides.csv and metrics.json of ``out`` were made of what they would be made
+    of now (``key``, recorded in predict.json): a rerun with nothing to do then keeps them
+    (reading every slide's CSV again costs most of a run) and reads the results back."""
+    try:
+        before = json.loads((out / PREDICT_JSON).read_text(encoding="utf-8"))
+        if not isinstance(before, dict) or before.get("summary_key") != key:
+            return False
+        with open(out / SLIDES_CSV, newline="", encoding="utf-8") as fh:
+            rows = [{k: csv_text(v or "") for k, v in row.items()} for row in csv.DictReader(fh)]
+        metrics = None
+        if (out / METRICS_JSON).is_file():
+            metrics = json.loads((out / METRICS_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    report.slide_results = [
+        {"slide": r.get("slide"), "name": r.get("name"), "label": r.get("label") or None,
+         "tiles": int(r.get("tiles") or 0), "predicted": r.get("predicted", "")}
+        for r in rows
+    ]  # fmt: skip
+    report.metrics = metrics
+    return True
+
+
+def _finish_metadata(
+    out: Path,
+    summary: dict[str, Any],
+    key: str,
+    view: SlideIndex,
+    slide_ids: list[int],
+    stems: dict[int, str],
+) -> None:
+    """predict.json of a run that kept the summary: failures from the slides' states."""
+    failures: list[dict[str, Any]] = []
+    for sid in slide_ids:
+        state = read_state(out / STATE_FOLDER / f"{stems[sid]}.json")
+        failures.extend(state.get("failures", []) if state else [])
+    summary["failures"], summary["failed"] = failures, len(failures)
+    summary["summary_key"] = key
     write_json(out / PREDICT_JSON, summary)
 
 
