@@ -461,3 +461,44 @@ def test_a_port_out_of_range_is_a_clear_error(
     assert (error.value.key, error.value.value) == ("port", port)
     with pytest.raises(ConfigError, match="is not a port"):
         bind("127.0.0.1", port)
+
+
+def test_a_quarantine_record_marks_only_the_tile_of_its_level(
+    archive: Archive, tmp_path: Path
+) -> None:
+    # the dataset matches records by (x, y, level): a level-1 record is not this level-0 tile
+    index_dir = tmp_path / "idx"
+    shutil.copytree(archive.index.path, index_dir)
+    moved = dataclasses.replace(archive.index, path=index_dir)
+    good = archive.ids["good.svs"]
+    record = moved.slides[good]
+    row = int(moved.slide_starts()[good])
+    starts = [
+        (int(moved.columns["l0_x"][row + k]), int(moved.columns["l0_y"][row + k])) for k in range(3)
+    ]
+    levels: list[int | None] = [1, None, 0]  # another level, any level, this level
+    for (x, y), level in zip(starts, levels, strict=True):
+        entry = {
+            "path": record.path,
+            "x": x,
+            "y": y,
+            "error": "read failed",
+            "fingerprint": record.fingerprint,
+        }
+        moved.quarantine.append(entry if level is None else {**entry, "level": level})
+    moved.quarantine.append(  # a level-1 record where no level-0 tile is: not a cell either
+        {"path": record.path, "x": 4096, "y": 64, "level": 1, "error": "read failed"}
+    )
+    assert (
+        int(moved.quarantined_mask()[row]) == 0
+        and moved.quarantined_mask()[row + 1 : row + 3].all()
+    )
+    with ViewerServer(moved) as viewer:
+        shown = [
+            request(viewer.port, f"/api/slides/{good}/at?x={x + 10}&y={y + 10}").json()["tile"]
+            for x, y in starts
+        ]
+        assert [t["status"] for t in shown] == ["ok", "quarantined", "quarantined"]
+        assert shown[0]["failure"] is None
+        details = request(viewer.port, f"/api/slides/{good}").json()
+        assert details["grid"]["count"] == record.tiles
