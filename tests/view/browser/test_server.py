@@ -502,3 +502,23 @@ def test_a_quarantine_record_marks_only_the_tile_of_its_level(
         assert shown[0]["failure"] is None
         details = request(viewer.port, f"/api/slides/{good}").json()
         assert details["grid"]["count"] == record.tiles
+
+
+def test_ids_that_are_not_ascii_digits_or_past_the_last_slide_are_404(
+    server: ViewerServer, archive: Archive
+) -> None:
+    count = len(archive.index.slides)
+    # the id equal to the slide count is one past the last (an off-by-one answered 500);
+    # "²" is a digit to str.isdigit but not to int(); U+0660 (Arabic-Indic zero) is 0 to int()
+    for sid in (str(count), "%C2%B2", "%D9%A0", "%D9%A1", "%EF%BC%90"):
+        for path in (
+            f"/api/slides/{sid}",
+            f"/slides/{sid}.dzi",
+            f"/slides/{sid}_files/0/0_0.jpeg",
+            f"/api/slides/{sid}/grid.bin",
+        ):
+            assert request(server.port, path).status == 404, path
+    assert request(server.port, f"/api/slides/{count - 1}").status == 200
+    good = archive.ids["good.svs"]
+    assert request(server.port, f"/slides/{good}_files/%D9%A0/0_0.jpeg").status == 404
+    assert request(server.port, f"/api/slides/{good}/predictions/%C2%B9.png").status == 404
