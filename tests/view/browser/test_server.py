@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
+import logging
 import os
 import re
 import shutil
@@ -20,9 +22,10 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from tests.conftest import REPO
+from tests.conftest import REPO, SlideFactory
 from tests.view.browser.conftest import TUMOUR_BOX, Archive, request
 from wsi_loader.errors import ConfigError
+from wsi_loader.index import build_index
 from wsi_loader.index._qc import QC_COLUMNS
 from wsi_loader.view.browser import ViewerServer, show, stop_shown
 from wsi_loader.view.browser._security import check_token, is_loopback
@@ -284,10 +287,7 @@ def test_prediction_heatmaps(server: ViewerServer, archive: Archive) -> None:
     assert cols == sorted(cols)
     details = request(server.port, f"/api/slides/{bad}").json()
     assert details["predictions"] is None
-    assert (
-        "bad.csv:2" in details["predictions_error"]
-        and "not numbers" in details["predictions_error"]
-    )
+    assert "bad.csv, line 2" in details["predictions_error"]  # the full text is logged
 
 
 def test_a_symlinked_prediction_file_is_never_read(server: ViewerServer, archive: Archive) -> None:
@@ -350,13 +350,13 @@ def test_an_unreadable_tile_is_grey_and_counted(server: ViewerServer, archive: A
     bad = archive.ids["bad.svs"]
     top = 11  # 2048 px: 12 levels
     tile = request(server.port, f"/slides/{bad}_files/{top}/3_3.jpeg")
-    assert tile.status == 200 and "Bogus marker length" in tile.headers["x-tile-error"]
+    assert tile.status == 200 and "cannot be decoded" in tile.headers["x-tile-error"]
     assert (
         request(server.port, f"/slides/{bad}_files/{top}/2_3.jpeg").headers.get("x-tile-error")
         is None
     )
     status = request(server.port, f"/api/slides/{bad}/status").json()
-    assert status["faults"] >= 1 and "Bogus marker length" in status["last"]
+    assert status["faults"] >= 1 and "cannot be decoded" in status["last"]
 
 
 def test_the_page_and_its_assets(server: ViewerServer) -> None:
@@ -522,3 +522,53 @@ def test_ids_that_are_not_ascii_digits_or_past_the_last_slide_are_404(
     good = archive.ids["good.svs"]
     assert request(server.port, f"/slides/{good}_files/%D9%A0/0_0.jpeg").status == 404
     assert request(server.port, f"/api/slides/{good}/predictions/%C2%B9.png").status == 404
+
+
+def test_error_texts_sent_to_the_browser_carry_no_paths_and_no_file_bytes(
+    make_slide: SlideFactory,
+    server: ViewerServer,
+    archive: Archive,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a slide replaced by a link to another file: its errors quote that file's first bytes
+    slides = tmp_path / "slides"
+    slides.mkdir()
+    shutil.copy(make_slide(width=2048, height=1536, seed=36), slides / "victim.svs")
+    index = build_index([slides], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.05)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-root:x:0:0:root:/root:/bin/bash\n" * 40)
+    (slides / "victim.svs").unlink()
+    (slides / "victim.svs").symlink_to(secret)
+    row = int(index.slide_starts()[0])
+    x, y = int(index.columns["l0_x"][row]), int(index.columns["l0_y"][row])
+    sent: list[bytes] = []
+    with caplog.at_level(logging.WARNING), ViewerServer(index) as viewer:
+        for path in (
+            "/api/slides",
+            "/api/slides/0",
+            "/slides/0.dzi",
+            "/slides/0_files/11/0_0.jpeg",
+            "/api/slides/0/tissue.png",
+            f"/api/slides/0/rows/{row}.png",
+            f"/api/slides/0/at?x={x + 1}&y={y + 1}",
+            "/api/slides/0/status",
+        ):
+            reply = request(viewer.port, path)
+            sent.append(repr(reply.headers).encode() + reply.body)
+        tile = request(viewer.port, "/slides/0_files/11/0_0.jpeg").headers["x-tile-error"]
+    assert tile.startswith("no reader can open the slide file") and "server's log" in tile
+    for server_path in (str(tmp_path), str(secret)):
+        assert not any(server_path.encode() in s for s in sent), server_path
+    assert not any(b"SECR" in s for s in sent)
+    assert "SECR" in caplog.text  # the full text goes to the server's log
+    # the shared archive: its index path, a slide that failed to index (its error quoted the
+    # file's first bytes) and a predictions table that is not one (its path)
+    listing = request(server.port, "/api/slides")
+    assert str(archive.root).encode() not in listing.body and b"header=b'not" not in listing.body
+    assert listing.json()["index"] == archive.index.path.name
+    for name in ("bad.svs", "broken.svs"):
+        details = request(server.port, f"/api/slides/{archive.ids[name]}").json()
+        assert str(archive.root) not in json.dumps(details), name
+    bad = request(server.port, f"/api/slides/{archive.ids['bad.svs']}").json()
+    assert "bad.csv, line 2" in bad["predictions_error"]

@@ -240,7 +240,7 @@ def test_an_unreadable_tile_is_grey_with_a_cross_and_counted(
     top = layout.levels - 1
     for attempt in (1, 2):  # never cached: asked again, read again
         tile = maker.tile(ref, top, 3, 3)
-        assert tile.error is not None and "Bogus marker length" in tile.error
+        assert tile.error is not None and "(768, 768), level 0 cannot be decoded" in tile.error
         pixels = decode(tile.body).astype(np.int16)
         grey = np.abs(pixels - ERROR_GREY).max(axis=2) < 12
         red = np.abs(pixels - np.array(ERROR_MARK)).max(axis=2) < 60

@@ -11,6 +11,7 @@ notebook from a server on a background thread (`ViewerServer`).
   failures, annotations, tissue and QC over a slide; `_predictions`: predict's CSV files as
   heatmap rasters (read by predict's own reader)
 - `_security`: who may ask for what (loopback hosts only, or a token on other binds)
+- `_public`: what the page is told of an error (a short reason; the full text is logged)
 - ``web/`` the page; ``frontend/`` the npm project OpenSeadragon comes from (``make frontend``
   copies it to ``static/``)
 

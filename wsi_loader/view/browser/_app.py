@@ -56,6 +56,7 @@ from wsi_loader.view.browser._overlays import (
     row_details,
 )
 from wsi_loader.view.browser._predictions import Predictions, PredictionTable
+from wsi_loader.view.browser._public import scrub, told
 from wsi_loader.view.browser._security import Guard
 from wsi_loader.view.browser._tiles import SlideRef, Tile, TileMaker, TileOptions, encode_png
 
@@ -140,9 +141,9 @@ class Viewer:
             self.predictions.file_for(s.path, i) for i, s in enumerate(index.slides)
         ):
             self.predictions_notice = (
-                f"none of this index's slides has predictions in {predictions} (another index?)"
+                "none of this index's slides has predictions in the folder given (another index?)"
             )
-            log.warning("%s", self.predictions_notice)
+            log.warning("none of this index's slides has predictions in %s", predictions)
         self.masks = TissueMasks(index)
         self.assets = _assets()
         self._grids: dict[int, _GridEntry] = {}
@@ -189,7 +190,7 @@ class Viewer:
             # by the path as stored, as predict.json names the slides
             return self.predictions.table(self.index.slides[slide_id].path, slide_id), None
         except (InputError, OSError) as exc:
-            return None, str(exc)
+            return None, told(exc, slide_id, "predictions")
 
     def details(self, slide_id: int) -> dict[str, Any]:
         """Everything the page needs to open a slide (checks the file)."""
@@ -206,8 +207,8 @@ class Viewer:
             "label": record.label,
             "split": record.split,
             "status": record.status,
-            "error": record.error,
-            "warning": record.warning,
+            "error": scrub(record.error),
+            "warning": scrub(record.warning),
             "problem": state.problem
             or (f"the slide cannot be read: {open_error}" if open_error else None),
             "mpp": mpp,
@@ -301,7 +302,7 @@ def create_app(
     async def slide_list(request: Request) -> Response:
         return JSONResponse(
             {
-                "index": str(index.path),
+                "index": index.path.name,  # the folder's name: never a path of the server
                 "labels": list(index.label_names),
                 "slides": viewer.catalog.summary(),
             }
@@ -360,7 +361,10 @@ def create_app(
         sid = slide_of(request)
         if sid is None:
             return _not_found("no such slide")
-        return JSONResponse(await viewer.run(annotation_rings, index, sid))
+        rings = await viewer.run(annotation_rings, index, sid)
+        if isinstance(rings.get("error"), BaseException):
+            rings["error"] = told(rings["error"], sid, "annotations")
+        return JSONResponse(rings)
 
     async def tissue(request: Request) -> Response:
         sid = slide_of(request)
@@ -372,7 +376,7 @@ def create_app(
             try:
                 return encode_png(viewer.masks.rgba(sid, ref.version, viewer.maker.reader(ref)))
             except (SlideError, InputError, OSError) as exc:  # the slide, a mask image, notes
-                return str(exc)
+                return told(exc, sid, "tissue mask")
 
         made = await viewer.run(draw)
         if isinstance(made, str):
@@ -392,7 +396,7 @@ def create_app(
             try:
                 picture, bounds = table.heatmap(k)
             except InputError as exc:
-                return str(exc)
+                return told(exc, sid, "predictions")
             return encode_png(picture), bounds
 
         made = await viewer.run(draw)
@@ -452,7 +456,7 @@ def create_app(
                     int(index.params.get("tile_size", cols["read_size"][row])),
                 )
             except SlideError as exc:
-                return str(exc)
+                return told(exc, sid, f"row {row}")
             return encode_png(np.ascontiguousarray(pixels))
 
         made = await viewer.run(read)

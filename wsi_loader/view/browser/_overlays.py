@@ -22,6 +22,7 @@ from wsi_loader.index._qc import flags as qc_flags
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.index.annotations import read_regions
 from wsi_loader.slides._base import SlideReader
+from wsi_loader.view.browser._public import scrub
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +222,7 @@ def row_details(index: SlideIndex, grid: Grid, position: int) -> dict[str, Any]:
         "label": index.label_names[label] if 0 <= label < len(index.label_names) else None,
         "tissue": _number(cols["tissue"][position]),
         "status": STATUSES[int(cols["status"][position])],
-        "failure": failure.error if failure else None,
+        "failure": scrub(failure.error) if failure else None,
     }
     if row >= 0:
         details["level"] = int(index.columns["level"][row])
@@ -244,7 +245,8 @@ def _number(value: Any) -> float | None:
 
 def annotation_rings(index: SlideIndex, slide_id: int) -> dict[str, Any]:
     """The outlines of the slide's annotation regions as flat level-0 point lists per class
-    (holes included), or the reason they cannot be read (the files changed since indexing)."""
+    (holes included), or the error that keeps them from being read (``error``: the files
+    changed since indexing)."""
     record = index.slides[slide_id]
     classes = list(index.classes)
     if not record.annotations:
@@ -252,8 +254,8 @@ def annotation_rings(index: SlideIndex, slide_id: int) -> dict[str, Any]:
     try:
         objects = index.params.get("annotation_objects") or ()
         regions = read_regions(record.annotations, record.width, record.height, objects)
-    except (AnnotationError, OSError) as exc:
-        return {"classes": classes, "rings": [], "error": str(exc)}
+    except (AnnotationError, OSError) as exc:  # the caller says it (the page gets no path)
+        return {"classes": classes, "rings": [], "error": exc}
     rings = []
     for name, geometry in regions.classes.items():
         if name not in classes:

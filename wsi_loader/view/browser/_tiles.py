@@ -40,6 +40,7 @@ from wsi_loader.slides._base import (
 )
 from wsi_loader.slides._pool import HandlePool
 from wsi_loader.view.browser._geometry import DeepZoom, Plan, Source
+from wsi_loader.view.browser._public import told
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ class Tile:
 
 @dataclass
 class SlideFaults:
-    """Reads that failed on one slide since the server started."""
+    """Reads that failed on one slide since the server started (``last``: the reason the page
+    is given for the latest)."""
 
     count: int = 0
     last: str | None = None
@@ -235,12 +237,12 @@ class TileMaker:
 
     # -- faults ------------------------------------------------------------------------------
     def _fault(self, slide: SlideRef, error: Exception) -> str:
-        reason = str(error)
+        """Count a failed read; the reason the page is given (the full text is logged)."""
+        reason = told(error, slide.slide_id, "read failed")
         with self._lock:
             faults = self._faults.setdefault(slide.slide_id, SlideFaults())
             faults.count += 1
             faults.last = reason
-        log.warning("slide %d: %s", slide.slide_id, reason)
         return reason
 
     def faults(self, slide_id: int) -> SlideFaults:
