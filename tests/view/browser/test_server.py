@@ -3,6 +3,7 @@ pass-through bytes, overlay data, and everything a hostile or careless request c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -14,6 +15,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +30,7 @@ from tests.view.browser.conftest import TUMOUR_BOX, Archive, request
 from wsi_loader.errors import ConfigError
 from wsi_loader.index import build_index
 from wsi_loader.index._qc import QC_COLUMNS
-from wsi_loader.view.browser import ViewerServer, show, stop_shown
+from wsi_loader.view.browser import ConnectionLimits, ViewerServer, show, stop_shown
 from wsi_loader.view.browser._security import check_token, is_loopback
 from wsi_loader.view.browser._server import bind
 from wsi_loader.view.browser._tiles import ERROR_GREY
@@ -572,3 +575,91 @@ def test_error_texts_sent_to_the_browser_carry_no_paths_and_no_file_bytes(
         assert str(archive.root) not in json.dumps(details), name
     bad = request(server.port, f"/api/slides/{archive.ids['bad.svs']}").json()
     assert "bad.csv, line 2" in bad["predictions_error"]
+
+
+HALF_SENT = b"GET /api/slides HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "  # never finished
+
+
+def half_open(port: int, count: int) -> list[socket.socket]:
+    """A bounded slowloris: ``count`` connections, each with a request head never finished."""
+    held = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+        sock.sendall(HALF_SENT)
+        held.append(sock)
+    return held
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not true in time"
+        time.sleep(0.05)
+
+
+def test_half_sent_requests_cannot_take_every_file_descriptor(archive: Archive) -> None:
+    # the command with 256 file descriptors: 600 half-sent requests took them all, and a
+    # real request then waited in the listen queue for ever
+    import resource
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    process = subprocess.Popen(
+        [*COMMAND, str(archive.index.path), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # never read: a full pipe would stop the server
+        text=True,
+        cwd=REPO,
+        preexec_fn=few_descriptors,  # noqa: PLW1509 (no threads in this test process's child yet)
+    )
+    held: list[socket.socket] = []
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
+        held = half_open(port, 600)
+        reply = request(port, "/api/slides")
+        assert reply.status == 200 and reply.json()["slides"]
+    finally:
+        for sock in held:
+            sock.close()
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+
+
+def test_a_request_head_not_sent_in_time_is_closed_and_the_oldest_make_room(
+    archive: Archive,
+) -> None:
+    limits = ConnectionLimits(max_connections=16, header_timeout_s=1.0)
+    with ViewerServer(archive.index, limits=limits) as viewer:
+        held = half_open(viewer.port, 100)
+        try:
+            assert request(viewer.port, "/api/slides").status == 200  # answered amid them
+            # at most 16 held: the ones that waited longest were closed to make room
+            wait_for(lambda: sum(closed_by_server(s) for s in held) >= 100 - 16)
+            # a kept-alive connection that trickles its next request gets no more time
+            kept = socket.create_connection(("127.0.0.1", viewer.port), timeout=120)
+            held.append(kept)
+            kept.sendall(b"GET /api/slides HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+            kept.sendall(HALF_SENT)
+            for sock in held:  # every one closed after its second (blocks until it is)
+                sock.settimeout(120)
+                with contextlib.suppress(ConnectionResetError):
+                    while sock.recv(65536):
+                        pass
+        finally:
+            for sock in held:
+                sock.close()

@@ -25,6 +25,7 @@ from wsi_loader.errors import ConfigError
 from wsi_loader.index._lookup import resolve_slide
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.view.browser._app import create_app, frontend_missing
+from wsi_loader.view.browser._limits import ConnectionLimits, bounded_protocol
 from wsi_loader.view.browser._security import check_token, is_loopback
 from wsi_loader.view.browser._tiles import TileOptions
 
@@ -86,9 +87,14 @@ def url_of(host: str, port: int, token: str | None, slide: int | None = None) ->
     return f"http://{shown}:{port}/{suffix}"
 
 
-def _config(app: Any, log_level: str) -> uvicorn.Config:
+def _config(app: Any, log_level: str, limits: ConnectionLimits | None) -> uvicorn.Config:
+    limits = limits or ConnectionLimits()
     return uvicorn.Config(
         app,
+        http=bounded_protocol(limits),
+        # asyncio accepts up to `backlog` connections at a time before any is counted: a burst
+        # of a whole 2048-deep queue would outrun the connection limit
+        backlog=limits.connections,
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
@@ -111,13 +117,15 @@ def serve(
     open_browser: bool = False,
     tiles: TileOptions | None = None,
     on_ready: Callable[[str], None] | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> None:
     """Serve the viewer of ``index`` until interrupted (Ctrl-C, SIGTERM).
 
     ``host``: 127.0.0.1 by default; any other address needs a token (generated and put in
     the URL when not given; an empty token is refused). ``port``: None tries 8000-8019, then
     any free port. ``predictions``: a ``wsi-loader predict`` output folder. ``on_ready`` gets
-    the URL once the server listens (the command prints it).
+    the URL once the server listens (the command prints it). ``limits``: connections open at
+    once and the time a request's head may take (`ConnectionLimits`).
     """
     check_port(port)  # before the index is opened
     index = _index(index)
@@ -129,7 +137,7 @@ def serve(
         index, options=tiles, predictions=predictions, token=token, loopback_only=is_loopback(host)
     )
     sock = bind(host, port)
-    server = uvicorn.Server(_config(app, "warning"))
+    server = uvicorn.Server(_config(app, "warning", limits))
     url = url_of(host, sock.getsockname()[1], token)
     ready = threading.Thread(target=_announce, args=(server, url, on_ready, open_browser))
     ready.daemon = True
@@ -167,6 +175,7 @@ class ViewerServer:
         port: int | None = 0,
         token: str | None = None,
         tiles: TileOptions | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.index = _index(index)
         self.token = check_token(host, token)
@@ -181,7 +190,7 @@ class ViewerServer:
         )
         self._socket = bind(host, port)
         self.port: int = self._socket.getsockname()[1]
-        self._server = uvicorn.Server(_config(self.app, "error"))
+        self._server = uvicorn.Server(_config(self.app, "error", limits))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
         )
