@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import io
 import json
 import logging
@@ -663,3 +664,32 @@ def test_a_request_head_not_sent_in_time_is_closed_and_the_oldest_make_room(
         finally:
             for sock in held:
                 sock.close()
+
+
+def test_a_wildcard_bind_prints_the_addresses_it_answers_on(archive: Archive) -> None:
+    process = subprocess.Popen(
+        [*COMMAND, str(archive.index.path), "--host", "0.0.0.0", "--port", "0", "--token", "t0k"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        urls = re.findall(r"http://([^/\s,]+):(\d+)/\?token=t0k", line)
+        assert urls and "0.0.0.0" not in line, line
+        assert urls[0][0] == "127.0.0.1"
+        # this machine's IPv4 addresses, as the system lists them (Debian's `hostname -I`)
+        listed = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=False)
+        ours = {a for a in listed.stdout.split() if "." in a}
+        assert ours <= {host for host, _ in urls}, (ours, line)
+        for host, port in urls:  # each one answers, with the token
+            connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=60)
+            try:
+                connection.request("GET", "/api/slides?token=t0k")
+                assert connection.getresponse().status == 200, host
+            finally:
+                connection.close()
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)

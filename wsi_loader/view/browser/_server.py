@@ -78,9 +78,37 @@ def bind(host: str, port: int | None) -> socket.socket:
     raise ConfigError(f"no free port on {host}: {last}", key="port", value=port)
 
 
+WILDCARDS = ("0.0.0.0", "", "::", "[::]")  # binds that listen on every address
+
+
+def reachable_hosts(host: str) -> list[str]:
+    """The addresses a server bound to ``host`` answers on: ``host`` itself, or for a
+    wildcard bind (0.0.0.0, ::) loopback and this machine's own addresses (those of its
+    name, and the one its default route leaves from)."""
+    if host not in WILDCARDS:
+        return [host]
+    v6 = ":" in host
+    found = ["127.0.0.1", *(["::1"] if v6 else [])]
+    families = (socket.AF_INET, socket.AF_INET6) if v6 else (socket.AF_INET,)
+    for family in families:
+        with contextlib.suppress(OSError):
+            for *_, address in socket.getaddrinfo(socket.gethostname(), None, family):
+                found.append(str(address[0]))
+        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as probe:
+            # connecting a UDP socket sends nothing: it picks the outgoing interface
+            probe.connect(("192.0.2.1", 9) if family == socket.AF_INET else ("2001:db8::1", 9))
+            found.append(str(probe.getsockname()[0]))
+    return list(dict.fromkeys(a for a in found if not a.startswith("fe80")))
+
+
+def urls_of(host: str, port: int, token: str | None) -> list[str]:
+    """The URLs a server on ``host``: ``port`` can be opened at (`reachable_hosts`)."""
+    return [url_of(address, port, token) for address in reachable_hosts(host)]
+
+
 def url_of(host: str, port: int, token: str | None, slide: int | None = None) -> str:
     """The URL to open (the token in it, as Jupyter prints it)."""
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    shown = "127.0.0.1" if host in WILDCARDS else host
     shown = f"[{shown}]" if ":" in shown and not shown.startswith("[") else shown
     query = {k: v for k, v in (("slide", slide), ("token", token)) if v is not None}
     suffix = f"?{urllib.parse.urlencode(query)}" if query else ""
@@ -116,7 +144,7 @@ def serve(
     token: str | None = None,
     open_browser: bool = False,
     tiles: TileOptions | None = None,
-    on_ready: Callable[[str], None] | None = None,
+    on_ready: Callable[[list[str]], None] | None = None,
     limits: ConnectionLimits | None = None,
 ) -> None:
     """Serve the viewer of ``index`` until interrupted (Ctrl-C, SIGTERM).
@@ -124,8 +152,10 @@ def serve(
     ``host``: 127.0.0.1 by default; any other address needs a token (generated and put in
     the URL when not given; an empty token is refused). ``port``: None tries 8000-8019, then
     any free port. ``predictions``: a ``wsi-loader predict`` output folder. ``on_ready`` gets
-    the URL once the server listens (the command prints it). ``limits``: connections open at
-    once and the time a request's head may take (`ConnectionLimits`).
+    the URLs once the server listens (the command prints them): one per address it answers
+    on (loopback first; a wildcard host such as 0.0.0.0 lists this machine's addresses).
+    ``limits``: connections open at once and the time a request's head may take
+    (`ConnectionLimits`).
     """
     check_port(port)  # before the index is opened
     index = _index(index)
@@ -138,8 +168,8 @@ def serve(
     )
     sock = bind(host, port)
     server = uvicorn.Server(_config(app, "warning", limits))
-    url = url_of(host, sock.getsockname()[1], token)
-    ready = threading.Thread(target=_announce, args=(server, url, on_ready, open_browser))
+    urls = urls_of(host, sock.getsockname()[1], token)
+    ready = threading.Thread(target=_announce, args=(server, urls, on_ready, open_browser))
     ready.daemon = True
     ready.start()
     try:
@@ -149,7 +179,10 @@ def serve(
 
 
 def _announce(
-    server: uvicorn.Server, url: str, on_ready: Callable[[str], None] | None, open_browser: bool
+    server: uvicorn.Server,
+    urls: list[str],
+    on_ready: Callable[[list[str]], None] | None,
+    open_browser: bool,
 ) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not server.started and not server.should_exit and time.monotonic() < deadline:
@@ -157,9 +190,9 @@ def _announce(
     if not server.started:
         return
     if on_ready is not None:
-        on_ready(url)
+        on_ready(urls)
     if open_browser:
-        webbrowser.open(url)
+        webbrowser.open(urls[0])
 
 
 class ViewerServer:
