@@ -11,7 +11,8 @@ Routes (GET and HEAD only; anything else is 405, anything unknown 404)::
     /api/slides/<id>/grid.bin              the grid's packed columns (see overlays.Grid)
     /api/slides/<id>/annotations.json      annotation outlines (level-0)
     /api/slides/<id>/tissue.png            the tissue mask by the slide's detector (RGBA)
-    /api/slides/<id>/predictions/<k>.png   heatmap of class k of the predictions
+    /api/slides/<id>/predictions/<k>.png   heatmap of class k of the predictions (X-Bounds: the
+                                           level-0 box it covers; X-Overlap: 1 when smoothed)
     /api/slides/<id>/at?x=&y=              the tile under a level-0 point: its row and more
     /api/slides/<id>/rows/<row>.png        a tile as the dataset reads it, full resolution
     /api/slides/<id>/status                reads that failed on the slide so far
@@ -47,6 +48,7 @@ from wsi_loader.index._table import SlideIndex
 from wsi_loader.view.browser._catalog import Catalog, display_name
 from wsi_loader.view.browser._overlays import (
     STATUSES,
+    TISSUE_RGBA,
     Grid,
     TissueMasks,
     annotation_rings,
@@ -224,6 +226,7 @@ class Viewer:
             "classes": list(self.index.classes),
             "qc": qc_columns(self.index),
             "qc_rules": qc_rules(self.index),
+            "tissue_colour": list(TISSUE_RGBA[:3]),
             "predictions": (
                 {"classes": list(predictions.classes)} if predictions is not None else None
             ),
@@ -389,7 +392,7 @@ def create_app(
         if sid is None or k is None:
             return _not_found()
 
-        def draw() -> tuple[bytes, tuple[float, ...]] | str | None:
+        def draw() -> tuple[bytes, tuple[float, ...], bool] | str | None:
             table, _ = viewer.prediction_table(sid)
             if table is None or not k < len(table.classes):
                 return None
@@ -397,19 +400,20 @@ def create_app(
                 picture, bounds = table.heatmap(k)
             except InputError as exc:
                 return told(exc, sid, "predictions")
-            return encode_png(picture), bounds
+            return encode_png(picture), bounds, table.overlaps
 
         made = await viewer.run(draw)
         if made is None:
             return _not_found("no such prediction class")
         if isinstance(made, str):
             return PlainTextResponse(made, 409)
-        body, bounds = made
-        return Response(
-            body,
-            media_type="image/png",
-            headers={"X-Bounds": ",".join(f"{v:g}" for v in bounds), "Cache-Control": "no-cache"},
-        )
+        body, bounds, overlaps = made
+        headers = {
+            "X-Bounds": ",".join(f"{v:g}" for v in bounds),
+            "X-Overlap": "1" if overlaps else "0",  # smoothed between cells, or crisp cells
+            "Cache-Control": "no-cache",
+        }
+        return Response(body, media_type="image/png", headers=headers)
 
     async def at_point(request: Request) -> Response:
         sid = slide_of(request)
