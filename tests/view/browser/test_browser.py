@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import SlideFactory
-from tests.view.browser.conftest import Archive, Predicted
+from tests.view.browser.conftest import Archive, Predicted, needs_page
 from wsi_loader.index import _qc as qc
 from wsi_loader.index import build_index
 from wsi_loader.predict._outputs import TilePredictions
@@ -52,7 +52,8 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def browser(frontend: str | None) -> Iterator[Any]:
+    needs_page(frontend)
     with sync_api.sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         try:

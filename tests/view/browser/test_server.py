@@ -27,7 +27,7 @@ import simplejpeg
 from PIL import Image
 
 from tests.conftest import REPO, SlideFactory
-from tests.view.browser.conftest import TUMOUR_BOX, Archive, request
+from tests.view.browser.conftest import TUMOUR_BOX, Archive, needs_page, request
 from wsi_loader.errors import ConfigError
 from wsi_loader.index import build_index
 from wsi_loader.index._qc import QC_COLUMNS
@@ -156,7 +156,14 @@ def test_a_page_elsewhere_cannot_reach_a_loopback_server(server: ViewerServer) -
         assert request(server.port, "/api/slides", headers={"Host": host}).status == 200
 
 
-def test_a_token_guards_every_data_request(archive: Archive) -> None:
+def test_a_token_guards_every_data_request(
+    archive: Archive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wsi_loader.view.browser import _app as app
+
+    # whether the front end is built or not (the page then says how to build it): the
+    # guard is the same; here it is not
+    monkeypatch.setattr(app, "STATIC", tmp_path / "static")
     with ViewerServer(archive.index, token="s3cret-token") as guarded:
         port = guarded.port
         assert guarded.url.endswith("/?token=s3cret-token")
@@ -164,7 +171,8 @@ def test_a_token_guards_every_data_request(archive: Archive) -> None:
         assert request(port, "/slides/0.dzi").status == 403
         assert request(port, "/slides/0_files/0/0_0.jpeg").status == 403
         assert request(port, "/api/slides?token=wrong").status == 403
-        assert request(port, "/").status == 200  # the page holds no data
+        assert request(port, "/").status == 503  # the page holds no data: no token asked
+        assert request(port, "/static/viewer.js").status == 200  # nor its scripts
         opened = request(port, "/api/slides?token=s3cret-token")
         assert opened.status == 200
         cookie = opened.headers["set-cookie"]
@@ -363,7 +371,8 @@ def test_an_unreadable_tile_is_grey_and_counted(server: ViewerServer, archive: A
     assert status["faults"] >= 1 and "cannot be decoded" in status["last"]
 
 
-def test_the_page_and_its_assets(server: ViewerServer) -> None:
+def test_the_page_and_its_assets(server: ViewerServer, frontend: str | None) -> None:
+    needs_page(frontend)
     page = request(server.port, "/")
     assert page.status == 200 and b"openseadragon.min.js" in page.body
     assert "script-src 'self'" in page.headers["content-security-policy"]
