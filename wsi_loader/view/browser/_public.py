@@ -33,7 +33,9 @@ SEE_LOG = "(the server's log has the details)"
 # a Python bytes literal, as error texts quote file contents
 _BYTES = re.compile(r"""b(['"])(?:\\.|(?!\1).)*\1""")
 # an absolute POSIX path, a Windows one, or a URL: what follows up to a separator
-_PATH = re.compile(r"""(?:(?<![\w.~-])/|\b[A-Za-z]:\\|\b[a-z][a-z0-9+.-]*://)[^\s'",;()\[\]]*""")
+_PATH = re.compile(
+    r"""(?:(?<![\w.~-])/|\b[A-Za-z]:\\|\b[a-z][a-z0-9+.-]*://)[^\s'",;()\[\]]*(?<!:)"""
+)
 
 
 def reason(error: BaseException) -> str:
