@@ -31,7 +31,7 @@ def test_errors_become_short_reasons_without_paths_or_bytes() -> None:
     tile = TileReadError("read failed", path="/srv/a.svs", l0_x=768, l0_y=512, level=0)
     assert reason(tile) == "the pixels at level-0 (768, 512), level 0 cannot be decoded"
     table = InputError("not numbers: 'secret'", path="/srv/out/model-outputs-csv/a.csv", line=3)
-    assert reason(table) == "a.csv, line 3 is not a table of predict's output"
+    assert reason(table) == "a.csv:3: not numbers: 'secret'"  # a file of predict's output
     assert reason(PermissionError(13, "Permission denied", "/srv/x")).endswith(
         "(Permission denied)"
     )

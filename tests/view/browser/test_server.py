@@ -299,7 +299,10 @@ def test_prediction_heatmaps(server: ViewerServer, archive: Archive) -> None:
     assert cols == sorted(cols)
     details = request(server.port, f"/api/slides/{bad}").json()
     assert details["predictions"] is None
-    assert "bad.csv, line 2" in details["predictions_error"]  # the full text is logged
+    assert (
+        "bad.csv:2:" in details["predictions_error"]
+        and "not numbers" in details["predictions_error"]
+    )
 
 
 def test_a_symlinked_prediction_file_is_never_read(server: ViewerServer, archive: Archive) -> None:
@@ -584,7 +587,7 @@ def test_error_texts_sent_to_the_browser_carry_no_paths_and_no_file_bytes(
         details = request(server.port, f"/api/slides/{archive.ids[name]}").json()
         assert str(archive.root) not in json.dumps(details), name
     bad = request(server.port, f"/api/slides/{archive.ids['bad.svs']}").json()
-    assert "bad.csv, line 2" in bad["predictions_error"]
+    assert "bad.csv:2:" in bad["predictions_error"]
 
 
 HALF_SENT = b"GET /api/slides HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "  # never finished

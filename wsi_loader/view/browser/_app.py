@@ -145,7 +145,9 @@ class Viewer:
             self.predictions_notice = (
                 "none of this index's slides has predictions in the folder given (another index?)"
             )
-            log.warning("none of this index's slides has predictions in %s", predictions)
+            log.warning(
+                "none of this index's slides has predictions in %s (another index?)", predictions
+            )
         self.masks = TissueMasks(index)
         self.assets = _assets()
         self._grids: dict[int, _GridEntry] = {}

@@ -59,10 +59,15 @@ def reason(error: BaseException) -> str:
         return "the slide cannot be read"
     if isinstance(error, AnnotationError):
         return "the annotation file cannot be read"
-    if isinstance(error, InputError):
-        name = os.path.basename(error.path) if error.path else "the file"
-        line = f", line {error.line}" if error.line else ""
-        return f"{name}{line} is not a table of predict's output"
+    if isinstance(error, InputError):  # the file's name and line, and what is wrong there
+        text = str(error)
+        where = ""
+        if error.path:
+            where = os.path.basename(error.path) + (f":{error.line}" if error.line else "")
+            prefix = f"{error.path}:{error.line}: " if error.line else f"{error.path}: "
+            text = text.removeprefix(prefix)
+        said = scrub(text) or ""
+        return f"{where}: {said}" if where else said
     if isinstance(error, OSError):
         return f"the file cannot be read ({error.strerror or type(error).__name__})"
     return type(error).__name__
