@@ -197,7 +197,8 @@ def _announce(
 
 class ViewerServer:
     """The viewer on a background thread of this process (for notebooks and tests): started
-    by the constructor, stopped by `stop` (or at exit; a context manager too)."""
+    by the constructor, stopped by `stop` (or at exit; a context manager too). The arguments
+    are `serve`'s."""
 
     def __init__(
         self,
