@@ -78,8 +78,11 @@ def run(args: argparse.Namespace) -> int:
     )
     index = open_index(args)
 
-    def ready(url: str) -> None:
-        print(f"serving {len(index.slides)} slides of {args.index} on {url}", flush=True)
+    def ready(urls: list[str]) -> None:
+        # one line: every address it answers on (a wildcard --host lists this machine's)
+        print(
+            f"serving {len(index.slides)} slides of {args.index} on {', '.join(urls)}", flush=True
+        )
         print("press Ctrl-C to stop", file=sys.stderr, flush=True)
 
     serve(

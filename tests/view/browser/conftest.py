@@ -9,16 +9,18 @@ import dataclasses
 import http.client
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import SlideFactory
+from tests.conftest import REPO, SlideFactory
 from tests.index.annotation_files import Region, rect, write_geojson
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.view.browser import ViewerServer
+from wsi_loader.view.browser._app import frontend_missing
 
 GOOD = {"width": 5000, "height": 4000, "seed": 5}
 BAD_TILES = [(3, 3), (4, 3)]  # level-0 storage tiles broken in bad.svs
@@ -103,7 +105,30 @@ def archive(make_slide: SlideFactory, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.fixture(scope="package")
-def server(archive: Archive) -> Iterator[ViewerServer]:
+def frontend() -> str | None:
+    """Why the page cannot work (None: it can). The front end (OpenSeadragon, from the npm
+    registry: never committed) is built with ``make frontend`` when it is not, before any
+    server of these tests reads its files; tests of the page skip with this reason when it
+    cannot be built (no npm, no registry), and every test of the data runs either way."""
+    missing = frontend_missing()
+    if missing is None or not (shutil.which("npm") and shutil.which("make")):
+        return missing
+    done = subprocess.run(
+        ["make", "frontend"], cwd=REPO, capture_output=True, text=True, timeout=600, check=False
+    )
+    if done.returncode != 0:
+        return f"{missing}; `make frontend` failed: {done.stderr.strip()[-300:]}"
+    return frontend_missing()
+
+
+def needs_page(frontend: str | None) -> None:
+    """Skip a test of the page when its front end could not be built (`frontend`)."""
+    if frontend is not None:
+        pytest.skip(frontend)
+
+
+@pytest.fixture(scope="package")
+def server(archive: Archive, frontend: str | None) -> Iterator[ViewerServer]:
     with ViewerServer(archive.index, predictions=archive.predictions) as running:
         yield running
 

@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import SlideFactory
-from tests.view.browser.conftest import Archive, Predicted
+from tests.view.browser.conftest import Archive, Predicted, needs_page
 from wsi_loader.index import _qc as qc
 from wsi_loader.index import build_index
 from wsi_loader.predict._outputs import TilePredictions
@@ -52,7 +52,8 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def browser(frontend: str | None) -> Iterator[Any]:
+    needs_page(frontend)
     with sync_api.sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         try:
@@ -522,3 +523,81 @@ def test_the_qc_mode_colours_each_tile_by_the_rule_that_flags_it(
         assert name == first, row
     assert {"pen", "fold", "blur", "clean"} <= set(shown.values())
     assert "pen (qc_pen ≥ 0.1)" in legend and "blur (qc_focus < 0.5)" in legend
+
+
+def boxes_on_screen(
+    page: Page, boxes: list[list[int]], shape: tuple[int, ...], grow: int = 2
+) -> np.ndarray:
+    """Screen pixels inside any of the level-0 ``boxes`` (x, y, width, height), each grown by
+    ``grow`` px (the edges of a box fall between screen pixels; < 0: shrunk)."""
+    corners = page.evaluate(
+        """(boxes) => boxes.map(([x, y, w, h]) => {
+            const vp = window.wsiViewer.viewer.viewport;
+            const a = vp.imageToViewerElementCoordinates(new OpenSeadragon.Point(x, y));
+            const b = vp.imageToViewerElementCoordinates(new OpenSeadragon.Point(x + w, y + h));
+            return [a.x, a.y, b.x, b.y];
+        })""",
+        boxes,
+    )
+    mask = np.zeros(shape[:2], dtype=bool)
+    for x0, y0, x1, y1 in corners:
+        top, left = max(0, int(np.floor(y0)) - grow), max(0, int(np.floor(x0)) - grow)
+        mask[top : max(0, int(np.ceil(y1)) + grow), left : max(0, int(np.ceil(x1)) + grow)] = True
+    return mask
+
+
+def predictions_paint_only_tiles(opened: Page, boxes: list[list[int]]) -> np.ndarray:
+    """The predictions at full opacity over the slide alone: no screen pixel outside every
+    predicted tile changes; returns the screen with them."""
+    opened.overlays(grid=False, failures=False, annotations=False, tissue=False, predictions=False)
+    opened.settled()
+    without = opened.viewer_pixels()
+    opened.page.locator("#prediction-opacity").fill("100")
+    opened.overlays(predictions=True)
+    opened.wait("() => !!window.wsiViewer.state.heatmap")
+    opened.evaluate("() => window.wsiViewer.draw()")
+    heat = opened.viewer_pixels()
+    tiles = boxes_on_screen(opened, boxes, heat.shape)
+    changed = np.abs(heat - without).max(axis=2) > 8
+    outside = ~tiles
+    outside[:, -260:] = False  # the navigator
+    outside[:45, :150] = False  # OpenSeadragon's buttons (they fade)
+    assert changed[tiles].mean() > 0.5  # drawn...
+    assert changed[outside].sum() == 0, changed[outside].sum()  # ...over the tiles only
+    return heat
+
+
+def test_predictions_are_drawn_over_their_tiles_only_and_above_the_grid(
+    page: Page, archive: Archive
+) -> None:
+    page.open(archive.ids["good.svs"])
+    page.evaluate("() => window.wsiViewer.viewer.viewport.goHome(true)")
+    table = TilePredictions.read_csv(archive.predictions / "model-outputs-csv" / "good.csv")
+    heat = predictions_paint_only_tiles(page, table.boxes.astype(int).tolist())
+    # the grid under them: at full opacity the predictions are what shows on the tiles
+    page.overlays(grid=True)
+    both = page.viewer_pixels()
+    inner = boxes_on_screen(page, table.boxes.astype(int).tolist(), both.shape, grow=-4)
+    inner[:, -260:] = False  # not the cells' outlines, not the navigator
+    assert np.abs(both - heat).max(axis=2)[inner].mean() < 2
+    page.overlays(tissue=True)
+    page.wait("() => !!window.wsiViewer.state.tissue")
+    assert "tissue" in page.page.locator("#legend").inner_text()  # the tissue colour's legend
+    page.page.locator("#prediction-opacity").fill("60")
+    page.overlays(predictions=False, tissue=False, failures=True, annotations=True)
+    assert page.errors == []
+
+
+def test_a_smoothed_map_of_an_overlapping_grid_stays_on_its_tiles(
+    browser: Any, predicted: Predicted
+) -> None:
+    table = TilePredictions.read_csv(predicted.out / "model-outputs-csv" / "case-s1.csv")
+    with ViewerServer(predicted.index, predictions=predicted.out) as viewer:
+        opened = Page(browser, viewer.slide_url(1))
+        try:
+            opened.settled()
+            predictions_paint_only_tiles(opened, table.boxes.astype(int).tolist())
+            assert opened.evaluate("() => !!window.wsiViewer.state.heatmap.filled")  # smoothed
+            assert opened.errors == []
+        finally:
+            opened.close()

@@ -106,3 +106,24 @@ def test_the_heatmap_has_a_pixel_per_box_of_the_lattice(tmp_path: Path) -> None:
         [253, 231, 37],
         [68, 1, 84],
     ]
+
+
+@pytest.mark.parametrize(("stride", "overlaps"), [(256, False), (128, True), (170, True)])
+def test_no_heatmap_cell_reaches_past_the_boxes(
+    tmp_path: Path, stride: int, overlaps: bool
+) -> None:
+    rows = [f"{x},{y},256,256,0.5,0.5" for x in range(0, 4 * stride, stride) for y in (0, stride)]
+    table = read_table(str(write(tmp_path / "a.csv", HEADER + "\n".join(rows) + "\n")))
+    picture, (x0, y0, width, height) = table.heatmap(1)
+    cell_w, cell_h = width / picture.shape[1], height / picture.shape[0]
+    boxes = table.boxes
+    for r, c in zip(*np.nonzero(picture[..., 3]), strict=True):
+        left, top = x0 + c * cell_w, y0 + r * cell_h
+        inside = (
+            (boxes[:, 0] <= left)
+            & (left + cell_w <= boxes[:, 0] + boxes[:, 2])
+            & (boxes[:, 1] <= top)
+            & (top + cell_h <= boxes[:, 1] + boxes[:, 3])
+        )
+        assert inside.any(), (r, c)
+    assert table.overlaps is overlaps

@@ -3,8 +3,12 @@ pass-through bytes, overlay data, and everything a hostile or careless request c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import http.client
 import io
+import json
+import logging
 import os
 import re
 import shutil
@@ -12,6 +16,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +26,12 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from tests.conftest import REPO
-from tests.view.browser.conftest import TUMOUR_BOX, Archive, request
+from tests.conftest import REPO, SlideFactory
+from tests.view.browser.conftest import TUMOUR_BOX, Archive, needs_page, request
 from wsi_loader.errors import ConfigError
+from wsi_loader.index import build_index
 from wsi_loader.index._qc import QC_COLUMNS
-from wsi_loader.view.browser import ViewerServer, show, stop_shown
+from wsi_loader.view.browser import ConnectionLimits, ViewerServer, show, stop_shown
 from wsi_loader.view.browser._security import check_token, is_loopback
 from wsi_loader.view.browser._server import bind
 from wsi_loader.view.browser._tiles import ERROR_GREY
@@ -149,7 +156,14 @@ def test_a_page_elsewhere_cannot_reach_a_loopback_server(server: ViewerServer) -
         assert request(server.port, "/api/slides", headers={"Host": host}).status == 200
 
 
-def test_a_token_guards_every_data_request(archive: Archive) -> None:
+def test_a_token_guards_every_data_request(
+    archive: Archive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wsi_loader.view.browser import _app as app
+
+    # whether the front end is built or not (the page then says how to build it): the
+    # guard is the same; here it is not
+    monkeypatch.setattr(app, "STATIC", tmp_path / "static")
     with ViewerServer(archive.index, token="s3cret-token") as guarded:
         port = guarded.port
         assert guarded.url.endswith("/?token=s3cret-token")
@@ -157,7 +171,8 @@ def test_a_token_guards_every_data_request(archive: Archive) -> None:
         assert request(port, "/slides/0.dzi").status == 403
         assert request(port, "/slides/0_files/0/0_0.jpeg").status == 403
         assert request(port, "/api/slides?token=wrong").status == 403
-        assert request(port, "/").status == 200  # the page holds no data
+        assert request(port, "/").status == 503  # the page holds no data: no token asked
+        assert request(port, "/static/viewer.js").status == 200  # nor its scripts
         opened = request(port, "/api/slides?token=s3cret-token")
         assert opened.status == 200
         cookie = opened.headers["set-cookie"]
@@ -285,7 +300,7 @@ def test_prediction_heatmaps(server: ViewerServer, archive: Archive) -> None:
     details = request(server.port, f"/api/slides/{bad}").json()
     assert details["predictions"] is None
     assert (
-        "bad.csv:2" in details["predictions_error"]
+        "bad.csv:2:" in details["predictions_error"]
         and "not numbers" in details["predictions_error"]
     )
 
@@ -350,16 +365,17 @@ def test_an_unreadable_tile_is_grey_and_counted(server: ViewerServer, archive: A
     bad = archive.ids["bad.svs"]
     top = 11  # 2048 px: 12 levels
     tile = request(server.port, f"/slides/{bad}_files/{top}/3_3.jpeg")
-    assert tile.status == 200 and "Bogus marker length" in tile.headers["x-tile-error"]
+    assert tile.status == 200 and "cannot be decoded" in tile.headers["x-tile-error"]
     assert (
         request(server.port, f"/slides/{bad}_files/{top}/2_3.jpeg").headers.get("x-tile-error")
         is None
     )
     status = request(server.port, f"/api/slides/{bad}/status").json()
-    assert status["faults"] >= 1 and "Bogus marker length" in status["last"]
+    assert status["faults"] >= 1 and "cannot be decoded" in status["last"]
 
 
-def test_the_page_and_its_assets(server: ViewerServer) -> None:
+def test_the_page_and_its_assets(server: ViewerServer, frontend: str | None) -> None:
+    needs_page(frontend)
     page = request(server.port, "/")
     assert page.status == 200 and b"openseadragon.min.js" in page.body
     assert "script-src 'self'" in page.headers["content-security-policy"]
@@ -461,3 +477,231 @@ def test_a_port_out_of_range_is_a_clear_error(
     assert (error.value.key, error.value.value) == ("port", port)
     with pytest.raises(ConfigError, match="is not a port"):
         bind("127.0.0.1", port)
+
+
+def test_a_quarantine_record_marks_only_the_tile_of_its_level(
+    archive: Archive, tmp_path: Path
+) -> None:
+    # the dataset matches records by (x, y, level): a level-1 record is not this level-0 tile
+    index_dir = tmp_path / "idx"
+    shutil.copytree(archive.index.path, index_dir)
+    moved = dataclasses.replace(archive.index, path=index_dir)
+    good = archive.ids["good.svs"]
+    record = moved.slides[good]
+    row = int(moved.slide_starts()[good])
+    starts = [
+        (int(moved.columns["l0_x"][row + k]), int(moved.columns["l0_y"][row + k])) for k in range(3)
+    ]
+    levels: list[int | None] = [1, None, 0]  # another level, any level, this level
+    for (x, y), level in zip(starts, levels, strict=True):
+        entry = {
+            "path": record.path,
+            "x": x,
+            "y": y,
+            "error": "read failed",
+            "fingerprint": record.fingerprint,
+        }
+        moved.quarantine.append(entry if level is None else {**entry, "level": level})
+    moved.quarantine.append(  # a level-1 record where no level-0 tile is: not a cell either
+        {"path": record.path, "x": 4096, "y": 64, "level": 1, "error": "read failed"}
+    )
+    assert (
+        int(moved.quarantined_mask()[row]) == 0
+        and moved.quarantined_mask()[row + 1 : row + 3].all()
+    )
+    with ViewerServer(moved) as viewer:
+        shown = [
+            request(viewer.port, f"/api/slides/{good}/at?x={x + 10}&y={y + 10}").json()["tile"]
+            for x, y in starts
+        ]
+        assert [t["status"] for t in shown] == ["ok", "quarantined", "quarantined"]
+        assert shown[0]["failure"] is None
+        details = request(viewer.port, f"/api/slides/{good}").json()
+        assert details["grid"]["count"] == record.tiles
+
+
+def test_ids_that_are_not_ascii_digits_or_past_the_last_slide_are_404(
+    server: ViewerServer, archive: Archive
+) -> None:
+    count = len(archive.index.slides)
+    # the id equal to the slide count is one past the last (an off-by-one answered 500);
+    # "²" is a digit to str.isdigit but not to int(); U+0660 (Arabic-Indic zero) is 0 to int()
+    for sid in (str(count), "%C2%B2", "%D9%A0", "%D9%A1", "%EF%BC%90"):
+        for path in (
+            f"/api/slides/{sid}",
+            f"/slides/{sid}.dzi",
+            f"/slides/{sid}_files/0/0_0.jpeg",
+            f"/api/slides/{sid}/grid.bin",
+        ):
+            assert request(server.port, path).status == 404, path
+    assert request(server.port, f"/api/slides/{count - 1}").status == 200
+    good = archive.ids["good.svs"]
+    assert request(server.port, f"/slides/{good}_files/%D9%A0/0_0.jpeg").status == 404
+    assert request(server.port, f"/api/slides/{good}/predictions/%C2%B9.png").status == 404
+
+
+def test_error_texts_sent_to_the_browser_carry_no_paths_and_no_file_bytes(
+    make_slide: SlideFactory,
+    server: ViewerServer,
+    archive: Archive,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a slide replaced by a link to another file: its errors quote that file's first bytes
+    slides = tmp_path / "slides"
+    slides.mkdir()
+    shutil.copy(make_slide(width=2048, height=1536, seed=36), slides / "victim.svs")
+    index = build_index([slides], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.05)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-root:x:0:0:root:/root:/bin/bash\n" * 40)
+    (slides / "victim.svs").unlink()
+    (slides / "victim.svs").symlink_to(secret)
+    row = int(index.slide_starts()[0])
+    x, y = int(index.columns["l0_x"][row]), int(index.columns["l0_y"][row])
+    sent: list[bytes] = []
+    with caplog.at_level(logging.WARNING), ViewerServer(index) as viewer:
+        for path in (
+            "/api/slides",
+            "/api/slides/0",
+            "/slides/0.dzi",
+            "/slides/0_files/11/0_0.jpeg",
+            "/api/slides/0/tissue.png",
+            f"/api/slides/0/rows/{row}.png",
+            f"/api/slides/0/at?x={x + 1}&y={y + 1}",
+            "/api/slides/0/status",
+        ):
+            reply = request(viewer.port, path)
+            sent.append(repr(reply.headers).encode() + reply.body)
+        tile = request(viewer.port, "/slides/0_files/11/0_0.jpeg").headers["x-tile-error"]
+    assert tile.startswith("no reader can open the slide file") and "server's log" in tile
+    for server_path in (str(tmp_path), str(secret)):
+        assert not any(server_path.encode() in s for s in sent), server_path
+    assert not any(b"SECR" in s for s in sent)
+    assert "SECR" in caplog.text  # the full text goes to the server's log
+    # the shared archive: its index path, a slide that failed to index (its error quoted the
+    # file's first bytes) and a predictions table that is not one (its path)
+    listing = request(server.port, "/api/slides")
+    assert str(archive.root).encode() not in listing.body and b"header=b'not" not in listing.body
+    assert listing.json()["index"] == archive.index.path.name
+    for name in ("bad.svs", "broken.svs"):
+        details = request(server.port, f"/api/slides/{archive.ids[name]}").json()
+        assert str(archive.root) not in json.dumps(details), name
+    bad = request(server.port, f"/api/slides/{archive.ids['bad.svs']}").json()
+    assert "bad.csv:2:" in bad["predictions_error"]
+
+
+HALF_SENT = b"GET /api/slides HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "  # never finished
+
+
+def half_open(port: int, count: int) -> list[socket.socket]:
+    """A bounded slowloris: ``count`` connections, each with a request head never finished."""
+    held = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+        sock.sendall(HALF_SENT)
+        held.append(sock)
+    return held
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not true in time"
+        time.sleep(0.05)
+
+
+def test_half_sent_requests_cannot_take_every_file_descriptor(archive: Archive) -> None:
+    # the command with 256 file descriptors: 600 half-sent requests took them all, and a
+    # real request then waited in the listen queue for ever
+    import resource
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    process = subprocess.Popen(
+        [*COMMAND, str(archive.index.path), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # never read: a full pipe would stop the server
+        text=True,
+        cwd=REPO,
+        preexec_fn=few_descriptors,  # noqa: PLW1509 (no threads in this test process's child yet)
+    )
+    held: list[socket.socket] = []
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))  # type: ignore[union-attr]
+        held = half_open(port, 600)
+        reply = request(port, "/api/slides")
+        assert reply.status == 200 and reply.json()["slides"]
+    finally:
+        for sock in held:
+            sock.close()
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+
+
+def test_a_request_head_not_sent_in_time_is_closed_and_the_oldest_make_room(
+    archive: Archive,
+) -> None:
+    limits = ConnectionLimits(max_connections=16, header_timeout_s=1.0)
+    with ViewerServer(archive.index, limits=limits) as viewer:
+        held = half_open(viewer.port, 100)
+        try:
+            assert request(viewer.port, "/api/slides").status == 200  # answered amid them
+            # at most 16 held: the ones that waited longest were closed to make room
+            wait_for(lambda: sum(closed_by_server(s) for s in held) >= 100 - 16)
+            # a kept-alive connection that trickles its next request gets no more time
+            kept = socket.create_connection(("127.0.0.1", viewer.port), timeout=120)
+            held.append(kept)
+            kept.sendall(b"GET /api/slides HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+            kept.sendall(HALF_SENT)
+            for sock in held:  # every one closed after its second (blocks until it is)
+                sock.settimeout(120)
+                with contextlib.suppress(ConnectionResetError):
+                    while sock.recv(65536):
+                        pass
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_a_wildcard_bind_prints_the_addresses_it_answers_on(archive: Archive) -> None:
+    process = subprocess.Popen(
+        [*COMMAND, str(archive.index.path), "--host", "0.0.0.0", "--port", "0", "--token", "t0k"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        urls = re.findall(r"http://([^/\s,]+):(\d+)/\?token=t0k", line)
+        assert urls and "0.0.0.0" not in line, line
+        assert urls[0][0] == "127.0.0.1"
+        # this machine's IPv4 addresses, as the system lists them (Debian's `hostname -I`)
+        listed = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=False)
+        ours = {a for a in listed.stdout.split() if "." in a}
+        assert ours <= {host for host, _ in urls}, (ours, line)
+        for host, port in urls:  # each one answers, with the token
+            connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=60)
+            try:
+                connection.request("GET", "/api/slides?token=t0k")
+                assert connection.getresponse().status == 200, host
+            finally:
+                connection.close()
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)

@@ -240,7 +240,7 @@ def test_an_unreadable_tile_is_grey_with_a_cross_and_counted(
     top = layout.levels - 1
     for attempt in (1, 2):  # never cached: asked again, read again
         tile = maker.tile(ref, top, 3, 3)
-        assert tile.error is not None and "Bogus marker length" in tile.error
+        assert tile.error is not None and "(768, 768), level 0 cannot be decoded" in tile.error
         pixels = decode(tile.body).astype(np.int16)
         grey = np.abs(pixels - ERROR_GREY).max(axis=2) < 12
         red = np.abs(pixels - np.array(ERROR_MARK)).max(axis=2) < 60
@@ -337,3 +337,30 @@ def test_a_real_ndpi_is_served_through_openslide(testdata: Path) -> None:
                 assert np.abs((ours - theirs) @ LUMA).mean() < 2, z
     finally:
         maker.close()
+
+
+def test_a_broken_stored_tile_greys_only_its_part_of_a_zoomed_out_tile(
+    make_slide: SlideFactory,
+) -> None:
+    # 512 px Deep Zoom tiles at half resolution: tile (0, 0) shows level-0 (0..1024)^2 and the
+    # broken 256 px storage tile (3, 3) in its bottom-right 128 px; the rest reads
+    broken = make_slide(width=2048, height=2048, seed=32, corrupt=[(3, 3)])
+    intact = make_slide(width=2048, height=2048, seed=32)
+    maker = TileMaker(TileOptions(threads=1, tile_size=512))
+    try:
+        layout, _ = maker.layout(ref_of(broken))
+        z = layout.levels - 2
+        assert layout.plan(z, 0, 0).source is Source.SLIDE and layout.plan(z, 0, 0).l_w == 1024
+        tile = maker.tile(ref_of(broken), z, 0, 0)
+        good = decode(maker.tile(ref_of(intact, slide_id=1), z, 0, 0).body).astype(np.int16)
+    finally:
+        maker.close()
+    assert tile.error is not None and "(768, 768)" in tile.error
+    pixels = decode(tile.body).astype(np.int16)
+    grey = np.abs(pixels - ERROR_GREY).max(axis=2) < 12
+    failed = np.zeros(grey.shape, dtype=bool)
+    failed[384:512, 384:512] = True
+    assert grey[392:504, 392:504].mean() > 0.7  # the broken part is grey...
+    outside = ~failed
+    outside[376:, 376:] = False  # JPEG blocks straddling the edge
+    assert np.abs(pixels - good).max(axis=2)[outside].mean() < 2.0  # ...the rest the slide's

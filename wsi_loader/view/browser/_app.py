@@ -11,7 +11,8 @@ Routes (GET and HEAD only; anything else is 405, anything unknown 404)::
     /api/slides/<id>/grid.bin              the grid's packed columns (see overlays.Grid)
     /api/slides/<id>/annotations.json      annotation outlines (level-0)
     /api/slides/<id>/tissue.png            the tissue mask by the slide's detector (RGBA)
-    /api/slides/<id>/predictions/<k>.png   heatmap of class k of the predictions
+    /api/slides/<id>/predictions/<k>.png   heatmap of class k of the predictions (X-Bounds: the
+                                           level-0 box it covers; X-Overlap: 1 when smoothed)
     /api/slides/<id>/at?x=&y=              the tile under a level-0 point: its row and more
     /api/slides/<id>/rows/<row>.png        a tile as the dataset reads it, full resolution
     /api/slides/<id>/status                reads that failed on the slide so far
@@ -47,6 +48,7 @@ from wsi_loader.index._table import SlideIndex
 from wsi_loader.view.browser._catalog import Catalog, display_name
 from wsi_loader.view.browser._overlays import (
     STATUSES,
+    TISSUE_RGBA,
     Grid,
     TissueMasks,
     annotation_rings,
@@ -56,6 +58,7 @@ from wsi_loader.view.browser._overlays import (
     row_details,
 )
 from wsi_loader.view.browser._predictions import Predictions, PredictionTable
+from wsi_loader.view.browser._public import scrub, told
 from wsi_loader.view.browser._security import Guard
 from wsi_loader.view.browser._tiles import SlideRef, Tile, TileMaker, TileOptions, encode_png
 
@@ -140,9 +143,11 @@ class Viewer:
             self.predictions.file_for(s.path, i) for i, s in enumerate(index.slides)
         ):
             self.predictions_notice = (
-                f"none of this index's slides has predictions in {predictions} (another index?)"
+                "none of this index's slides has predictions in the folder given (another index?)"
             )
-            log.warning("%s", self.predictions_notice)
+            log.warning(
+                "none of this index's slides has predictions in %s (another index?)", predictions
+            )
         self.masks = TissueMasks(index)
         self.assets = _assets()
         self._grids: dict[int, _GridEntry] = {}
@@ -189,7 +194,7 @@ class Viewer:
             # by the path as stored, as predict.json names the slides
             return self.predictions.table(self.index.slides[slide_id].path, slide_id), None
         except (InputError, OSError) as exc:
-            return None, str(exc)
+            return None, told(exc, slide_id, "predictions")
 
     def details(self, slide_id: int) -> dict[str, Any]:
         """Everything the page needs to open a slide (checks the file)."""
@@ -206,8 +211,8 @@ class Viewer:
             "label": record.label,
             "split": record.split,
             "status": record.status,
-            "error": record.error,
-            "warning": record.warning,
+            "error": scrub(record.error),
+            "warning": scrub(record.warning),
             "problem": state.problem
             or (f"the slide cannot be read: {open_error}" if open_error else None),
             "mpp": mpp,
@@ -223,6 +228,7 @@ class Viewer:
             "classes": list(self.index.classes),
             "qc": qc_columns(self.index),
             "qc_rules": qc_rules(self.index),
+            "tissue_colour": list(TISSUE_RGBA[:3]),
             "predictions": (
                 {"classes": list(predictions.classes)} if predictions is not None else None
             ),
@@ -301,7 +307,7 @@ def create_app(
     async def slide_list(request: Request) -> Response:
         return JSONResponse(
             {
-                "index": str(index.path),
+                "index": index.path.name,  # the folder's name: never a path of the server
                 "labels": list(index.label_names),
                 "slides": viewer.catalog.summary(),
             }
@@ -360,7 +366,10 @@ def create_app(
         sid = slide_of(request)
         if sid is None:
             return _not_found("no such slide")
-        return JSONResponse(await viewer.run(annotation_rings, index, sid))
+        rings = await viewer.run(annotation_rings, index, sid)
+        if isinstance(rings.get("error"), BaseException):
+            rings["error"] = told(rings["error"], sid, "annotations")
+        return JSONResponse(rings)
 
     async def tissue(request: Request) -> Response:
         sid = slide_of(request)
@@ -372,7 +381,7 @@ def create_app(
             try:
                 return encode_png(viewer.masks.rgba(sid, ref.version, viewer.maker.reader(ref)))
             except (SlideError, InputError, OSError) as exc:  # the slide, a mask image, notes
-                return str(exc)
+                return told(exc, sid, "tissue mask")
 
         made = await viewer.run(draw)
         if isinstance(made, str):
@@ -385,27 +394,28 @@ def create_app(
         if sid is None or k is None:
             return _not_found()
 
-        def draw() -> tuple[bytes, tuple[float, ...]] | str | None:
+        def draw() -> tuple[bytes, tuple[float, ...], bool] | str | None:
             table, _ = viewer.prediction_table(sid)
             if table is None or not k < len(table.classes):
                 return None
             try:
                 picture, bounds = table.heatmap(k)
             except InputError as exc:
-                return str(exc)
-            return encode_png(picture), bounds
+                return told(exc, sid, "predictions")
+            return encode_png(picture), bounds, table.overlaps
 
         made = await viewer.run(draw)
         if made is None:
             return _not_found("no such prediction class")
         if isinstance(made, str):
             return PlainTextResponse(made, 409)
-        body, bounds = made
-        return Response(
-            body,
-            media_type="image/png",
-            headers={"X-Bounds": ",".join(f"{v:g}" for v in bounds), "Cache-Control": "no-cache"},
-        )
+        body, bounds, overlaps = made
+        headers = {
+            "X-Bounds": ",".join(f"{v:g}" for v in bounds),
+            "X-Overlap": "1" if overlaps else "0",  # smoothed between cells, or crisp cells
+            "Cache-Control": "no-cache",
+        }
+        return Response(body, media_type="image/png", headers=headers)
 
     async def at_point(request: Request) -> Response:
         sid = slide_of(request)
@@ -452,7 +462,7 @@ def create_app(
                     int(index.params.get("tile_size", cols["read_size"][row])),
                 )
             except SlideError as exc:
-                return str(exc)
+                return told(exc, sid, f"row {row}")
             return encode_png(np.ascontiguousarray(pixels))
 
         made = await viewer.run(read)

@@ -21,6 +21,7 @@ from wsi_loader.index._health import slide_problem
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.index._table_files import SlideRecord
 from wsi_loader.slides.storage._sources import is_url
+from wsi_loader.view.browser._public import scrub
 from wsi_loader.view.browser._tiles import SlideRef
 
 MISSING = "missing"  # the version of a slide file that is not there
@@ -72,7 +73,7 @@ class Catalog:
         record = self.index.slides[slide_id]
         path = self.index.slide_path(slide_id)
         if is_url(path):
-            problem = slide_problem(self.index, slide_id)
+            problem = scrub(slide_problem(self.index, slide_id))
             version = record.fingerprint or _digest(path)
             return SlideState(MISSING if problem == "does not exist" else version, problem)
         try:
@@ -88,8 +89,8 @@ class Catalog:
             return SlideState(version, None, identity)
         try:
             same = content_key(path) == record.content
-        except OSError as exc:
-            return SlideState(version, f"the slide file cannot be read ({exc})", identity)
+        except OSError as exc:  # the path stays out: the page gets this text
+            return SlideState(version, f"the slide file cannot be read ({exc.strerror})", identity)
         if same:
             return SlideState(version, None, identity)
         problem = (
@@ -115,7 +116,8 @@ class Catalog:
         return SlideRef(slide_id, path, state.version, record.width or 0, record.height or 0)
 
     def summary(self) -> list[dict[str, Any]]:
-        """One entry per slide for the page's list (no file is touched)."""
+        """One entry per slide for the page's list (no file is touched; no path: the page
+        names slides by id and file name)."""
         return [
             {
                 "id": sid,
@@ -123,7 +125,7 @@ class Catalog:
                 "label": record.label,
                 "split": record.split,
                 "status": record.status,
-                "error": record.error,
+                "error": scrub(record.error),
                 "tiles": record.tiles,
                 "width": record.width,
                 "height": record.height,

@@ -62,6 +62,8 @@ class Plan:
     l0_y: int = 0
     l_w: int = 0  # the window's size in slide level pixels (SLIDE)
     l_h: int = 0
+    l_x: int = 0  # the window's top-left in slide level pixels (SLIDE)
+    l_y: int = 0
     stored: bool = False  # the window is exactly one stored tile (worth passing through)
 
 
@@ -168,11 +170,35 @@ class DeepZoom:
                 level_to_l0(l_y, ds),
                 l_w,
                 l_h,
+                l_x,
+                l_y,
                 stored,
             )
         if max(z_w_level, z_h_level) <= self.overview_size:
             return Plan(Source.OVERVIEW, z, col, row, z_w, z_h)
         return Plan(Source.CHILDREN, z, col, row, z_w, z_h)
+
+    def pieces(self, plan: Plan) -> list[tuple[int, int, int, int, int, int, int, int]]:
+        """The window of a `Source.SLIDE` plan cut at the slide level's storage tile edges
+        (256 px squares when they are unknown): per piece, its level box (x, y, width,
+        height) and the part of the tile it makes (x0, y0, x1, y1), so a tile across a broken
+        stored tile can be made of every piece that reads."""
+        tile_w, tile_h = (
+            self.storage_tiles[plan.level] if plan.level < len(self.storage_tiles) else (0, 0)
+        )
+        step_x, step_y = tile_w or 256, tile_h or 256
+        sx, sy = plan.z_w / plan.l_w, plan.z_h / plan.l_h
+        found = []
+        for y in range(plan.l_y // step_y * step_y, plan.l_y + plan.l_h, step_y):
+            for x in range(plan.l_x // step_x * step_x, plan.l_x + plan.l_w, step_x):
+                x0, y0 = max(x, plan.l_x), max(y, plan.l_y)
+                x1 = min(x + step_x, plan.l_x + plan.l_w)
+                y1 = min(y + step_y, plan.l_y + plan.l_h)
+                zx0, zx1 = round((x0 - plan.l_x) * sx), round((x1 - plan.l_x) * sx)
+                zy0, zy1 = round((y0 - plan.l_y) * sy), round((y1 - plan.l_y) * sy)
+                if zx1 > zx0 and zy1 > zy0:
+                    found.append((x0, y0, x1 - x0, y1 - y0, zx0, zy0, zx1, zy1))
+        return found
 
     def overview_box(
         self, plan: Plan, overview_w: int, overview_h: int

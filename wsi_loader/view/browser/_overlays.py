@@ -22,6 +22,7 @@ from wsi_loader.index._qc import flags as qc_flags
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.index.annotations import read_regions
 from wsi_loader.slides._base import SlideReader
+from wsi_loader.view.browser._public import scrub
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class Failure:
 
     x: int
     y: int
+    level: int | None  # the level it was read at (None: a record that names none)
     status: str  # "quarantined" | "substituted"
     error: str
 
@@ -43,7 +45,8 @@ class Failure:
 @dataclass
 class Grid:
     """One slide's tiles as columns, in index row order, then quarantined tiles that are not
-    rows (left out when the index was built); their ``row`` is -1."""
+    rows (left out when the index was built); their ``row`` is -1. ``failures``: the records
+    that apply to these tiles (at their level), by level-0 (x, y)."""
 
     columns: dict[str, npt.NDArray[Any]]
     footprint: float  # tile edge in level-0 pixels
@@ -118,11 +121,11 @@ def first_flags(index: SlideIndex, rows: npt.NDArray[np.int64]) -> npt.NDArray[n
     return first
 
 
-def failures_of(index: SlideIndex, slide_id: int) -> dict[tuple[int, int], Failure]:
-    """The quarantine's tile records of this slide's indexed version, by level-0 (x, y); the
-    latest record of a tile wins."""
+def failures_of(index: SlideIndex, slide_id: int) -> list[Failure]:
+    """The quarantine's tile records of this slide's indexed version, in the order written
+    (a later record of a tile overrides an earlier one)."""
     record = index.slides[slide_id]
-    found: dict[tuple[int, int], Failure] = {}
+    found: list[Failure] = []
     quarantine = index.quarantine
     if quarantine.path.is_symlink():  # the index's own file only: never read through a link
         log.warning("%s is a symbolic link: its records are not shown", quarantine.path)
@@ -133,9 +136,24 @@ def failures_of(index: SlideIndex, slide_id: int) -> dict[tuple[int, int], Failu
         fingerprint = entry.get("fingerprint")
         if fingerprint is not None and record.fingerprint and fingerprint != record.fingerprint:
             continue  # a record of another version of the file
-        x, y = int(entry["x"]), int(entry["y"])
+        level = entry.get("level")
         status = "substituted" if entry.get("policy") == "substitute" else "quarantined"
-        found[(x, y)] = Failure(x, y, status, str(entry.get("error") or "no reason recorded"))
+        error = str(entry.get("error") or "no reason recorded")
+        found.append(Failure(int(entry["x"]), int(entry["y"]), level, status, error))
+    return found
+
+
+def applicable(
+    failures: list[Failure], levels: dict[tuple[int, int], int], read_level: int
+) -> dict[tuple[int, int], Failure]:
+    """The failures that are of the grid's tiles, by level-0 (x, y): a record matches a tile at
+    its position and level (any level when it names none), as the dataset's quarantine mask
+    matches them; a record where no tile is counts at the slide's read level."""
+    found: dict[tuple[int, int], Failure] = {}
+    for failure in failures:
+        at = levels.get((failure.x, failure.y), read_level)
+        if failure.level is None or failure.level == at:
+            found[(failure.x, failure.y)] = failure
     return found
 
 
@@ -149,10 +167,11 @@ def grid_of(index: SlideIndex, slide_id: int) -> Grid:
     starts = index.slide_starts()
     rows = np.arange(starts[slide_id], starts[slide_id + 1], dtype=np.int64)
     cols = index.columns
-    failures = failures_of(index, slide_id)
     x = np.asarray(cols["l0_x"][rows], dtype=np.int32)
     y = np.asarray(cols["l0_y"][rows], dtype=np.int32)
-    known = set(zip(x.tolist(), y.tolist(), strict=True))
+    levels = np.asarray(cols["level"][rows]).tolist()
+    known = dict(zip(zip(x.tolist(), y.tolist(), strict=True), levels, strict=True))
+    failures = applicable(failures_of(index, slide_id), known, record.read_level or 0)
     extra = [f for key, f in failures.items() if key not in known]
     n_extra = len(extra)
 
@@ -203,7 +222,7 @@ def row_details(index: SlideIndex, grid: Grid, position: int) -> dict[str, Any]:
         "label": index.label_names[label] if 0 <= label < len(index.label_names) else None,
         "tissue": _number(cols["tissue"][position]),
         "status": STATUSES[int(cols["status"][position])],
-        "failure": failure.error if failure else None,
+        "failure": scrub(failure.error) if failure else None,
     }
     if row >= 0:
         details["level"] = int(index.columns["level"][row])
@@ -226,7 +245,8 @@ def _number(value: Any) -> float | None:
 
 def annotation_rings(index: SlideIndex, slide_id: int) -> dict[str, Any]:
     """The outlines of the slide's annotation regions as flat level-0 point lists per class
-    (holes included), or the reason they cannot be read (the files changed since indexing)."""
+    (holes included), or the error that keeps them from being read (``error``: the files
+    changed since indexing)."""
     record = index.slides[slide_id]
     classes = list(index.classes)
     if not record.annotations:
@@ -234,8 +254,8 @@ def annotation_rings(index: SlideIndex, slide_id: int) -> dict[str, Any]:
     try:
         objects = index.params.get("annotation_objects") or ()
         regions = read_regions(record.annotations, record.width, record.height, objects)
-    except (AnnotationError, OSError) as exc:
-        return {"classes": classes, "rings": [], "error": str(exc)}
+    except (AnnotationError, OSError) as exc:  # the caller says it (the page gets no path)
+        return {"classes": classes, "rings": [], "error": exc}
     rings = []
     for name, geometry in regions.classes.items():
         if name not in classes:

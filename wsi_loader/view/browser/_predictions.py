@@ -53,16 +53,18 @@ class PredictionTable:
         coloured by the mean probability of class ``class_index`` over the boxes covering the
         cell (an overlapping grid, stride below the tile size, gives a smooth map, as
         ``predict``'s heatmaps), transparent where no box is; and the level-0 rectangle it
-        covers (x, y, width, height)."""
+        covers (x, y, width, height). A box covers the cells wholly inside it, so no cell is
+        coloured beyond the boxes (`overlaps` says whether boxes share cells)."""
         x, y = self.boxes[:, 0], self.boxes[:, 1]
         step_x = _step(x, float(np.median(self.boxes[:, 2])))
         step_y = _step(y, float(np.median(self.boxes[:, 3])))
         col = np.rint((x - x.min()) / step_x).astype(np.int64)
         row = np.rint((y - y.min()) / step_y).astype(np.int64)
-        # cells a box covers: its edge in steps (1 on a grid without overlap), bounded so a
-        # box far larger than the lattice step cannot make the picture huge
-        span_x = np.clip(np.rint(self.boxes[:, 2] / step_x), 1, MAX_SPAN).astype(np.int64)
-        span_y = np.clip(np.rint(self.boxes[:, 3] / step_y), 1, MAX_SPAN).astype(np.int64)
+        # cells a box covers: the whole steps of its edge (1 on a grid without overlap, never
+        # a cell reaching past the box), bounded so a box far larger than the lattice step
+        # cannot make the picture huge
+        span_x = np.clip(np.floor(self.boxes[:, 2] / step_x + 1e-6), 1, MAX_SPAN).astype(np.int64)
+        span_y = np.clip(np.floor(self.boxes[:, 3] / step_y + 1e-6), 1, MAX_SPAN).astype(np.int64)
         width, height = int((col + span_x).max()), int((row + span_y).max())
         if width * height > MAX_CELLS:
             raise InputError(
@@ -83,6 +85,15 @@ class PredictionTable:
         picture[covered, :3] = ramp_colours(mean)
         picture[covered, 3] = 255
         return picture, (float(x.min()), float(y.min()), width * step_x, height * step_y)
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether the boxes overlap (a grid with a stride below the tile size): the page then
+        smooths the map between cells, within the cells boxes cover."""
+        b = self.boxes
+        step_x = _step(b[:, 0], float(np.median(b[:, 2])))
+        step_y = _step(b[:, 1], float(np.median(b[:, 3])))
+        return bool(np.median(b[:, 2]) > 1.01 * step_x or np.median(b[:, 3]) > 1.01 * step_y)
 
     def at(self, l0_x: float, l0_y: float) -> dict[str, float] | None:
         """The probabilities of the box under a level-0 point: of those that contain it (boxes

@@ -25,6 +25,7 @@ from wsi_loader.errors import ConfigError
 from wsi_loader.index._lookup import resolve_slide
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.view.browser._app import create_app, frontend_missing
+from wsi_loader.view.browser._limits import ConnectionLimits, bounded_protocol
 from wsi_loader.view.browser._security import check_token, is_loopback
 from wsi_loader.view.browser._tiles import TileOptions
 
@@ -77,18 +78,51 @@ def bind(host: str, port: int | None) -> socket.socket:
     raise ConfigError(f"no free port on {host}: {last}", key="port", value=port)
 
 
+WILDCARDS = ("0.0.0.0", "", "::", "[::]")  # binds that listen on every address
+
+
+def reachable_hosts(host: str) -> list[str]:
+    """The addresses a server bound to ``host`` answers on: ``host`` itself, or for a
+    wildcard bind (0.0.0.0, ::) loopback and this machine's own addresses (those of its
+    name, and the one its default route leaves from)."""
+    if host not in WILDCARDS:
+        return [host]
+    v6 = ":" in host
+    found = ["127.0.0.1", *(["::1"] if v6 else [])]
+    families = (socket.AF_INET, socket.AF_INET6) if v6 else (socket.AF_INET,)
+    for family in families:
+        with contextlib.suppress(OSError):
+            for *_, address in socket.getaddrinfo(socket.gethostname(), None, family):
+                found.append(str(address[0]))
+        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as probe:
+            # connecting a UDP socket sends nothing: it picks the outgoing interface
+            probe.connect(("192.0.2.1", 9) if family == socket.AF_INET else ("2001:db8::1", 9))
+            found.append(str(probe.getsockname()[0]))
+    return list(dict.fromkeys(a for a in found if not a.startswith("fe80")))
+
+
+def urls_of(host: str, port: int, token: str | None) -> list[str]:
+    """The URLs a server on ``host``: ``port`` can be opened at (`reachable_hosts`)."""
+    return [url_of(address, port, token) for address in reachable_hosts(host)]
+
+
 def url_of(host: str, port: int, token: str | None, slide: int | None = None) -> str:
     """The URL to open (the token in it, as Jupyter prints it)."""
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    shown = "127.0.0.1" if host in WILDCARDS else host
     shown = f"[{shown}]" if ":" in shown and not shown.startswith("[") else shown
     query = {k: v for k, v in (("slide", slide), ("token", token)) if v is not None}
     suffix = f"?{urllib.parse.urlencode(query)}" if query else ""
     return f"http://{shown}:{port}/{suffix}"
 
 
-def _config(app: Any, log_level: str) -> uvicorn.Config:
+def _config(app: Any, log_level: str, limits: ConnectionLimits | None) -> uvicorn.Config:
+    limits = limits or ConnectionLimits()
     return uvicorn.Config(
         app,
+        http=bounded_protocol(limits),
+        # asyncio accepts up to `backlog` connections at a time before any is counted: a burst
+        # of a whole 2048-deep queue would outrun the connection limit
+        backlog=limits.connections,
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
@@ -110,14 +144,18 @@ def serve(
     token: str | None = None,
     open_browser: bool = False,
     tiles: TileOptions | None = None,
-    on_ready: Callable[[str], None] | None = None,
+    on_ready: Callable[[list[str]], None] | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> None:
     """Serve the viewer of ``index`` until interrupted (Ctrl-C, SIGTERM).
 
     ``host``: 127.0.0.1 by default; any other address needs a token (generated and put in
     the URL when not given; an empty token is refused). ``port``: None tries 8000-8019, then
     any free port. ``predictions``: a ``wsi-loader predict`` output folder. ``on_ready`` gets
-    the URL once the server listens (the command prints it).
+    the URLs once the server listens (the command prints them): one per address it answers
+    on (loopback first; a wildcard host such as 0.0.0.0 lists this machine's addresses).
+    ``limits``: connections open at once and the time a request's head may take
+    (`ConnectionLimits`).
     """
     check_port(port)  # before the index is opened
     index = _index(index)
@@ -129,9 +167,9 @@ def serve(
         index, options=tiles, predictions=predictions, token=token, loopback_only=is_loopback(host)
     )
     sock = bind(host, port)
-    server = uvicorn.Server(_config(app, "warning"))
-    url = url_of(host, sock.getsockname()[1], token)
-    ready = threading.Thread(target=_announce, args=(server, url, on_ready, open_browser))
+    server = uvicorn.Server(_config(app, "warning", limits))
+    urls = urls_of(host, sock.getsockname()[1], token)
+    ready = threading.Thread(target=_announce, args=(server, urls, on_ready, open_browser))
     ready.daemon = True
     ready.start()
     try:
@@ -141,7 +179,10 @@ def serve(
 
 
 def _announce(
-    server: uvicorn.Server, url: str, on_ready: Callable[[str], None] | None, open_browser: bool
+    server: uvicorn.Server,
+    urls: list[str],
+    on_ready: Callable[[list[str]], None] | None,
+    open_browser: bool,
 ) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not server.started and not server.should_exit and time.monotonic() < deadline:
@@ -149,14 +190,15 @@ def _announce(
     if not server.started:
         return
     if on_ready is not None:
-        on_ready(url)
+        on_ready(urls)
     if open_browser:
-        webbrowser.open(url)
+        webbrowser.open(urls[0])
 
 
 class ViewerServer:
     """The viewer on a background thread of this process (for notebooks and tests): started
-    by the constructor, stopped by `stop` (or at exit; a context manager too)."""
+    by the constructor, stopped by `stop` (or at exit; a context manager too). The arguments
+    are `serve`'s."""
 
     def __init__(
         self,
@@ -167,6 +209,7 @@ class ViewerServer:
         port: int | None = 0,
         token: str | None = None,
         tiles: TileOptions | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.index = _index(index)
         self.token = check_token(host, token)
@@ -181,7 +224,7 @@ class ViewerServer:
         )
         self._socket = bind(host, port)
         self.port: int = self._socket.getsockname()[1]
-        self._server = uvicorn.Server(_config(self.app, "error"))
+        self._server = uvicorn.Server(_config(self.app, "error", limits))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
         )

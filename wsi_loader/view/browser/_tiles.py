@@ -10,7 +10,8 @@ a byte-bounded LRU, so a tile is made once however many clients ask for it.
 Readers are not thread-safe: each thread of the pool has its own `HandlePool` (and with it
 its own OpenSlide and decoded-segment caches); the caches of encoded tiles and of pixels are
 shared, behind locks. A slide whose pixels cannot be read gives grey tiles with a red cross
-(never cached) and is counted, so the page can say so.
+(never cached) and is counted, so the page can say so; a tile across a stored tile that
+cannot be decoded is grey only there (the rest of its window is read piece by piece).
 """
 
 from __future__ import annotations
@@ -28,18 +29,20 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from wsi_loader.errors import SlideError
+from wsi_loader.errors import SlideError, TileReadError
 from wsi_loader.index._tissue import read_mask_image
 from wsi_loader.slides._base import (
     BytesLRU,
     ReadsScaled,
     ReadsStoredJpeg,
     RGBArray,
+    level_to_l0,
     resize,
     supports,
 )
 from wsi_loader.slides._pool import HandlePool
 from wsi_loader.view.browser._geometry import DeepZoom, Plan, Source
+from wsi_loader.view.browser._public import told
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +101,8 @@ class Tile:
 
 @dataclass
 class SlideFaults:
-    """Reads that failed on one slide since the server started."""
+    """Reads that failed on one slide since the server started (``last``: the reason the page
+    is given for the latest)."""
 
     count: int = 0
     last: str | None = None
@@ -235,12 +239,12 @@ class TileMaker:
 
     # -- faults ------------------------------------------------------------------------------
     def _fault(self, slide: SlideRef, error: Exception) -> str:
-        reason = str(error)
+        """Count a failed read; the reason the page is given (the full text is logged)."""
+        reason = told(error, slide.slide_id, "read failed")
         with self._lock:
             faults = self._faults.setdefault(slide.slide_id, SlideFaults())
             faults.count += 1
             faults.last = reason
-        log.warning("slide %d: %s", slide.slide_id, reason)
         return reason
 
     def faults(self, slide_id: int) -> SlideFaults:
@@ -303,6 +307,7 @@ class TileMaker:
             plan = layout.plan(z, col, row)
             return Tile(encode_jpeg(error_pixels(plan.z_w, plan.z_h), 90), problem)
         plan = layout.plan(z, col, row)
+        failed: list[SlideError] = []
         try:
             if plan.stored:
                 stored = self._stored(slide, plan)
@@ -311,10 +316,12 @@ class TileMaker:
                     with self._lock:
                         self.passed_through += 1
                     return Tile(stored, passed_through=True)
-            body = encode_jpeg(self._pixels(slide, layout, plan), self.options.quality)
+            body = encode_jpeg(self._pixels(slide, layout, plan, failed), self.options.quality)
         except SlideError as exc:
             reason = self._fault(slide, exc)
             return Tile(encode_jpeg(error_pixels(plan.z_w, plan.z_h), 90), reason)
+        if failed:  # grey where a piece could not be read: never kept, said, counted
+            return Tile(body, self._fault(slide, failed[0]))
         self.tiles.put(key, body)
         return Tile(body)
 
@@ -335,17 +342,52 @@ class TileMaker:
             return None
         return data if (width, height) == (plan.z_w, plan.z_h) else None
 
-    def _pixels(self, slide: SlideRef, layout: DeepZoom, plan: Plan) -> RGBArray:
-        """The pixels of a tile (raises `SlideError`)."""
+    def _window(
+        self, slide: SlideRef, level: int, l0_x: int, l0_y: int, size: tuple[int, int, int, int]
+    ) -> RGBArray:
+        """A window of ``level`` (``size``: its width and height there, then the width and
+        height to shrink it to); raises `SlideError`."""
+        reader = self.reader(slide)
+        l_w, l_h, z_w, z_h = size
+        args = (l0_x, l0_y, level, l_w, l_h)
+        if (l_w, l_h) == (z_w, z_h):
+            pixels: RGBArray = reader.read_region(*args)
+            return pixels
+        if supports(reader, ReadsScaled):
+            return reader.read_region_scaled(*args, z_w, z_h)
+        return resize(reader.read_region(*args), z_w, z_h)
+
+    def _pieces(
+        self, slide: SlideRef, layout: DeepZoom, plan: Plan, failed: list[SlideError]
+    ) -> RGBArray:
+        """A tile whose window failed to read, made piece by piece (`DeepZoom.pieces`): the
+        pieces that fail are grey with a cross, and their errors appended to ``failed``."""
+        out = np.empty((plan.z_h, plan.z_w, 3), dtype=np.uint8)
+        ds = layout.level_downsamples[plan.level]
+        for x, y, w, h, zx0, zy0, zx1, zy1 in layout.pieces(plan):
+            size = (w, h, zx1 - zx0, zy1 - zy0)
+            try:
+                piece = self._window(
+                    slide, plan.level, level_to_l0(x, ds), level_to_l0(y, ds), size
+                )
+            except TileReadError as exc:
+                failed.append(exc)
+                piece = error_pixels(zx1 - zx0, zy1 - zy0)
+            out[zy0:zy1, zx0:zx1] = piece
+        return out
+
+    def _pixels(
+        self, slide: SlideRef, layout: DeepZoom, plan: Plan, failed: list[SlideError]
+    ) -> RGBArray:
+        """The pixels of a tile; where a region of the slide cannot be decoded they are grey
+        (its error appended to ``failed``); raises `SlideError` when the slide cannot be read
+        at all."""
         if plan.source is Source.SLIDE:
-            reader = self.reader(slide)
-            args = (plan.l0_x, plan.l0_y, plan.level, plan.l_w, plan.l_h)
-            if (plan.l_w, plan.l_h) == (plan.z_w, plan.z_h):
-                pixels: RGBArray = reader.read_region(*args)
-                return pixels
-            if supports(reader, ReadsScaled):
-                return reader.read_region_scaled(*args, plan.z_w, plan.z_h)
-            return resize(reader.read_region(*args), plan.z_w, plan.z_h)
+            window = (plan.l_w, plan.l_h, plan.z_w, plan.z_h)
+            try:
+                return self._window(slide, plan.level, plan.l0_x, plan.l0_y, window)
+            except TileReadError:  # a broken stored tile: grey it alone
+                return self._pieces(slide, layout, plan, failed)
         if plan.source is Source.OVERVIEW:
             overview = self.overview(slide, layout.overview_size)
             height, width = overview.shape[:2]
@@ -361,11 +403,13 @@ class TileMaker:
             return cached
         size = layout.tile_size
         canvas = np.full((2 * size, 2 * size, 3), 255, dtype=np.uint8)
+        before = len(failed)
         for col, row, x, y in layout.children(plan):
-            child = self._pixels(slide, layout, layout.plan(plan.z + 1, col, row))
+            child = self._pixels(slide, layout, layout.plan(plan.z + 1, col, row), failed)
             canvas[y : y + child.shape[0], x : x + child.shape[1]] = child
         pixels = halve(canvas)[: plan.z_h, : plan.z_w]
-        self.pixels.put(key, pixels)
+        if len(failed) == before:  # grey parts are not kept: asked again once fixed
+            self.pixels.put(key, pixels)
         return pixels
 
     def overview(self, slide: SlideRef, max_size: int) -> RGBArray:

@@ -103,6 +103,7 @@
   viewer.canvas.appendChild(overlay);
   const gridCanvas = document.createElement("canvas");
   const failCanvas = document.createElement("canvas");
+  const heatCanvas = document.createElement("canvas");
 
   // ---- slide list ------------------------------------------------------------------------
   function renderList() {
@@ -287,6 +288,7 @@
     if (state.heatmap && $("show-predictions").checked) {
       rampLegend("0", "1", `P(${$("prediction-class").selectedOptions[0].textContent})`);
     }
+    if (d && $("show-tissue").checked) item(d.tissue_colour, "tissue (the index's detector)");
   }
 
   // ---- drawing ---------------------------------------------------------------------------
@@ -320,22 +322,19 @@
       ctx.imageSmoothingEnabled = false;
       ctx.drawImage(state.tissue, ...box(0, 0, state.slide.width, state.slide.height));
     }
-    if (state.heatmap && $("show-predictions").checked) {
-      ctx.globalAlpha = $("prediction-opacity").value / 100;
-      ctx.imageSmoothingEnabled = true;
-      ctx.drawImage(state.heatmap.image, ...box(...state.heatmap.bounds));
+    const g = state.grid;
+    if (g && g.count && $("show-grid").checked) {
+      ctx.imageSmoothingEnabled = false;
+      ctx.globalAlpha = $("grid-opacity").value / 100;
+      ctx.drawImage(gridCanvas, ...box(g.ox, g.oy, g.gw * g.stride, g.gh * g.stride));
       ctx.globalAlpha = 1;
     }
-    const g = state.grid;
+    // predictions over the grid (its colours would hide them), failures over both
+    if (state.heatmap && $("show-predictions").checked) drawHeatmap(ctx, box(...state.heatmap.bounds));
     if (g && g.count) {
       const cellPx = g.stride * t.scale;
       const gridBox = box(g.ox, g.oy, g.gw * g.stride, g.gh * g.stride);
       ctx.imageSmoothingEnabled = false;
-      if ($("show-grid").checked) {
-        ctx.globalAlpha = $("grid-opacity").value / 100;
-        ctx.drawImage(gridCanvas, ...gridBox);
-        ctx.globalAlpha = 1;
-      }
       if ($("show-failures").checked) {
         ctx.drawImage(failCanvas, ...gridBox);
       }
@@ -348,6 +347,56 @@
       ctx.lineWidth = 3 * t.ratio;
       ctx.strokeRect(...box(s.x, s.y, s.footprint, s.footprint));
     }
+  }
+
+  function drawHeatmap(ctx, where) {
+    // one pixel per lattice cell: crisp cells on a plain grid (no colour off the tiles);
+    // smoothed between cells where tiles overlap, then cut to the cells tiles cover
+    const h = state.heatmap;
+    ctx.globalAlpha = $("prediction-opacity").value / 100;
+    if (!h.filled) {
+      ctx.imageSmoothingEnabled = false;
+      ctx.drawImage(h.image, ...where);
+    } else {
+      heatCanvas.width = overlay.width;
+      heatCanvas.height = overlay.height;
+      const hx = heatCanvas.getContext("2d");
+      hx.imageSmoothingEnabled = true;
+      hx.drawImage(h.filled, ...where);
+      hx.globalCompositeOperation = "destination-in";
+      hx.imageSmoothingEnabled = false;
+      hx.drawImage(h.image, ...where);
+      hx.globalCompositeOperation = "source-over";
+      ctx.drawImage(heatCanvas, 0, 0);
+    }
+    ctx.globalAlpha = 1;
+  }
+
+  function filledHeatmap(image) {
+    // the map with every empty cell next to a coloured one given that colour (opaque), so
+    // smoothing does not fade the edge cells towards transparent
+    const canvas = document.createElement("canvas");
+    canvas.width = image.width;
+    canvas.height = image.height;
+    const cx = canvas.getContext("2d");
+    cx.drawImage(image, 0, 0);
+    const w = canvas.width, h = canvas.height;
+    const src = cx.getImageData(0, 0, w, h);
+    const out = new ImageData(new Uint8ClampedArray(src.data), w, h);
+    for (let y = 0; y < h; y++) {
+      for (let x = 0; x < w; x++) {
+        const k = 4 * (y * w + x);
+        if (src.data[k + 3]) continue;
+        for (const [dx, dy] of [[1, 0], [-1, 0], [0, 1], [0, -1], [1, 1], [-1, -1], [1, -1], [-1, 1]]) {
+          const nx = x + dx, ny = y + dy;
+          if (nx < 0 || ny < 0 || nx >= w || ny >= h) continue;
+          const n = 4 * (ny * w + nx);
+          if (src.data[n + 3]) { out.data.set(src.data.subarray(n, n + 4), k); break; }
+        }
+      }
+    }
+    cx.putImageData(out, 0, 0);
+    return canvas;
   }
 
   function drawVisibleCells(ctx, t, g) {
@@ -499,10 +548,11 @@
     const response = await fetch(url);
     if (!response.ok) { setBanner([`Predictions: ${await response.text()}`]); return; }
     const bounds = response.headers.get("X-Bounds").split(",").map(Number);
+    const overlap = response.headers.get("X-Overlap") === "1";
     const blob = await response.blob();
     const image = await loadImage(URL.createObjectURL(blob));
     if (state.slide !== s) return;
-    state.heatmap = { image, bounds };
+    state.heatmap = { image, bounds, filled: overlap ? filledHeatmap(image) : null };
     state.heatmapKey = key;
     paintGrid();
   }
@@ -581,7 +631,7 @@
   for (const id of ["show-grid", "show-failures", "show-annotations", "grid-opacity", "prediction-opacity"]) {
     $(id).addEventListener("input", paintGrid);
   }
-  $("show-tissue").addEventListener("change", () => { loadTissue(); draw(); });
+  $("show-tissue").addEventListener("change", () => { loadTissue(); paintGrid(); });
   $("show-predictions").addEventListener("change", loadHeatmap);
   $("prediction-class").addEventListener("change", loadHeatmap);
 
