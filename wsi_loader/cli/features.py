@@ -7,6 +7,7 @@ import sys
 
 from wsi_loader.cli._model_pass import MODEL_PASS, pass_keywords, start, unfinished_slides
 from wsi_loader.cli.common import COMMON, READS, TILES, Subparsers
+from wsi_loader.cli.encoders import ENCODER_OPTIONS, pass_model
 from wsi_loader.cli.stain import add_stain_options
 
 
@@ -14,7 +15,7 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "features",
         help="per-slide tile embeddings for MIL training (CLAM/TRIDENT h5 layout)",
-        parents=[COMMON, READS, TILES, MODEL_PASS],
+        parents=[COMMON, READS, TILES, MODEL_PASS, ENCODER_OPTIONS],
         description="Run a frozen encoder over every tile; write OUT/<slide>.h5 with features "
         "(N x D) and coords (N x 2, level-0 x, y), and OUT/features.json. Reruns skip complete "
         "slides. Under torchrun, ranks split the slides.",
@@ -24,7 +25,8 @@ def register(sub: Subparsers) -> None:
         "--model",
         required=True,
         metavar="SPEC",
-        help="torchvision:NAME (cached weights), timm:NAME, package.module:callable, or a "
+        help="an encoder name (wsi-loader encoders; its weights: --weights), "
+        "torchvision:NAME (cached weights), timm:NAME, package.module:callable, or a "
         "TorchScript file (model.pt, with model.json or config.json beside it)",
     )
     p.add_argument(
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     start(args)
     report = extract(
         args.index,
-        args.model,
+        pass_model(args),
         args.out,
         **pass_keywords(args),
         context=(

@@ -16,6 +16,7 @@ from wsi_loader.cli.common import (
     class_names,
     one_line,
 )
+from wsi_loader.cli.encoders import ENCODER_OPTIONS, pass_model
 from wsi_loader.cli.stain import add_stain_options
 from wsi_loader.errors import ConfigError
 
@@ -24,7 +25,7 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "predict",
         help="run a trained model over every tile: per-slide CSV/GeoJSON, heatmaps, slide results",
-        parents=[COMMON, READS, TILES, MODEL_PASS],
+        parents=[COMMON, READS, TILES, MODEL_PASS, ENCODER_OPTIONS],
         description="Write DIR/model-outputs-csv/<slide>.csv (minx,miny,width,height,"
         "prob_<class>), DIR/model-outputs-geojson/<slide>.geojson (QuPath tile objects), "
         "DIR/heatmaps/<slide>.png, DIR/slides.csv, DIR/metrics.json (when slides or tiles have "
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
         report = predict(
             args.index,
-            args.model,
+            pass_model(args),
             args.out,
             tta=args.tta,
             **options,
