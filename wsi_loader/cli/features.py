@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from wsi_loader.cli._anndata import add_anndata_options, write_requested
 from wsi_loader.cli._model_pass import MODEL_PASS, pass_keywords, start, unfinished_slides
 from wsi_loader.cli.common import COMMON, READS, TILES, Subparsers
 from wsi_loader.cli.encoders import ENCODER_OPTIONS, pass_model
@@ -42,6 +43,7 @@ def register(sub: Subparsers) -> None:
         "[tile | ctx1 | ...]",
     )
     add_stain_options(p, config=True)
+    add_anndata_options(p)
     p.set_defaults(run=run)
 
 
@@ -67,4 +69,5 @@ def run(args: argparse.Namespace) -> int:
         f"already complete, {report.failed} tiles failed: see features.json)",
         file=sys.stderr,
     )
+    write_requested(args)
     return unfinished_slides(report, args.dtype)
