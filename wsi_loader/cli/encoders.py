@@ -28,6 +28,19 @@ ENCODER_OPTIONS.add_argument(
     "was trained at is an error (default: a warning)",
 )
 
+ENCODER_OPTIONS.add_argument(
+    "--precision",
+    choices=["card", "float32", "float16", "bfloat16"],
+    default="card",
+    help="with --model NAME on CUDA: autocast in this precision (default: the one its card "
+    "recommends; features are written as float32 either way)",
+)
+ENCODER_OPTIONS.add_argument(
+    "--compile",
+    action="store_true",
+    help="with --model NAME: torch.compile the encoder (a slower start, faster batches)",
+)
+
 
 def register(sub: Subparsers) -> None:
     p = sub.add_parser(
@@ -94,7 +107,12 @@ def pass_model(args: argparse.Namespace) -> Any:
                 value=args.weights,
             )
         return spec
-    model = encoder_model(spec, args.weights)
+    model = encoder_model(
+        spec,
+        args.weights,
+        precision=None if args.precision == "card" else args.precision,
+        compile=args.compile,
+    )
     from wsi_loader.index import SlideIndex
     from wsi_loader.models._encoder_checks import check_resolution
 

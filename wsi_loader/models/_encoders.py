@@ -93,7 +93,19 @@ class Encoder(nn.Module):
         return (x - mean.to(x.device, x.dtype)) / std.to(x.device, x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.pool(self.backbone(self.preprocess(x)))
+        x = self.preprocess(x)
+        run = self.__dict__.get("_compiled")
+        run = self.backbone if run is None else run
+        if x.device.type == "cuda" and self.precision != "float32":
+            # the card's precision on the GPU; features come back float32
+            with torch.autocast("cuda", dtype=getattr(torch, self.precision)):
+                return self.pool(run(x)).float()
+        return self.pool(run(x))
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``torch.compile`` the backbone (kept outside the module's state, so the weights'
+        digest and keys stay those of the file)."""
+        self.__dict__["_compiled"] = torch.compile(self.backbone, *args, **kwargs)
 
     def pool(self, out: Any) -> torch.Tensor:
         """The card's embedding from the backbone's output."""
@@ -119,15 +131,21 @@ def encoder(
     *,
     download: bool = True,
     device: str | torch.device = "cpu",
+    precision: str | None = None,
 ) -> Encoder:
     """The registry encoder ``name`` with its weights, ready for inference (eval mode).
 
     ``weights``: the file the hub serves, or a folder holding it (a snapshot folder); else
     the local Hugging Face cache; else (``download``) the hub. A `WeightsError` names the repo,
     the licence and what to do when none has them; a file that does not fit the architecture
-    is refused with its first mismatching key.
+    is refused with its first mismatching key. ``precision``: the autocast dtype on CUDA
+    (default: the card's; ``float32`` turns it off).
     """
     recipe = recipe_of(name)
+    if precision not in (None, "float32", "float16", "bfloat16"):
+        raise ConfigError(
+            "precision is float32, float16 or bfloat16", key="precision", value=precision
+        )
     path = resolve_weights(recipe, weights, download=download)
     if recipe.architecture == "transformers":
         module = _transformers(recipe, path)
@@ -135,6 +153,8 @@ def encoder(
         module = build(recipe, device="meta")
         state = read_state(recipe, path)
         load_checked(module, state, recipe, path)
+    if precision is not None:
+        module.precision = precision
     return module.to(device).eval()
 
 
@@ -272,11 +292,22 @@ def _mismatch(recipe: Recipe, path: Path, what: str) -> WeightsError:
     )
 
 
-def encoder_model(name: str, weights: str | Path | None = None, *, download: bool = True) -> Model:
+def encoder_model(
+    name: str,
+    weights: str | Path | None = None,
+    *,
+    download: bool = True,
+    precision: str | None = None,
+    compile: bool = False,
+) -> Model:
     """A registry encoder as the `Model` a features/predict pass runs: tiles reach it as
     read in [0, 1] (its own preprocessing runs inside); ``mpp`` and ``patch_size`` are the
-    resolution it was trained at."""
-    module = encoder(name.removeprefix("encoder:"), weights, download=download)
+    resolution it was trained at. ``precision``: the autocast dtype on CUDA (default: the
+    card's); ``compile``: ``torch.compile`` the backbone."""
+    name = name.removeprefix("encoder:")
+    module = encoder(name, weights, download=download, precision=precision)
+    if compile:
+        module.compile()
     return Model(
         module,
         f"encoder:{module.name}",
