@@ -42,6 +42,19 @@ ENCODER_OPTIONS.add_argument(
 )
 
 
+def batch_size_option(value: str) -> int | str:
+    """--batch-size: a whole number above 0, or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number above 0 or auto, got {value!r}")
+    return number
+
+
 def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "encoders",
@@ -100,6 +113,9 @@ def pass_model(args: argparse.Namespace) -> Any:
 
     spec = args.model
     if spec is None or not is_encoder_name(spec):
+        if args.batch_size == "auto":
+            log.info("--batch-size auto probes registry encoders only: 64")
+            args.batch_size = 64
         if getattr(args, "weights", None):
             raise ConfigError(
                 "--weights goes with --model NAME, a registry encoder (wsi-loader encoders)",
@@ -113,6 +129,14 @@ def pass_model(args: argparse.Namespace) -> Any:
         precision=None if args.precision == "card" else args.precision,
         compile=args.compile,
     )
+    if args.batch_size == "auto":
+        import torch
+
+        from wsi_loader.models._encoder_checks import auto_batch_size
+
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        size = getattr(model.model, "size", None) or model.patch_size
+        args.batch_size = auto_batch_size(model.model, int(size or 224), device)
     from wsi_loader.index import SlideIndex
     from wsi_loader.models._encoder_checks import check_resolution
 

@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mil_model:
         from wsi_loader.predict._mil import predict_bags
 
+        pass_model(args)  # --weights and --batch-size auto are for --model
         report = predict_bags(
             args.index,
             args.mil_model,
@@ -122,9 +123,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         from wsi_loader.predict._run import predict
 
+        model = pass_model(args)  # resolves --batch-size auto
+        options["batch_size"] = args.batch_size
         report = predict(
             args.index,
-            pass_model(args),
+            model,
             args.out,
             tta=args.tta,
             **options,

@@ -1,11 +1,14 @@
 """An index's resolution against the encoder's: features of tiles at another magnification
 or size than the encoder was trained at look fine and train worse, so say so (with the
-numbers and the index options that match), or refuse under ``strict``."""
+numbers and the index options that match), or refuse under ``strict``; and the batch size
+that fits the device (``--batch-size auto``)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+import torch
 
 from wsi_loader.errors import ConfigError
 from wsi_loader.models._specs import Model
@@ -53,3 +56,29 @@ def check_resolution(model: Model, params: dict[str, Any], *, strict: bool = Fal
     if strict:
         raise ConfigError(message, key="model", value=model.spec)
     log.warning("%s", message)
+
+
+AUTO_BATCH_LIMIT = 1024
+CPU_BATCH = 64  # on the CPU memory is not what limits a batch: the default
+
+
+def auto_batch_size(module: torch.nn.Module, size: int, device: torch.device) -> int:
+    """The batch size for ``--batch-size auto``: on CUDA, the largest power of two whose
+    forward pass fits the device's memory (up to `AUTO_BATCH_LIMIT`), halved to leave room
+    for the loader's batches and fragmentation; elsewhere `CPU_BATCH`."""
+    if device.type != "cuda":
+        return CPU_BATCH
+    module = module.to(device).eval()
+    fits, batch = 0, 1
+    while batch <= AUTO_BATCH_LIMIT:
+        try:
+            with torch.inference_mode():
+                module(torch.rand(batch, 3, size, size, device=device))
+        except torch.cuda.OutOfMemoryError:
+            break
+        finally:
+            torch.cuda.empty_cache()
+        fits, batch = batch, batch * 2
+    chosen = max(1, fits // 2)
+    log.info("--batch-size auto: %d (batches of %d fit %s)", chosen, fits, device)
+    return chosen
