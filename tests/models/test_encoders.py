@@ -262,3 +262,23 @@ def test_index_for_encoder_takes_its_resolution_and_patch_size(
     assert (params["mpp"], params["tile_size"]) == (1.0, 256)
     done = cli("index", str(slide), "--out", str(tmp_path / "x"), "--for-encoder", "nope")
     assert done.returncode == 2 and "no encoder 'nope'" in done.stderr
+
+
+def test_wl_encoder_returns_the_module_with_its_recipe(tmp_path: Path) -> None:
+    import wsi_loader as wl
+
+    weights = tmp_path / "model.safetensors"
+    state = resnet50_state(seed=7)
+    write_safetensors(weights, state)
+    module = wl.encoder("resnet50", weights, download=False)  # TRIDENT's name for it
+    assert (module.name, module.dim, module.size, module.mpp, module.patch_size) == (
+        "resnet50_trunc", 1024, None, 0.5, 256,
+    )  # fmt: skip
+    assert module.mean == (0.485, 0.456, 0.406) and module.std == (0.229, 0.224, 0.225)
+    assert not module.training
+    x = torch.rand(2, 3, 96, 96)
+    with torch.inference_mode():
+        expected = resnet50_layer3_pooled(state, (x - IMAGENET_MEAN) / IMAGENET_STD)
+        np.testing.assert_allclose(module(x).numpy(), expected.numpy(), rtol=0, atol=1e-4)
+    with pytest.raises(ConfigError, match="did you mean 'uni_v2'"):
+        wl.encoder("uni_v3", weights)

@@ -9,6 +9,7 @@ Run in a second environment with them, e.g.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import h5py
@@ -21,7 +22,8 @@ from tests.conftest import SlideFactory
 from tests.models.encoder_weights import resnet50_state, write_safetensors
 from wsi_loader.features import extract
 from wsi_loader.index import SlideIndex, build_index
-from wsi_loader.models import encoder_model
+from wsi_loader.models import ENCODERS, encoder, encoder_model
+from wsi_loader.models._encoders import build
 
 try:
     import timm  # type: ignore[import-not-found]
@@ -34,6 +36,8 @@ except Exception as exc:  # missing, or a torchvision built for another torch
 
 HOPTIMUS = ((0.707223, 0.578729, 0.703617), (0.211883, 0.230117, 0.177517))
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+IMAGENET_MEAN = torch.tensor(IMAGENET[0]).view(1, 3, 1, 1)
+IMAGENET_STD = torch.tensor(IMAGENET[1]).view(1, 3, 1, 1)
 
 
 def seeded(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
@@ -152,3 +156,28 @@ def test_resnet50_trunc_as_clams_timm_features(make_slide: SlideFactory, tmp_pat
     with torch.inference_mode():
         expected = torch.nn.AdaptiveAvgPool2d(1)(card.eval()(batch)[0]).flatten(1)
     np.testing.assert_allclose(features, expected.numpy(), rtol=0, atol=1e-4)
+
+
+def test_ctranspath_loads_chiefs_original_swin_layout(tmp_path: Path) -> None:
+    # CHIEF_CTransPath.pth: {"model": ...} in the original Swin layout (patch merging at the
+    # end of a stage, relative_position_index and attn_mask buffers saved, a head)
+    reference = build(ENCODERS["ctranspath"], device="cpu").backbone
+    state = seeded(reference, 3)
+    reference.load_state_dict(state)
+    original: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        moved = re.sub(
+            r"^layers\.(\d+)\.downsample", lambda m: f"layers.{int(m[1]) - 1}.downsample", key
+        )
+        original[moved] = value
+    original["layers.0.blocks.1.attn_mask"] = torch.zeros(64, 49, 49)
+    original["layers.0.blocks.0.attn.relative_position_index"] = torch.zeros(49, 49).long()
+    original["head.weight"], original["head.bias"] = torch.zeros(1000, 768), torch.zeros(1000)
+    assert "layers.0.downsample.reduction.weight" in original
+    weights = tmp_path / "CHIEF_CTransPath.pth"
+    torch.save({"model": original}, weights)
+    ours = encoder("ctranspath", weights, download=False)
+    x = torch.rand(2, 3, 224, 224)
+    with torch.inference_mode():
+        expected = reference.eval()((x - IMAGENET_MEAN) / IMAGENET_STD)
+        np.testing.assert_allclose(ours(x).numpy(), expected.numpy(), rtol=0, atol=1e-4)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,8 @@ def encoder(
     else:
         module = build(recipe, device="meta")
         state = read_state(recipe, path)
+        if recipe.architecture == "ctranspath":
+            state = swin_from_original(state)
         load_checked(module, state, recipe, path)
     if precision is not None:
         module.precision = precision
@@ -249,6 +252,24 @@ def _transformers(recipe: Recipe, path: Path) -> Encoder:
             path=str(folder),
         ) from exc
     return Encoder(recipe, model)
+
+
+def swin_from_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Swin weights in the original (and timm < 0.9) layout, as CTransPath's file has them, in
+    timm's: each stage's patch merging moves from the end of stage i to the start of stage
+    i + 1, and the buffers timm rebuilds (relative_position_index, attn_mask) are dropped (as
+    timm's own ``checkpoint_filter_fn`` does)."""
+    if "layers.0.downsample.reduction.weight" not in state:
+        return state
+    out = {}
+    for key, value in state.items():
+        if "relative_position_index" in key or "attn_mask" in key:
+            continue
+        moved = re.sub(
+            r"^layers\.(\d+)\.downsample", lambda m: f"layers.{int(m[1]) + 1}.downsample", key
+        )
+        out[moved] = value
+    return out
 
 
 def load_checked(
