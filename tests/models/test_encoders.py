@@ -282,3 +282,41 @@ def test_wl_encoder_returns_the_module_with_its_recipe(tmp_path: Path) -> None:
         np.testing.assert_allclose(module(x).numpy(), expected.numpy(), rtol=0, atol=1e-4)
     with pytest.raises(ConfigError, match="did you mean 'uni_v2'"):
         wl.encoder("uni_v3", weights)
+
+
+def test_predict_with_a_linear_head_on_an_encoder(small_index: SlideIndex, tmp_path: Path) -> None:
+    import csv
+
+    state = resnet50_state(seed=8)
+    weights = tmp_path / "model.safetensors"
+    write_safetensors(weights, state)
+    generator = torch.Generator().manual_seed(1)
+    head = {
+        "weight": torch.randn(2, 1024, generator=generator) * 0.1,
+        "bias": torch.tensor([0.1, -0.1]),
+        "classes": ["normal", "tumour"],
+    }
+    torch.save(head, tmp_path / "head.pt")
+    out = tmp_path / "predict"
+    done = cli(
+        "predict", str(small_index.path), "--model", "resnet50_trunc", "--weights", str(weights),
+        "--head", str(tmp_path / "head.pt"), "--out", str(out), "--workers", "0",
+        "--no-progress", "--no-heatmaps",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with open(out / "model-outputs-csv" / "a.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(small_index)
+    for row in rows:
+        tile = openslide_tile(small_index, int(float(row["minx"])), int(float(row["miny"])), 256)
+        with torch.inference_mode():
+            features = resnet50_layer3_pooled(state, (tile - IMAGENET_MEAN) / IMAGENET_STD)
+            expected = torch.softmax(features @ head["weight"].T + head["bias"], dim=1)[0]
+        written = [float(row["prob_normal"]), float(row["prob_tumour"])]
+        np.testing.assert_allclose(written, expected.numpy(), rtol=0, atol=1e-4)
+    torch.save({"weight": torch.zeros(2, 512)}, tmp_path / "narrow.pt")
+    done = cli(
+        "predict", str(small_index.path), "--model", "resnet50_trunc", "--weights", str(weights),
+        "--head", str(tmp_path / "narrow.pt"), "--out", str(tmp_path / "p2"),
+    )  # fmt: skip
+    assert done.returncode == 2 and "the head takes 512 features but" in done.stderr

@@ -42,6 +42,15 @@ ENCODER_OPTIONS.add_argument(
 )
 
 
+HEAD_OPTION = argparse.ArgumentParser(add_help=False)
+HEAD_OPTION.add_argument(
+    "--head",
+    metavar="FILE",
+    help="with --model NAME: a linear head on the encoder's features, a torch.save'd dict "
+    "with weight (classes x dim), bias (classes) and optionally classes (their names)",
+)
+
+
 def batch_size_option(value: str) -> int | str:
     """--batch-size: a whole number above 0, or ``auto``."""
     if value == "auto":
@@ -116,12 +125,13 @@ def pass_model(args: argparse.Namespace) -> Any:
         if args.batch_size == "auto":
             log.info("--batch-size auto probes registry encoders only: 64")
             args.batch_size = 64
-        if getattr(args, "weights", None):
-            raise ConfigError(
-                "--weights goes with --model NAME, a registry encoder (wsi-loader encoders)",
-                key="weights",
-                value=args.weights,
-            )
+        for option in ("weights", "head"):
+            if getattr(args, option, None):
+                raise ConfigError(
+                    f"--{option} goes with --model NAME, a registry encoder (wsi-loader encoders)",
+                    key=option,
+                    value=getattr(args, option),
+                )
         return spec
     model = encoder_model(
         spec,
@@ -129,6 +139,10 @@ def pass_model(args: argparse.Namespace) -> Any:
         precision=None if args.precision == "card" else args.precision,
         compile=args.compile,
     )
+    if getattr(args, "head", None):
+        from wsi_loader.models._encoder_checks import with_linear_head
+
+        model = with_linear_head(model, args.head)
     if args.batch_size == "auto":
         import torch
 

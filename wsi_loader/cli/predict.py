@@ -16,7 +16,7 @@ from wsi_loader.cli.common import (
     class_names,
     one_line,
 )
-from wsi_loader.cli.encoders import ENCODER_OPTIONS, pass_model
+from wsi_loader.cli.encoders import ENCODER_OPTIONS, HEAD_OPTION, pass_model
 from wsi_loader.cli.stain import add_stain_options
 from wsi_loader.errors import ConfigError
 
@@ -25,7 +25,7 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "predict",
         help="run a trained model over every tile: per-slide CSV/GeoJSON, heatmaps, slide results",
-        parents=[COMMON, READS, TILES, MODEL_PASS, ENCODER_OPTIONS],
+        parents=[COMMON, READS, TILES, MODEL_PASS, ENCODER_OPTIONS, HEAD_OPTION],
         description="Write DIR/model-outputs-csv/<slide>.csv (minx,miny,width,height,"
         "prob_<class>), DIR/model-outputs-geojson/<slide>.geojson (QuPath tile objects), "
         "DIR/heatmaps/<slide>.png, DIR/slides.csv, DIR/metrics.json (when slides or tiles have "

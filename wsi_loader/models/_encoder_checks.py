@@ -1,17 +1,19 @@
 """An index's resolution against the encoder's: features of tiles at another magnification
 or size than the encoder was trained at look fine and train worse, so say so (with the
 numbers and the index options that match), or refuse under ``strict``; and the batch size
-that fits the device (``--batch-size auto``)."""
+that fits the device (``--batch-size auto``); a linear head on an encoder (predict's
+``--head``)."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from wsi_loader.errors import ConfigError
-from wsi_loader.models._specs import Model
+from wsi_loader.models._specs import Model, class_names_of
 
 log = logging.getLogger(__name__)
 MPP_TOLERANCE = 0.1  # a 20x index of slides scanned at 0.25 um/px reads 0.5; 10% is another scan
@@ -82,3 +84,40 @@ def auto_batch_size(module: torch.nn.Module, size: int, device: torch.device) ->
     chosen = max(1, fits // 2)
     log.info("--batch-size auto: %d (batches of %d fit %s)", chosen, fits, device)
     return chosen
+
+
+def with_linear_head(model: Model, head_file: str | Path) -> Model:
+    """The encoder followed by a linear layer read from ``head_file`` (a ``torch.save``'d
+    dict: ``weight`` (classes x dim), ``bias`` (classes), optional ``classes``), checked
+    against the encoder's width."""
+    where = str(head_file)
+    try:
+        saved = torch.load(head_file, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError) as exc:
+        raise ConfigError(f"not a readable head file ({exc})", path=where, key="head") from exc
+    weight = saved.get("weight") if isinstance(saved, dict) else None
+    bias = saved.get("bias") if isinstance(saved, dict) else None
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
+        raise ConfigError("a head file holds weight (classes x dim)", path=where, key="head")
+    dim = int(getattr(model.model, "dim", weight.shape[1]))
+    if weight.shape[1] != dim:
+        raise ConfigError(
+            f"the head takes {weight.shape[1]} features but {model.spec} gives {dim}",
+            path=where,
+            key="head",
+        )
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != weight.shape[:1]):
+        raise ConfigError(f"bias must have {weight.shape[0]} values", path=where, key="head")
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(weight.float())
+        if bias is not None:
+            linear.bias.copy_(bias.float())
+    classes = saved.get("classes")
+    return Model(
+        torch.nn.Sequential(model.model, linear),
+        f"{model.spec}+head",
+        classes=None if classes is None else class_names_of(classes, where),
+        mpp=model.mpp,
+        patch_size=model.patch_size,
+    )
