@@ -270,7 +270,7 @@ def test_wl_encoder_returns_the_module_with_its_recipe(tmp_path: Path) -> None:
     weights = tmp_path / "model.safetensors"
     state = resnet50_state(seed=7)
     write_safetensors(weights, state)
-    module = wl.encoder("resnet50", weights, download=False)  # TRIDENT's name for it
+    module = wl.encoder("resnet50_trunc", weights, download=False)
     assert (module.name, module.dim, module.size, module.mpp, module.patch_size) == (
         "resnet50_trunc", 1024, None, 0.5, 256,
     )  # fmt: skip

@@ -282,13 +282,14 @@ RECIPES: tuple[Recipe, ...] = (
 
 # fmt: on
 ENCODERS: dict[str, Recipe] = {recipe.name: recipe for recipe in RECIPES}
-# the names TRIDENT and LazySlide use, for users coming from them
+# the names TRIDENT and LazySlide use, for users coming from them (not TRIDENT's "resnet50":
+# a bare torchvision name stays the error that asks for torchvision:resnet50)
 # fmt: off
 ALIASES = {
     "uni": "uni_v1", "uni2": "uni_v2", "uni2-h": "uni_v2", "conch": "conch_v1",
     "conchv1_5": "conch_v15", "h-optimus-0": "hoptimus0", "h-optimus-1": "hoptimus1",
     "h0-mini": "h0_mini", "prov-gigapath": "gigapath", "phikon-v2": "phikon_v2",
-    "midnight12k": "midnight", "lunit-vits8": "lunit_vits8", "resnet50": "resnet50_trunc",
+    "midnight12k": "midnight", "lunit-vits8": "lunit_vits8", "resnet50_trunc": "resnet50_trunc",
     **{name.replace("_", "-"): name for name in _KAIKO},
 }
 # fmt: on

@@ -133,14 +133,14 @@ def _download(recipe: Recipe) -> tuple[Path | None, str]:
             path = hf_hub_download(
                 str(recipe.repo), file, subfolder=recipe.subfolder, repo_type=recipe.repo_type
             )
+        except (OfflineModeIsEnabled, LocalEntryNotFoundError):  # (before its base class)
+            return None, "the hub is unreachable or offline mode is on (HF_HUB_OFFLINE)"
         except GatedRepoError:
             return None, "this account has no access to the gated repo"
         except RepositoryNotFoundError:
             return None, "the hub does not show the repo to this account (gated or private)"
         except EntryNotFoundError:
             continue
-        except (OfflineModeIsEnabled, LocalEntryNotFoundError):
-            return None, "the hub is unreachable or offline mode is on (HF_HUB_OFFLINE)"
         except (HfHubHTTPError, OSError) as exc:
             return None, f"the download failed ({type(exc).__name__}: {exc})"
         found = Path(path)
