@@ -14,6 +14,7 @@ import torch
 
 from tests.conftest import SlideFactory
 from tests.index.annotation_files import annotated_archive
+from tests.vision import require
 from wsi_loader.dataset import TileDataset, make_loader
 from wsi_loader.errors import ConfigError
 from wsi_loader.export import export_index
@@ -90,6 +91,7 @@ def test_unlabelled_tiles_can_be_dropped_or_refused(
         TileDataset(index, unlabelled="raise")
 
 
+@pytest.mark.vision
 def test_image_folders_by_tile_label_read_by_torchvision(index: SlideIndex, tmp_path: Path) -> None:
     out = tmp_path / "folders"
     report = export_index(index, out, shard_size=50)
@@ -104,7 +106,7 @@ def test_image_folders_by_tile_label_read_by_torchvision(index: SlideIndex, tmp_
     tumour = [r for r in rows if r["label"] == "Tumor"]
     assert len(tumour) == 12 and all(r["file"].startswith("Tumor/") for r in tumour)
     assert {r["slide_label"] for r in tumour} == {"tumour", "normal"}
-    torchvision = pytest.importorskip("torchvision")
+    torchvision = require("torchvision")
     folder = torchvision.datasets.ImageFolder(str(out))
     assert folder.classes == classes and len(folder) == len(index)
 

@@ -37,6 +37,7 @@ from wsi_loader.errors import (
     TileReadError,
     UnitsNotDoneError,
     UnitTimeoutError,
+    WeightsError,
     WorkerDiedError,
     WsiLoaderError,
 )
@@ -75,9 +76,11 @@ __all__ = [
     "TileReadError",
     "UnitTimeoutError",
     "UnitsNotDoneError",
+    "WeightsError",
     "WorkerDiedError",
     "WsiLoaderError",
     "build_index",
+    "encoder",
     "extract_features",
     "load_config",
     "make_loader",
@@ -102,6 +105,7 @@ _LAZY: dict[str, str] = {
     "FeatureBagDataset": "wsi_loader.dataset",
     "pad_bags": "wsi_loader.dataset",
     "extract_features": "wsi_loader.features",
+    "encoder": "wsi_loader.models._encoders",
     "predict": "wsi_loader.predict._run",
     # the browser viewer (starlette, uvicorn), imported when first used
     "serve": "wsi_loader.view.browser",
@@ -121,6 +125,7 @@ if _typing.TYPE_CHECKING:
     )
     from wsi_loader.device._loader import DeviceLoader
     from wsi_loader.features._extract import extract_features
+    from wsi_loader.models._encoders import encoder
     from wsi_loader.predict._run import predict
     from wsi_loader.view.browser import serve, show
 

@@ -8,6 +8,7 @@ so ``except FileNotFoundError`` or ``except ValueError`` keep working.
 
     WsiLoaderError
      +-- ConfigError (ValueError)            bad YAML / option: path, key, value
+     |    +-- WeightsError                    encoder weights missing, gated, not fitting: repo
      +-- InputError (ValueError)             bad manifest / labels CSV: path, line
      |    +-- AnnotationError                 bad annotation file: path, element
      +-- IndexFormatError                    missing, corrupt or incompatible index directory: path
@@ -53,6 +54,7 @@ __all__ = [
     "TransientReadError",
     "UnitTimeoutError",
     "UnitsNotDoneError",
+    "WeightsError",
     "WorkerDiedError",
     "WsiLoaderError",
     "is_transient",
@@ -97,6 +99,20 @@ class ConfigError(WsiLoaderError, ValueError):
         self.value = value
         where = f"{path}: " if path else ""
         super().__init__(f"{where}{message}")
+
+
+class WeightsError(ConfigError):
+    """An encoder's weights are missing, gated, unreadable or do not fit its architecture.
+    ``encoder`` is the registry name, ``repo`` the Hugging Face repo id that serves them,
+    ``path`` the file or folder looked at (None when none was given)."""
+
+    def __init__(
+        self, message: str, *, encoder: str, repo: str | None, path: str | None = None
+    ) -> None:
+        self.encoder = encoder
+        self.repo = repo
+        super().__init__(message, key="weights", value=path)
+        self.path = path
 
 
 class ForkUnsafeError(WsiLoaderError):

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import SlideFactory
+from tests.vision import require
 from wsi_loader import ConfigError, build_index
 from wsi_loader.cli import main
 from wsi_loader.export import export_index
@@ -410,6 +411,7 @@ def test_hugging_face_loads_every_tile_of_slides_with_split_words_in_their_names
     assert_one_split_with_every_tile(loads, out, ["normal", "tumor"], len(index))
 
 
+@pytest.mark.vision
 def test_torchvision_reads_slides_with_split_words_in_their_names(
     camelyon: Path, tmp_path: Path
 ) -> None:
@@ -420,7 +422,7 @@ def test_torchvision_reads_slides_with_split_words_in_their_names(
     export_index(index, out, shard_size=20)
     # torchvision's ImageFolder.find_classes: every directory entry of the root is a class
     assert sorted(e.name for e in os.scandir(out) if e.is_dir()) == ["normal", "tumor"]
-    torchvision = pytest.importorskip("torchvision")
+    torchvision = require("torchvision")
     folder = torchvision.datasets.ImageFolder(str(out))
     assert folder.classes == ["normal", "tumor"] and len(folder) == len(index)
 
@@ -450,8 +452,9 @@ def test_hugging_face_loads_every_tile_of_the_real_ndpi_and_cmu1(
     assert_one_split_with_every_tile(loads, out, ["fluorescence", "he"], tiles)
 
 
+@pytest.mark.vision
 def test_torchvision_reads_the_real_ndpi_and_cmu1(testdata: Path, tmp_path: Path) -> None:
-    torchvision = pytest.importorskip("torchvision")
+    torchvision = require("torchvision")
     out, tiles = export_real_slides(testdata, tmp_path)
     folder = torchvision.datasets.ImageFolder(str(out))
     assert folder.classes == ["fluorescence", "he"] and len(folder) == tiles

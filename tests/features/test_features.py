@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from tests.conftest import REPO, corrupt_rows
 from tests.feature_models import PoolLinear, tiny
+from tests.vision import require
 from wsi_loader.cli import main
 from wsi_loader.dataset import FeatureBagDataset, pad_bags
 from wsi_loader.errors import ConfigError, InputError
@@ -204,10 +205,11 @@ def test_model_specs_and_their_errors(monkeypatch: pytest.MonkeyPatch, tmp_path:
         load_encoder("timm:vit_small_patch16_224")
 
 
+@pytest.mark.vision
 def test_torchvision_weights_must_be_in_the_local_cache(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    torchvision = pytest.importorskip("torchvision")
+    torchvision = require("torchvision")
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # an empty hub cache
     with pytest.raises(ConfigError, match="not in the torch hub cache"):
         load_encoder("torchvision:resnet18")

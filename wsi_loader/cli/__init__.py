@@ -2,8 +2,10 @@
 
 `main` builds the parser from the subcommands, one module each, named as the command (`index`,
 `split`, `info`, `quarantine`, `stain`, `view` for ``inspect`` and ``mosaic``, `export`, `features`,
-`predict`, `serve`, `bench`, `demo`); `common` holds the options and printing they share,
-`_model_pass` the options of ``features`` and ``predict``, `_demo` the demo's job.
+`predict`, `encoders`, `serve`, `bench`, `demo`); `common` holds the options and printing
+they share, `_model_pass` the options of ``features`` and ``predict`` (and `encoders` their
+``--weights``/``--strict`` for registry encoders), `_anndata` the ``.h5ad`` that ``features``
+also writes on request, `_demo` the demo's job.
 
 May import every step.
 """

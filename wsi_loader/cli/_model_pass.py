@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from wsi_loader.cli.common import init_distributed, one_line
+from wsi_loader.cli.encoders import batch_size_option
 from wsi_loader.cli.stain import stain_option
 
 if TYPE_CHECKING:
@@ -17,7 +18,13 @@ if TYPE_CHECKING:
 
 MODEL_PASS = argparse.ArgumentParser(add_help=False)
 MODEL_PASS.add_argument("--out", required=True, metavar="DIR")
-MODEL_PASS.add_argument("--batch-size", type=int, default=64, metavar="B")
+MODEL_PASS.add_argument(
+    "--batch-size",
+    type=batch_size_option,
+    default=64,
+    metavar="B",
+    help="tiles per batch, or auto (a registry encoder on CUDA: what fits its memory)",
+)
 MODEL_PASS.add_argument("--device", metavar="D", help="cuda, cuda:1, cpu (default: cuda if there)")
 MODEL_PASS.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
 MODEL_PASS.add_argument("--workers", type=int, metavar="N", help="DataLoader workers")

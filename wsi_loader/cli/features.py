@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from wsi_loader.cli._anndata import add_anndata_options, write_requested
 from wsi_loader.cli._model_pass import MODEL_PASS, pass_keywords, start, unfinished_slides
 from wsi_loader.cli.common import COMMON, READS, TILES, Subparsers
+from wsi_loader.cli.encoders import ENCODER_OPTIONS, pass_model
 from wsi_loader.cli.stain import add_stain_options
 
 
@@ -14,7 +16,7 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "features",
         help="per-slide tile embeddings for MIL training (CLAM/TRIDENT h5 layout)",
-        parents=[COMMON, READS, TILES, MODEL_PASS],
+        parents=[COMMON, READS, TILES, MODEL_PASS, ENCODER_OPTIONS],
         description="Run a frozen encoder over every tile; write OUT/<slide>.h5 with features "
         "(N x D) and coords (N x 2, level-0 x, y), and OUT/features.json. Reruns skip complete "
         "slides. Under torchrun, ranks split the slides.",
@@ -24,7 +26,8 @@ def register(sub: Subparsers) -> None:
         "--model",
         required=True,
         metavar="SPEC",
-        help="torchvision:NAME (cached weights), timm:NAME, package.module:callable, or a "
+        help="an encoder name (wsi-loader encoders; its weights: --weights), "
+        "torchvision:NAME (cached weights), timm:NAME, package.module:callable, or a "
         "TorchScript file (model.pt, with model.json or config.json beside it)",
     )
     p.add_argument(
@@ -40,6 +43,7 @@ def register(sub: Subparsers) -> None:
         "[tile | ctx1 | ...]",
     )
     add_stain_options(p, config=True)
+    add_anndata_options(p)
     p.set_defaults(run=run)
 
 
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     start(args)
     report = extract(
         args.index,
-        args.model,
+        pass_model(args),
         args.out,
         **pass_keywords(args),
         context=(
@@ -65,4 +69,5 @@ def run(args: argparse.Namespace) -> int:
         f"already complete, {report.failed} tiles failed: see features.json)",
         file=sys.stderr,
     )
+    write_requested(args)
     return unfinished_slides(report, args.dtype)

@@ -49,6 +49,12 @@ def register(sub: Subparsers) -> None:
         help="target magnification (20, 20x or 40X): the slide's objective power / X is the "
         "downsample; slides stating none use mpp = 10 / X",
     )
+    p.add_argument(
+        "--for-encoder",
+        metavar="NAME",
+        help="default --mpp and --tile-size to the resolution and patch size the encoder NAME "
+        "was trained at (wsi-loader encoders)",
+    )
     p.add_argument("--mpp-tolerance", type=float, metavar="F", help="accepted relative MPP error")
     p.add_argument(
         "--context",
@@ -221,6 +227,25 @@ def qc_line(index: SlideIndex) -> str | None:
     return f"quality control: {counts}"
 
 
+def _encoder_defaults(args: argparse.Namespace) -> None:
+    """--for-encoder NAME: the encoder's training resolution and patch size, where the
+    command line gives none (a resolution: --mpp, --level or --mag)."""
+    from wsi_loader.models._encoder_recipes import ALIASES, ENCODERS
+
+    name = ALIASES.get(args.for_encoder.lower(), args.for_encoder.lower())
+    if name not in ENCODERS:
+        raise ConfigError(
+            f"no encoder {args.for_encoder!r}; `wsi-loader encoders` lists them",
+            key="for_encoder",
+            value=args.for_encoder,
+        )
+    recipe = ENCODERS[name]
+    if args.mpp is None and args.level is None and args.mag is None:
+        args.mpp = recipe.mpp
+    if args.tile_size is None:
+        args.tile_size = recipe.patch_size
+
+
 def annotations_line(report: dict[str, Any]) -> str:
     classes = report.get("classes") or {}
     parts = [
@@ -237,6 +262,8 @@ def annotations_line(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config).index if args.config else IndexConfig()
+    if args.for_encoder:
+        _encoder_defaults(args)
     overrides: dict[str, Any] = {
         key: getattr(args, key)
         for key in (

@@ -18,6 +18,7 @@ from typing import Any
 from wsi_loader.cli import (
     bench,
     demo,
+    encoders,
     export,
     features,
     index,
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action=_VersionAction, help="show the versions a bug report needs and exit"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    commands = (index, split, info, quarantine, stain, view, export, features, predict, serve)
+    commands = (index, split, info, quarantine, stain, view, export, features, predict, encoders, serve)
     for command in (*commands, bench, demo):
         command.register(sub)  # each sets `run`, the function that carries it out
     return parser

@@ -16,6 +16,7 @@ from wsi_loader.cli.common import (
     class_names,
     one_line,
 )
+from wsi_loader.cli.encoders import ENCODER_OPTIONS, HEAD_OPTION, pass_model
 from wsi_loader.cli.stain import add_stain_options
 from wsi_loader.errors import ConfigError
 
@@ -24,7 +25,7 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "predict",
         help="run a trained model over every tile: per-slide CSV/GeoJSON, heatmaps, slide results",
-        parents=[COMMON, READS, TILES, MODEL_PASS],
+        parents=[COMMON, READS, TILES, MODEL_PASS, ENCODER_OPTIONS, HEAD_OPTION],
         description="Write DIR/model-outputs-csv/<slide>.csv (minx,miny,width,height,"
         "prob_<class>), DIR/model-outputs-geojson/<slide>.json (QuPath tile objects), "
         "DIR/heatmaps/<slide>.png, DIR/slides.csv, DIR/metrics.json (when slides or tiles have "
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mil_model:
         from wsi_loader.predict._mil import predict_bags
 
+        pass_model(args)  # --weights and --batch-size auto are for --model
         report = predict_bags(
             args.index,
             args.mil_model,
@@ -123,9 +125,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         from wsi_loader.predict._run import predict
 
+        model = pass_model(args)  # resolves --batch-size auto
+        options["batch_size"] = args.batch_size
         report = predict(
             args.index,
-            args.model,
+            model,
             args.out,
             tta=args.tta,
             **options,

@@ -1,5 +1,6 @@
 """Per-slide features for slide-level (MIL) training: a frozen encoder over every tile, written
-in CLAM's and TRIDENT's h5 layout (`_extract`: `extract`, the h5 writer, ``features.json``).
+in CLAM's and TRIDENT's h5 layout (`_extract`: `extract`, the h5 writer, ``features.json``),
+and a features folder as one AnnData ``.h5ad`` for scverse tools (`_anndata`).
 The pass itself (reading, the model, checked outputs, resume, ranks, timeouts) is
 `wsi_loader.models`; the bags are read back by `wsi_loader.dataset.FeatureBagDataset`.
 

@@ -5,11 +5,32 @@ checked outputs, resume per slide, torchrun ranks, a timeout per slide; `_conten
 slide's outputs are made of, the slide known by its content, and the options a run's outputs
 depend on; `_pass_files`: the output folder held by one run of one set of options, each
 slide's file written whole, files of killed runs removed, each rank's part of a summary).
+Patch encoders by name: `_encoder_recipes` (the registry: each model card's recipe),
+`_encoders` (a recipe built, on the meta device first, and its weights loaded checked),
+`_encoder_weights` (weights offline first: a given file or folder, the Hugging Face cache, a
+download; safetensors read here), `_resnet` (architectures in our own code: CLAM's truncated
+ResNet-50, CTransPath's stem) and `_encoder_checks` (an index's resolution against the
+encoder's).
 
 May import: `slides`, `index`, `stain`, `dataset`, `device` and the foundation modules.
 """
 
+from wsi_loader.models._encoder_recipes import ENCODERS, Recipe
+from wsi_loader.models._encoders import Encoder, encoder, encoder_model, is_encoder_name
 from wsi_loader.models._pass import PassOptions, PassReport, run_pass
 from wsi_loader.models._specs import Model, as_model, load_model
 
-__all__ = ["Model", "PassOptions", "PassReport", "as_model", "load_model", "run_pass"]
+__all__ = [
+    "ENCODERS",
+    "Encoder",
+    "Model",
+    "PassOptions",
+    "PassReport",
+    "Recipe",
+    "as_model",
+    "encoder",
+    "encoder_model",
+    "is_encoder_name",
+    "load_model",
+    "run_pass",
+]

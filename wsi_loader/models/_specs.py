@@ -2,6 +2,8 @@
 
 A spec is one of
 
+- a registry encoder's name (``uni_v2``, ``encoder:uni_v2``: `_encoders`, weights from the
+  Hugging Face cache or hub);
 - ``torchvision:NAME``: weights from the local torch hub cache only (nothing is downloaded);
 - ``timm:NAME``: when timm is installed (its own weight cache);
 - ``package.module:callable``: the callable returns an ``nn.Module``, or ``(module, options)`` /
@@ -75,11 +77,15 @@ def load_model(spec: str, head: Head = "keep") -> Model:
     """The `Model` of a spec (see the module's docstring); a `ConfigError` says what is wrong."""
     if _is_torchscript(spec):
         return load_torchscript(Path(spec), spec)
+    from wsi_loader.models._encoders import encoder_model, is_encoder_name
+
+    if is_encoder_name(spec):  # a registry encoder (uni_v2, encoder:uni_v2): its own weights
+        return encoder_model(spec)
     kind, sep, name = spec.partition(":")
     if not sep or not name:
         raise ConfigError(
-            "a model is torchvision:NAME, timm:NAME, package.module:callable or a TorchScript "
-            f"file ({', '.join(TORCHSCRIPT_SUFFIXES)})",
+            "a model is an encoder name (wsi-loader encoders), torchvision:NAME, timm:NAME, "
+            f"package.module:callable or a TorchScript file ({', '.join(TORCHSCRIPT_SUFFIXES)})",
             key="model",
             value=spec,
         )
