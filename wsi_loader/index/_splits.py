@@ -227,7 +227,7 @@ def _described(plan: SplitPlan) -> str:
     return f"--test {plan.test:g} --val {plan.val:g}"
 
 
-def _stored_plan(index: SlideIndex) -> SplitPlan | None:
+def stored_plan(index: SlideIndex) -> SplitPlan | None:
     """The plan `write_splits` recorded in the index, if any."""
     stored = index.meta.get("splits")
     if not isinstance(stored, dict):
@@ -260,7 +260,7 @@ def write_splits(
     splits: one train/val/test split, not stratified."""
     with exclusive_build(path):
         index = SlideIndex.open(path)
-        stored = _stored_plan(index)
+        stored = stored_plan(index)
         if index.splits() and not overwrite:
             if plan is not None and stored is not None and not _unchanged(plan, stored):
                 raise InputError(
