@@ -229,13 +229,16 @@ def test_a_rebuild_keeps_the_splits_split_wrote(
 
     labels = table({})
     index = _build(slides, tmp_path / "idx", labels)
-    written = _names(write_splits(index.path, SplitPlan(folds=3, test=0.0, val=0.0), False))
+    plan = SplitPlan(stratify=None, folds=2, test=0.34, val=0.0)  # 3 patients: 1 test, 2 folds
+    written = _names(write_splits(index.path, plan, False))
+    assert sorted(set(written.values())) == ["fold1", "fold2", "test"]
     shutil.copy(make_slide(width=512, height=512, seed=69), slides / "new.svs")
     rebuilt = _build(slides, tmp_path / "idx", labels)
     assert rebuilt.meta["build"]["unchanged"] == 4
     assert _names(rebuilt) == {**written, "new": None}
-    assert rebuilt.meta["splits"]["folds"] == 3
-    assert len(SlideIndex.open(index.path, split="fold1:val")) > 0
+    assert rebuilt.meta["splits"] == plan.as_json()
+    for name in ("fold1:val", "fold2:train", "test"):
+        assert len(SlideIndex.open(index.path, split=name)) > 0
     reindexed = build_index(
         [slides], tmp_path / "idx", tile_size=64, level=0, min_tissue=0.0,
         labels=str(slides / "labels.csv"),
@@ -244,12 +247,12 @@ def test_a_rebuild_keeps_the_splits_split_wrote(
     assert _names(reindexed) == {**written, "new": None}
     # the input's split wins over the kept one
     mine = "TCGA-AB-0001-01Z-00-DX1"
-    other = next(f for f in ("fold1", "fold2", "fold3") if f != written[mine])
+    other = next(f for f in ("fold1", "fold2", "test") if f != written[mine])
     assert _names(_build(slides, tmp_path / "idx", table({mine: other})))[mine] == other
     # a case parted: one slide given a split, the other's kept one differs
     case = "TCGA-CR-7395-01A-01-TS1"
     kept = written["TCGA-CR-7395-01Z-00-DX1"]
-    parted = next(f for f in ("fold1", "fold2", "fold3") if f != kept)
+    parted = next(f for f in ("fold1", "fold2", "test") if f != kept)
     with pytest.raises(InputError, match=r"patient 'TCGA-CR-7395' is in two splits.*kept"):
         _build(slides, tmp_path / "idx", table({case: parted}))
 

@@ -230,7 +230,7 @@ def _build(
         masks, mask_report = match_masks(entries, cfg.tissue_masks)
         warn_masks(mask_report, cfg.tissue_masks, cfg.tissue_detector)
     previous = incremental.previous(out, cfg)
-    kept, split_plan = incremental.kept_splits(out)
+    kept, split_plan = incremental.kept_splits(out, previous)
     old = records_by_path(previous) if previous else {}
     old_classes = list(previous.classes) if previous else []
 

@@ -69,14 +69,17 @@ def previous(out: str, config: IndexConfig) -> SlideIndex | None:
     return index
 
 
-def kept_splits(out: str) -> tuple[dict[str, str], dict[str, Any] | None]:
+def kept_splits(
+    out: str, previous: SlideIndex | None
+) -> tuple[dict[str, str], dict[str, Any] | None]:
     """The splits `wsi-loader split` wrote into the index at ``out``, by stored slide path,
     and its plan: a rebuild keeps them for the slides whose inputs give no split (whether
     the slides' tiles are reused or read again). Empty for an index never split so: the
-    splits of its slides then came from its inputs alone."""
-    if not os.path.exists(os.path.join(out, CURRENT)):
+    splits of its slides then came from its inputs alone. ``previous``: the index at ``out``
+    when it is open already (grid parameters unchanged)."""
+    if previous is None and not os.path.exists(os.path.join(out, CURRENT)):
         return {}, None
-    index = SlideIndex.open(out)
+    index = previous if previous is not None else SlideIndex.open(out)
     plan = index.meta.get("splits")
     if not isinstance(plan, dict):
         return {}, None
