@@ -301,6 +301,11 @@ def _build(
         )
     check_shrink(out, [record for record, _ in results], cfg.allow_shrink)
     results = [(_keep_split(record, kept), arrays) for record, arrays in results]
+    if kept:
+        log.info(
+            "kept the splits wsi-loader split gave: %d slides keep theirs",
+            sum(r.path in kept and r.split == kept[r.path] for r, _ in results),
+        )
     check_splits([record for record, _ in results], root)
     try:
         check_patient_splits([record for record, _ in results])
