@@ -48,10 +48,15 @@ def test_split_writes_folds_every_command_selects(tmp_path: Path, make_slide: Sl
     first = _splits(out)
     for i in range(0, 6, 2):  # a patient's two slides in one fold
         assert first[f"s{i}.svs"] == first[f"s{i + 1}.svs"]
-    # splits there already: refused, the index unchanged; the same seed gives the same folds
+    # splits there already, every slide in one: nothing to assign, the index unchanged;
+    # another plan is refused; the same seed gives the same folds
+    generation = SlideIndex.open(out).meta["generation"]
     again = cli(*args, "--seed", "7")
-    assert again.returncode == 2 and "--overwrite" in again.stderr
-    assert "Traceback" not in again.stderr
+    assert again.returncode == 0 and "nothing assigned" in again.stderr, again.stderr
+    assert SlideIndex.open(out).meta["generation"] == generation
+    refused = cli(*args, "--stratify", "none")
+    assert refused.returncode == 2 and "--overwrite" in refused.stderr
+    assert "stratify label" in refused.stderr and "Traceback" not in refused.stderr
     assert cli(*args, "--stratify", "label", "--seed", "7", "--overwrite").returncode == 0
     assert _splits(out) == first
     shown = cli("info", str(out), "--split", "fold2:train", "--json")
@@ -81,3 +86,40 @@ def test_split_errors_are_said_in_one_line(tmp_path: Path, make_slide: SlideFact
         assert said in done.stderr and "Traceback" not in done.stderr
     assert cli("split", str(out), "--test", "1.5").returncode == 2  # argparse's own
     assert all(s is None for s in _splits(out).values())  # nothing was written
+
+
+def test_split_again_deals_only_the_slides_added(tmp_path: Path, make_slide: SlideFactory) -> None:
+    """Folds written, then the index rebuilt with more slides (a new one of patient P0, and
+    patients P3, P4): the folds survive the rebuild, and `split` with no options deals only
+    the new slides, P0's to P0's fold, saying what it assigned."""
+    out = _index(tmp_path, make_slide)
+    done = cli("split", str(out), "--folds", "3", "--test", "0", "--seed", "4")
+    assert done.returncode == 0, done.stderr
+    first = _splits(out)
+    folder = tmp_path / "slides"
+    rows = (folder / "manifest.csv").read_text().splitlines()
+    for i, patient in ((6, "P0"), (7, "P3"), (8, "P4")):
+        shutil.copy(make_slide(width=512, height=512, seed=70 + i), folder / f"s{i}.svs")
+        rows.append(f"s{i}.svs,b,{patient}")
+    (folder / "manifest.csv").write_text("\n".join(rows) + "\n")
+    rebuilt = cli(
+        "index", str(folder / "manifest.csv"), "--out", str(out), "--tile-size", "128",
+        "--level", "0", "--min-tissue", "0",
+    )  # fmt: skip
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert _splits(out) == {**first, "s6.svs": None, "s7.svs": None, "s8.svs": None}
+    again = cli("split", str(out))
+    assert again.returncode == 0, again.stderr
+    assert "assigned 3 slides without a split" in again.stderr, again.stderr
+    assert "the 6 slides with one kept theirs" in again.stderr
+    now = _splits(out)
+    assert {k: now[k] for k in first} == first
+    assert now["s6.svs"] == first["s0.svs"]
+    assert {now["s7.svs"], now["s8.svs"]} <= {"fold1", "fold2", "fold3"}
+    assert now["s7.svs"] != now["s8.svs"]  # each fold had one patient: two get two folds
+    # nothing left: said, nothing written; other options refused, naming --overwrite
+    same = cli("split", str(out), "--json")
+    assert same.returncode == 0 and json.loads(same.stdout)["assigned"] == {}
+    other = cli("split", str(out), "--folds", "5")
+    assert other.returncode == 2 and "--overwrite" in other.stderr
+    assert "Traceback" not in other.stderr

@@ -588,3 +588,20 @@ def test_an_export_of_an_older_layout_is_refused_with_that_reason(
     with pytest.raises(ConfigError, match="another version of wsi_loader"):
         export_index(index, out, shard_size=50)
     assert export_index(index, out, shard_size=50, overwrite=True).tiles > 0
+
+
+def test_a_flat_export_resumed_after_the_index_got_splits_says_what_changed(
+    index: SlideIndex, tmp_path: Path
+) -> None:
+    """An image-folder export begun flat, resumed once the index has splits (which lay the
+    folders out by split): refused, naming the layout by split and what to do."""
+    from wsi_loader.index._splits import SplitPlan, write_splits
+
+    out = tmp_path / "out"
+    export_index(index, out, format="imagefolder", image_format="png", shard_size=50)
+    split = write_splits(index.path, SplitPlan(by="slide", stratify=None, test=0, val=0.5), False)
+    with pytest.raises(ConfigError) as caught:
+        export_index(split, out, format="imagefolder", image_format="png", shard_size=50)
+    said = str(caught.value)
+    assert "()" not in said and "split_folders" in said
+    assert "by split" in said and "--split" in said and "--overwrite" in said

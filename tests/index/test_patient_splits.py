@@ -199,7 +199,7 @@ def test_written_folds_are_selected_by_name(slides: Path, tmp_path: Path) -> Non
     with pytest.raises(Exception, match=r"fold1:train \.\. fold3:train"):
         SlideIndex.open(index.path, split="fold4:train")
     # splits already there: replaced only when asked
-    with pytest.raises(InputError, match=r"has splits already .*--overwrite"):
+    with pytest.raises(InputError, match=r"split with --folds 3 .*--overwrite"):
         write_splits(index.path, SplitPlan(test=0.25, val=0.25), False)
     again = write_splits(index.path, SplitPlan(test=0.25, val=0.25, seed=2), True)
     assert sorted(again.splits()) == ["test", "train", "val"]
@@ -208,3 +208,97 @@ def test_written_folds_are_selected_by_name(slides: Path, tmp_path: Path) -> Non
     with pytest.raises(InputError, match="--by patient"):
         for seed in range(20):  # some seed parts the two slides of the case
             write_splits(index.path, SplitPlan(by="slide", test=0.25, val=0.25, seed=seed), True)
+
+
+def _names(index: SlideIndex) -> dict[str, str | None]:
+    return {Path(s.path).stem: s.split for s in index.slides}
+
+
+def test_a_rebuild_keeps_the_splits_split_wrote(
+    slides: Path, tmp_path: Path, make_slide: SlideFactory
+) -> None:
+    """Folds written by `write_splits` survive a rebuild (slides reused), a re-index (grid
+    changed: every slide read again) and new slides; a split the inputs give wins, and a
+    patient parted by it across a kept split is refused."""
+    label = {p.stem: "ab"[i % 2] for i, p in enumerate(sorted(slides.glob("*.svs")))}
+
+    def table(splits: dict[str, str]) -> str:
+        return "slide,label,split\n" + "".join(
+            f"{name},{label[name]},{splits.get(name, '')}\n" for name in label
+        )
+
+    labels = table({})
+    index = _build(slides, tmp_path / "idx", labels)
+    plan = SplitPlan(stratify=None, folds=2, test=0.34, val=0.0)  # 3 patients: 1 test, 2 folds
+    written = _names(write_splits(index.path, plan, False))
+    assert sorted(set(written.values())) == ["fold1", "fold2", "test"]
+    shutil.copy(make_slide(width=512, height=512, seed=69), slides / "new.svs")
+    rebuilt = _build(slides, tmp_path / "idx", labels)
+    assert rebuilt.meta["build"]["unchanged"] == 4
+    assert _names(rebuilt) == {**written, "new": None}
+    assert rebuilt.meta["splits"] == plan.as_json()
+    for name in ("fold1:val", "fold2:train", "test"):
+        assert len(SlideIndex.open(index.path, split=name)) > 0
+    reindexed = build_index(
+        [slides], tmp_path / "idx", tile_size=64, level=0, min_tissue=0.0,
+        labels=str(slides / "labels.csv"),
+    )  # fmt: skip
+    assert reindexed.meta["build"]["unchanged"] == 0
+    assert _names(reindexed) == {**written, "new": None}
+    # the input's split wins over the kept one
+    mine = "TCGA-AB-0001-01Z-00-DX1"
+    other = next(f for f in ("fold1", "fold2", "test") if f != written[mine])
+    assert _names(_build(slides, tmp_path / "idx", table({mine: other})))[mine] == other
+    # a case parted: one slide given a split, the other's kept one differs
+    case = "TCGA-CR-7395-01A-01-TS1"
+    kept = written["TCGA-CR-7395-01Z-00-DX1"]
+    parted = next(f for f in ("fold1", "fold2", "test") if f != kept)
+    with pytest.raises(InputError, match=r"patient 'TCGA-CR-7395' is in two splits.*kept"):
+        _build(slides, tmp_path / "idx", table({case: parted}))
+
+
+def test_splitting_again_deals_only_the_new_patients(
+    slides: Path, tmp_path: Path, make_slide: SlideFactory
+) -> None:
+    """Slides added after `write_splits`: splitting again without overwrite keeps every
+    assignment, puts a new slide of a split patient in its patient's split and deals the
+    new patients; with nothing unassigned it writes nothing."""
+    index = _build(slides, tmp_path / "idx", "slide,label\n")
+    first = _names(write_splits(index.path, SplitPlan(stratify=None, test=0.25, val=0.25), False))
+    shutil.copy(make_slide(width=512, height=512, seed=66), slides / "TCGA-CR-7395-01A-02-TS2.svs")
+    for k in range(8):
+        shutil.copy(make_slide(width=512, height=512, seed=80 + k), slides / f"n{k}.svs")
+    rebuilt = _build(slides, tmp_path / "idx", "slide,label\n")
+    assert sum(s.split is None for s in rebuilt.slides) == 9
+    again = write_splits(index.path, None, False)
+    now = _names(again)
+    assert {k: now[k] for k in first} == first
+    assert now["TCGA-CR-7395-01A-02-TS2"] == first["TCGA-CR-7395-01A-01-TS1"]
+    dealt = Counter(now[f"n{k}"] for k in range(8))
+    assert dealt == {"train": 4, "val": 2, "test": 2}, dealt
+    same = write_splits(index.path, None, False)
+    assert same.meta["generation"] == again.meta["generation"]
+    # another plan for the new patients is refused; --overwrite deals everything again
+    with pytest.raises(InputError, match=r"--folds 3.*--overwrite"):
+        write_splits(index.path, SplitPlan(stratify=None, folds=3, val=0.0), False)
+    folds = write_splits(index.path, SplitPlan(stratify=None, folds=3, val=0.0), True)
+    assert sorted(folds.splits()) == ["fold1", "fold2", "fold3", "test"]
+
+
+def test_dealing_more_patients_keeps_the_old_and_fills_the_shares() -> None:
+    from wsi_loader.index._splits import assign_more
+
+    records = _records(60, seed=1)
+    plan = SplitPlan(stratify="label", folds=4, test=0.2, val=0.0, seed=5)
+    old = [r for r in records if int(str(r.patient)[1:]) < 30]
+    from dataclasses import replace
+
+    split_old = [replace(r, split=s) for r, s in zip(old, assign(old, plan), strict=True)]
+    merged = split_old + [r for r in records if int(str(r.patient)[1:]) >= 30]
+    splits = assign_more(merged, plan)
+    assert splits[: len(split_old)] == [r.split for r in split_old]
+    of = _by_patient(merged, splits)
+    sizes = Counter(of.values())
+    assert abs(sizes["test"] - 12) <= 1
+    folds = [sizes[f"fold{k}"] for k in range(1, 5)]
+    assert max(folds) - min(folds) <= 1, sizes

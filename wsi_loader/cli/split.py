@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import replace
+from typing import Any
 
 from wsi_loader.cli.common import COMMON, Subparsers, one_line
 from wsi_loader.index import SlideIndex
 from wsi_loader.index._labels import patient_of
-from wsi_loader.index._splits import SplitPlan, write_splits
+from wsi_loader.index._splits import SplitPlan, stored_plan, write_splits
 
 
 def share(value: str) -> float:
@@ -41,7 +43,6 @@ def register(sub: Subparsers) -> None:
     p.add_argument(
         "--folds",
         type=int,
-        default=1,
         metavar="K",
         help="K > 1: folds fold1..foldK beside the test split; round N trains on foldN:train "
         "and validates on foldN:val (default 1: one train/val/test split)",
@@ -49,19 +50,22 @@ def register(sub: Subparsers) -> None:
     p.add_argument(
         "--by",
         choices=["patient", "slide"],
-        default="patient",
         help="what is dealt whole (default: patient)",
     )
     p.add_argument(
         "--stratify",
         choices=["label", "none"],
-        default="none",
         help="keep each label's share alike in every split (label: every slide needs one)",
     )
-    p.add_argument("--seed", type=int, default=0, help="the same seed, the same splits")
-    p.add_argument("--test", type=share, default=0.2, metavar="F", help="test share (0.2)")
+    p.add_argument("--seed", type=int, help="the same seed, the same splits (0)")
+    p.add_argument("--test", type=share, metavar="F", help="test share (0.2)")
     p.add_argument("--val", type=share, metavar="F", help="validation share without --folds (0.2)")
-    p.add_argument("--overwrite", action="store_true", help="replace the index's splits")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="deal every slide again (without it, an index with splits keeps them and only "
+        "its slides without a split are dealt, under the options it was split with)",
+    )
     p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     p.set_defaults(run=run)
 
@@ -86,21 +90,60 @@ def counts(index: SlideIndex) -> dict[str, dict[str, object]]:
     return dict(sorted(out.items()))
 
 
+def _plan(args: argparse.Namespace) -> SplitPlan | None:
+    """The plan the options give, laid over the plan the index was split with when its
+    splits are kept; None when no option is given (`write_splits` picks it)."""
+    options = {"by": args.by, "folds": args.folds, "test": args.test, "val": args.val}
+    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+    if args.seed is not None:
+        given["seed"] = args.seed
+    if args.stratify is not None:
+        given["stratify"] = None if args.stratify == "none" else "label"
+    if not given:
+        return None
+    stored = None if args.overwrite else stored_plan(SlideIndex.open(args.index))
+    base = stored or SplitPlan(stratify=None)
+    folds = given.get("folds", base.folds)
+    if stored is None or folds != base.folds:  # the default val of that many folds
+        given.setdefault("val", 0.2 if folds == 1 else 0.0)
+    return replace(base, **given)
+
+
 def run(args: argparse.Namespace) -> int:
-    val = args.val if args.val is not None else (0.2 if args.folds == 1 else 0.0)
-    plan = SplitPlan(
-        by=args.by,
-        stratify=None if args.stratify == "none" else "label",
-        folds=args.folds,
-        test=args.test,
-        val=val,
-        seed=args.seed,
-    )
-    index = write_splits(args.index, plan, overwrite=args.overwrite)
+    before = {s.path: s.split for s in SlideIndex.open(args.index).slides}
+    index = write_splits(args.index, _plan(args), overwrite=args.overwrite)
+    plan = stored_plan(index)
     found = counts(index)
+    assigned = Counter(
+        s.split for s in index.slides if s.split is not None and before.get(s.path) is None
+    )
+    kept = sum(split is not None for split in before.values()) if not args.overwrite else 0
     if args.json:
-        print(json.dumps({"plan": plan.as_json(), "splits": found}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "plan": plan.as_json() if plan else None,
+                    "splits": found,
+                    "assigned": dict(sorted(assigned.items())),
+                    "kept": kept,
+                },
+                indent=1,
+            )
+        )
         return 0
+    if kept and not assigned:
+        print(
+            f"every indexed slide has a split already ({kept} slides): nothing assigned; "
+            "--overwrite deals them all again",
+            file=sys.stderr,
+        )
+    elif kept:
+        dealt = ", ".join(f"{name} {n}" for name, n in sorted(assigned.items()))
+        print(
+            f"assigned {sum(assigned.values())} slides without a split ({dealt}); the "
+            f"{kept} slides with one kept theirs",
+            file=sys.stderr,
+        )
     for name, entry in found.items():
         labels = entry["labels"]
         assert isinstance(labels, dict)
@@ -109,9 +152,10 @@ def run(args: argparse.Namespace) -> int:
             f"{name}: {entry['patients']} patients, {entry['slides']} slides, "
             f"{entry['tiles']} tiles ({shown})"
         )
-    if args.folds > 1:
+    folds = plan.folds if plan else 1
+    if folds > 1:
         print(
-            f"select round N with --split foldN:train and --split foldN:val (N = 1..{args.folds})"
+            f"select round N with --split foldN:train and --split foldN:val (N = 1..{folds})"
             + (", the held-out slides with --split test" if "test" in found else ""),
             file=sys.stderr,
         )

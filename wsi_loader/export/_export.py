@@ -243,6 +243,8 @@ def export_index(
     settings = json.loads(json.dumps(settings))  # as the settings file holds them (no tuples)
     if overwrite and read_settings(out_path) is not None:
         clear_export(out_path)
+    if not overwrite:
+        _check_split_layout(out_path, settings)
     resuming = check_destination(out_path, settings)
     remove_partial_files(out_path, kept)
     out_path.mkdir(parents=True, exist_ok=True)
@@ -409,6 +411,34 @@ def _context_scales(
         scales = recorded_context(index)
     check_context(index, scales)
     return scales
+
+
+def _check_split_layout(out: Path, settings: dict[str, Any]) -> None:
+    """Refuse to resume an export whose layout by split (``split_folders``: an index with
+    splits exported whole is laid out DIR/<split>/<label>/) is not the index's now, naming
+    that setting and what to do; the other settings are compared by `check_destination`."""
+    previous = read_settings(out)
+    if previous is None or previous.get("version") != settings["version"]:
+        return
+    theirs, mine = previous.get("split_folders") or {}, settings.get("split_folders") or {}
+    if theirs == mine:
+        return
+
+    def layout(folders: dict[str, str]) -> str:
+        if not folders:
+            return "flat (DIR/<label>/)"
+        names = ", ".join(name or "no split" for name in sorted(folders))
+        return f"by split (DIR/<split>/<label>/, splits {names})"
+
+    raise ConfigError(
+        f"{out} holds an export laid out {layout(theirs)}, and the index's splits now lay it "
+        f"out {layout(mine)} (setting split_folders: the index's splits changed since, e.g. "
+        "by wsi-loader split or a rebuild), so it cannot be resumed: pass --overwrite "
+        "(overwrite=True) to export it again laid out by the index's splits, export one "
+        "split (--split NAME) or the whole index into an empty folder",
+        path=str(out),
+        key="split_folders",
+    )
 
 
 def _generation_rows(index: SlideIndex) -> np.ndarray:

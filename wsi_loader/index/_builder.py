@@ -102,6 +102,13 @@ def _with_qc_columns(arrays: TileArrays) -> TileArrays:
     return {**arrays, **missing} if missing else arrays
 
 
+def _keep_split(record: SlideRecord, kept: dict[str, str]) -> SlideRecord:
+    """``record`` with the split `wsi-loader split` gave it, unless its input gives one."""
+    if record.split is not None or record.path not in kept:
+        return record
+    return replace(record, split=kept[record.path])
+
+
 def _label_tiles(
     results: list[tuple[SlideRecord, TileArrays]], cfg: IndexConfig
 ) -> tuple[list[tuple[SlideRecord, TileArrays]], dict[str, Any]]:
@@ -223,6 +230,7 @@ def _build(
         masks, mask_report = match_masks(entries, cfg.tissue_masks)
         warn_masks(mask_report, cfg.tissue_masks, cfg.tissue_detector)
     previous = incremental.previous(out, cfg)
+    kept, split_plan = incremental.kept_splits(out, previous)
     old = records_by_path(previous) if previous else {}
     old_classes = list(previous.classes) if previous else []
 
@@ -292,12 +300,29 @@ def _build(
             "(see the warnings above for each slide's reason)"
         )
     check_shrink(out, [record for record, _ in results], cfg.allow_shrink)
+    results = [(_keep_split(record, kept), arrays) for record, arrays in results]
+    if kept:
+        log.info(
+            "kept the splits wsi-loader split gave: %d slides keep theirs",
+            sum(r.path in kept and r.split == kept[r.path] for r, _ in results),
+        )
     check_splits([record for record, _ in results], root)
-    check_patient_splits([record for record, _ in results])
+    try:
+        check_patient_splits([record for record, _ in results])
+    except InputError as exc:
+        if not kept:
+            raise
+        raise InputError(
+            f"{exc}; the splits wsi-loader split wrote are kept for the slides the inputs give "
+            "none: give the patient's other slides that split too, or drop the inputs' split "
+            "and run wsi-loader split again"
+        ) from None
     extra: dict[str, Any] = {
         "copies": copies([record for record, _ in results]),
         "build": {"unchanged": reused, "indexed": len(tasks)},  # what this build did
     }
+    if split_plan is not None:
+        extra["splits"] = split_plan
     if label_report is not None:
         extra["labels_report"] = label_report.as_json()
     if cfg.annotations is not None and annotation_report is not None:

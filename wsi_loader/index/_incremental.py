@@ -2,7 +2,7 @@
 parameters), and whether a slide of it is still what it was indexed with (its annotations,
 its tissue mask), so that it is carried over without being opened. The carry-over itself
 (the slide's fingerprint compared, its tiles taken from the old generation) is a step of
-`_builder._build`.
+`_builder._build`, as is keeping the splits `wsi-loader split` wrote (`kept_splits`).
 """
 
 from __future__ import annotations
@@ -67,6 +67,23 @@ def previous(out: str, config: IndexConfig) -> SlideIndex | None:
         log.info("the index has no quality-control columns: re-indexing every slide")
         return None
     return index
+
+
+def kept_splits(
+    out: str, previous: SlideIndex | None
+) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """The splits `wsi-loader split` wrote into the index at ``out``, by stored slide path,
+    and its plan: a rebuild keeps them for the slides whose inputs give no split (whether
+    the slides' tiles are reused or read again). Empty for an index never split so: the
+    splits of its slides then came from its inputs alone. ``previous``: the index at ``out``
+    when it is open already (grid parameters unchanged)."""
+    if previous is None and not os.path.exists(os.path.join(out, CURRENT)):
+        return {}, None
+    index = previous if previous is not None else SlideIndex.open(out)
+    plan = index.meta.get("splits")
+    if not isinstance(plan, dict):
+        return {}, None
+    return {r.path: r.split for r in index.slides if r.split is not None}, plan
 
 
 def _as_stored(value: Any) -> Any:

@@ -93,15 +93,9 @@ def _group(record: SlideRecord, by: str) -> str:
     return f"slide {record.path}"
 
 
-def assign(slides: Sequence[SlideRecord], plan: SplitPlan) -> list[str | None]:
-    """Each slide's split under ``plan`` (None for slides that failed to index). Raises
-    `InputError` when the plan cannot be met (a label missing, more folds than groups)."""
-    plan.check()
-    usable = [i for i, s in enumerate(slides) if s.status == "ok"]
-    if not usable:
-        raise InputError("the index has no indexed slide to split")
+def _check_labelled(slides: Sequence[SlideRecord], rows: list[int], plan: SplitPlan) -> None:
     if plan.stratify == "label":
-        missing = [slides[i].path for i in usable if slides[i].label is None]
+        missing = [slides[i].path for i in rows if slides[i].label is None]
         if missing:
             first = ", ".join(os.path.basename(p) for p in missing[:5])
             raise InputError(
@@ -109,15 +103,38 @@ def assign(slides: Sequence[SlideRecord], plan: SplitPlan) -> list[str | None]:
                 f"{', ...' if len(missing) > 5 else ''}); label them (index --labels) or "
                 "split without --stratify"
             )
+
+
+def _members(
+    slides: Sequence[SlideRecord], rows: list[int], plan: SplitPlan
+) -> dict[str, list[int]]:
+    """The slides (their positions) of each group dealt whole."""
     members: dict[str, list[int]] = {}
-    for i in usable:
+    for i in rows:
         members.setdefault(_group(slides[i], plan.by), []).append(i)
+    return members
+
+
+def _stratum(slides: Sequence[SlideRecord], rows: list[int], plan: SplitPlan) -> str:
+    """A group's label (a patient whose slides carry several: the most common one)."""
+    if not plan.stratify:
+        return ""
+    labels = Counter(slides[i].label or "" for i in rows)
+    return min(labels, key=lambda name: (-labels[name], name))
+
+
+def assign(slides: Sequence[SlideRecord], plan: SplitPlan) -> list[str | None]:
+    """Each slide's split under ``plan`` (None for slides that failed to index). Raises
+    `InputError` when the plan cannot be met (a label missing, more folds than groups)."""
+    plan.check()
+    usable = [i for i, s in enumerate(slides) if s.status == "ok"]
+    if not usable:
+        raise InputError("the index has no indexed slide to split")
+    _check_labelled(slides, usable, plan)
+    members = _members(slides, usable, plan)
     strata: dict[str, list[str]] = {}
     for group, rows in sorted(members.items()):
-        labels = Counter(slides[i].label or "" for i in rows)
-        # a patient whose slides carry several labels is stratified by the most common one
-        label = min(labels, key=lambda name: (-labels[name], name)) if plan.stratify else ""
-        strata.setdefault(label, []).append(group)
+        strata.setdefault(_stratum(slides, rows, plan), []).append(group)
     rng = np.random.default_rng(plan.seed)
     ordered = [
         stratum[k] for _, stratum in sorted(strata.items()) for k in rng.permutation(len(stratum))
@@ -146,18 +163,122 @@ def assign(slides: Sequence[SlideRecord], plan: SplitPlan) -> list[str | None]:
     return out
 
 
-def write_splits(path: str | os.PathLike[str], plan: SplitPlan, overwrite: bool) -> SlideIndex:
+def _shares(plan: SplitPlan) -> dict[str, float]:
+    """Each split of ``plan`` and its share of the groups (splits of no share left out)."""
+    if plan.folds > 1:
+        shares = {f"fold{k}": (1 - plan.test) / plan.folds for k in range(1, plan.folds + 1)}
+    else:
+        shares = {"train": 1 - plan.test - plan.val, "val": plan.val}
+    return {name: share for name, share in {**shares, "test": plan.test}.items() if share > 0}
+
+
+def assign_more(slides: Sequence[SlideRecord], plan: SplitPlan) -> list[str | None]:
+    """Each slide's split, the slides that have one keeping it: a slide of a group (patient)
+    that has a split joins it, and the groups without one are dealt under ``plan``, stratum
+    by stratum in the seed's order, each to the split furthest below its share of the
+    stratum. Raises `InputError` when the splits there are not those of ``plan``."""
+    plan.check()
+    shares = _shares(plan)
+    out = [s.split for s in slides]
+    foreign = sorted({name for name in out if name is not None} - set(shares))
+    if foreign:
+        raise InputError(
+            f"the index has splits ({', '.join(foreign)}) that {_described(plan)} does not "
+            "deal: give the options the index was split with, or pass --overwrite "
+            "(overwrite=True) to deal every patient again"
+        )
+    usable = [i for i, s in enumerate(slides) if s.status == "ok"]
+    members = _members(slides, usable, plan)
+    has = {g: sorted({out[i] or "" for i in rows} - {""}) for g, rows in members.items()}
+    new = [g for g in sorted(members) if not has[g]]
+    _check_labelled(slides, [i for g in new for i in members[g]], plan)
+    counts: dict[str, Counter[str]] = {}
+    strata: dict[str, list[str]] = {}
+    for group, rows in sorted(members.items()):
+        stratum = _stratum(slides, rows, plan)
+        counts.setdefault(stratum, Counter())
+        if has[group]:
+            counts[stratum][has[group][0]] += 1
+        else:
+            strata.setdefault(stratum, []).append(group)
+    rng = np.random.default_rng(plan.seed)
+    names = list(shares)
+    split_of = {g: split[0] for g, split in has.items() if split}
+    for stratum, groups in sorted(strata.items()):
+        count = counts[stratum]
+        for k in rng.permutation(len(groups)):
+            total = sum(count.values()) + 1
+            # ties go to the first in a rotating order, so folds are filled in turn
+            start = int(rng.integers(len(names)))
+            order = names[start:] + names[:start]
+            best = max(order, key=lambda n: shares[n] * total - count[n])
+            split_of[groups[k]] = best
+            count[best] += 1
+    for group, rows in members.items():
+        for i in rows:
+            if out[i] is None:
+                out[i] = split_of[group]
+    return out
+
+
+def _described(plan: SplitPlan) -> str:
+    if plan.folds > 1:
+        return f"--folds {plan.folds} --test {plan.test:g}"
+    return f"--test {plan.test:g} --val {plan.val:g}"
+
+
+def stored_plan(index: SlideIndex) -> SplitPlan | None:
+    """The plan `write_splits` recorded in the index, if any."""
+    stored = index.meta.get("splits")
+    if not isinstance(stored, dict):
+        return None
+    return SplitPlan(
+        by=stored.get("by", "patient"),
+        stratify=stored.get("stratify"),
+        folds=int(stored.get("folds", 1)),
+        test=float(stored.get("test", 0.2)),
+        val=float(stored.get("val") or 0.0),
+        seed=int(stored.get("seed", 0)),
+    )
+
+
+def _unchanged(given: SplitPlan, stored: SplitPlan) -> bool:
+    """Whether ``given`` deals as ``stored`` did (the seed aside: it orders new groups)."""
+    return replace(given, seed=stored.seed) == stored
+
+
+def write_splits(
+    path: str | os.PathLike[str], plan: SplitPlan | None, overwrite: bool
+) -> SlideIndex:
     """Split the index at ``path`` under ``plan`` and write it as a new generation (the
-    tiles as they are). An index that has splits already is refused unless ``overwrite``."""
+    tiles as they are).
+
+    An index that has splits already keeps them unless ``overwrite``: its slides without a
+    split (slides added since) are dealt, those of a patient with a split to that split, the
+    new patients under the plan the index was split with (``plan`` None, or the same plan);
+    with nothing to deal the index is returned as it is. ``plan`` None on an index without
+    splits: one train/val/test split, not stratified."""
     with exclusive_build(path):
         index = SlideIndex.open(path)
+        stored = stored_plan(index)
         if index.splits() and not overwrite:
-            raise InputError(
-                f"the index has splits already ({', '.join(index.splits())}); pass "
-                "--overwrite (overwrite=True) to replace them",
-                path=os.fspath(path),
-            )
-        splits = assign(index.slides, plan)
+            if plan is not None and stored is not None and not _unchanged(plan, stored):
+                raise InputError(
+                    f"the index was split with {_described(stored)} (by {stored.by}, "
+                    f"stratify {stored.stratify or 'none'}), not {_described(plan)} (by "
+                    f"{plan.by}, stratify {plan.stratify or 'none'}): leave the options out "
+                    "to deal its unassigned patients as its splits were dealt, or pass "
+                    "--overwrite (overwrite=True) to deal every patient again",
+                    path=os.fspath(path),
+                )
+            plan = plan or stored or _inferred_plan(index.splits())
+            if all(s.split is not None for s in index.slides if s.status == "ok"):
+                log.info("every indexed slide has a split: nothing to assign")
+                return index
+            splits = assign_more(index.slides, plan)
+        else:
+            plan = plan or SplitPlan(stratify=None)
+            splits = assign(index.slides, plan)
         records = [
             replace(record, split=split) for record, split in zip(index.slides, splits, strict=True)
         ]
@@ -167,9 +288,18 @@ def write_splits(path: str | os.PathLike[str], plan: SplitPlan, overwrite: bool)
             raise InputError(f"{exc}; or split with --by patient") from None
         tiles = [split_tiles(index, i) for i in range(len(records))]
         extra = {k: v for k, v in index.meta.items() if k not in _WRITTEN_META}
-        extra["splits"] = plan.as_json()
+        extra["splits"] = (stored if stored and not overwrite else plan).as_json()
         params, root = index.params, index.meta.get("root")
         del index  # releases its generation, which write_index may then delete
         written = write_index(path, records, tiles, params, root, extra)
     warn_split_gaps(written)
     return written
+
+
+def _inferred_plan(names: list[str]) -> SplitPlan:
+    """The plan of splits an index's inputs gave (fold1..foldK and test, or train/val/test),
+    not stratified, of the default shares."""
+    folds = [int(n[4:]) for n in names if n.startswith("fold") and n[4:].isdigit()]
+    if folds:
+        return SplitPlan(stratify=None, folds=max(folds), val=0.0)
+    return SplitPlan(stratify=None)
