@@ -1,0 +1,30 @@
+"""Tiles of a `SlideIndex` as a Ray Data dataset: read tasks decode on as many CPU nodes as the
+cluster has, and GPU trainers (Ray Train's ``get_dataset_shard``) or inference actors consume
+the batches, with Ray's back-pressure, retries and node loss handling. Beside `make_loader`,
+at the level of `features`, `predict` and `export`: it consumes `dataset`.
+
+- `_source`: `tiles`, and `TileSource`, the Ray Data datasource: read tasks planned from the
+  index slide by slide in strip order (`wsi_loader.dataset._scan`), each read by this
+  library's `TileReader` into NHWC uint8 blocks; failed tiles are rows with ``ok = False``
+  and their reason, recorded in the index's quarantine by the process that read them
+
+An optional extra (``pip install wsi_loader[ray]``): nothing imports ``ray`` until `tiles` is
+called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["TileSource", "tiles"]
+
+if TYPE_CHECKING:
+    from wsi_loader.ray._source import TileSource, tiles
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from wsi_loader.ray import _source
+
+        return getattr(_source, name)
+    raise AttributeError(f"module 'wsi_loader.ray' has no attribute {name!r}")
