@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 from tests.conftest import corrupt_rows
@@ -30,21 +29,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        object_store_memory=200 * 2**20,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def collect(batches: Iterator[dict[str, Any]]) -> dict[str, np.ndarray]:
     """All batches' columns concatenated."""
     parts: dict[str, list[np.ndarray]] = {}
@@ -54,7 +38,7 @@ def collect(batches: Iterator[dict[str, Any]]) -> dict[str, np.ndarray]:
     return {name: np.concatenate(values) for name, values in parts.items()}
 
 
-def test_every_row_once_with_the_pixels_of_tile_dataset(cluster: None, index: SlideIndex) -> None:
+def test_every_row_once_with_the_pixels_of_tile_dataset(cluster: str, index: SlideIndex) -> None:
     got = collect(
         tiles(index, batch_size=16, columns=COLUMNS).iter_batches(
             batch_format="numpy", batch_size=16
@@ -85,7 +69,7 @@ def test_every_row_once_with_the_pixels_of_tile_dataset(cluster: None, index: Sl
 
 
 def test_a_slide_deleted_between_epochs_gives_not_ok_rows_and_a_record(
-    cluster: None, index: SlideIndex, archive: Path
+    cluster: str, index: SlideIndex, archive: Path
 ) -> None:
     source = TileSource(index, batch_size=32, columns=["row", "ok", "error"], shuffle=True)
     first = collect(source.dataset(0).iter_batches(batch_format="numpy"))
@@ -100,7 +84,7 @@ def test_a_slide_deleted_between_epochs_gives_not_ok_rows_and_a_record(
     assert [r["path"] for r in index.quarantine.slide_records()] == [index.slides[good].path]
 
 
-def test_epochs_reorder_the_read_tasks_by_seed(cluster: None, index: SlideIndex) -> None:
+def test_epochs_reorder_the_read_tasks_by_seed(cluster: str, index: SlideIndex) -> None:
     source = TileSource(index, batch_size=8, shuffle=True, seed=3)
     runs = plan_runs(index, 8, 6)
     assert sorted(np.concatenate(runs).tolist()) == list(range(len(index)))
@@ -118,7 +102,7 @@ def test_epochs_reorder_the_read_tasks_by_seed(cluster: None, index: SlideIndex)
     assert len(source.get_read_tasks(6)) == len(runs)
 
 
-def test_iter_torch_batches_and_where(cluster: None, index: SlideIndex) -> None:
+def test_iter_torch_batches_and_where(cluster: str, index: SlideIndex) -> None:
     good = next(i for i, s in enumerate(index.slides) if s.path.endswith("good.svs"))
     ds = tiles(index, batch_size=16, where=lambda c: c["slide_id"] == good)
     seen = 0
@@ -144,7 +128,7 @@ def read_task_pids() -> list[int]:
 
 
 def test_a_worker_killed_mid_epoch_loses_and_repeats_no_tile(
-    cluster: None, index: SlideIndex
+    cluster: str, index: SlideIndex
 ) -> None:
     killed: list[int] = []
     stop = threading.Event()

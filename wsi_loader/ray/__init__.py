@@ -7,24 +7,28 @@ at the level of `features`, `predict` and `export`: it consumes `dataset`.
   index slide by slide in strip order (`wsi_loader.dataset._scan`), each read by this
   library's `TileReader` into NHWC uint8 blocks; failed tiles are rows with ``ok = False``
   and their reason, recorded in the index's quarantine by the process that read them
+- `_executor`: `RayExecutor`, a ``concurrent.futures.Executor`` over Ray tasks: what the index
+  builder and the exporter take as ``executor`` (``wsi-loader index --ray ADDRESS``)
 
-An optional extra (``pip install wsi_loader[ray]``): nothing imports ``ray`` until `tiles` is
-called.
+An optional extra (``pip install wsi_loader[ray]``): nothing imports ``ray`` until one of these
+names is used.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["TileSource", "tiles"]
+__all__ = ["RayExecutor", "TileSource", "tiles"]
+_MODULES = {"RayExecutor": "_executor", "TileSource": "_source", "tiles": "_source"}
 
 if TYPE_CHECKING:
+    from wsi_loader.ray._executor import RayExecutor
     from wsi_loader.ray._source import TileSource, tiles
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from wsi_loader.ray import _source
-
-        return getattr(_source, name)
+    if name in _MODULES:
+        module = importlib.import_module(f"wsi_loader.ray.{_MODULES[name]}")
+        return getattr(module, name)
     raise AttributeError(f"module 'wsi_loader.ray' has no attribute {name!r}")
