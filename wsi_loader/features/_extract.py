@@ -94,6 +94,7 @@ def extract(
     stain: Any = None,
     context: Sequence[tuple[float, int]] | None = None,
     context_features: str = "separate",
+    runner: Any = None,
 ) -> PassReport:
     """Features of every tile of every slide of ``index`` (``split``) into ``out``.
 
@@ -107,6 +108,8 @@ def extract(
     run by the reading processes on each uint8 NHWC batch (see `TileDataset`). ``stain``:
     transforms of `wsi_loader.stain` (``Normalize("macenko")``...) applied on ``device``
     before the encoder; part of what a slide's file records, so changing them recomputes it.
+    ``runner``: where the batches are read and the model run instead of here
+    (`wsi_loader.ray.RayPass`: on a Ray cluster); the files are written here, the same.
 
     ``context=[(mpp, size), ...]`` (default: the index's ``index --context``; ``[]`` none)
     also encodes every tile's co-centred context tiles with the same model (resized to its
@@ -136,6 +139,7 @@ def extract(
         progress=progress,
         batch_transform=batch_transform,
         stain=stain,
+        runner=runner,
     )
     options.check()
     try:

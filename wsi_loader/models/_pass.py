@@ -86,6 +86,10 @@ class PassOptions:
     stain: Any = None  # transforms of wsi_loader.stain, applied on the device
     # context tiles (mpp, size) per scale, run through the same model as the tiles
     context: Sequence[tuple[float, int]] = ()
+    # where the batches come from instead of the local loader: called as
+    # ``runner(run, slides, bar)``, it yields each slide once handed to the writer
+    # (`wsi_loader.ray.RayPass`, on a Ray cluster)
+    runner: Callable[[Any, list[int], Any], Iterator[int]] | None = None
 
     def check(self) -> None:
         if self.dtype not in DTYPES:
@@ -302,6 +306,9 @@ class _Run:
     def slides(self, todo: list[int], bar: Any) -> Iterator[int]:
         """Read ``todo``, run the model, write each slide once all its rows have passed; yield
         the slides done (written, failed or left for the next run)."""
+        if self.options.runner is not None:
+            yield from self.options.runner(self, todo, bar)
+            return
         options, device = self.options, self.device
         counts = np.diff(self.view.slide_starts())
         workers = default_workers() if options.workers is None else options.workers

@@ -89,6 +89,7 @@ def predict(
     threshold: float = 0.5,
     batch_transform: BatchTransform | None = None,
     stain: Any = None,
+    runner: Any = None,
 ) -> PredictReport:
     """Run ``model`` over every tile of ``index`` (``split``) and write ``out`` (see
     `wsi_loader.predict` for the files).
@@ -117,6 +118,7 @@ def predict(
         progress=progress,
         batch_transform=batch_transform,
         stain=stain,
+        runner=runner,
     )
     options.check()
     rule = SlideRule(slide_rule, top_k, threshold, multi_label)

@@ -9,6 +9,8 @@ at the level of `features`, `predict` and `export`: it consumes `dataset`.
   and their reason, recorded in the index's quarantine by the process that read them
 - `_executor`: `RayExecutor`, a ``concurrent.futures.Executor`` over Ray tasks: what the index
   builder and the exporter take as ``executor`` (``wsi-loader index --ray ADDRESS``)
+- `_pass`: `RayPass`, a model pass (``features``, ``predict``: ``--ray ADDRESS``) read by Ray
+  tasks and run by a pool of model actors, written on the driver as locally
 
 An optional extra (``pip install wsi_loader[ray]``): nothing imports ``ray`` until one of these
 names is used.
@@ -19,11 +21,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["RayExecutor", "TileSource", "tiles"]
-_MODULES = {"RayExecutor": "_executor", "TileSource": "_source", "tiles": "_source"}
+__all__ = ["RayExecutor", "RayPass", "TileSource", "tiles"]
+_MODULES = {
+    "RayExecutor": "_executor",
+    "RayPass": "_pass",
+    "TileSource": "_source",
+    "tiles": "_source",
+}
 
 if TYPE_CHECKING:
     from wsi_loader.ray._executor import RayExecutor
+    from wsi_loader.ray._pass import RayPass
     from wsi_loader.ray._source import TileSource, tiles
 
 

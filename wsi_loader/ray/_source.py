@@ -65,17 +65,21 @@ TEXT_COLUMNS = ("split", "error")
 _REFUSED = ("transform", "batch_transform")
 
 
-def plan_runs(index: SlideIndex, batch_size: int, tasks: int) -> list[npt.NDArray[np.int64]]:
-    """The rows of each read task: every slide's rows in strip order, cut into runs of whole
-    batches (about ``len(index) / tasks`` rows, never fewer than one batch), slide after
-    slide; a run never holds two slides' rows."""
+def plan_runs(
+    index: SlideIndex, batch_size: int, tasks: int, slides: Sequence[int] | None = None
+) -> list[npt.NDArray[np.int64]]:
+    """The rows of each read task: every slide's rows (of ``slides`` only, when given) in
+    strip order, cut into runs of whole batches (about ``len(index) / tasks`` rows, never fewer
+    than one batch), slide after slide; a run never holds two slides' rows."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    per_task = max(1, math.ceil(len(index) / max(1, tasks)))
-    per_task = batch_size * max(1, math.ceil(per_task / batch_size))
     starts = index.slide_starts()
+    chosen = range(len(index.slides)) if slides is None else sorted(set(slides))
+    total = sum(int(starts[s + 1] - starts[s]) for s in chosen)
+    per_task = max(1, math.ceil(total / max(1, tasks)))
+    per_task = batch_size * max(1, math.ceil(per_task / batch_size))
     runs = []
-    for slide_id in range(len(index.slides)):
+    for slide_id in chosen:
         if starts[slide_id + 1] == starts[slide_id]:
             continue
         rows = scan_order(index, slide_id)
@@ -86,9 +90,11 @@ def plan_runs(index: SlideIndex, batch_size: int, tasks: int) -> list[npt.NDArra
 class TileSource(Datasource):
     """The tiles of one `TileDataset` as a Ray Data datasource (see the module docstring).
 
-    ``dataset(epoch)`` is the ``ray.data.Dataset`` of one epoch: with ``shuffle``, another
-    order for every epoch, drawn from ``(seed, epoch)``; the prepared dataset is put in the
-    object store once, when the source is made (Ray must be running or is started then).
+    ``slides``: read only these slides' rows (ids of the dataset's index; a model pass's
+    slides still to do). ``dataset(epoch)`` is the ``ray.data.Dataset`` of one epoch: with
+    ``shuffle``, another order for every epoch, drawn from ``(seed, epoch)``; the prepared
+    dataset is put in the object store once, when the source is made (Ray must be running or
+    is started then).
     """
 
     def __init__(
@@ -102,6 +108,7 @@ class TileSource(Datasource):
         where: Callable[..., Any] | None = None,
         shuffle: bool = False,
         seed: int = 0,
+        slides: Sequence[int] | None = None,
         **options: Any,
     ) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -136,6 +143,7 @@ class TileSource(Datasource):
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.epoch = 0
+        self.slides = None if slides is None else [int(s) for s in slides]
         self._ref = ray.put(dataset)
 
     @staticmethod
@@ -154,7 +162,7 @@ class TileSource(Datasource):
     def runs(self, parallelism: int) -> list[tuple[int, npt.NDArray[np.int64]]]:
         """The read tasks of this epoch, in the order they are handed to Ray: (the run's
         number in slide-and-strip order, its rows); see `plan_runs`."""
-        runs = plan_runs(self.tiles.index, self.batch_size, parallelism)
+        runs = plan_runs(self.tiles.index, self.batch_size, parallelism, self.slides)
         order = np.arange(len(runs))
         if self.shuffle:
             order = key_rng(self.seed, self.epoch).permutation(len(runs))
