@@ -30,12 +30,15 @@ from wsi_loader.errors import ConfigError
 from wsi_loader.models._pass import PassReport, _Parts, _Run
 from wsi_loader.ray._source import TileSource
 
+# batches per read task: the model sees the local pass's batches whatever this is (same rows,
+# same order); fewer tasks cost less to schedule (see wsi_loader.ray._source.MIN_TASK_BATCHES)
+TASK_BATCHES = 4
+
 
 class RayPass:
     """Run a model pass on the Ray cluster at ``address`` (None: the one this process is
     connected to, or a local one). ``actors``: model replicas; ``num_gpus``: GPUs per actor
-    (None: one when the cluster has GPUs, else none); ``read_tasks``: about how many read
-    tasks (None: Ray's choice)."""
+    (None: one when the cluster has GPUs, else none)."""
 
     def __init__(
         self,
@@ -43,14 +46,12 @@ class RayPass:
         *,
         actors: int = 1,
         num_gpus: float | None = None,
-        read_tasks: int | None = None,
     ) -> None:
         if actors < 1:
             raise ConfigError("actors must be >= 1", key="actors", value=actors)
         self.address = address
         self.actors = actors
         self.num_gpus = num_gpus
-        self.read_tasks = read_tasks
 
     def __call__(self, run: _Run, todo: list[int], bar: Any) -> Iterator[int]:
         """`_Run.slides` on Ray: yield each slide of ``todo`` once it is written, failed or
@@ -73,17 +74,21 @@ class RayPass:
             columns=["image", *_context_columns(len(options.context)), "slide_id", "row", "ok"],
             context=list(options.context),
             slides=todo,
+            task_batches=TASK_BATCHES,
             decode_threads=1,
         )
+        # exactly the tasks planned, so that Ray does not split their blocks: each block is
+        # one batch of the local pass (`slide_batches`), run by the model as it is
+        tasks = len(source.runs(1))
         # what an actor needs of the run: not the writer (files are written here)
         actor_run = copy.copy(run)
         actor_run.writer = None  # type: ignore[assignment]
         actor_run.report = PassReport()
         actor_run.device = torch.device("cpu")  # chosen again in the actor
-        outputs = source.dataset(0, override_num_blocks=self.read_tasks).map_batches(
+        outputs = source.dataset(0, override_num_blocks=tasks).map_batches(
             _ModelActor,
             fn_constructor_args=(_Shipped(actor_run),),
-            batch_size=options.batch_size,
+            batch_size=None,
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=self.actors),
             num_gpus=gpus,

@@ -61,23 +61,34 @@ COLUMNS = (
 )
 # strings: on request only, since ``iter_torch_batches`` converts every column to a tensor
 TEXT_COLUMNS = ("split", "error")
+# batches per read task at least: Ray asks for 200 tasks or more, which on a small index
+# makes tasks of one batch, and a task costs about as much as reading a batch (measured:
+# 2 CPUs, 1,536 tiles, 520 tiles/s with one batch a task, ~1,000-1,200 with three)
+MIN_TASK_BATCHES = 4
 # TileDataset options that have no meaning in a read task (Ray's map_batches transforms)
 _REFUSED = ("transform", "batch_transform")
 
 
 def plan_runs(
-    index: SlideIndex, batch_size: int, tasks: int, slides: Sequence[int] | None = None
+    index: SlideIndex,
+    batch_size: int,
+    tasks: int,
+    slides: Sequence[int] | None = None,
+    task_batches: int | None = None,
 ) -> list[npt.NDArray[np.int64]]:
     """The rows of each read task: every slide's rows (of ``slides`` only, when given) in
     strip order, cut into runs of whole batches (about ``len(index) / tasks`` rows, never fewer
-    than one batch), slide after slide; a run never holds two slides' rows."""
+    than `MIN_TASK_BATCHES` batches; ``task_batches`` batches when given), slide after slide; a
+    run never holds two slides' rows."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     starts = index.slide_starts()
     chosen = range(len(index.slides)) if slides is None else sorted(set(slides))
     total = sum(int(starts[s + 1] - starts[s]) for s in chosen)
     per_task = max(1, math.ceil(total / max(1, tasks)))
-    per_task = batch_size * max(1, math.ceil(per_task / batch_size))
+    per_task = batch_size * max(MIN_TASK_BATCHES, math.ceil(per_task / batch_size))
+    if task_batches is not None:
+        per_task = batch_size * task_batches
     runs = []
     for slide_id in chosen:
         if starts[slide_id + 1] == starts[slide_id]:
@@ -91,7 +102,8 @@ class TileSource(Datasource):
     """The tiles of one `TileDataset` as a Ray Data datasource (see the module docstring).
 
     ``slides``: read only these slides' rows (ids of the dataset's index; a model pass's
-    slides still to do). ``dataset(epoch)`` is the ``ray.data.Dataset`` of one epoch: with
+    slides still to do). ``task_batches``: batches per read task (default: planned from the
+    tasks Ray asks for). ``dataset(epoch)`` is the ``ray.data.Dataset`` of one epoch: with
     ``shuffle``, another order for every epoch, drawn from ``(seed, epoch)``; the prepared
     dataset is put in the object store once, when the source is made (Ray must be running or
     is started then).
@@ -109,6 +121,7 @@ class TileSource(Datasource):
         shuffle: bool = False,
         seed: int = 0,
         slides: Sequence[int] | None = None,
+        task_batches: int | None = None,
         **options: Any,
     ) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -144,6 +157,7 @@ class TileSource(Datasource):
         self.seed = int(seed)
         self.epoch = 0
         self.slides = None if slides is None else [int(s) for s in slides]
+        self.task_batches = task_batches
         self._ref = ray.put(dataset)
 
     @staticmethod
@@ -162,7 +176,9 @@ class TileSource(Datasource):
     def runs(self, parallelism: int) -> list[tuple[int, npt.NDArray[np.int64]]]:
         """The read tasks of this epoch, in the order they are handed to Ray: (the run's
         number in slide-and-strip order, its rows); see `plan_runs`."""
-        runs = plan_runs(self.tiles.index, self.batch_size, parallelism, self.slides)
+        runs = plan_runs(
+            self.tiles.index, self.batch_size, parallelism, self.slides, self.task_batches
+        )
         order = np.arange(len(runs))
         if self.shuffle:
             order = key_rng(self.seed, self.epoch).permutation(len(runs))
