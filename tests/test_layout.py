@@ -26,6 +26,7 @@ STEPS: dict[str, int] = {
     "features": 7,
     "predict": 7,
     "export": 7,
+    "ray": 7,
     "view": 8,
     "cli": 9,
 }

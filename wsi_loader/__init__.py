@@ -3,9 +3,10 @@
 Data flow, one package per step, each importing only earlier ones: ``slides`` (readers) ->
 ``index`` (the SlideIndex on disk) -> ``stain`` (transforms) -> ``dataset`` (Datasets,
 samplers, batches) -> ``device`` (batches on the GPU) -> ``models`` (one pass over an index)
--> ``features``, ``predict``, ``export`` -> ``view`` -> ``cli``; the foundations ``errors``,
-``config``, ``files``, ``parallel`` and ``permutation`` serve them all; ``synthetic`` makes
-slides for tests, the demo and benchmarks. The slides and index layers never import torch,
+-> ``features``, ``predict``, ``export``, ``ray`` (tiles as a Ray Data dataset; an optional
+extra) -> ``view`` -> ``cli``; the foundations ``errors``, ``config``, ``files``, ``parallel``
+and ``permutation`` serve them all; ``synthetic`` makes slides for tests, the demo and
+benchmarks. The slides and index layers never import torch,
 and importing this package does not either until a torch-based name is used. This module is
 the public API.
 """

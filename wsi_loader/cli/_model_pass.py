@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from wsi_loader.cli.common import init_distributed, one_line
 from wsi_loader.cli.encoders import batch_size_option
 from wsi_loader.cli.stain import stain_option
+from wsi_loader.errors import ConfigError
 
 if TYPE_CHECKING:
     from wsi_loader.models._pass import PassReport
@@ -43,6 +44,12 @@ MODEL_PASS.add_argument(
     help="write into DIR even though it holds the outputs of a run with other options "
     "(without it, such a run is refused and DIR left as it is)",
 )
+MODEL_PASS.add_argument(
+    "--ray",
+    metavar="ADDRESS",
+    help="read on a Ray cluster's CPUs and run the model in its actors (on GPUs when it has "
+    "them); the files are written here (pip install 'wsi_loader[ray]')",
+)
 
 
 def start(args: argparse.Namespace) -> None:
@@ -70,7 +77,19 @@ def pass_keywords(args: argparse.Namespace) -> dict[str, Any]:
         "progress": not args.no_progress,
         "stain": stain_option(args),
         "overwrite": args.overwrite,
+        **({"runner": ray_runner(args.ray)} if args.ray else {}),
     }
+
+
+def ray_runner(address: str) -> Any:
+    """``--ray ADDRESS``: a `wsi_loader.ray.RayPass` on that cluster."""
+    try:
+        from wsi_loader.ray import RayPass
+    except ImportError as exc:
+        raise ConfigError(
+            "--ray needs ray: pip install 'wsi_loader[ray]'", path="command line"
+        ) from exc
+    return RayPass(address)
 
 
 def unfinished_slides(report: PassReport, dtype: str | None = None) -> int:

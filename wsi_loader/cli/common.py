@@ -98,6 +98,40 @@ def dask_client(address: str | None) -> Iterator[Any]:
         yield client
 
 
+@contextlib.contextmanager
+def ray_executor(address: str | None) -> Iterator[Any]:
+    """A `wsi_loader.ray.RayExecutor` on the Ray cluster at ``address`` for the duration of a
+    command (None without one). A process connected to Ray already keeps its connection."""
+    if not address:
+        yield None
+        return
+    try:
+        import ray
+
+        from wsi_loader.ray import RayExecutor
+    except ImportError as exc:
+        raise ConfigError(
+            "--ray needs ray: pip install 'wsi_loader[ray]'", path="command line"
+        ) from exc
+    connected = ray.is_initialized()
+    if not connected:
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise ConfigError(
+                f"cannot reach a Ray cluster at {address}: {exc}",
+                path="command line",
+                key="ray",
+                value=address,
+            ) from exc
+    try:
+        with RayExecutor() as executor:
+            yield executor
+    finally:
+        if not connected:
+            ray.shutdown()  # this driver's connection; the cluster goes on
+
+
 DASK_DEFAULT_PORT = 8786
 # a scheduler's first frame is its handshake (compression, Python and pickle versions), about
 # 60 bytes: a length much larger is another protocol's text read as a number

@@ -16,6 +16,7 @@ from wsi_loader.cli.common import (
     magnification_arg,
     one_line,
     qc_counts_text,
+    ray_executor,
 )
 from wsi_loader.config import IndexConfig, load_config, with_overrides
 from wsi_loader.errors import ConfigError
@@ -186,6 +187,12 @@ def register(sub: Subparsers) -> None:
         metavar="tcp://HOST:PORT",
         help="run on a Dask distributed cluster (pip install 'wsi_loader[dask]')",
     )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run on a Ray cluster: HOST:PORT of its head, or 'auto' (pip install "
+        "'wsi_loader[ray]')",
+    )
     p.set_defaults(run=run)
 
 
@@ -302,9 +309,17 @@ def run(args: argparse.Namespace) -> int:
     if args.qc_threshold:
         overrides["qc_thresholds"] = {**config.qc_thresholds, **dict(args.qc_threshold)}
     config = with_overrides(config, source="command line", **overrides)
-    with dask_client(args.scheduler) as client:
+    if args.scheduler and args.ray:
+        raise ConfigError(
+            "give --scheduler (Dask) or --ray, not both", path="command line", key="ray"
+        )
+    with dask_client(args.scheduler) as client, ray_executor(args.ray) as on_ray:
         index = build_index(
-            args.paths, args.out, config, progress=not args.no_progress, executor=client
+            args.paths,
+            args.out,
+            config,
+            progress=not args.no_progress,
+            executor=client if on_ray is None else on_ray,
         )
     ok = [s for s in index.slides if s.status == "ok"]
     failed = len(index.slides) - len(ok)

@@ -79,7 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action=_VersionAction, help="show the versions a bug report needs and exit"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    commands = (index, split, info, quarantine, stain, view, export, features, predict, encoders, serve)
+    commands = (
+        index,
+        split,
+        info,
+        quarantine,
+        stain,
+        view,
+        export,
+        features,
+        predict,
+        encoders,
+        serve,
+    )
     for command in (*commands, bench, demo):
         command.register(sub)  # each sets `run`, the function that carries it out
     return parser

@@ -97,6 +97,7 @@ def extract(
     context: Sequence[tuple[float, int]] | None = None,
     context_features: str = "separate",
     overwrite: bool = False,
+    runner: Any = None,
 ) -> PassReport:
     """Features of every tile of every slide of ``index`` (``split``) into ``out``.
 
@@ -110,6 +111,8 @@ def extract(
     run by the reading processes on each uint8 NHWC batch (see `TileDataset`). ``stain``:
     transforms of `wsi_loader.stain` (``Normalize("macenko")``...) applied on ``device``
     before the encoder; part of what a slide's file records, so changing them recomputes it.
+    ``runner``: where the batches are read and the model run instead of here
+    (`wsi_loader.ray.RayPass`: on a Ray cluster); the files are written here, the same.
 
     ``context=[(mpp, size), ...]`` (default: the index's ``index --context``; ``[]`` none)
     also encodes every tile's co-centred context tiles with the same model (resized to its

@@ -86,6 +86,10 @@ class PassOptions:
     context: Sequence[tuple[float, int]] = ()
     # write into a folder holding the outputs of a run with other options (`claim_folder`)
     overwrite: bool = False
+    # where the batches come from instead of the local loader: called as
+    # ``runner(run, slides, bar)``, it yields each slide once handed to the writer
+    # (`wsi_loader.ray.RayPass`, on a Ray cluster)
+    runner: Callable[[Any, list[int], Any], Iterator[int]] | None = None
 
     @classmethod
     def pick(cls, values: dict[str, Any]) -> PassOptions:
@@ -295,6 +299,9 @@ class _Run:
     def slides(self, todo: list[int], bar: Any) -> Iterator[int]:
         """Read ``todo``, run the model, write each slide once all its rows have passed; yield
         the slides done (written, failed or left for the next run)."""
+        if self.options.runner is not None:
+            yield from self.options.runner(self, todo, bar)
+            return
         options, device = self.options, self.device
         counts = np.diff(self.view.slide_starts())
         workers = default_workers() if options.workers is None else options.workers

@@ -99,6 +99,7 @@ def predict(
     batch_transform: BatchTransform | None = None,
     stain: Any = None,
     overwrite: bool = False,
+    runner: Any = None,
 ) -> PredictReport:
     """Run ``model`` over every tile of ``index`` (``split``) and write ``out`` (see
     `wsi_loader.predict` for the files).
