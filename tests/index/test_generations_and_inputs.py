@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import gc
 import logging
+import os
 import pickle
 import shutil
 import subprocess
@@ -63,6 +66,23 @@ def test_a_generation_in_use_by_another_process_is_kept(archive: Path, tmp_path:
         holder.communicate("")
     build_index([archive], out, tile_size=64, level=0, min_tissue=0.0)
     assert not (out / gen).exists()
+
+
+def test_a_deep_copy_of_an_index_shares_its_generation_lock(archive: Path, tmp_path: Path) -> None:
+    # dataclasses.asdict (Ray Data's metadata export does it to operator arguments) deep-copies
+    # whatever holds an index: the copy must not close the descriptor the original holds
+    out = tmp_path / "idx"
+    first = build_index([archive], out, tile_size=256, level=0, min_tissue=0.0)
+    assert first.lock is not None and first.lock.fd is not None
+    fd = first.lock.fd
+    copies = [copy.deepcopy(first), copy.deepcopy(first.lock), copy.copy(first.lock)]
+    assert copies[0].lock is not None and copies[0].lock.fd != fd  # unpickled: its own
+    assert copies[1] is first.lock and copies[2] is first.lock
+    del copies
+    gc.collect()
+    os.fstat(fd)  # still open, still the lock's
+    assert first.lock.fd == fd
+    np.testing.assert_array_equal(copy.copy(first).columns["l0_x"], first.columns["l0_x"])
 
 
 def test_repr_is_one_short_line(index: SlideIndex) -> None:

@@ -139,6 +139,15 @@ class GenerationLock:
             os.close(self.fd)
             self.fd = None
 
+    # A copy shares the lock (as views do): a copied descriptor number would be closed twice,
+    # the second time after the number was reused by another file (`dataclasses.asdict` and
+    # Ray Data's metadata export deep-copy whatever holds an index).
+    def __copy__(self) -> GenerationLock:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GenerationLock:
+        return self
+
 
 def load_column(
     gen: Path, name: str, dtype: np.dtype[Any], shape: tuple[int, ...]
