@@ -60,6 +60,9 @@ class SlideSpec:
     # stained with known optical-density vectors (H, E), by Beer-Lambert, instead of fixed
     # colours: nuclei haematoxylin, stroma eosin (tests of stain estimation)
     stain: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
+    # the stained slides' amounts of H and E, times the default's (a darker or paler staining
+    # of the same tissue)
+    amounts: tuple[float, float] = (1.0, 1.0)
     artefacts: tuple[Artefact, ...] = ()  # painted over the tissue (_artefacts)
     dark_field: bool = False  # a fluorescence slide: dark glass, bright nuclei
 
@@ -174,7 +177,7 @@ class _Painter:
         pixels = np.asarray(canvas)
         if self.spec.stain is not None:
             cores = self.tissue_mask(l0_x, l0_y, ds, size, size, above=_CORE)
-            return _stained(pixels, mask, cores, self.spec.stain)
+            return _stained(pixels, mask, cores, self.spec.stain, self.spec.amounts)
         return pixels
 
 
@@ -189,6 +192,7 @@ def _stained(
     mask: npt.NDArray[np.bool_],
     cores: npt.NDArray[np.bool_],
     stain: tuple[tuple[float, float, float], tuple[float, float, float]],
+    amounts: tuple[float, float] = (1.0, 1.0),
 ) -> npt.NDArray[np.uint8]:
     """Repaint a tile by Beer-Lambert with known stain vectors: eosin over the tissue (its
     texture from the painted stroma's green), haematoxylin where nuclei were drawn and over
@@ -202,7 +206,7 @@ def _stained(
     c_e = np.where(nucleus, _NUCLEUS_E, np.where(cores, 0.1 * c_e, c_e))
     c_h = np.where(cores, _CORE_H * texture, 0.0)
     c_h = np.where(nucleus, _NUCLEUS_H * np.clip(texture / 1.6, 0.6, 1.2), c_h)
-    od = c_h[..., None] * h + c_e[..., None] * e
+    od = amounts[0] * c_h[..., None] * h + amounts[1] * c_e[..., None] * e
     rgb = np.clip(_STAIN_IO * np.exp(-od) + 0.5, 0, 255)
     out: npt.NDArray[np.uint8] = rgb.astype(np.uint8)
     return out
