@@ -344,3 +344,15 @@ def test_flags_and_filters_go_by_the_index_s_own_thresholds(
     assert len(given) == len(strict) - int(at_default.sum())
     alone = qc_filter("blur")(strict.columns)  # called on columns: the defaults
     assert np.array_equal(alone, ~at_default)
+
+
+@pytest.mark.parametrize("name", sorted(qc.RULES))
+def test_a_value_on_the_threshold_is_flagged_as_the_rule_says(name: str) -> None:
+    """``pen``, ``fold``, ``bubble`` flag a share at or above their threshold, ``blur`` a
+    focus below it: a value exactly on the threshold is flagged by the first three only."""
+    rule = qc.RULES[name]
+    values = np.array([np.nextafter(rule.threshold, -1), rule.threshold,
+                       np.nextafter(rule.threshold, 2), np.nan], np.float64)  # fmt: skip
+    expected = [True, False, False, False] if rule.below else [False, True, True, False]
+    assert qc.flags({rule.column: values}, [name])[name].tolist() == expected
+    assert rule.flags(values).tolist() == expected
