@@ -247,7 +247,8 @@ def test_pen_table_is_histolabs_rules(tmp_path: Path) -> None:
         red |= (r > tr) & (g < tg) & (b < tb)
     red &= 10 * (b - g) <= RED_INK_HUE * (r - g)
     black = (rgb.max(-1) <= 90) & (rgb.max(-1).astype(int) - rgb.min(-1) <= 35)
-    assert np.array_equal(pen_ink(rgb), blue | green | red | black)
+    vivid_green = (g >= r + 30) & (g >= b + 30)  # a solid green marker (no blue): ours
+    assert np.array_equal(pen_ink(rgb), blue | green | red | black | vivid_green)
 
 
 def test_box_means_are_exact_area_weighted_means() -> None:
@@ -356,3 +357,23 @@ def test_a_value_on_the_threshold_is_flagged_as_the_rule_says(name: str) -> None
     expected = [True, False, False, False] if rule.below else [False, True, True, False]
     assert qc.flags({rule.column: values}, [name])[name].tolist() == expected
     assert rule.flags(values).tolist() == expected
+
+
+@pytest.mark.parametrize("colour", [(0, 128, 0), (0, 200, 0), (20, 160, 40), (0, 0, 255)])
+def test_a_solid_marker_colour_is_ink(colour: tuple[int, int, int]) -> None:
+    """Saturated green (no blue at all) is ink as solid blue is: histolab's green triples
+    ask for some blue."""
+    assert pen_ink(np.full((4, 4, 3), colour, np.uint8)).all()
+
+
+def test_a_blue_stained_slide_is_not_all_pen(make_slide: SlideFactory, tmp_path: Path) -> None:
+    """A Giemsa-like slide (tissue in blues: methylene blue / azure where H&E has
+    haematoxylin, little eosin) is not flagged pen over its tissue, and its warning says
+    blue was taken as the stain."""
+    giemsa = ((0.80, 0.55, 0.22), (0.2159, 0.8012, 0.5581))
+    slide = make_slide(width=3000, height=2400, seed=8, stain=giemsa, amounts=(2.5, 0.3))
+    index = build_index([slide], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.5)
+    cols = index.columns
+    assert len(cols["qc_pen"]) >= 10
+    assert (cols["qc_pen"] < 0.1).mean() > 0.9
+    assert "taken as the stain" in (index.slides[0].warning or "")

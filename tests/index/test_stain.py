@@ -361,3 +361,17 @@ def test_stain_vectors_edited_into_an_index_are_refused(
     reference.write_text(json.dumps(records[0]["stain"]))
     with pytest.raises(InputError, match=message):
         read_reference(reference)
+
+
+def test_a_slide_that_is_not_h_and_e_is_said_to_be(testdata: Path, tmp_path: Path) -> None:
+    """An IHC slide (kidney-48-5.tif: haematoxylin and DAB) gets an estimate and a warning
+    that it fits H&E poorly, with its angles to H&E in the estimate; H&E slides do not."""
+    names = ["kidney-48-5.tif", "CMU-1-Small-Region.svs", "tcga-cr-7395-01a-01-ts1.svs"]
+    index = build_index([testdata / n for n in names], tmp_path / "idx", tile_size=224, level=0)
+    by_name = {Path(s.path).name: s for s in index.slides}
+    ihc = by_name["kidney-48-5.tif"]
+    assert ihc.stain is not None and max(ihc.stain["he_deg"]) > 20
+    assert "fits H&E poorly" in (ihc.warning or "")
+    for name in names[1:]:
+        assert "fits H&E poorly" not in (by_name[name].warning or "")
+        assert max(by_name[name].stain["he_deg"]) < 20  # type: ignore[index]

@@ -53,6 +53,7 @@ MIN_PIXELS = 2000  # fewer stained tissue pixels give no estimate
 MAX_PIXELS = 1 << 18  # more are subsampled (evenly): the estimate does not need them all
 MIN_SEPARATION_DEG = 5.0  # H and E closer than this are not two stains
 MAX_OFF_REFERENCE_DEG = 40.0  # a vector further than this from the H&E reference: not H&E
+NOT_HE_DEG = (25.0, 20.0)  # H, E further than this from the reference: said to be not H&E
 SAMPLE_WINDOWS = 16  # storage tiles read at full resolution when the mask image is too coarse
 SAMPLE_PIXELS = 1 << 17  # of the sampled tiles' tissue pixels, evenly spread
 METHOD = 3  # slide estimates of this method (sampled at the read level) are kept on rebuild
@@ -103,8 +104,26 @@ class StainEstimate:
             "lab_mean": [round(v, 4) for v in self.lab_mean],
             "lab_std": [round(v, 4) for v in self.lab_std],
             "pixels": self.pixels,
+            # how well the slide fits H&E: its vectors' angles to Macenko's H and E
+            "he_deg": [round(v, 2) for v in self.he_angles()],
             **({"source": self.source, "method": METHOD} if self.source else {}),
         }
+
+    def he_angles(self) -> tuple[float, float]:
+        """The angles (degrees) of H and E to Macenko's reference H and E vectors."""
+        return angle_deg(self.h, REFERENCE_H), angle_deg(self.e, REFERENCE_E)
+
+    def not_he(self) -> str | None:
+        """Why this stain does not look like H&E (an IHC's DAB, a Giemsa's blues), or None:
+        vectors further from H&E's than H&E slides' are (`NOT_HE_DEG`)."""
+        off_h, off_e = self.he_angles()
+        if off_h <= NOT_HE_DEG[0] and off_e <= NOT_HE_DEG[1]:
+            return None
+        return (
+            f"the stain fits H&E poorly (H {off_h:.0f} and E {off_e:.0f} degrees from H&E's; "
+            f"H&E slides are within {NOT_HE_DEG[0]:.0f} and {NOT_HE_DEG[1]:.0f}): not an H&E "
+            "slide (IHC, Giemsa...)? Stain normalisation and the QC rules assume H&E"
+        )
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str = "stain") -> StainEstimate:
