@@ -177,8 +177,10 @@ def test_slides_without_an_estimate_are_flagged_not_failed(testdata: Path, tmp_p
 
 
 def test_uniform_image_gives_a_reason() -> None:
-    grey = np.full((100, 100, 3), 120, np.uint8)
-    assert "not separable" in str(estimate_stain(grey))
+    grey = np.full((100, 100, 3), 120, np.uint8)  # grey is no stain (bubble rims, dust)
+    assert "too little stained tissue" in str(estimate_stain(grey))
+    purple = np.full((100, 100, 3), (150, 90, 170), np.uint8)  # one colour: one stain
+    assert "not separable" in str(estimate_stain(purple))
     white = np.full((100, 100, 3), 250, np.uint8)
     assert "too little stained tissue" in str(estimate_stain(white))
 

@@ -53,6 +53,7 @@ MIN_PIXELS = 2000  # fewer stained tissue pixels give no estimate
 MAX_PIXELS = 1 << 18  # more are subsampled (evenly): the estimate does not need them all
 MIN_SEPARATION_DEG = 5.0  # H and E closer than this are not two stains
 MAX_OFF_REFERENCE_DEG = 40.0  # a vector further than this from the H&E reference: not H&E
+GREY_CHROMA = 20  # stained tissue is coloured: pixels with channels this close are not stain
 NOT_HE_DEG = (25.0, 20.0)  # H, E further than this from the reference: said to be not H&E
 SAMPLE_WINDOWS = 16  # storage tiles read at full resolution when the mask image is too coarse
 SAMPLE_PIXELS = 1 << 17  # of the sampled tiles' tissue pixels, evenly spread
@@ -296,14 +297,16 @@ def _evenly(pixels: npt.NDArray[Any], limit: int) -> npt.NDArray[Any]:
 def estimate_stain(
     rgb: npt.NDArray[np.uint8], tissue: npt.NDArray[np.bool_] | None = None, source: str = ""
 ) -> StainEstimate | str:
-    """The stain of an image's tissue: its pixels inside ``tissue`` (all when None). The
-    vectors and the LAB moments come from the pixels whose OD is at least `BETA` in every
-    channel (`is_stained`); the maximum concentrations from every pixel with an OD of at
-    least `BETA` in any channel (light eosin included: over the stained pixels alone, a
-    paler eosin keeps fewer of its pixels and its maximum came out higher, not lower).
-    A slide's estimate and a target image's are this same fit, so a slide normalised to a
+    """The stain of an image's tissue: its pixels inside ``tissue`` (all when None) but
+    those that are no stain (`_not_stain`: ink, grey bubble rims). The vectors and the LAB
+    moments come from the pixels whose OD is at least `BETA` in every channel
+    (`is_stained`); the maximum concentrations from every pixel with an OD of at least
+    `BETA` in any channel (light eosin included: over the stained pixels alone, a paler
+    eosin keeps fewer of its pixels and its maximum came out higher, not lower). A slide's
+    estimate and a target image's are this same fit, so a slide normalised to a
     crop of itself barely moves. Returns the reason when there is no usable estimate."""
     pixels = rgb.reshape(-1, 3) if tissue is None else rgb[tissue]
+    pixels = pixels[~_not_stain(pixels)]
     od = optical_density(pixels)
     stained = is_stained(od)
     count = int(stained.sum())
@@ -357,6 +360,18 @@ def slide_estimate(
                 sample = _evenly(pixels, SAMPLE_PIXELS)
                 return estimate_stain(sample, source=f"level {level}, {windows} tiles")
     return estimate_stain(image, tissue, source=f"level {mask_level}")
+
+
+def _not_stain(pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
+    """Pixels ``(n, 3)`` that are no stain: green, red or black ink, and grey (bubble rims,
+    dust). Blue "ink" stays: dense nuclei pass histolab's blue triples, and a blue stain is
+    a stain."""
+    from wsi_loader.index._qc_pixels import pen_inks
+
+    other = pen_inks(pixels[:, None])[1][:, 0]
+    high, low = pixels.max(axis=-1).astype(np.int16), pixels.min(axis=-1).astype(np.int16)
+    grey: npt.NDArray[np.bool_] = other | ((high - low < GREY_CHROMA) & (high < 200))
+    return grey
 
 
 def sample_level(meta: SlideMeta, read_level: int) -> int:

@@ -112,7 +112,12 @@ def archive(index: SlideIndex) -> StainEstimate:
 
 
 def _slide_stain(path: str) -> StainEstimate:
-    from wsi_loader.index._tissue import choose_detector, read_mask_image, tissue_mask
+    from wsi_loader.index._tissue import (
+        choose_detector,
+        max_hole_pixels,
+        read_mask_image,
+        tissue_mask,
+    )
     from wsi_loader.slides._open import open_slide
 
     with open_slide(path) as reader:
@@ -120,8 +125,12 @@ def _slide_stain(path: str) -> StainEstimate:
         detector, why = choose_detector(image)
         if detector == "fluorescence":  # as when indexing: such a slide has no stain estimate
             raise InputError(f"no stain target from a fluorescence slide ({why})", path=path)
-        # read level 0: a slide with one level is sampled at full resolution, as when indexed
-        found = slide_estimate(reader, image, tissue_mask(image), level, 0)
+        # its tissue as the index finds it (holes larger than a few cells are glass), read
+        # level 0: a slide with one level is sampled at full resolution, as when indexed
+        per_px = reader.meta.dimensions[0] / image.shape[1]
+        mpp = reader.meta.usable_mpp
+        hole = max_hole_pixels(None if mpp is None else mpp * per_px, 256 / per_px)
+        found = slide_estimate(reader, image, tissue_mask(image, None, hole), level, 0)
     if isinstance(found, str):
         raise InputError(f"no stain target from this slide: {found}", path=path)
     return found

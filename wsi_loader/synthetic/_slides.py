@@ -30,6 +30,7 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 
 from wsi_loader.synthetic._artefacts import Artefact, paint_artefacts, qc_layout
+from wsi_loader.synthetic._other_artefacts import paint_other_artefacts
 
 _FIELD_STEP = 32  # level-0 pixels per cell of the tissue field
 _BACKGROUND = np.array([242, 241, 239], dtype=np.float32)
@@ -64,6 +65,9 @@ class SlideSpec:
     # of the same tissue)
     amounts: tuple[float, float] = (1.0, 1.0)
     artefacts: tuple[Artefact, ...] = ()  # painted over the tissue (_artefacts)
+    # which painter draws pen and folds: "ours" (_artefacts, what QC was tuned on) or
+    # "other" (_other_artefacts: ink blended over the stain, a second tissue layer)
+    artefact_painter: str = "ours"
     dark_field: bool = False  # a fluorescence slide: dark glass, bright nuclei
 
 
@@ -131,7 +135,8 @@ class _Painter:
         tile = self._paint_clean(level, l0_x, l0_y, ds, size)
         if not self.spec.artefacts:
             return tile
-        return paint_artefacts(
+        paint = paint_other_artefacts if self.spec.artefact_painter == "other" else paint_artefacts
+        return paint(
             tile,
             self.spec.artefacts,
             l0_x,
