@@ -64,7 +64,7 @@ def test_a_slide_normalised_to_a_crop_of_itself_barely_moves(
     method: str, pair: tuple[SlideIndex, np.ndarray]
 ) -> None:
     """The target's statistics and the slide's are fitted over the same kind of pixels at
-    the same resolution: measured 5.0 (Macenko) and 7.1 (Reinhard) grey levels, against
+    the same resolution: measured 5.3 (Macenko) and 7.1 (Reinhard) grey levels, against
     11.3 and 42.5 when the target's moments took the crop's glass in and the slide's were
     sampled at a coarser level."""
     index, crop = pair
@@ -77,22 +77,20 @@ def test_a_slide_normalised_to_a_crop_of_itself_barely_moves(
 @pytest.mark.parametrize("method", ["macenko", "reinhard"])
 def test_paired_renderings_get_closer(method: str, pair: tuple[SlideIndex, np.ndarray]) -> None:
     """Normalised to a crop of slide a, the tiles of a and b at one position are closer than
-    before (measured raw 16.2; Macenko 13.4, Reinhard 13.2 per slide; before the fix 13.2 and
-    15.5). Macenko per slide is at least as close as per tile (15.6); Reinhard's one
-    channel-wise map per slide cannot follow a change of stain vectors as closely as a map
-    fitted to each tile (11.3)."""
+    before, and per slide at least as close as per tile (measured raw 17.2; per slide
+    Macenko 15.0, Reinhard 10.9; per tile 16.4 and 11.6; before the fix Reinhard per slide
+    was 15.5 against 11.5 per tile, further apart than the raw tiles)."""
     index, crop = pair
     a, b, rows_a, rows_b = _paired_tiles(index)
     raw = np.abs(a.astype(np.int64) - b).mean()
     op = Normalize(method, target=crop).bind(index)
     per_slide = np.abs(_normalised(op, a, 0, rows_a) - _normalised(op, b, 1, rows_b)).mean()
     assert per_slide < 0.9 * raw
-    if method == "macenko":
-        tile_op = Normalize(method, target=crop, per_tile=True).bind(index)
-        per_tile = np.abs(
-            _normalised(tile_op, a, 0, rows_a) - _normalised(tile_op, b, 1, rows_b)
-        ).mean()
-        assert per_slide <= per_tile
+    tile_op = Normalize(method, target=crop, per_tile=True).bind(index)
+    per_tile = np.abs(
+        _normalised(tile_op, a, 0, rows_a) - _normalised(tile_op, b, 1, rows_b)
+    ).mean()
+    assert per_slide <= per_tile
 
 
 def test_a_target_image_is_fitted_over_its_tissue_like_a_slide(
