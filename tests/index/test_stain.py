@@ -74,8 +74,9 @@ def test_synthetic_slide_vectors_from_the_low_level(
 @pytest.mark.parametrize(
     ("name", "source"),
     [
-        # two levels: the mask image is level 1 shrunk, so 16 of level 1's storage tiles
-        ("tcga-cr-7395-01a-01-ts1.svs", "level 1, 16 tiles"),
+        # two levels, tiles read from level 0: 16 of level 0's storage tiles (the pixels the
+        # tiles are made of)
+        ("tcga-cr-7395-01a-01-ts1.svs", "level 0, 16 tiles"),
         # one level: its mask image is level 0 shrunk 2x, whose averaged intensities put E
         # 7.2 degrees from level 0's; the estimate comes from 16 of its storage tiles instead
         ("CMU-1-Small-Region.svs", "level 0, 16 tiles"),
@@ -176,8 +177,10 @@ def test_slides_without_an_estimate_are_flagged_not_failed(testdata: Path, tmp_p
 
 
 def test_uniform_image_gives_a_reason() -> None:
-    grey = np.full((100, 100, 3), 120, np.uint8)
-    assert "not separable" in str(estimate_stain(grey))
+    grey = np.full((100, 100, 3), 120, np.uint8)  # grey is no stain (bubble rims, dust)
+    assert "too little stained tissue" in str(estimate_stain(grey))
+    purple = np.full((100, 100, 3), (150, 90, 170), np.uint8)  # one colour: one stain
+    assert "not separable" in str(estimate_stain(purple))
     white = np.full((100, 100, 3), 250, np.uint8)
     assert "too little stained tissue" in str(estimate_stain(white))
 
@@ -229,7 +232,7 @@ def test_estimates_of_an_older_method_are_estimated_again(
     index = build_index([slide], tmp_path / "idx", tile_size=256, level=0)
     gen = index.path / str(index.meta["generation"])
     records = json.loads((gen / "slides.json").read_text())
-    assert records[0]["stain"]["source"] == "level 1"
+    assert records[0]["stain"]["source"] == "level 0, 16 tiles"
     assert records[0]["stain"].pop("method") == index_stain.METHOD  # as before sampled levels
     (gen / "slides.json").write_text(json.dumps(records))
     seen: list[int] = []
@@ -241,17 +244,18 @@ def test_estimates_of_an_older_method_are_estimated_again(
     assert seen == [1]  # carried over once it is of the current method
 
 
-def test_a_deep_pyramid_is_sampled_where_nuclei_are_resolved(
+def test_a_deep_pyramid_is_sampled_at_the_read_level(
     make_slide: SlideFactory, tmp_path: Path
 ) -> None:
     """A pyramid whose mask image is its 64x level (32 um/px) is estimated from storage tiles
-    of its 2 um/px level: the overview averages nuclei into the stroma, and its estimate was
-    H 18 degrees from level 0's with a third of its concentration (tiles normalised red)."""
+    of the level its tiles are read from: the overview averages nuclei into the stroma, and
+    its estimate was H 18 degrees from level 0's with a third of its concentration (tiles
+    normalised red)."""
     slide = make_slide(width=12000, height=10000, seed=4)
     index = build_index([slide], tmp_path / "idx", tile_size=256, level=0)
     record = index.slides[0]
     assert record.mask_level == 3 and record.stain is not None
-    assert record.stain["source"] == "level 1, 16 tiles"
+    assert record.stain["source"] == "level 0, 16 tiles"
     found = StainEstimate.from_json(record.stain)
     with open_slide(str(slide)) as reader:
         image, _ = read_mask_image(reader, 2048)
@@ -326,3 +330,50 @@ def test_a_malformed_stain_in_the_index_is_refused_naming_the_slide(
     opened = SlideIndex.open(tmp_path / "idx")  # checked where it is used
     with pytest.raises(InputError, match=r"\.svs: stain: 'H' must be a list of 3 numbers"):
         opened.summary()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"H": [1e300, 1e300, 1e300]}, "'H' has a norm of"),
+        ({"E": [1e-300, 1e-300, 1e-300]}, "'E' has a norm of"),
+        ({"E": "H"}, "not separable"),
+        ({"H": [0.9, -0.4, 0.1]}, "negative optical density"),
+        ({"max_concentrations": [1e300, 1.0]}, "'max_concentrations'"),
+        ({"lab_mean": [500, 0, 0]}, "'lab_mean'"),
+        ({"lab_std": [1e300, 1, 1]}, "'lab_std'"),
+    ],
+)
+def test_stain_vectors_edited_into_an_index_are_refused(
+    edit: dict[str, list[float] | str], message: str, make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    """An index's stain is checked when read as a target file is: a norm of 1e300 (unit
+    vectors of zeros after overflow), H equal to E, impossible moments."""
+    slide = make_slide(width=3000, height=2000, seed=1)
+    index = build_index([slide], tmp_path / "idx", tile_size=256, level=0)
+    gen = index.path / str(index.meta["generation"])
+    records = json.loads((gen / "slides.json").read_text())
+    stain = records[0]["stain"]
+    stain.update({k: stain[v] if isinstance(v, str) else v for k, v in edit.items()})
+    (gen / "slides.json").write_text(json.dumps(records))
+    opened = SlideIndex.open(tmp_path / "idx")
+    with pytest.raises(InputError, match=message):
+        opened.summary()
+    reference = tmp_path / "ref.json"  # a reference file is read by the same checks
+    reference.write_text(json.dumps(records[0]["stain"]))
+    with pytest.raises(InputError, match=message):
+        read_reference(reference)
+
+
+def test_a_slide_that_is_not_h_and_e_is_said_to_be(testdata: Path, tmp_path: Path) -> None:
+    """An IHC slide (kidney-48-5.tif: haematoxylin and DAB) gets an estimate and a warning
+    that it fits H&E poorly, with its angles to H&E in the estimate; H&E slides do not."""
+    names = ["kidney-48-5.tif", "CMU-1-Small-Region.svs", "tcga-cr-7395-01a-01-ts1.svs"]
+    index = build_index([testdata / n for n in names], tmp_path / "idx", tile_size=224, level=0)
+    by_name = {Path(s.path).name: s for s in index.slides}
+    ihc = by_name["kidney-48-5.tif"]
+    assert ihc.stain is not None and max(ihc.stain["he_deg"]) > 20
+    assert "fits H&E poorly" in (ihc.warning or "")
+    for name in names[1:]:
+        assert "fits H&E poorly" not in (by_name[name].warning or "")
+        assert max(by_name[name].stain["he_deg"]) < 20  # type: ignore[index]

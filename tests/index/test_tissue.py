@@ -167,3 +167,36 @@ def test_a_mask_image_with_partial_edge_blocks_is_padded_with_glass(tmp_path: Pa
         full = slide.read_region(0, 0, 0, 1000, 700)
     assert image.shape == (44, 63, 3)
     assert np.abs(image - _block_means(full, 16)).max() <= 3
+
+
+def test_holes_larger_than_a_few_cells_are_glass() -> None:
+    """A lumen in tissue is glass (as CLAM cuts holes out of its contours); a hole of a few
+    pixels (a gap between cells) is tissue."""
+    image = np.full((200, 300, 3), 242, np.uint8)
+    image[40:160, 60:260] = (220, 150, 190)
+    image[70:130, 100:160] = 242  # a lumen: 60 x 60 px
+    image[100:104, 200:204] = 242  # a gap: 4 x 4 px (closed by the morphology anyway)
+    image[60:66, 220:226] = 242  # 6 x 6 px
+    mask = tissue_mask(image, max_hole=64)
+    assert not mask[75:125, 105:155].any()
+    assert mask[60:66, 220:226].all() and mask[100:104, 200:204].all()
+    assert tissue_mask(image)[75:125, 105:155].all()  # None: every hole filled
+
+
+def test_no_tile_is_mostly_tissue_and_mostly_glass(testdata: Path, tmp_path: Path) -> None:
+    """The tissue column and qc_background count the same pixels as tissue: a tile's shares
+    add up to at most 1, so none is at least half tissue and at least half glass (lumens were
+    tissue for the first and glass for the second: 11 such tiles on these two slides)."""
+    from wsi_loader.index import build_index
+
+    slides = ["CMU-1-Small-Region.svs", "tcga-cr-7395-01a-01-ts1.svs", "test3-DAPI-2-(387).ndpi"]
+    index = build_index([testdata / s for s in slides], tmp_path / "idx", tile_size=224,
+                        level=0)  # fmt: skip
+    cols = index.columns
+    assert len(cols["tissue"]) > 400
+    assert (cols["tissue"] + cols["qc_background"] <= 1 + 1e-6).all()
+    brightfield = np.isin(cols["slide_id"], [0, 1])
+    both = (cols["tissue"] >= 0.5) & (cols["qc_background"] >= 0.5)
+    assert not (both & brightfield).any()
+    # a fluorescence slide's coarse mask splits a few tiles exactly in half, never more
+    assert not ((cols["tissue"] > 0.5) & (cols["qc_background"] >= 0.5)).any()

@@ -241,7 +241,7 @@ def test_targets(stained: SlideIndex, tmp_path: Path) -> None:
         resolve_target(None)
     with pytest.raises(InputError, match="not found"):
         resolve_target(tmp_path / "missing.svs")
-    with pytest.raises(InputError, match="stained pixels"):
+    with pytest.raises(InputError, match="too little stained tissue"):
         resolve_target(np.full((64, 64, 3), 250, np.uint8))
     with pytest.raises(ConfigError, match="not bound"):
         Normalize("macenko").apply_numpy(pixels.copy(), [0, 0], [0, 1])

@@ -117,3 +117,27 @@ def test_coarse_levels_average_nuclei(make_slide: SlideFactory, tmp_path: Path) 
     assert levels[-1] > 4
     darkest = coarse.max(axis=-1)
     assert darkest.min() > 150  # nucleus colour (88, 58, 140) averaged in, never alone
+
+
+def test_the_other_painter_blends_ink_and_lays_a_second_layer() -> None:
+    """`_other_artefacts`: ink is 75% of a stroke's pixels over the stain (not a filter),
+    and a fold multiplies the tissue by a second layer of tissue (optical densities add)."""
+    from wsi_loader.synthetic._artefacts import Fold, PenStroke
+    from wsi_loader.synthetic._other_artefacts import INK_COLOURS, paint_other_artefacts
+
+    tissue_colour = np.array([200, 140, 180], np.float32)
+    tile = np.broadcast_to(tissue_colour, (64, 64, 3)).astype(np.uint8)
+    on = np.ones((64, 64), bool)
+
+    def neighbour(x: float, y: float) -> np.ndarray:
+        return tile.copy()
+
+    stroke = PenStroke(((0.0, 32.0), (64.0, 32.0)), 20.0, "green")
+    inked = paint_other_artefacts(tile, [stroke], 0, 0, 1.0, on, neighbour)
+    expected = 0.25 * tissue_colour + 0.75 * np.array(INK_COLOURS["green"])
+    assert np.abs(inked[32, 32] - expected).max() <= 1
+    assert (inked[2, 2] == tile[2, 2]).all()  # off the stroke: untouched
+    fold = Fold(((0.0, 32.0), (64.0, 32.0)), 20.0)
+    folded = paint_other_artefacts(tile, [fold], 0, 0, 1.0, on, neighbour)
+    od = -np.log(folded[32, 32] / 245.0)
+    assert np.allclose(od, 2 * -np.log(tissue_colour / 245.0), atol=0.02)

@@ -23,13 +23,14 @@ from wsi_loader.errors import TileReadError
 from wsi_loader.index import _qc as qc
 from wsi_loader.index._focus import measure_sharpness
 from wsi_loader.index._lowres import FloatArray, LowResolution, TileBoxes
-from wsi_loader.index._stain_estimates import stain_columns
+from wsi_loader.index._stain_estimates import StainEstimate, stain_columns
 from wsi_loader.index._table_files import SlideRecord
 from wsi_loader.index._tissue import (
     DARK_FIELD_BRIGHTNESS,
     BoolArray,
     Detector,
     choose_detector,
+    max_hole_pixels,
     pixel_rule,
     read_mask_image,
     tile_fractions,
@@ -110,11 +111,22 @@ def analyse_slide(
             "on black glass, so bright glass counts as tissue: use tissue_detector auto or "
             "brightfield"
         )
-    mask = tissue_mask(image, rule)
+    plausible = (  # a resolution no microscope has (72 dpi from generic software) misleads
+        mpp if mpp is not None and MIN_PLAUSIBLE_MPP <= mpp <= MAX_PLAUSIBLE_MPP else None
+    )
+    per_px = meta.dimensions[0] / image.shape[1]  # level-0 pixels per pixel of the picture
+    max_hole = max_hole_pixels(
+        None if plausible is None else plausible * per_px, tiles.footprint / per_px
+    )
+    mask = tissue_mask(image, rule, max_hole)
     if detector == "fluorescence":
         result.record |= {"stain": None, "stain_error": "a fluorescence slide has no H&E stain"}
     else:
         result.record |= stain_columns(reader, image, mask, level, read_level)  # its own tissue
+        stain = result.record.get("stain")
+        note = None if stain is None else StainEstimate.from_json(stain).not_he()
+        if note is not None:
+            result.notes.append(note)
     if mask_file is not None:
         mask = read_mask(mask_file, meta.dimensions)
         result.record |= {"tissue_detector": "mask", "tissue_reason": f"mask image {mask_file}"}
@@ -125,12 +137,14 @@ def analyse_slide(
         except TileReadError as exc:  # the fallback reads pixels; focus is then unknown
             sharpness = None
             result.notes.append(f"no focus measure: {exc}")
-        # a resolution no microscope has (72 dpi from generic software) would mislead the
-        # QC picture's scale: without one, it goes by tiles
-        plausible = (
-            mpp if mpp is not None and MIN_PLAUSIBLE_MPP <= mpp <= MAX_PLAUSIBLE_MPP else None
-        )
-        found = qc.measure(low, rule, tiles, plausible, sharpness)
+        # without a plausible scale, the QC picture goes by tiles; its glass is what the
+        # tissue mask (the tissue column's) does not cover
+        found = qc.measure(low, rule, tiles, plausible, sharpness, mask)
+        if found.summary.get("blue_stain"):
+            result.notes.append(
+                "most of the tissue is blue (a Giemsa or other blue stain, not H&E?): blue "
+                "is taken as the stain, not as pen ink"
+            )
         result.columns |= found.columns
         result.record["qc"] = found.summary
     return result
@@ -165,7 +179,11 @@ def recorded_tissue_mask(
         return _drawn(geometry, image.shape[:2], size)
     fluorescence = record.tissue_detector == "fluorescence"
     detector: Detector = "fluorescence" if fluorescence else "brightfield"
-    return tissue_mask(image, pixel_rule(image, detector))
+    mpp = reader.meta.usable_mpp
+    per_px = size[0] / image.shape[1]
+    tile_px = float(params.get("tile_size") or 256) / per_px
+    max_hole = max_hole_pixels(None if mpp is None else mpp * per_px, tile_px)
+    return tissue_mask(image, pixel_rule(image, detector), max_hole)
 
 
 def _drawn(geometry: Any, shape: tuple[int, ...], l0_size: tuple[int, int]) -> BoolArray:

@@ -36,8 +36,8 @@ from wsi_loader.config import close_key
 from wsi_loader.errors import ConfigError
 from wsi_loader.index._focus import Sharpness, relative_focus
 from wsi_loader.index._lowres import FloatArray, LowResolution, TileBoxes, box_means
-from wsi_loader.index._qc_pixels import bubbles, folded, large_parts, pen_ink
-from wsi_loader.index._tissue import BoolArray, PixelRule
+from wsi_loader.index._qc_pixels import bubbles, folded, large_parts, pen_inks
+from wsi_loader.index._tissue import BoolArray, PixelRule, tile_fractions
 from wsi_loader.slides._base import RGBArray
 
 QC_COLUMNS: dict[str, np.dtype[Any]] = {
@@ -50,6 +50,7 @@ NEIGHBOURHOOD_UM = 1000.0  # "the tissue around" a pixel, for folds and bubble r
 MIN_PEN_UM = 100.0  # ink areas smaller than this square are no strokes
 MIN_FOLD_UM = 150.0  # folds smaller than this square are no folds (specks, nuclei clusters)
 MIN_BUBBLE_UM = 200.0  # the inside of a bubble is at least this square
+BLUE_STAIN_SHARE = 0.5  # blue over more of the coloured area than this: the stain, not ink
 
 
 @dataclass(frozen=True)
@@ -193,10 +194,13 @@ def measure(
     tiles: TileBoxes,
     mpp: float | None,
     sharpness: Sharpness | None,
+    tissue_mask: BoolArray | None = None,
 ) -> QcResult:
     """The QC columns of ``tiles`` from the slide's low-resolution picture (``rule``: which
     of its pixels are stained tissue) and the raw ``sharpness`` of each tile (None: no focus
-    measure, NaN)."""
+    measure, NaN). ``tissue_mask`` (any scale): the slide's tissue, the pixels its tissue
+    column counts; what it does not cover (and no ink or bubble does) is glass, so a tile
+    is never mostly tissue and mostly glass at once (None: the stained pixels of ``rule``)."""
     picture, um_per_px = _qc_picture(low, tiles.footprint, mpp)
     h, w = picture.shape[:2]
     sx, sy = w / low.l0_size[0], h / low.l0_size[1]
@@ -206,16 +210,25 @@ def measure(
         return list(box_means(np.stack(masks), sx, sy, tiles))
 
     stained = rule.stained(picture)
+    covered = stained if tissue_mask is None else _resized(tissue_mask, (w, h))
+    nothing = np.zeros((h, w), dtype=bool)
     nan = np.full(len(tiles), np.nan, dtype=np.float32)
+    blue_stain = False
     if rule.detector == "brightfield":
-        ink = pen_ink(picture)
+        blue, ink = pen_inks(picture)
+        coloured = int((stained | blue | ink).sum())
+        # "blue ink" over most of what is coloured is the slide's stain (Giemsa, methylene
+        # blue): the pen rule never flags a whole slide's tissue
+        blue_stain = coloured > 0 and int(blue.sum()) > BLUE_STAIN_SHARE * coloured
+        if not blue_stain:
+            ink |= blue
         stained &= ~ink
         # a stroke is an area: lone ink-coloured pixels are specks or clumps of nuclei
         ink = large_parts(ink, _pixels(MIN_PEN_UM, um_per_px, w))
         bubble = bubbles(picture, ink, stained, window, _pixels(MIN_BUBBLE_UM, um_per_px, w))
         fold = folded(picture, stained & ~bubble, ink, window, _pixels(MIN_FOLD_UM, um_per_px, w))
-        glass = ~stained & ~ink & ~bubble
-        tissue = stained & ~bubble
+        glass = ~(covered | stained) & ~ink & ~bubble
+        tissue = covered & ~ink & ~bubble
         pen, fold_share, bubble_share, background, tissue_share = shares(
             ink, fold, bubble, glass, tissue
         )
@@ -223,14 +236,24 @@ def measure(
         areas = {"pen": ink, "fold": fold, "bubble": bubble}
     else:
         columns = {"qc_pen": nan, "qc_fold": nan, "qc_bubble": nan.copy()}
-        glass, tissue, areas = ~stained, stained, {}
+        glass, tissue, areas = ~(covered | stained), covered, {}
         background, tissue_share = shares(glass, tissue)
+    if tissue_mask is not None:
+        # the glass share over the tissue column's boxes, at the mask's resolution: the two
+        # shares are of disjoint pixels of the same boxes, so they add up to at most 1
+        shape = tissue_mask.shape[::-1]
+        marked = _resized(areas.get("pen", nothing) | areas.get("bubble", nothing), shape)
+        background = tile_fractions(
+            ~tissue_mask & ~marked, low.l0_size, tiles.l0_x, tiles.l0_y, tiles.footprint
+        )
     columns["qc_background"] = background
     summary: dict[str, Any] = {
         "picture": f"{w}x{h} px" + (f" at {um_per_px:.3g} um/px" if um_per_px is not None else ""),
         "focus_source": None,
         "focus_reference": None,
     }
+    if blue_stain:
+        summary["blue_stain"] = True
     if sharpness is not None:
         focus = relative_focus(sharpness.raw, tissue_share)
         columns["qc_focus"] = focus.focus
@@ -245,6 +268,17 @@ def measure(
     }
     ordered = {name: columns[name].astype(np.float32) for name in QC_COLUMNS}
     return QcResult(ordered, summary)
+
+
+def _resized(mask: BoolArray, size: tuple[int, int]) -> BoolArray:
+    """A mask at another size (width, height): the majority of each pixel's area."""
+    if mask.shape[::-1] == size:
+        return mask
+    grey = Image.fromarray(mask.astype(np.uint8) * 255).resize(
+        size, Image.Resampling.BOX if size[0] < mask.shape[1] else Image.Resampling.NEAREST
+    )
+    out: BoolArray = np.asarray(grey) >= 128
+    return out
 
 
 def _qc_picture(

@@ -41,6 +41,7 @@ RED_PEN = (
     (125, 40, 70), (200, 120, 150), (100, 50, 65), (85, 25, 45),
 )  # fmt: skip
 RED_INK_HUE = 3  # red ink: (blue - green) at most 3/10 of (red - green), a hue >= 342 degrees
+GREEN_INK_MARGIN = 30  # green ink: green this far above red and blue (no H&E pixel is)
 BLACK_INK_MAX = 90  # black ink: no channel above this...
 BLACK_INK_CHROMA = 35  # ...and channels this close (dense nuclei are purple even when dark)
 
@@ -68,6 +69,16 @@ def _pen_tables() -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int16], npt.NDA
 
 def pen_ink(rgb: RGBArray) -> BoolArray:
     """Pixels of pen ink: blue, green or red as histolab defines them, or black."""
+    blue, other = pen_inks(rgb)
+    return blue | other
+
+
+def pen_inks(rgb: RGBArray) -> tuple[BoolArray, BoolArray]:
+    """Pixels of blue ink, and of the other inks (green, red, black), apart: a slide whose
+    tissue is mostly "blue ink" is stained blue (Giemsa, methylene blue), which no other
+    ink colour is under a brightfield stain. Green is also any clearly green pixel (green
+    above red and blue by `GREEN_INK_MARGIN`): histolab's triples ask for some blue and
+    miss a saturated green marker."""
     blue_above, green_above, red_below = _pen_tables()
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
     b16 = b.astype(np.int16)
@@ -77,10 +88,13 @@ def pen_ink(rgb: RGBArray) -> BoolArray:
     g16 = g.astype(np.int16)
     red = (b16 < red_below[r, g]) & (10 * (b16 - g16) <= RED_INK_HUE * (r.astype(np.int16) - g16))
     ink: BoolArray = (b16 > blue_above[r, g]) | (b16 > green_above[r, g]) | red
+    ink |= (g16 >= r.astype(np.int16) + GREEN_INK_MARGIN) & (g16 >= b16 + GREEN_INK_MARGIN)
     high = np.maximum(np.maximum(r, g), b)
     low = np.minimum(np.minimum(r, g), b)
-    ink |= (high <= BLACK_INK_MAX) & (high - low <= BLACK_INK_CHROMA)
-    return ink
+    black = (high <= BLACK_INK_MAX) & (high - low <= BLACK_INK_CHROMA)
+    # blue: ink whose strongest channel is blue (histolab's green triples take dark blues too)
+    blue: BoolArray = ink & (b == high) & ~black
+    return blue, (ink & ~blue) | black
 
 
 def optical_density(rgb: RGBArray) -> npt.NDArray[np.float32]:

@@ -1,24 +1,20 @@
-"""Per-slide stain statistics, estimated once at index time from a low-resolution image.
+"""Per-slide stain statistics, estimated once at index time from the slide's tissue.
 
 Two descriptions of a slide's colour, both computed from its tissue pixels (the tissue mask,
-less near-white pixels) of the image the builder already reads to find tissue, so level 0 of a
-pyramid is never decoded:
+less near-white pixels) at the resolution its tiles are read at:
 
 - Macenko (2009): the optical-density (OD) vectors of haematoxylin and eosin, and the 99th
   percentile of each stain's concentration (its robust maximum). Normalising a tile is then a
   fixed per-pixel map: OD, one 3x3 matrix, exp (`wsi_loader.stain`).
 - Reinhard (2001): the mean and standard deviation of each CIELAB channel.
 
-When that image is coarser than `SAMPLE_MPP` (a deep pyramid's overview) or is the level
-tiles are read from, shrunk (a slide with one level: the builder decodes all of it anyway), the
-pixels come from a few storage tiles over tissue of a level fine enough to resolve nuclei,
-read at full resolution instead (`slide_estimate`): a coarse picture averages intensities,
+Unless that image is the level tiles are read from at full resolution, the pixels come from a
+few storage tiles over tissue of the read level (`slide_estimate`): the statistics a tile is
+normalised with must describe pixels like its own. A coarser picture averages intensities,
 which mixes stains with each other and with glass non-linearly in OD and pulls the estimated
-vectors inward and the concentrations down (normalising with such an estimate saturates the
-tiles; benchmarks/README.md, "Stain estimates from coarse levels"). The level sampled is
-the coarsest at most `SAMPLE_MPP` um/px and no finer than the read level (without an MPP: at
-most 4x the read level's downsample), so level 0 of a pyramid is decoded only when tiles are
-read from it and no coarser level resolves nuclei.
+vectors inward and the concentrations and spreads down, so a slide normalised to a crop of
+itself would move. A target image is fitted by the same
+`estimate_stain`, so target and slide are compared over the same kind of pixels.
 
 A slide whose stain cannot be estimated (too little tissue, two stains that are not separable,
 vectors far from any H&E) gets a reason instead of an estimate: it is flagged, never failed.
@@ -57,10 +53,16 @@ MIN_PIXELS = 2000  # fewer stained tissue pixels give no estimate
 MAX_PIXELS = 1 << 18  # more are subsampled (evenly): the estimate does not need them all
 MIN_SEPARATION_DEG = 5.0  # H and E closer than this are not two stains
 MAX_OFF_REFERENCE_DEG = 40.0  # a vector further than this from the H&E reference: not H&E
+GREY_CHROMA = 20  # stained tissue is coloured: pixels with channels this close are not stain
+NOT_HE_DEG = (25.0, 20.0)  # H, E further than this from the reference: said to be not H&E
 SAMPLE_WINDOWS = 16  # storage tiles read at full resolution when the mask image is too coarse
 SAMPLE_PIXELS = 1 << 17  # of the sampled tiles' tissue pixels, evenly spread
-SAMPLE_MPP = 2.0  # um/px: the coarsest level that still resolves nuclei (4 px across or more)
-METHOD = 2  # slide estimates of this method (sampled levels) are kept on rebuild; older are redone
+METHOD = 3  # slide estimates of this method (sampled at the read level) are kept on rebuild
+# what a stain read from a file may hold: OD vectors of a norm near 1, maximum concentrations
+# (optical densities) and CIELAB values of an image
+MAX_VECTOR_NORM = 100.0
+MAX_CONCENTRATION = 50.0
+MAX_LAB = 200.0
 SAMPLE_WINDOW_MAX = 512  # a larger storage tile (or a strip) is sampled in windows this wide
 
 # Macenko's reference (torchstain's default target): H and E OD vectors and max concentrations
@@ -103,38 +105,75 @@ class StainEstimate:
             "lab_mean": [round(v, 4) for v in self.lab_mean],
             "lab_std": [round(v, 4) for v in self.lab_std],
             "pixels": self.pixels,
+            # how well the slide fits H&E: its vectors' angles to Macenko's H and E
+            "he_deg": [round(v, 2) for v in self.he_angles()],
             **({"source": self.source, "method": METHOD} if self.source else {}),
         }
+
+    def he_angles(self) -> tuple[float, float]:
+        """The angles (degrees) of H and E to Macenko's reference H and E vectors."""
+        return angle_deg(self.h, REFERENCE_H), angle_deg(self.e, REFERENCE_E)
+
+    def not_he(self) -> str | None:
+        """Why this stain does not look like H&E (an IHC's DAB, a Giemsa's blues), or None:
+        vectors further from H&E's than H&E slides' are (`NOT_HE_DEG`)."""
+        off_h, off_e = self.he_angles()
+        if off_h <= NOT_HE_DEG[0] and off_e <= NOT_HE_DEG[1]:
+            return None
+        return (
+            f"the stain fits H&E poorly (H {off_h:.0f} and E {off_e:.0f} degrees from H&E's; "
+            f"H&E slides are within {NOT_HE_DEG[0]:.0f} and {NOT_HE_DEG[1]:.0f}): not an H&E "
+            "slide (IHC, Giemsa...)? Stain normalisation and the QC rules assume H&E"
+        )
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], source: str = "stain") -> StainEstimate:
         """Parse (and check) `as_json`'s form: a file given as a target is untrusted input."""
 
-        def numbers(key: str, count: int, positive: bool = False) -> tuple[float, ...]:
+        def numbers(
+            key: str, count: int, positive: bool = False, bound: float = math.inf
+        ) -> tuple[float, ...]:
             value = data.get(key)
             if (
                 not isinstance(value, list)
                 or len(value) != count
                 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in value)
                 or (positive and not all(v > 0 for v in value))
+                or not all(abs(v) <= bound for v in value)
             ):
                 need = "positive " if positive else ""
-                raise InputError(f"{source}: {key!r} must be a list of {count} {need}numbers")
+                within = f" of at most {bound:g}" if math.isfinite(bound) else ""
+                raise InputError(
+                    f"{source}: {key!r} must be a list of {count} {need}numbers{within}"
+                )
             return tuple(float(v) for v in value)
 
         if not isinstance(data, Mapping):
             raise InputError(f"{source}: a stain is a JSON object with H, E, ... keys")
         h, e = numbers("H", 3), numbers("E", 3)
         for name, vector in (("H", h), ("E", e)):
-            if np.linalg.norm(vector) < 1e-6:
-                raise InputError(f"{source}: the {name} vector is zero")
+            # an OD vector is stored unit; one of norm 1e300 overflows (its unit vector is 0)
+            norm = math.hypot(*vector)
+            if not 1 / MAX_VECTOR_NORM <= norm <= MAX_VECTOR_NORM:
+                raise InputError(
+                    f"{source}: {name!r} has a norm of {norm:.3g}, not an optical-density "
+                    f"vector (its norm is 1, between {1 / MAX_VECTOR_NORM:g} and "
+                    f"{MAX_VECTOR_NORM:g} accepted)"
+                )
+        h, e = _unit(h), _unit(e)
+        problem = check_vectors(np.array([h, e]).T)
+        if problem is not None:  # as a target image's vectors are checked
+            raise InputError(f"{source}: {problem}")
         pixels, where = data.get("pixels", 0), data.get("source", "")
+        l_mean = numbers("lab_mean", 3, bound=MAX_LAB)
+        if not 0 <= l_mean[0] <= 100:
+            raise InputError(f"{source}: 'lab_mean' has L = {l_mean[0]:g}, outside 0..100")
         return cls(
-            h=_unit(h),
-            e=_unit(e),
-            max_c=numbers("max_concentrations", 2, positive=True),  # type: ignore[arg-type]
-            lab_mean=numbers("lab_mean", 3),  # type: ignore[arg-type]
-            lab_std=numbers("lab_std", 3, positive=True),  # type: ignore[arg-type]
+            h=h,
+            e=e,
+            max_c=numbers("max_concentrations", 2, True, MAX_CONCENTRATION),  # type: ignore[arg-type]
+            lab_mean=l_mean,  # type: ignore[arg-type]
+            lab_std=numbers("lab_std", 3, positive=True, bound=MAX_LAB),  # type: ignore[arg-type]
             pixels=int(pixels) if isinstance(pixels, int) else 0,
             source=where[:200] if isinstance(where, str) else "",
         )
@@ -258,9 +297,16 @@ def _evenly(pixels: npt.NDArray[Any], limit: int) -> npt.NDArray[Any]:
 def estimate_stain(
     rgb: npt.NDArray[np.uint8], tissue: npt.NDArray[np.bool_] | None = None, source: str = ""
 ) -> StainEstimate | str:
-    """The stain of an image's tissue: its pixels inside ``tissue`` (all when None) whose OD
-    is at least `BETA` in every channel. Returns the reason when there is no usable estimate."""
+    """The stain of an image's tissue: its pixels inside ``tissue`` (all when None) but
+    those that are no stain (`_not_stain`: ink, grey bubble rims). The vectors and the LAB
+    moments come from the pixels whose OD is at least `BETA` in every channel
+    (`is_stained`); the maximum concentrations from every pixel with an OD of at least
+    `BETA` in any channel (light eosin included: over the stained pixels alone, a paler
+    eosin keeps fewer of its pixels and its maximum came out higher, not lower). A slide's
+    estimate and a target image's are this same fit, so a slide normalised to a
+    crop of itself barely moves. Returns the reason when there is no usable estimate."""
     pixels = rgb.reshape(-1, 3) if tissue is None else rgb[tissue]
+    pixels = pixels[~_not_stain(pixels)]
     od = optical_density(pixels)
     stained = is_stained(od)
     count = int(stained.sum())
@@ -269,12 +315,13 @@ def estimate_stain(
             f"too little stained tissue for a stain estimate ({count} pixels of the "
             f"{source or 'image'}, at least {MIN_PIXELS} needed)"
         )
+    coloured = _evenly(od[(od >= BETA).any(axis=-1)], MAX_PIXELS)
     od, pixels = _evenly(od[stained], MAX_PIXELS), _evenly(pixels[stained], MAX_PIXELS)
     he = macenko_vectors(od)
     problem = check_vectors(he)
     if problem is not None:
         return problem
-    c = concentrations(od, he)
+    c = concentrations(coloured, he)
     max_c = np.percentile(c, MAX_C_PERCENTILE, axis=1)
     if not (max_c > 0).all():
         return "a stain has no positive concentration (not an H&E stain)"
@@ -298,12 +345,12 @@ def slide_estimate(
     read_level: int,
 ) -> StainEstimate | str:
     """A slide's stain from the builder's mask image (``image`` of level ``mask_level`` and its
-    ``tissue`` mask), or, when that image is coarser than `sample_level` or is that level
-    shrunk, from `SAMPLE_WINDOWS` of that level's storage tiles over tissue at full resolution
-    (see the module's docstring; a sample that cannot be read falls back to the image)."""
+    ``tissue`` mask) when that image is `sample_level` at full resolution, else from
+    `SAMPLE_WINDOWS` of that level's storage tiles over tissue at full resolution (see the
+    module's docstring; a sample that cannot be read falls back to the image)."""
     level = sample_level(reader.meta, read_level)
     l_w, l_h = reader.meta.level_dimensions[mask_level]
-    if level < mask_level or image.shape[:2] != (l_h, l_w):
+    if level != mask_level or image.shape[:2] != (l_h, l_w):
         try:
             pixels, windows = read_tissue_sample(reader, level, tissue)
         except SlideError as exc:  # a corrupt tile: the mask image still has the colours
@@ -315,19 +362,25 @@ def slide_estimate(
     return estimate_stain(image, tissue, source=f"level {mask_level}")
 
 
+def _not_stain(pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
+    """Pixels ``(n, 3)`` that are no stain: green, red or black ink, and grey (bubble rims,
+    dust). Blue "ink" stays: dense nuclei pass histolab's blue triples, and a blue stain is
+    a stain."""
+    from wsi_loader.index._qc_pixels import pen_inks
+
+    other = pen_inks(pixels[:, None])[1][:, 0]
+    high, low = pixels.max(axis=-1).astype(np.int16), pixels.min(axis=-1).astype(np.int16)
+    grey: npt.NDArray[np.bool_] = other | ((high - low < GREY_CHROMA) & (high < 200))
+    return grey
+
+
 def sample_level(meta: SlideMeta, read_level: int) -> int:
-    """The level a slide's stain is sampled at: the coarsest level no finer than ``read_level``
-    that still resolves nuclei (at most `SAMPLE_MPP` um/px; without a plausible MPP, at most
-    4x the read level's downsample), else ``read_level``."""
-    base = meta.level_downsamples[read_level]
-    mpp = meta.usable_mpp
-    chosen = read_level
-    for level in range(read_level + 1, meta.level_count):
-        ds = meta.level_downsamples[level]
-        fine_enough = ds * mpp <= SAMPLE_MPP if mpp is not None else ds <= 4 * base
-        if fine_enough:
-            chosen = level
-    return chosen
+    """The level a slide's stain is sampled at: the level its tiles are read from. The
+    statistics a tile is normalised with must be those of pixels like its own: a coarser
+    level averages nuclei into the stroma (lower concentrations and spreads, other vectors),
+    so a slide normalised to a crop of itself would move (``meta`` is kept for callers)."""
+    del meta
+    return read_level
 
 
 def read_tissue_sample(

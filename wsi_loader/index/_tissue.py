@@ -126,18 +126,23 @@ def pixel_rule(rgb: RGBArray, detector: Detector) -> PixelRule:
     return PixelRule(detector, max(glass + 2.0, min(otsu, glass + 4 * noise + 2)))
 
 
-def tissue_mask(rgb: RGBArray, rule: PixelRule | None = None) -> BoolArray:
+def tissue_mask(
+    rgb: RGBArray, rule: PixelRule | None = None, max_hole: int | None = None
+) -> BoolArray:
     """Boolean tissue mask of a low-resolution RGB image: the stained pixels of ``rule``
     (default: brightfield, Otsu on saturation), a closing and an
-    opening with the 4-neighbour cross (``radius`` times each), then holes filled. The same
-    pixels as scipy.ndimage's binary_closing/opening/fill_holes (border outside = 0), in
+    opening with the 4-neighbour cross (``radius`` times each), then holes of at most
+    ``max_hole`` pixels filled (None: every hole). A larger hole (a lumen, a vessel, a tear)
+    is glass, as CLAM cuts holes out of its contours: it is not tissue for the tile's tissue
+    share, nor for quality control, which reads the same mask. With every hole filled, the
+    same pixels as scipy.ndimage's binary_closing/opening/fill_holes (border outside = 0), in
     ~1/7 of the time: plain shifted ANDs and ORs, and one labelling for the holes."""
     mask = (rule or pixel_rule(rgb, "brightfield")).stained(rgb)
     radius = max(1, round(max(mask.shape) / 512))
     for grow in (True, False, False, True):  # closing (grow, shrink), opening (shrink, grow)
         for _ in range(radius):
             mask = cross_step(mask, grow)
-    return fill_holes(mask)
+    return fill_holes(mask, max_hole)
 
 
 def cross_step(mask: BoolArray, grow: bool) -> BoolArray:
@@ -154,17 +159,32 @@ def cross_step(mask: BoolArray, grow: bool) -> BoolArray:
     return out
 
 
-def fill_holes(mask: BoolArray) -> BoolArray:
-    """The mask with every background area not 4-connected to the image's edge filled."""
+def fill_holes(mask: BoolArray, max_area: int | None = None) -> BoolArray:
+    """The mask with every background area not 4-connected to the image's edge filled (only
+    those of at most ``max_area`` pixels when given)."""
     labels, count = ndimage.label(~mask)
     if count == 0:
         return mask.copy()
-    edge = np.zeros(count + 1, dtype=bool)
+    keep = np.zeros(count + 1, dtype=bool)  # background areas that stay background
     for side in (labels[0], labels[-1], labels[:, 0], labels[:, -1]):
-        edge[side] = True
-    edge[0] = False  # label 0 is the mask itself
-    filled: BoolArray = ~edge[labels]
+        keep[side] = True
+    if max_area is not None:
+        keep |= np.bincount(labels.ravel(), minlength=count + 1) > max_area
+    keep[0] = False  # label 0 is the mask itself
+    filled: BoolArray = ~keep[labels]
     return filled
+
+
+HOLE_UM = 60.0  # holes in tissue up to this square (a few cells) are tissue; larger are glass
+HOLE_TILE_SHARE = 1 / 16  # without a scale: holes up to this share of a tile's area
+
+
+def max_hole_pixels(um_per_px: float | None, tile_px: float) -> int:
+    """The largest hole `tissue_mask` fills, in pixels of a picture at ``um_per_px`` (None:
+    unknown) where a tile is ``tile_px`` pixels wide."""
+    if um_per_px is not None and um_per_px > 0:
+        return int((HOLE_UM / um_per_px) ** 2)
+    return int(tile_px * tile_px * HOLE_TILE_SHARE)
 
 
 Box = tuple[int, int, int, int]  # x0, y0, x1, y1 in output pixels

@@ -17,6 +17,7 @@ from wsi_loader.index._stain_estimates import (
     StainEstimate,
     archive_reference,
     check_vectors,
+    estimate_stain,
     fit_image,
     read_reference,
     slide_estimate,
@@ -32,16 +33,20 @@ Target = StainEstimate | np.ndarray | str | os.PathLike[str] | SlideIndex | None
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 
-def resolve_target(target: Target, index: SlideIndex | None = None) -> StainEstimate:
+def resolve_target(
+    target: Target, index: SlideIndex | None = None, per_tile: bool = False
+) -> StainEstimate:
     """The stain a transform normalises to. ``target`` may be a `StainEstimate`, an RGB uint8
-    image ``(H, W, 3)`` (fitted like torchstain's ``fit``: give a crop with tissue), a reference
+    image ``(H, W, 3)`` (give a crop with tissue: fitted over the same pixels as a slide's
+    estimate, so a slide normalised to a crop of itself barely moves; with ``per_tile``, as
+    torchstain's ``fit`` does, which is how per-tile normalisation fits every tile), a reference
     JSON file (``wsi-loader stain IDX --reference --out FILE``), an image file, an index folder
     or `SlideIndex` (its archive reference: the median stain of its slides), a slide file (its
     tissue at low resolution, as when indexing), or None (``index``'s archive reference)."""
     if isinstance(target, StainEstimate):
         return target
     if isinstance(target, np.ndarray):
-        return fit_target(target)
+        return fit_target(target, per_tile)
     if isinstance(target, SlideIndex):
         return archive(target)
     if target is None:
@@ -65,20 +70,32 @@ def resolve_target(target: Target, index: SlideIndex | None = None) -> StainEsti
         with Image.open(path) as image:
             rgb = np.asarray(image.convert("RGB"))
         try:
-            return fit_target(rgb)
+            return fit_target(rgb, per_tile)
         except InputError as exc:
             raise InputError(str(exc), path=str(path)) from None
     return _slide_stain(str(path))
 
 
-def fit_target(rgb: UInt8s) -> StainEstimate:
-    """`fit_image`, refused when the image's stains are not H&E's (the check slide estimates
-    get: a target from a fluorescence or one-stain image would recolour every tile)."""
-    found = fit_image(rgb)
-    problem = check_vectors(found.matrix())
-    if problem is not None:
-        raise InputError(f"no stain target from this image: {problem}")
-    return found
+def fit_target(rgb: UInt8s, per_tile: bool = False) -> StainEstimate:
+    """A target from an image: `estimate_stain` (the pixels and statistics a slide's estimate
+    is made of: the target and the slide are compared like for like), or with ``per_tile``
+    `fit_image` (torchstain's, what each tile gets then). Refused when the image's stains are
+    not H&E's (the check slide estimates get: a target from a fluorescence or one-stain image
+    would recolour every tile)."""
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
+        raise InputError(
+            f"a stain target image must be uint8 (H, W, 3), got {rgb.dtype} {rgb.shape}"
+        )
+    if per_tile:
+        found = fit_image(rgb)
+        problem = check_vectors(found.matrix())
+        if problem is not None:
+            raise InputError(f"no stain target from this image: {problem}")
+        return found
+    estimate = estimate_stain(rgb, source="target image")
+    if isinstance(estimate, str):
+        raise InputError(f"no stain target from this image: {estimate}")
+    return estimate
 
 
 def archive(index: SlideIndex) -> StainEstimate:
@@ -95,7 +112,12 @@ def archive(index: SlideIndex) -> StainEstimate:
 
 
 def _slide_stain(path: str) -> StainEstimate:
-    from wsi_loader.index._tissue import choose_detector, read_mask_image, tissue_mask
+    from wsi_loader.index._tissue import (
+        choose_detector,
+        max_hole_pixels,
+        read_mask_image,
+        tissue_mask,
+    )
     from wsi_loader.slides._open import open_slide
 
     with open_slide(path) as reader:
@@ -103,8 +125,12 @@ def _slide_stain(path: str) -> StainEstimate:
         detector, why = choose_detector(image)
         if detector == "fluorescence":  # as when indexing: such a slide has no stain estimate
             raise InputError(f"no stain target from a fluorescence slide ({why})", path=path)
-        # read level 0: a slide with one level is sampled at full resolution, as when indexed
-        found = slide_estimate(reader, image, tissue_mask(image), level, 0)
+        # its tissue as the index finds it (holes larger than a few cells are glass), read
+        # level 0: a slide with one level is sampled at full resolution, as when indexed
+        per_px = reader.meta.dimensions[0] / image.shape[1]
+        mpp = reader.meta.usable_mpp
+        hole = max_hole_pixels(None if mpp is None else mpp * per_px, 256 / per_px)
+        found = slide_estimate(reader, image, tissue_mask(image, None, hole), level, 0)
     if isinstance(found, str):
         raise InputError(f"no stain target from this slide: {found}", path=path)
     return found

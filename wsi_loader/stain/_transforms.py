@@ -199,11 +199,11 @@ class Normalize(StainTransform):
             and self.target is not None
             and not isinstance(self.target, (SlideIndex, str, os.PathLike))
         ):  # images and estimates resolve now; paths and indexes when bound
-            object.__setattr__(self, "resolved", resolve_target(self.target))
+            object.__setattr__(self, "resolved", resolve_target(self.target, None, self.per_tile))
             object.__setattr__(self, "target", None)
 
     def bind(self, index: SlideIndex) -> Normalize:
-        resolved = self.resolved or resolve_target(self.target, index)
+        resolved = self.resolved or resolve_target(self.target, index, self.per_tile)
         return replace(self, tables=SlideTables.from_index(index), bound=True, resolved=resolved)
 
     @property

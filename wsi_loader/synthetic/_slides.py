@@ -30,6 +30,7 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 
 from wsi_loader.synthetic._artefacts import Artefact, paint_artefacts, qc_layout
+from wsi_loader.synthetic._other_artefacts import paint_other_artefacts
 
 _FIELD_STEP = 32  # level-0 pixels per cell of the tissue field
 _BACKGROUND = np.array([242, 241, 239], dtype=np.float32)
@@ -60,7 +61,13 @@ class SlideSpec:
     # stained with known optical-density vectors (H, E), by Beer-Lambert, instead of fixed
     # colours: nuclei haematoxylin, stroma eosin (tests of stain estimation)
     stain: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
+    # the stained slides' amounts of H and E, times the default's (a darker or paler staining
+    # of the same tissue)
+    amounts: tuple[float, float] = (1.0, 1.0)
     artefacts: tuple[Artefact, ...] = ()  # painted over the tissue (_artefacts)
+    # which painter draws pen and folds: "ours" (_artefacts, what QC was tuned on) or
+    # "other" (_other_artefacts: ink blended over the stain, a second tissue layer)
+    artefact_painter: str = "ours"
     dark_field: bool = False  # a fluorescence slide: dark glass, bright nuclei
 
 
@@ -128,7 +135,8 @@ class _Painter:
         tile = self._paint_clean(level, l0_x, l0_y, ds, size)
         if not self.spec.artefacts:
             return tile
-        return paint_artefacts(
+        paint = paint_other_artefacts if self.spec.artefact_painter == "other" else paint_artefacts
+        return paint(
             tile,
             self.spec.artefacts,
             l0_x,
@@ -174,7 +182,7 @@ class _Painter:
         pixels = np.asarray(canvas)
         if self.spec.stain is not None:
             cores = self.tissue_mask(l0_x, l0_y, ds, size, size, above=_CORE)
-            return _stained(pixels, mask, cores, self.spec.stain)
+            return _stained(pixels, mask, cores, self.spec.stain, self.spec.amounts)
         return pixels
 
 
@@ -189,6 +197,7 @@ def _stained(
     mask: npt.NDArray[np.bool_],
     cores: npt.NDArray[np.bool_],
     stain: tuple[tuple[float, float, float], tuple[float, float, float]],
+    amounts: tuple[float, float] = (1.0, 1.0),
 ) -> npt.NDArray[np.uint8]:
     """Repaint a tile by Beer-Lambert with known stain vectors: eosin over the tissue (its
     texture from the painted stroma's green), haematoxylin where nuclei were drawn and over
@@ -202,7 +211,7 @@ def _stained(
     c_e = np.where(nucleus, _NUCLEUS_E, np.where(cores, 0.1 * c_e, c_e))
     c_h = np.where(cores, _CORE_H * texture, 0.0)
     c_h = np.where(nucleus, _NUCLEUS_H * np.clip(texture / 1.6, 0.6, 1.2), c_h)
-    od = c_h[..., None] * h + c_e[..., None] * e
+    od = amounts[0] * c_h[..., None] * h + amounts[1] * c_e[..., None] * e
     rgb = np.clip(_STAIN_IO * np.exp(-od) + 0.5, 0, 255)
     out: npt.NDArray[np.uint8] = rgb.astype(np.uint8)
     return out
