@@ -357,6 +357,52 @@ def test_concurrent_local_copies_stay_within_the_byte_limit(
         assert locks == [data[0].name + ".lock"]
 
 
+def test_a_download_waits_for_room_held_by_a_copy_in_use(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    """The race behind an overfull folder: a copy checked by another process (its lock held)
+    cannot be evicted, so a download that started anyway ended beside it over the limit. A
+    download now waits until its room can be made, and the limit holds."""
+    import threading
+
+    from wsi_loader.files import locked
+
+    root = tmp_path / "www"
+    root.mkdir()
+    for name, seed in (("one.ndpi", 1), ("two.ndpi", 2)):
+        shutil.copy(make_slide(width=2048, height=2048, seed=seed), root / name)
+    size = max((root / n).stat().st_size for n in ("one.ndpi", "two.ndpi"))
+    limit = int(size * 1.5)
+    folder = tmp_path / "cache"
+    with http_files(root) as server:
+        first = LocalCopies(str(folder), max_bytes=limit).local(f"{server.url}/one.ndpi")
+        second = LocalCopies(str(folder), max_bytes=limit)
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def fetch() -> None:
+            try:
+                second.local(f"{server.url}/two.ndpi")
+            except BaseException as exc:  # said by the assert below
+                errors.append(exc)
+            finally:
+                done.set()
+
+        with locked(first + ".lock"):  # another process checking its copy before use
+            thread = threading.Thread(target=fetch)
+            thread.start()
+            # without the wait, the download ends while the lock is held (then the folder
+            # is over its limit); with it, nothing ends before the lock goes
+            finished_early = done.wait(10)
+        thread.join()
+        assert not errors, errors
+        data = [p for p in folder.iterdir() if not p.name.startswith(".")]
+        data = [p for p in data if not p.name.endswith(".lock")]
+        assert sum(p.stat().st_size for p in data) <= limit, (finished_early, data)
+        assert not finished_early
+        assert second.downloads == 1 and not os.path.exists(first)
+
+
 def _umask() -> int:
     import os
 
