@@ -417,7 +417,7 @@ def test_coalescing_keeps_a_range_that_contains_the_next() -> None:
     assert coalesce([(0, 100), (10, 20), (150, 10)], gap=64) == [(0, 160)]
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(300)
 def test_a_stalled_request_is_asked_again_not_waited_out(
     served: tuple[str, Path], make_slide: SlideFactory
 ) -> None:
@@ -596,3 +596,24 @@ def test_pixels_over_https_equal_the_local_file(make_slide: SlideFactory, tmp_pa
         )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stdout.split()[-1]) >= 35
+
+
+def test_plain_http_from_another_machine_is_warned_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Over plain http nothing checks a range's bytes (a flipped bit decodes as wrong
+    pixels): one WARNING per store and process, none for this machine or https."""
+    from wsi_loader.slides.storage._remote import _Clients, plain_http_warning
+
+    assert plain_http_warning("http://127.0.0.1:8000/a.svs") is None
+    assert plain_http_warning("http://localhost/a.svs") is None
+    assert plain_http_warning("http://[::1]:80/a.svs") is None
+    assert plain_http_warning("https://192.0.2.7/a.svs") is None
+    assert "192.0.2.7" in (plain_http_warning("http://192.0.2.7/a.svs") or "")
+    clients = _Clients()
+    with caplog.at_level("WARNING", logger="wsi_loader.slides.storage._remote"):
+        for name in ("a.svs", "b.svs"):
+            clients.client(f"http://192.0.2.7/{name}")  # made, not connected
+        clients.client("http://127.0.0.1:9/c.svs")
+    said = [r.getMessage() for r in caplog.records if "plain http" in r.getMessage()]
+    assert len(said) == 1 and "192.0.2.7" in said[0] and "https://" in said[0]
