@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -166,7 +167,7 @@ if __name__ == "__main__":
             if n == 2 and sys.argv[2] == "mid-epoch":
                 interrupt.start()
             time.sleep(0.1)
-        time.sleep(300)  # the loop ended first: the interrupt lands here
+        time.sleep(30)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
     for epoch in range(2):  # the loop run again, with the same loader
@@ -389,3 +390,23 @@ def test_a_killed_forkserver_worker_is_named_with_how_it_ended(
     assert (error.worker_id, error.pid, error.exitcode) == (0, victim.pid, -signal.SIGKILL)
     assert f"worker 0 (pid {victim.pid})" in str(error) and "killed by SIGKILL" in str(error)
     assert "out-of-memory" in str(error)
+
+
+def test_an_interrupt_while_workers_start_is_held_not_lost() -> None:
+    """SIGINT sent to the process while it starts workers: the starting thread blocks it, so
+    the kernel hands it to another thread of the process; it used to be ignored process-wide
+    then, and the interrupt was lost (a busy machine's 'starting' runs of
+    test_an_interrupted_loop_can_run_again). It is raised once the start is over."""
+    from wsi_loader.dataset._worker_exit import sigint_held_for_new_workers
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # a thread that does not block SIGINT
+    other.start()
+    try:
+        with pytest.raises(KeyboardInterrupt), sigint_held_for_new_workers():
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100):  # Python runs handlers between bytecodes of this thread
+                time.sleep(0.01)
+    finally:
+        stop.set()
+        other.join()
