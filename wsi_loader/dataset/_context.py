@@ -210,8 +210,8 @@ def fill_outside(tile: npt.NDArray[np.uint8], box: Box, value: int) -> None:
 
 def needs_bounded_read(meta: SlideMeta, x: int, y: int, level: int, read: int, size: int) -> bool:
     """Whether a window of ``read`` level pixels shrunk to ``size`` goes through
-    `read_reduced`: it is larger than `BOUNDED_EDGE`, or less than half of it is on the level
-    (a scale coarser than the slide's coarsest level)."""
+    `read_reduced`: it is larger than `BOUNDED_EDGE`, or larger than the level with less than
+    half of it on the level (a scale coarser than the slide's coarsest level)."""
     if read <= size:
         return False
     if read > BOUNDED_EDGE:
@@ -221,7 +221,7 @@ def needs_bounded_read(meta: SlideMeta, x: int, y: int, level: int, read: int, s
     l_x, l_y = l0_to_level(x, ds), l0_to_level(y, ds)
     on_x = max(0, min(l_x + read, width) - max(l_x, 0))
     on_y = max(0, min(l_y + read, height) - max(l_y, 0))
-    return 2 * on_x * on_y < read * read
+    return (read > width or read > height) and 2 * on_x * on_y < read * read
 
 
 def read_reduced(

@@ -300,6 +300,9 @@ class RemoteBytes:
             return self.fetch(offset, size)
         except TransientReadError as exc:
             failure = exc
+        message = f"bytes {offset}..{offset + size} keep failing while the object answers"
+        if _stalled(failure) and self._client.stalled_said:  # said already: not asked again
+            raise TransientReadError(f"bytes {offset}..{offset + size}: {failure}", path=self.url)
         # the store down, or the object gone or changed: a slide fault (raised here)
         try:
             remote_stat(self.url, retries=0, deadline=self.store.deadline_s)
@@ -313,7 +316,6 @@ class RemoteBytes:
                     self.store.deadline_s,
                 )
             raise
-        message = f"bytes {offset}..{offset + size} keep failing while the object answers"
         if isinstance(failure.__cause__, StatusError):
             # only these bytes, refused by the server: a failed tile (quarantined), raised
             # outside the handler so that it does not carry the transient error as its cause
