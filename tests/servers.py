@@ -54,7 +54,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -154,7 +154,7 @@ def proxy_stats(server: Server, stats: Path) -> dict[str, int]:
     with contextlib.suppress(FileNotFoundError):
         stats.unlink()
     server.proc.send_signal(signal.SIGUSR1)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
             data: dict[str, int] = json.loads(stats.read_text())
@@ -273,6 +273,10 @@ class RangeHandler(SimpleHTTPRequestHandler):
             return None
         if fault == "short":  # a server (or a proxy) that gives part of the range
             end = start + (end - start) // 2
+        if fault == "wrong-range":  # a cache or proxy that answers another range of the object
+            shift = 1 if end + 1 < size else -1
+            start, end = start + shift, end + shift
+        self._flip = fault == "flip"  # one bit flipped on the way (plain http, no TLS)
         fh = open(path, "rb")  # noqa: SIM115 - closed by the handler after copying
         fh.seek(start)
         self.send_response(206)
@@ -293,6 +297,9 @@ class RangeHandler(SimpleHTTPRequestHandler):
             chunk = source.read(min(left, 1 << 20))
             if not chunk:
                 break
+            if getattr(self, "_flip", False):
+                chunk = bytes([chunk[0] ^ 0x10]) + chunk[1:]
+                self._flip = False
             outputfile.write(chunk)
             left -= len(chunk)
         self._left = None

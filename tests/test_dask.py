@@ -95,7 +95,7 @@ def not_a_scheduler(request: pytest.FixtureRequest) -> Iterator[str]:
         server.server_close()
 
 
-@pytest.mark.timeout(60)  # the Client used to wait forever on an HTTP service
+@pytest.mark.timeout(300)  # the Client used to wait forever on an HTTP service
 def test_a_scheduler_address_that_is_not_a_scheduler_is_said_so(
     not_a_scheduler: str,
     archive: Path,

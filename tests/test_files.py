@@ -57,5 +57,5 @@ def test_locked_holds_out_another_holder_until_released(tmp_path: Path) -> None:
         waiter.start()
         waiter.join(timeout=0.5)
         order.append("first released")
-    waiter.join(timeout=30)
+    waiter.join(timeout=120)
     assert order == ["first released", "second"]

@@ -69,14 +69,14 @@ def test_index_workers_exit_when_the_parent_is_killed(testdata: Path, tmp_path: 
         stderr=subprocess.DEVNULL,
     )
     workers: list[str] = []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while len(workers) < 2 and time.monotonic() < deadline and parent.poll() is None:
         time.sleep(0.2)
         workers = _children(parent.pid)
     assert len(workers) >= 2, "the build ended before its workers could be seen"
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while any(_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = [w for w in workers if _alive(w)]
@@ -99,7 +99,7 @@ def _interrupt(
         text=True,
         start_new_session=True,
     )
-    while proc.poll() is None and time.monotonic() - started < 60:
+    while proc.poll() is None and time.monotonic() - started < 180:
         if ready(proc.pid) and time.monotonic() - started >= delay:
             break
         time.sleep(0.02)
@@ -107,12 +107,12 @@ def _interrupt(
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
     try:
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"still running 30 s after Ctrl-C: {err[-2000:]}")
-    deadline = time.monotonic() + 10
+        pytest.fail(f"still running 120 s after Ctrl-C: {err[-2000:]}")
+    deadline = time.monotonic() + 120
     while any(_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [w for w in workers if _alive(w)], "workers outlived the interrupted command"
@@ -175,7 +175,7 @@ def _run_script(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "run.py"
     script.write_text(text)
     return subprocess.run(
-        [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60,
+        [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=300,
         check=False,
     )  # fmt: skip
 
@@ -297,7 +297,7 @@ def test_a_task_past_its_time_limit_is_given_up_and_the_others_run(workers: int)
         timeout=3.0, given_up=_gave_up,
     )  # fmt: skip
     assert results == [None, "gave up 3600", None, "gave up 3600", None, None]
-    assert time.monotonic() - start < 60
+    assert time.monotonic() - start < 120
     assert not _workers_left(before)
 
 

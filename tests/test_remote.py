@@ -318,3 +318,96 @@ def test_an_object_rewritten_in_the_middle_is_refused_not_read(
     result = TileDataset(index, record_failures=False).read_rows(np.arange(len(index)))
     assert not result.ok.any()
     assert "indexed" in (result.errors[0] or "")
+
+
+def test_a_flipped_bit_in_the_head_is_retried_not_a_rewritten_slide(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    """A bit flipped on the way (plain http, no TLS) in the first 64 KiB that the slide's
+    fingerprint covers: the slide used to be declared rewritten (a slide fault). The object's
+    size and date are the indexed ones, so it is a transient read error, retried, and the
+    tiles are read."""
+    root = tmp_path / "www"
+    root.mkdir()
+    slide = make_slide(width=2560, height=2048, seed=31)
+    shutil.copy(slide, root / "s.svs")
+    local = build_index([slide], tmp_path / "local", **OPTIONS)
+    expected = TileDataset(local, record_failures=False).read_rows(np.arange(4))
+    faults = root / ".faults.json"
+    with http_files(root) as server:
+        index = build_index([f"{server.url}/s.svs"], tmp_path / "idx", **OPTIONS)
+        faults.write_text(json.dumps({"bytes=0-65535": {"status": "flip", "times": -1}}))
+        ds = TileDataset(index, retries=1)
+        result = ds.read_rows(np.arange(4))
+        assert not result.ok.any()
+        assert "rewritten" not in (result.errors[0] or ""), result.errors
+        assert {f["kind"] for f in ds.reader.failures} == {"transient"}
+        assert index.quarantine.slide_records() == []
+        faults.write_text(json.dumps({"bytes=0-65535": {"status": "flip", "times": 2}}))
+        result = TileDataset(index).read_rows(np.arange(4))
+        assert result.ok.all(), result.errors
+        assert np.array_equal(result.pixels, expected.pixels)
+        assert index.quarantine.slide_records() == []
+        # a slide rewritten for real (another size and date) is still said to be
+        faults.write_text("{}")
+        later = TileDataset(index, record_failures=False)
+        with (root / "s.svs").open("ab") as fh:
+            fh.write(b"\0" * 1024)
+        os.utime(root / "s.svs", (1e9, 1e9))
+        result = later.read_rows(np.arange(2))
+        assert not result.ok.any() and "rewritten" in (result.errors[0] or ""), result.errors
+
+
+def test_an_answer_for_another_range_is_retried(make_slide: SlideFactory, tmp_path: Path) -> None:
+    """A 206 whose Content-Range is not the range asked (a confused cache or proxy) is the
+    transport's fault: retried, never decoded as the tile's bytes."""
+    root = tmp_path / "www"
+    root.mkdir()
+    slide = make_slide(width=2560, height=2048, seed=31)
+    shutil.copy(slide, root / "s.svs")
+    local = build_index([slide], tmp_path / "local", **OPTIONS)
+    expected = TileDataset(local, record_failures=False).read_rows(np.arange(len(local)))
+    faults = root / ".faults.json"
+    with http_files(root) as server:
+        index = build_index([f"{server.url}/s.svs"], tmp_path / "idx", **OPTIONS)
+        faults.write_text(json.dumps({"bytes=": {"status": "wrong-range", "times": -1}}))
+        ds = TileDataset(index, retries=0)
+        result = ds.read_rows(np.arange(4))
+        assert not result.ok.any()
+        assert "Content-Range" in (result.errors[0] or ""), result.errors
+        assert {f["kind"] for f in ds.reader.failures} == {"transient"}
+        assert index.quarantine.tile_records() == [] == index.quarantine.slide_records()
+        faults.write_text(json.dumps({"bytes=": {"status": "wrong-range", "times": 4}}))
+        result = TileDataset(index, record_failures=False).read_rows(np.arange(len(index)))
+        assert json.loads(faults.read_text())["bytes="]["times"] == 0
+        assert result.ok.all(), result.errors
+        assert np.array_equal(result.pixels, expected.pixels)
+
+
+@pytest.mark.timeout(600)
+def test_a_store_that_stops_answering_fails_reads_with_one_warning(
+    make_slide: SlideFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every request accepted and never answered: each read gives up at the request deadline
+    (``remote_timeout_s``) as a transient read error naming the endpoint, and one WARNING
+    says the store stopped answering (it used to be one batch every ~90 s, silently)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    shutil.copy(make_slide(width=2560, height=2048, seed=31), root / "s.svs")
+    faults = root / ".faults.json"
+    with http_files(root) as server:
+        index = build_index([f"{server.url}/s.svs"], tmp_path / "idx", **OPTIONS)
+        ds = TileDataset(index, retries=0, remote_timeout_s=1, record_failures=False)
+        assert ds.reader.pool.store.deadline_s == 1
+        assert ds.read_rows(np.arange(2)).ok.all()
+        faults.write_text(json.dumps({"": {"status": "stall", "times": -1}}))
+        with caplog.at_level("WARNING", logger="wsi_loader.slides.storage._sources"):
+            for rows in (np.arange(8, 10), np.arange(12, 14)):
+                result = ds.read_rows(rows)
+                assert not result.ok.any()
+                assert f"127.0.0.1:{server.port}" in (result.errors[0] or ""), result.errors
+                assert "no answer" in (result.errors[0] or "")
+        assert {f["kind"] for f in ds.reader.failures} == {"transient"}
+        said = [r.getMessage() for r in caplog.records if "stopped answering" in r.getMessage()]
+        assert len(said) == 1 and f"127.0.0.1:{server.port}" in said[0]
+        faults.write_text("{}")

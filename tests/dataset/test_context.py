@@ -330,3 +330,58 @@ def test_look_ahead_asks_for_the_context_windows_bytes_too(
     }
     assert needed and needed <= set(asked)
     assert set(asked) & level1 == needed
+
+
+class _Spy:
+    """A reader that records the largest region asked of it."""
+
+    def __init__(self, reader: object) -> None:
+        self._reader = reader
+        self.largest = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._reader, name)
+
+    def read_region(self, x: int, y: int, level: int, w: int, h: int) -> np.ndarray:
+        self.largest = max(self.largest, w * h)
+        return self._reader.read_region(x, y, level, w, h)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("strip_bytes", [None, 2**16])
+def test_a_context_coarser_than_the_slide_reads_only_the_slide(
+    fine_index: SlideIndex, monkeypatch: pytest.MonkeyPatch, strip_bytes: int | None
+) -> None:
+    """A scale coarser than the coarsest level (4 um/px): its window, 16 level pixels per
+    output pixel, is mostly off the slide. Only the part on the slide is read (it used to read
+    the whole window: 735 GiB at 1000 um/px), in strips, and the pixels are the whole window's
+    resize as before."""
+    from wsi_loader.dataset import _context
+    from wsi_loader.slides._base import resize
+
+    if strip_bytes is not None:
+        monkeypatch.setattr(_context, "STRIP_BYTES", strip_bytes)
+    reader = TileReader(fine_index, context=[(64.0, 64)], record_failures=False)
+    rows = np.arange(0, len(fine_index), max(1, len(fine_index) // 5), dtype=np.int64)
+    spy = _Spy(reader.get_reader(0))
+    monkeypatch.setattr(reader, "get_reader", lambda slide_id: spy)
+    result = reader.read(rows)
+    level_area = 768 * 512
+    assert 0 < spy.largest < 2 * level_area  # not the 1024 x 1024 window
+    slide = openslide.OpenSlide(fine_index.slide_path(0))
+    for i, row in enumerate(rows.tolist()):
+        ((_, x, y, level, read), box) = reader.context_windows(row)[0]
+        assert (level, read) == (2, 1024)
+        whole = rgba_to_rgb(np.asarray(slide.read_region((x, y), level, (read, read))))
+        expected = resize(whole, 64, 64)
+        x0, y0, x1, y1 = box
+        got = result.context[0][i][y0:y1, x0:x1].astype(int)
+        assert np.abs(got - expected[y0:y1, x0:x1]).max() <= 1, row
+
+
+def test_a_context_that_dwarfs_the_slide_is_refused(fine_index: SlideIndex) -> None:
+    """A 256 px tile at 1000 um/px is 256 mm across; the slide is 0.77 mm: refused before any
+    read, naming the option (it used to fail with a MemoryError)."""
+    with pytest.raises(ConfigError, match="context") as caught:
+        TileDataset(fine_index, context=[(1000.0, 256)])
+    assert caught.value.key == "context"
+    assert "times the slide" in str(caught.value)

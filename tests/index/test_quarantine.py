@@ -33,7 +33,7 @@ def test_an_append_during_a_rewrite_is_not_lost(tmp_path: Path) -> None:
         return False
 
     assert q.rewrite(keep) == (0, 1)
-    writer.join(timeout=30)
+    writer.join(timeout=120)
     assert [r["x"] for r in q.read()] == [2]
 
 

@@ -357,6 +357,52 @@ def test_concurrent_local_copies_stay_within_the_byte_limit(
         assert locks == [data[0].name + ".lock"]
 
 
+def test_a_download_waits_for_room_held_by_a_copy_in_use(
+    make_slide: SlideFactory, tmp_path: Path
+) -> None:
+    """The race behind an overfull folder: a copy checked by another process (its lock held)
+    cannot be evicted, so a download that started anyway ended beside it over the limit. A
+    download now waits until its room can be made, and the limit holds."""
+    import threading
+
+    from wsi_loader.files import locked
+
+    root = tmp_path / "www"
+    root.mkdir()
+    for name, seed in (("one.ndpi", 1), ("two.ndpi", 2)):
+        shutil.copy(make_slide(width=2048, height=2048, seed=seed), root / name)
+    size = max((root / n).stat().st_size for n in ("one.ndpi", "two.ndpi"))
+    limit = int(size * 1.5)
+    folder = tmp_path / "cache"
+    with http_files(root) as server:
+        first = LocalCopies(str(folder), max_bytes=limit).local(f"{server.url}/one.ndpi")
+        second = LocalCopies(str(folder), max_bytes=limit)
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def fetch() -> None:
+            try:
+                second.local(f"{server.url}/two.ndpi")
+            except BaseException as exc:  # said by the assert below
+                errors.append(exc)
+            finally:
+                done.set()
+
+        with locked(first + ".lock"):  # another process checking its copy before use
+            thread = threading.Thread(target=fetch)
+            thread.start()
+            # without the wait, the download ends while the lock is held (then the folder
+            # is over its limit); with it, nothing ends before the lock goes
+            finished_early = done.wait(10)
+        thread.join()
+        assert not errors, errors
+        data = [p for p in folder.iterdir() if not p.name.startswith(".")]
+        data = [p for p in data if not p.name.endswith(".lock")]
+        assert sum(p.stat().st_size for p in data) <= limit, (finished_early, data)
+        assert not finished_early
+        assert second.downloads == 1 and not os.path.exists(first)
+
+
 def _umask() -> int:
     import os
 
@@ -371,7 +417,7 @@ def test_coalescing_keeps_a_range_that_contains_the_next() -> None:
     assert coalesce([(0, 100), (10, 20), (150, 10)], gap=64) == [(0, 160)]
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(300)
 def test_a_stalled_request_is_asked_again_not_waited_out(
     served: tuple[str, Path], make_slide: SlideFactory
 ) -> None:
@@ -550,3 +596,24 @@ def test_pixels_over_https_equal_the_local_file(make_slide: SlideFactory, tmp_pa
         )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stdout.split()[-1]) >= 35
+
+
+def test_plain_http_from_another_machine_is_warned_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Over plain http nothing checks a range's bytes (a flipped bit decodes as wrong
+    pixels): one WARNING per store and process, none for this machine or https."""
+    from wsi_loader.slides.storage._remote import _Clients, plain_http_warning
+
+    assert plain_http_warning("http://127.0.0.1:8000/a.svs") is None
+    assert plain_http_warning("http://localhost/a.svs") is None
+    assert plain_http_warning("http://[::1]:80/a.svs") is None
+    assert plain_http_warning("https://192.0.2.7/a.svs") is None
+    assert "192.0.2.7" in (plain_http_warning("http://192.0.2.7/a.svs") or "")
+    clients = _Clients()
+    with caplog.at_level("WARNING", logger="wsi_loader.slides.storage._remote"):
+        for name in ("a.svs", "b.svs"):
+            clients.client(f"http://192.0.2.7/{name}")  # made, not connected
+        clients.client("http://127.0.0.1:9/c.svs")
+    said = [r.getMessage() for r in caplog.records if "plain http" in r.getMessage()]
+    assert len(said) == 1 and "192.0.2.7" in said[0] and "https://" in said[0]

@@ -37,6 +37,13 @@ class DatasetConfig(Strict):
         description="local copies of remote slides only OpenSlide reads (NDPI, SCN...)",
     )
     remote_cache_gb: float = Field(100, gt=0, allow_inf_nan=False)
+    remote_timeout_s: float = Field(
+        30,
+        gt=0,
+        allow_inf_nan=False,
+        description="remote slides: the longest one request may take; a store that does not "
+        "answer by then fails the read as a transient error",
+    )
     exclude_quarantined: bool = Field(False, description="leave out the quarantined tiles")
     decode_threads: int | None = Field(None, ge=1)
     split: str | None = Field(None, min_length=1, description="read only this split's slides")

@@ -23,6 +23,12 @@ The rules, stated once:
   to the dataset's ``fill_value`` (white by default, the slide background), and the part on
   the slide is given as a box ``(x0, y0, x1, y1)`` in the tile's pixels (``x1``/``y1``
   exclusive): a pixel is on the slide when its centre is.
+- **Large windows.** A scale coarser than the slide's coarsest level reads a window larger than
+  the level (``read_size`` = size x pitch). Such a window, or any larger than
+  `BOUNDED_EDGE`, is read as the part on the level only, in strips of output rows each reduced
+  on its own (`read_reduced`): memory stays bounded by a strip, whatever the scale. A scale
+  whose window is more than `MAX_WINDOW_OVER_SLIDE` times the slide's larger side is refused
+  (the slide would be a few pixels of it).
 """
 
 from __future__ import annotations
@@ -39,10 +45,22 @@ from wsi_loader.errors import ConfigError, ResolutionError
 from wsi_loader.index._geometry import plan_read
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.index._table_files import SlideRecord
-from wsi_loader.slides._base import MAX_PLAUSIBLE_MPP, MIN_PLAUSIBLE_MPP, SlideMeta, l0_to_level
+from wsi_loader.slides._base import (
+    MAX_PLAUSIBLE_MPP,
+    MIN_PLAUSIBLE_MPP,
+    RGBArray,
+    SlideMeta,
+    SlideReader,
+    l0_to_level,
+    level_to_l0,
+    resize,
+)
 
 Scale = tuple[float, int]  # (mpp, size)
 Box = tuple[int, int, int, int]  # (x0, y0, x1, y1) of the on-slide part, in tile pixels
+BOUNDED_EDGE = 4096  # a window edge (level pixels) past which it is read in strips
+STRIP_BYTES = 32 * 2**20  # level pixels (RGBA) read at once by `read_reduced`
+MAX_WINDOW_OVER_SLIDE = 16  # a context window this many times the slide's side is refused
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -134,6 +152,14 @@ def slide_problem(record: SlideRecord, scales: Sequence[Scale], tolerance: float
     finest = min(scale_mpp for scale_mpp, _ in scales)
     if finest < mpp * (1 - tolerance):
         return f"scanned at {mpp:.4g} um/px, coarser than the context scale {finest:g} um/px"
+    side = max(record.width or 0, record.height or 0) * mpp
+    for scale_mpp, size in scales:
+        if side > 0 and scale_mpp * size > MAX_WINDOW_OVER_SLIDE * side:
+            return (
+                f"the context scale ({size} px at {scale_mpp:g} um/px, {scale_mpp * size:.4g} "
+                f"um across) is more than {MAX_WINDOW_OVER_SLIDE} times the slide "
+                f"({side:.4g} um across)"
+            )
     return None
 
 
@@ -180,3 +206,59 @@ def fill_outside(tile: npt.NDArray[np.uint8], box: Box, value: int) -> None:
     tile[y1:] = value
     tile[y0:y1, :x0] = value
     tile[y0:y1, x1:] = value
+
+
+def needs_bounded_read(meta: SlideMeta, x: int, y: int, level: int, read: int, size: int) -> bool:
+    """Whether a window of ``read`` level pixels shrunk to ``size`` goes through
+    `read_reduced`: it is larger than `BOUNDED_EDGE`, or larger than the level with less than
+    half of it on the level (a scale coarser than the slide's coarsest level)."""
+    if read <= size:
+        return False
+    if read > BOUNDED_EDGE:
+        return True
+    ds = meta.level_downsamples[level]
+    width, height = meta.level_dimensions[level]
+    l_x, l_y = l0_to_level(x, ds), l0_to_level(y, ds)
+    on_x = max(0, min(l_x + read, width) - max(l_x, 0))
+    on_y = max(0, min(l_y + read, height) - max(l_y, 0))
+    return (read > width or read > height) and 2 * on_x * on_y < read * read
+
+
+def read_reduced(
+    reader: SlideReader, x: int, y: int, level: int, read: int, size: int, fill: int
+) -> RGBArray:
+    """The window ``(x, y)`` (level 0), ``read`` pixels of ``level`` across, shrunk to
+    ``size``, as the whole window's bilinear resize would give it, reading only the output
+    pixels that touch the level, a strip of rows at a time (each strip read with one output
+    pixel of margin around it, so the filter sees what it would in the whole window). Pixels
+    off the level are ``fill`` (the caller fills them again by their centres)."""
+    meta = reader.meta
+    ds = meta.level_downsamples[level]
+    width, height = meta.level_dimensions[level]
+    l_x, l_y = l0_to_level(x, ds), l0_to_level(y, ds)
+    q = read / size  # level pixels per output pixel
+
+    def span(start: int, length: int) -> tuple[int, int]:
+        first = max(0, math.floor(-start / q))
+        stop = min(size, math.ceil((length - start) / q))
+        return first, max(first, stop)
+
+    (c0, c1), (r0, r1) = span(l_x, width), span(l_y, height)
+    out = np.full((size, size, 3), fill, dtype=np.uint8)
+    if c1 <= c0 or r1 <= r0:
+        return out
+    left, right = int(c0 > 0), int(c1 < size)  # one output pixel of margin inside the window
+    cols = c1 - c0 + left + right
+    level_w = round(cols * q)
+    rows_per_strip = max(1, int(STRIP_BYTES / (4 * level_w * q)) - 2)
+    for top in range(r0, r1, rows_per_strip):
+        bottom = min(r1, top + rows_per_strip)
+        above, below = int(top > 0), int(bottom < size)
+        rows = bottom - top + above + below
+        sx, sy = l_x + round((c0 - left) * q), l_y + round((top - above) * q)
+        pixels = reader.read_region(
+            level_to_l0(sx, ds), level_to_l0(sy, ds), level, level_w, round(rows * q)
+        )
+        strip = resize(pixels, cols, rows)
+        out[top:bottom, c0:c1] = strip[above : rows - below, left : cols - right]
+    return out

@@ -22,7 +22,7 @@ from wsi_loader.dataset._context import ContextPlan, Scale
 from wsi_loader.dataset._context_tiles import ContextTiles
 from wsi_loader.dataset._failures import ReadResult
 from wsi_loader.dataset._retry import ON_ERROR
-from wsi_loader.errors import SlideChangedError, SlideError
+from wsi_loader.errors import SlideChangedError, SlideError, TransientReadError
 from wsi_loader.index._fingerprints import content_key, identify
 from wsi_loader.index._quarantine import Quarantine
 from wsi_loader.index._table import SlideIndex
@@ -40,7 +40,7 @@ from wsi_loader.slides._base import (
     supports,
 )
 from wsi_loader.slides._pool import HandlePool
-from wsi_loader.slides.storage._sources import is_url, survives_fork
+from wsi_loader.slides.storage._sources import is_url, remote_stat, survives_fork
 
 log = logging.getLogger(__name__)
 
@@ -147,12 +147,26 @@ class TileReader(ContextTiles):
         expected = self._fingerprints.get(path)
         if expected is None:
             return
-        if identify(path)[2] != expected:
+        if identify(path)[2] == expected:
+            return
+        # the first and last bytes read differently; over plain http a bit flipped on the way
+        # does that too: rewritten only when the object's size or date say so now
+        record = self.index.slides[self._paths.index(path)]
+        stat = remote_stat(path)
+        if stat.size != record.size or (
+            stat.mtime_ns and record.mtime_ns and stat.mtime_ns != record.mtime_ns
+        ):
             raise SlideChangedError(
                 "the object is not the slide that was indexed (rewritten since: another "
                 "version, size or contents); rebuild the index",
                 path=path,
             )
+        raise TransientReadError(
+            "the object's first and last bytes read differently from the index's while its "
+            "size and date are the indexed ones: bytes damaged on the way (plain http has no "
+            "TLS to catch them); retried",
+            path=path,
+        )
 
     def get_reader(self, slide_id: int) -> SlideReader:
         """This process's open reader of a slide (opened and verified as needed)."""

@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from wsi_loader.dataset._context import needs_bounded_read, read_reduced
 from wsi_loader.dataset._failures import FailureRecords, ReadResult
 from wsi_loader.errors import SlideError, TileReadError, TransientReadError, is_transient
 from wsi_loader.slides._base import (
@@ -96,7 +97,9 @@ class RetryPolicy(FailureRecords):
                     last = exc
                     continue
                 try:
-                    if size == t and supports(reader, ReadsInto):
+                    if needs_bounded_read(reader.meta, x, y, level, size, t):
+                        dest[...] = read_reduced(reader, x, y, level, size, t, self.fill_value)
+                    elif size == t and supports(reader, ReadsInto):
                         reader.read_region_into(dest, x, y, level, size, size)
                     elif size != t and supports(reader, ReadsScaled):  # DCT downscaling
                         dest[...] = reader.read_region_scaled(x, y, level, size, size, t, t)

@@ -144,7 +144,9 @@ class TileDataset(Dataset[Sample]):
     Slides on object storage (URLs): ``prefetch_mb`` bounds the bytes each process fetches
     ahead of its reads and keeps for later ones (least recently used out);
     ``remote_cache_dir`` / ``remote_cache_gb`` hold local copies of the remote slides only
-    OpenSlide reads (see `wsi_loader.slides.storage._sources`).
+    OpenSlide reads (see `wsi_loader.slides.storage._sources`); ``remote_timeout_s``: the
+    longest one request may take (a store that stopped answering fails reads as transient
+    errors, with one WARNING).
     ``decode_threads``: threads that read and decode the tiles of one batch read (`read_batch`,
     ``__getitems__``; see `TileReader.read`). ``None`` divides the usable cores among the
     reading processes: all of them with ``num_workers=0``, one each with one worker per core;
@@ -171,6 +173,7 @@ class TileDataset(Dataset[Sample]):
         prefetch_mb: int = 256,
         remote_cache_dir: str = "~/.cache/wsi_loader/slides",
         remote_cache_gb: float = 100,
+        remote_timeout_s: float = 30,
         exclude_quarantined: bool = False,
         split: str | None = None,
         missing_slides: str = "raise",
@@ -198,6 +201,7 @@ class TileDataset(Dataset[Sample]):
                 "prefetch_mb": prefetch_mb,
                 "remote_cache_dir": remote_cache_dir,
                 "remote_cache_gb": remote_cache_gb,
+                "remote_timeout_s": remote_timeout_s,
                 "exclude_quarantined": exclude_quarantined,
                 "split": split,
                 "missing_slides": missing_slides,
@@ -229,6 +233,7 @@ class TileDataset(Dataset[Sample]):
                 prefetch_bytes=options.prefetch_mb * 2**20,
                 remote_cache_dir=options.remote_cache_dir,
                 remote_cache_bytes=int(options.remote_cache_gb * 2**30),
+                remote_timeout_s=options.remote_timeout_s,
             ),
             backend=options.backend,
             record_failures=options.record_failures,

@@ -76,27 +76,32 @@ def use_parent_temp_folder(folder: str | None) -> None:
 
 @contextlib.contextmanager
 def sigint_held_for_new_workers() -> Iterator[None]:
-    """While this thread starts worker processes, SIGINT is held for them: blocked (pending,
-    not lost, for this process; forked workers inherit the mask) and, in the main thread,
-    ignored (spawned workers inherit that across exec; Python then installs no handler).
-    Why: a spawned worker imports torch for a second or two before it can leave the group
-    (`start_worker`), and an interrupt in that time ended it. Only around the
-    start (milliseconds): a held Ctrl-C must not wait on the workers' work."""
+    """While this thread starts worker processes, SIGINT is held for them: blocked (forked
+    workers inherit the mask, spawned ones keep it across exec) until each leaves the group
+    (`start_worker`). Why: a spawned worker imports torch for a second or two before it can
+    leave the group, and an interrupt in that time ended it. For this process the interrupt
+    is held, not lost: one sent to this thread waits in the mask, and one that another thread
+    of the process took (the mask is per thread) is noted by a handler and raised again when
+    the start is over (it used to be ignored process-wide: dropped). Only around the start
+    (milliseconds): a held Ctrl-C must not wait on the workers' work."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     handler = None
+    caught: list[int] = []
     if threading.current_thread() is threading.main_thread():
         handler = signal.getsignal(signal.SIGINT)  # None: not set from Python, left alone
         if handler is not None:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # blocked, so one sent now waits
+            signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one held for this thread: now
         if handler is not None:
             signal.signal(signal.SIGINT, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if caught:
+                signal.raise_signal(signal.SIGINT)
 
 
 def start_worker(worker_id: int, temp_folder: str | None = None) -> None:

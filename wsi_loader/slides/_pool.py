@@ -24,6 +24,7 @@ from wsi_loader.slides._base import BytesLRU, KeepsLayout, SlideReader, supports
 from wsi_loader.slides._open import open_slide
 from wsi_loader.slides._segment_cache import SegmentCache
 from wsi_loader.slides.storage._local_copies import DEFAULT_FOLDER, DEFAULT_MAX_BYTES, LocalCopies
+from wsi_loader.slides.storage._range_cache import DEFAULT_DEADLINE_S
 from wsi_loader.slides.storage._sources import RangeStore
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ class HandlePool:
     Remote slides (URLs): ``prefetch_bytes`` bounds the byte ranges fetched ahead of the
     reads, and kept for later reads, in this process (a `RangeStore`); slides only OpenSlide
     reads are copied into ``remote_cache_dir``, at most ``remote_cache_bytes`` (shared by the
-    machine's processes).
+    machine's processes). A request to a store that gives no answer within
+    ``remote_timeout_s`` fails the read as a transient error.
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class HandlePool:
         prefetch_bytes: int = 256 * 2**20,
         remote_cache_dir: str = DEFAULT_FOLDER,
         remote_cache_bytes: int = DEFAULT_MAX_BYTES,
+        remote_timeout_s: float = DEFAULT_DEADLINE_S,
     ) -> None:
         if max_open < 1:
             raise ValueError(f"max_open must be >= 1, got {max_open}")
@@ -77,6 +80,9 @@ class HandlePool:
         self.openslide_cache_bytes = openslide_cache_bytes
         self.layout_cache_bytes = layout_cache_bytes
         self.prefetch_bytes = prefetch_bytes
+        if not remote_timeout_s > 0:
+            raise ValueError(f"remote_timeout_s must be > 0, got {remote_timeout_s}")
+        self.remote_timeout_s = float(remote_timeout_s)
         self.copies = LocalCopies(remote_cache_dir, remote_cache_bytes)
         self._pid = -1
         self._reset()
@@ -93,11 +99,13 @@ class HandlePool:
         self._parked: BytesLRU[tuple[SlideReader, KeepsLayout]] = BytesLRU(
             self.layout_cache_bytes, size=lambda parked: parked[1].layout_bytes()
         )
-        self.store = RangeStore(self.prefetch_bytes)  # remote byte ranges fetched ahead
+        self.store = RangeStore(
+            self.prefetch_bytes, self.remote_timeout_s
+        )  # remote byte ranges fetched ahead
         self.opened = 0  # slides opened (parsed) by this process (for tests and stats)
         self.reopened = 0  # closed raw readers reopened with their kept layout
 
-    def __getstate__(self) -> dict[str, int | str]:
+    def __getstate__(self) -> dict[str, float | str]:
         """Pickle the options only: handles never cross a process boundary."""
         return {
             "max_open": self.max_open,
@@ -106,9 +114,10 @@ class HandlePool:
             "prefetch_bytes": self.prefetch_bytes,
             "remote_cache_dir": self.copies.folder,
             "remote_cache_bytes": self.copies.max_bytes,
+            "remote_timeout_s": self.remote_timeout_s,
         }
 
-    def __setstate__(self, state: dict[str, int | str]) -> None:
+    def __setstate__(self, state: dict[str, float | str]) -> None:
         self.__init__(**state)  # type: ignore[misc]
 
     def _check_process(self) -> None:

@@ -161,12 +161,13 @@ class SlideTables:
         return tables
 
     def warn_missing(self, index: SlideIndex) -> None:
-        """Say which of ``index``'s slides with tiles have no estimate (once per run: the
-        pipeline's `StainPipeline.bind` calls it)."""
+        """Say which slides ``index`` reads (rows in it: a split's view holds fewer than the
+        index) have no estimate (once per run: the pipeline's `StainPipeline.bind` calls it)."""
+        starts = index.slide_starts()
         missing = [
             s.path
-            for s, valid in zip(index.slides, self.valid, strict=True)
-            if not valid and s.status == "ok" and s.tiles > 0
+            for sid, (s, valid) in enumerate(zip(index.slides, self.valid, strict=True))
+            if not valid and s.status == "ok" and starts[sid + 1] > starts[sid]
         ]
         if missing:
             log.warning(

@@ -147,7 +147,7 @@ def request(
     port: int, path: str, method: str = "GET", headers: dict[str, str] | None = None
 ) -> Reply:
     """One request sent as written (no normalisation of the path) to 127.0.0.1:``port``."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
         connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
         sent = {"Host": f"127.0.0.1:{port}", **(headers or {})}

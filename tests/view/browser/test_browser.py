@@ -87,7 +87,7 @@ class Page:
     def evaluate(self, script: str, arg: Any = None) -> Any:
         return self.page.evaluate(script, arg)
 
-    def wait(self, script: str, timeout: float = 30.0) -> None:
+    def wait(self, script: str, timeout: float = 120.0) -> None:
         """Until ``script`` (a function) returns true. Polled: the page's CSP forbids the
         eval that Playwright's wait_for_function needs."""
         deadline = time.monotonic() + timeout
@@ -102,7 +102,7 @@ class Page:
         after a change of view (the first frame after one may still answer for the old)."""
         self.wait("() => !!window.wsiViewer.state.grid")
         stable = 0
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while stable < 3:
             self.page.wait_for_timeout(60)
             loaded = self.evaluate(
@@ -110,7 +110,7 @@ class Page:
             )
             stable = stable + 1 if loaded else 0
             if time.monotonic() > deadline:
-                raise TimeoutError("the viewer did not settle in 30 s")
+                raise TimeoutError("the viewer did not settle in 120 s")
 
     def open(self, slide_id: int) -> None:
         self.evaluate("(id) => window.wsiViewer.openSlide(id)", slide_id)
@@ -311,7 +311,7 @@ def test_an_unreadable_tile_is_grey_and_said(page: Page, archive: Archive) -> No
     tile = pixels[sy + 20 : sy + 236, sx + 20 : sx + 236]
     assert (np.abs(tile - 160).max(axis=2) < 12).mean() > 0.7  # grey...
     assert (np.abs(tile - np.array([200, 30, 30])).max(axis=2) < 60).any()  # ...with a cross
-    page.wait("() => document.getElementById('banner').textContent.includes('reads failed')", 15)
+    page.wait("() => document.getElementById('banner').textContent.includes('reads failed')", 120)
     page.overlays(grid=True, failures=True, annotations=True)
     assert [e for e in page.errors if "_files/" not in e] == []
 

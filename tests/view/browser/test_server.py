@@ -427,7 +427,7 @@ def test_the_command_prints_its_url_and_stops_on_ctrl_c(archive: Archive) -> Non
         port = int(url.group(1))
         assert request(port, "/api/slides").json()["slides"][0]["name"]
         process.send_signal(signal.SIGINT)
-        _, errors = process.communicate(timeout=30)
+        _, errors = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()

@@ -51,7 +51,8 @@ class NetworkError(ConnectionError):
 
 
 class StalledError(TimeoutError):
-    """No answer within the request's deadline (from the latency seen so far)."""
+    """No answer within the request's deadline (from the latency seen so far, at most the
+    store's request deadline)."""
 
 
 @dataclass
@@ -309,8 +310,10 @@ class Transfers:
             handle.setopt(pycurl.LOW_SPEED_TIME, 60)
             handle.setopt(pycurl.BUFFERSIZE, 512 * 1024)
         handle.setopt(pycurl.WRITEFUNCTION, request.sink or attempt.chunks.append)
-        if request.method == "HEAD":  # range answers need only their status (getinfo)
+        if request.method == "HEAD":
             handle.setopt(pycurl.HEADERFUNCTION, lambda line: self._header(attempt, line))
+        elif request.byte_range is not None:  # the status (getinfo) and Content-Range
+            handle.setopt(pycurl.HEADERFUNCTION, lambda line: self._range_header(attempt, line))
         self._multi.add_handle(handle)
         self._active[handle] = attempt
         job.attempts.append(attempt)
@@ -325,6 +328,14 @@ class Transfers:
         elif ":" in text:
             name, _, value = text.partition(":")
             attempt.headers[name.strip().lower()] = value.strip()
+
+    @staticmethod
+    def _range_header(attempt: _Attempt, line: bytes) -> None:
+        """Keep only Content-Range (of the last answer: a 100 Continue or redirect comes first)."""
+        if line[:5] == b"HTTP/":
+            attempt.headers = {}
+        elif line[:14].lower() == b"content-range:":
+            attempt.headers["content-range"] = line[14:].decode("latin-1").strip()
 
     def _drop(self, attempt: _Attempt) -> None:
         handle = attempt.handle
@@ -372,8 +383,9 @@ class Transfers:
                     self._drop(attempt)
                 self.stalls += 1
                 if not job.future.done():
+                    host = urlsplit(request.url).netloc
                     job.future.set_exception(
-                        StalledError(f"no answer within {request.deadline:.1f} s")
+                        StalledError(f"no answer from {host} within {request.deadline:.1f} s")
                     )
             elif (
                 request.hedge_after is not None

@@ -7,8 +7,9 @@ waits for it instead of fetching the object again; the bytes go to a temporary n
 renamed into place only when complete (a killed download leaves no half slide). The folder is
 bounded in bytes, least recently used copies first out (a copy in use by an open handle stays
 readable after its name is removed: POSIX keeps the open file). Room is reserved under one
-folder-wide lock before a download (a ``.reserved-*`` file holding its size, counted by every
-process) and checked again after it, so concurrent downloads cannot overfill the folder. A copy
+folder-wide lock before a download (a ``.reserved-*`` file holding its size, locked while the
+download runs and counted by every process); a download waits until its room can be made, so
+concurrent downloads cannot overfill the folder. A copy
 leaves with its lock file, removed only while held (a waiter that finds its lock file replaced
 opens the new one). Copies are written with the process's umask, like any file, so a folder
 shared by a group is readable by the group. A copy is named by a digest of the URL and of the
@@ -87,18 +88,14 @@ class LocalCopies:
                 except FileNotFoundError:
                     pass
                 reservation = os.path.join(self.folder, f".reserved-{os.path.basename(path)}")
-                with self._folder_locked():
-                    self._evict(room=stat.size, keep=path)
-                    with open(reservation, "w") as fh:  # counted by other processes' evictions
-                        fh.write(str(stat.size))
+                held = self._reserve(reservation, stat.size, keep=path)
                 try:
                     self._download(url, path, stat.size)
                 finally:
                     with self._folder_locked():
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(reservation)
-                        # others may have downloaded meanwhile (each reserved its own room;
-                        # a reservation left by a killed process is gone with it: see _usage)
+                        os.close(held)
                         self._evict(room=0, keep=path)
         except WsiLoaderError:
             raise  # the store's own faults (missing object, unreachable), said as they are
@@ -130,6 +127,38 @@ class LocalCopies:
         self.downloads += 1
         log.info("copied %s to %s (%d bytes)", url, path, size)
 
+    def _reserve(self, reservation: str, size: int, keep: str) -> int:
+        """Reserve ``size`` bytes for a download, waiting until they fit: beside the copies
+        and the other downloads' reservations, once least recently used copies not in use
+        are evicted. Starting without room would end over the limit whenever the copies to
+        evict are in use (their locks held) when the download ends. The reservation file is
+        held under ``flock`` for the download (returned: the descriptor), so one left by a
+        killed process is told by its free lock."""
+        pause, said = 0.01, False
+        while True:
+            with self._folder_locked():
+                if self._evict(room=size, keep=keep):
+                    fd = os.open(
+                        reservation, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644
+                    )
+                    try:
+                        with contextlib.suppress(OSError):  # a file system without locks
+                            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        os.write(fd, str(size).encode("ascii"))
+                    except BaseException:
+                        os.close(fd)
+                        raise
+                    return fd
+            if not said:
+                log.info(
+                    "waiting for room in %s: %d bytes are held by downloads or copies in use",
+                    self.folder,
+                    size,
+                )
+                said = True
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
     @contextlib.contextmanager
     def _folder_locked(self) -> Iterator[None]:
         """The lock under which the folder's bytes are counted, reserved and evicted."""
@@ -138,13 +167,12 @@ class LocalCopies:
 
     def _usage(self) -> tuple[list[tuple[int, int, str]], int]:
         """The copies, as (mtime_ns, size, path), and the bytes reserved by downloads running
-        now. A reservation whose download was killed is dropped after an hour."""
+        now. A reservation whose download was killed (its lock free) is dropped."""
         copies, reserved = [], 0
-        stale = time.time() - 3600
         for entry in os.scandir(self.folder):
             with contextlib.suppress(FileNotFoundError, ValueError):
                 if entry.name.startswith(".reserved-"):
-                    if entry.stat().st_mtime < stale:
+                    if _abandoned(entry.path):
                         os.unlink(entry.path)
                         continue
                     with open(entry.path) as fh:
@@ -156,10 +184,10 @@ class LocalCopies:
                 copies.append((st.st_mtime_ns, st.st_size, entry.path))
         return copies, reserved
 
-    def _evict(self, room: int, keep: str) -> None:
+    def _evict(self, room: int, keep: str) -> bool:
         """Remove least recently used copies until ``room`` more bytes fit beside the copies
-        and the reservations (under `_folder_locked`). The copy ``keep`` stays: it is the
-        one being fetched or just fetched."""
+        and the reservations (under `_folder_locked`); returns whether they fit. The copy
+        ``keep`` stays: it is the one being fetched or just fetched."""
         copies, reserved = self._usage()
         used = sum(size for _, size, _ in copies) + reserved
         for _, size, path in sorted(copies):
@@ -175,6 +203,26 @@ class LocalCopies:
                 copy = entry.path[: -len(".lock")]
                 if copy != keep and not os.path.exists(copy):
                     _remove_copy(copy)
+        return used + room <= self.max_bytes
+
+
+def _abandoned(reservation: str) -> bool:
+    """Whether a reservation's download is gone: its lock is free (the process died), or, on a
+    file system without locks, the file is over an hour old."""
+    try:
+        fd = os.open(reservation, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return os.fstat(fd).st_mtime < time.time() - 3600
+    else:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _remove_copy(path: str) -> bool:

@@ -33,6 +33,7 @@ from wsi_loader.slides.storage._request_plan import MAX_REQUEST, CostModel, Rang
 log = logging.getLogger(__name__)
 
 DEFAULT_BYTES = 256 * 2**20
+DEFAULT_DEADLINE_S = 30.0  # the longest any one request to a store may take
 Key = tuple[str, str]  # (url, version)
 
 
@@ -68,10 +69,17 @@ class RangeStore:
     """Fetched and in-flight byte ranges of one process, at most ``max_bytes`` (see the
     module doc). Picklable (its budget only); a forked child starts empty."""
 
-    def __init__(self, max_bytes: int = DEFAULT_BYTES) -> None:
+    def __init__(
+        self, max_bytes: int = DEFAULT_BYTES, deadline_s: float = DEFAULT_DEADLINE_S
+    ) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         self.max_bytes = max_bytes
+        # the longest a request of this process's readers may take: a store that does not
+        # answer by then fails the read as a transient error (`RemoteBytes.read`)
+        self.deadline_s = float(deadline_s)
         self._reset()
 
     def _reset(self) -> None:
@@ -90,10 +98,10 @@ class RangeStore:
         self.evicted = 0  # bytes dropped for room
         self.hedged = 0  # second requests sent for slow ones (set by storage)
 
-    def __getstate__(self) -> dict[str, int]:
-        return {"max_bytes": self.max_bytes}
+    def __getstate__(self) -> dict[str, float]:
+        return {"max_bytes": self.max_bytes, "deadline_s": self.deadline_s}
 
-    def __setstate__(self, state: dict[str, int]) -> None:
+    def __setstate__(self, state: dict[str, float]) -> None:
         self.__init__(**state)  # type: ignore[misc]
 
     def _check_process(self) -> None:

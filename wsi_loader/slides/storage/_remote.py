@@ -8,6 +8,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import hashlib
+import ipaddress
+import logging
 import os
 import threading
 import time
@@ -21,15 +23,19 @@ from xml.etree import ElementTree
 from wsi_loader.errors import ForkUnsafeError, SlideOpenError
 from wsi_loader.slides.storage import _curl
 from wsi_loader.slides.storage._curl import Answer, Endpoint, NetworkError, Request
+from wsi_loader.slides.storage._range_cache import DEFAULT_DEADLINE_S
 from wsi_loader.slides.storage._remote_errors import (
     CREDENTIALS_ADVICE,
     ShortAnswerError,
     StatusError,
+    check_content_range,
     object_key,
     short,
     status_error,
 )
 from wsi_loader.slides.storage._request_plan import CostModel
+
+log = logging.getLogger(__name__)
 
 FETCH_THREADS = 64  # concurrent obstore range requests per process (they wait; GIL released)
 # obstore's retries of timeouts, connection errors, 429 and 5xx
@@ -74,6 +80,7 @@ class _CurlStore:
         self.transfers = transfers
         self.model = CostModel()
         self._urls: dict[str, tuple[str, str, str]] = {}  # slide URL -> (URL, host, path)
+        self.stalled_said = False  # the WARNING that the store stopped answering, given
 
     def _request(self, method: str, url: str, **options: Any) -> Request:
         """A request for the object of ``url``, signed when the store wants it."""
@@ -93,8 +100,8 @@ class _CurlStore:
         signer = self.endpoint.signer
         return target, [] if signer is None else signer.headers(method, host, path)
 
-    def head(self, url: str) -> RemoteStat:
-        answer = self.transfers.request(self._request("HEAD", url, deadline=60.0))
+    def head(self, url: str, deadline: float = DEFAULT_DEADLINE_S) -> RemoteStat:
+        answer = self.transfers.request(self._request("HEAD", url, deadline=deadline))
         if answer.status >= 300:
             if answer.status == 404 and self.endpoint.list_url:  # which is missing?
                 answer = self._bucket_check(answer)
@@ -126,9 +133,15 @@ class _CurlStore:
         return listed if listed.status == 404 else answer
 
     def submit(
-        self, url: str, offset: int, size: int, etag: str | None
+        self,
+        url: str,
+        offset: int,
+        size: int,
+        etag: str | None,
+        deadline: float = DEFAULT_DEADLINE_S,
     ) -> concurrent.futures.Future[bytes]:
-        """One range request (no retries: the caller's), hedged and bounded by the model."""
+        """One range request (no retries: the caller's), hedged and bounded by the model, and
+        by ``deadline`` seconds at most."""
         model = self.model
         hedge_after = model.hedge_after(size)
         started = time.monotonic()
@@ -147,7 +160,7 @@ class _CurlStore:
             headers=[*headers, f"If-Match: {etag}"] if etag else headers,
             byte_range=(offset, size),
             hedge_after=hedge_after,
-            deadline=model.deadline(size),
+            deadline=min(model.deadline(size), deadline),
             finish=finish,
         )
         future: concurrent.futures.Future[bytes] = self.transfers.submit(request)
@@ -156,6 +169,7 @@ class _CurlStore:
     @staticmethod
     def _range_body(answer: Answer, offset: int, size: int) -> bytes:
         if answer.status == 206:
+            check_content_range(answer.headers.get("content-range"), offset, size)
             body = answer.body
         elif answer.status == 200:  # a server that ignores Range sends it all
             body = answer.body[offset : offset + size]
@@ -236,8 +250,9 @@ class _ObStore:
         self.store = store
         self.clients = clients
         self.model = CostModel()
+        self.stalled_said = False
 
-    def head(self, url: str) -> RemoteStat:
+    def head(self, url: str, deadline: float = DEFAULT_DEADLINE_S) -> RemoteStat:
         import obstore
 
         meta = obstore.head(self.store, object_key(url))
@@ -256,8 +271,14 @@ class _ObStore:
         return data
 
     def submit(
-        self, url: str, offset: int, size: int, etag: str | None
+        self,
+        url: str,
+        offset: int,
+        size: int,
+        etag: str | None,
+        deadline: float = DEFAULT_DEADLINE_S,
     ) -> concurrent.futures.Future[bytes]:
+        """(obstore's own timeouts apply: `CLIENT_OPTIONS`)"""
         return self.clients.pool().submit(self.get, url, offset, size)
 
     def poke(self) -> None:
@@ -322,6 +343,9 @@ class _Clients:
                     "reading slides from URLs needs pycurl (pip install 'wsi_loader[remote]')",
                     path=url,
                 ) from exc
+            warning = plain_http_warning(root)
+            if warning is not None:
+                log.warning(warning)
             return _CurlStore(endpoint, self.transfers)
         if self.inherited:
             raise ForkUnsafeError(FORK_ADVICE)
@@ -348,6 +372,25 @@ class _Clients:
                     FETCH_THREADS, thread_name_prefix="wsi-fetch"
                 )
             return self.threads
+
+
+def plain_http_warning(url: str) -> str | None:
+    """What to say when slides are read over plain ``http://`` from another machine (nothing
+    checks a range's bytes then: TLS is what does), or None (https, or this machine)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "http":
+        return None
+    host = (parts.hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return None
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    return (
+        f"slides are read over plain http from {parts.netloc}: nothing checks that the bytes "
+        "of a range arrive as sent (bits flipped on the way decode as wrong pixels); use "
+        "https:// where the server has it"
+    )
 
 
 _current = {"clients": _Clients()}

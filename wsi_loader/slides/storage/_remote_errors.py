@@ -9,7 +9,9 @@ A failure is classified by `kind`: "missing" (404: `SlideNotFoundError`, which b
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +40,24 @@ def object_key(url: str) -> str:
 
 class ShortAnswerError(ConnectionError):
     """An answer with fewer bytes than the range asked for: the transport's fault."""
+
+
+class WrongRangeError(ConnectionError):
+    """A 206 answer whose Content-Range is not the range asked for (a confused cache or
+    proxy): the transport's fault, retried; its bytes are never used."""
+
+
+def check_content_range(header: str | None, offset: int, size: int) -> None:
+    """Raise `WrongRangeError` unless ``header`` (a 206's Content-Range) is exactly
+    ``offset .. offset + size - 1``."""
+    match = re.fullmatch(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", (header or "").strip())
+    if match is not None and int(match[1]) == offset and int(match[2]) < offset + size - 1:
+        got = int(match[2]) + 1 - offset
+        raise ShortAnswerError(f"{got} of {size} bytes at {offset}")  # the start, cut short
+    if match is None or (int(match[1]), int(match[2])) != (offset, offset + size - 1):
+        raise WrongRangeError(
+            f"the server answered Content-Range {header!r} for bytes {offset}-{offset + size - 1}"
+        )
 
 
 class StatusError(Exception):
@@ -138,8 +158,12 @@ def _network_text(url: str, exc: BaseException) -> str:
         return f"network error talking to {host}: {reason}"
     if isinstance(exc, StalledError):
         return f"a request got no answer in time ({exc})"
+    if isinstance(exc, concurrent.futures.TimeoutError | TimeoutError):
+        return f"a request got no answer in time ({exc or type(exc).__name__})"
     if isinstance(exc, ShortAnswerError):
         return f"answers came short ({exc})"
+    if isinstance(exc, WrongRangeError):
+        return f"answers were for other bytes ({exc})"
     return f"{type(exc).__name__}: {short(exc)}"
 
 

@@ -26,9 +26,13 @@ that, is a rewritten slide (`SlideChangedError`).
 
 Integrity: range answers carry no checksum in S3, GCS or plain HTTP, so a byte flipped on the
 way is caught only by TLS (``https://``, and every S3/GCS/Azure endpoint) or by the decoder;
-over plain ``http://`` integrity is the network's. Whole-object downloads (`download`) are
-checked against the object's size, and against its MD5 where the ETag is one (S3 objects
-uploaded in one part).
+over plain ``http://`` integrity is the network's, and reading slides so from another machine
+is warned once per store and process. Every 206 answer's ``Content-Range`` must be the range
+asked for (else retried, as a short answer is). A slide whose first and last bytes read
+differently from the index's is declared rewritten only when a fresh HEAD shows another size
+or date (the dataset's check); otherwise it is a transient read error, retried. Whole-object
+downloads (`download`) are checked against the object's size, and against its MD5 where the
+ETag is one (S3 objects uploaded in one part).
 
 Credentials and endpoints come from the storage client's usual environment
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL``,
@@ -41,6 +45,7 @@ import concurrent.futures
 import fnmatch
 import hashlib
 import io
+import logging
 import os
 import posixpath
 from collections.abc import Iterable
@@ -49,7 +54,7 @@ from urllib.parse import urlsplit
 
 from wsi_loader.errors import SlideOpenError, TransientReadError
 from wsi_loader.slides.storage import _curl
-from wsi_loader.slides.storage._range_cache import RangeStore
+from wsi_loader.slides.storage._range_cache import DEFAULT_DEADLINE_S, RangeStore
 from wsi_loader.slides.storage._remote import RemoteStat, client_for
 from wsi_loader.slides.storage._remote_errors import (
     RETRIES,
@@ -58,6 +63,8 @@ from wsi_loader.slides.storage._remote_errors import (
     with_retries,
 )
 from wsi_loader.slides.storage._request_plan import MAX_REQUEST, CostModel, Range, coalesce_groups
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MAX_REQUEST", "Range", "RangeStore", "RemoteBytes", "RemoteStat", "coalesce"]
 
@@ -90,18 +97,26 @@ def survives_fork(url: str) -> bool:
     return not is_url(url) or _curl.endpoint_for(url) is not None
 
 
-def remote_stat(url: str, retries: int = RETRIES) -> RemoteStat:
+def remote_stat(
+    url: str, retries: int = RETRIES, deadline: float = DEFAULT_DEADLINE_S
+) -> RemoteStat:
     """Size, modification time and version of an object; `SlideNotFoundError` when it does
-    not exist, `TransientReadError` when the store cannot be reached."""
+    not exist, `TransientReadError` when the store cannot be reached or gives no answer
+    within ``deadline`` seconds."""
     client = client_for(url)
-    return with_retries(url, "metadata request", lambda: client.head(url), retries)  # type: ignore[no-any-return]
+    return with_retries(  # type: ignore[no-any-return]
+        url, "metadata request", lambda: client.head(url, deadline), retries
+    )
 
 
 def read_range(url: str, offset: int, size: int, retries: int = RETRIES) -> bytes:
     """Bytes ``offset`` .. ``offset + size`` of an object (with retries)."""
     client = client_for(url)
     return with_retries(  # type: ignore[no-any-return]
-        url, "range read", lambda: client.submit(url, offset, size, None).result(), retries
+        url,
+        "range read",
+        lambda: client.submit(url, offset, size, None, DEFAULT_DEADLINE_S).result(),
+        retries,
     )
 
 
@@ -230,7 +245,7 @@ class RemoteBytes:
         self.store = store
         self.retries = retries
         self._client = client_for(url)  # in this process: readers never cross a fork
-        self.stat = remote_stat(url, retries)
+        self.stat = remote_stat(url, retries, store.deadline_s)
 
     @property
     def size(self) -> int:
@@ -251,7 +266,7 @@ class RemoteBytes:
 
     def submit(self, offset: int, size: int) -> concurrent.futures.Future[bytes]:
         """Start one range request (hedged, with a deadline; no retries)."""
-        future = self._client.submit(self.url, offset, size, self.stat.etag)
+        future = self._client.submit(self.url, offset, size, self.stat.etag, self.store.deadline_s)
         transfers = getattr(self._client, "transfers", None)
         if transfers is not None:
             self.store.hedged = transfers.hedges
@@ -285,9 +300,22 @@ class RemoteBytes:
             return self.fetch(offset, size)
         except TransientReadError as exc:
             failure = exc
-        # the store down, or the object gone or changed: a slide fault (raised here)
-        remote_stat(self.url, retries=0)
         message = f"bytes {offset}..{offset + size} keep failing while the object answers"
+        if _stalled(failure) and self._client.stalled_said:  # said already: not asked again
+            raise TransientReadError(f"bytes {offset}..{offset + size}: {failure}", path=self.url)
+        # the store down, or the object gone or changed: a slide fault (raised here)
+        try:
+            remote_stat(self.url, retries=0, deadline=self.store.deadline_s)
+        except TransientReadError as exc:
+            if _stalled(exc) and not self._client.stalled_said:
+                self._client.stalled_said = True
+                log.warning(
+                    "the store at %s stopped answering (no answer within %g s): its reads fail "
+                    "as transient read errors until it answers again (remote_timeout_s)",
+                    urlsplit(self.url).netloc,
+                    self.store.deadline_s,
+                )
+            raise
         if isinstance(failure.__cause__, StatusError):
             # only these bytes, refused by the server: a failed tile (quarantined), raised
             # outside the handler so that it does not carry the transient error as its cause
@@ -299,6 +327,16 @@ class RemoteBytes:
         """Start fetching ``ranges`` in the background (planned, within the budget)."""
         self.store.start(self, ranges)
         self._client.poke()  # the requests go out now
+
+
+def _stalled(exc: BaseException) -> bool:
+    """Whether ``exc`` or what caused it is a request that got no answer in time."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, TimeoutError | concurrent.futures.TimeoutError):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def url_digest(url: str) -> str:
