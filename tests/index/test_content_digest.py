@@ -122,3 +122,36 @@ def test_an_index_with_the_older_digest_is_read_and_rebuilt_without_redoing_slid
     assert all(s.content and s.content.startswith(TIFF_KIND) for s in new.slides)
     assert "2 unchanged slides had a content digest of an older kind" in caplog.text
     assert TileDataset(new, on_error="raise", record_failures=False)[0] is not None
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "CMU-1-Small-Region.svs",
+        "tcga-cr-7395-01a-01-ts1.svs",
+        "test3-DAPI-2-(387).ndpi",
+        "small_vectra.qptiff",
+        "kidney-48-5.tif",
+    ],
+)
+def test_real_tiff_slides_are_digested_with_their_directory_and_copies_match(
+    testdata: Path, tmp_path: Path, name: str
+) -> None:
+    slide = testdata / name
+    key = content_key(str(slide))
+    assert key.startswith(TIFF_KIND)
+    directory = directory_bytes(str(slide), slide.stat().st_size)
+    assert directory is not None and len(directory) > 100
+    copy = tmp_path / name
+    shutil.copyfile(slide, copy)  # a new inode and mtime, the same bytes
+    assert content_key(str(copy)) == key
+
+
+def test_a_real_dicom_slide_keeps_the_size_and_ends_digest(testdata: Path) -> None:
+    """DICOM (and any file that is no TIFF) is digested by size, head and tail, as before."""
+    path = testdata / "dicom-boxes" / "boxes_0.dcm"
+    raw = path.read_bytes()
+    expected = _fingerprints.content_digest(
+        len(raw), raw[:65536] + raw[max(65536, len(raw) - 65536) :]
+    )
+    assert content_key(str(path)) == expected
