@@ -17,7 +17,7 @@ from tests.conftest import SlideFactory
 from tests.index.slide_rewrites import rewrite_keeping_mtime
 from wsi_loader.dataset import TileDataset
 from wsi_loader.index import _fingerprints, build_index
-from wsi_loader.index._fingerprints import TIFF_KIND, content_key, fingerprint
+from wsi_loader.index._fingerprints import TIFF_KIND, content_key, ends_digest, fingerprint
 from wsi_loader.index._tiff_directory import directory_bytes
 
 OPTIONS = {"tile_size": 256, "level": 0, "min_tissue": 0.0}
@@ -44,6 +44,7 @@ def test_a_tile_rewritten_in_the_middle_is_another_content(
     assert content_key(str(slide), like="0" * 32) == legacy
     assert before.startswith(TIFF_KIND)
     assert content_key(str(slide)) != before
+    assert ends_digest(content_key(str(slide))) == legacy  # what local and remote copies share
 
 
 def test_a_touched_or_copied_slide_is_the_same_content(

@@ -2,10 +2,12 @@
 mtimes and head/tail bytes (`identify`, `fingerprint`), and a digest of its content alone
 (`content_key`), for local files (a DICOM slide: its whole series) and URLs.
 
-Content digests come in two kinds, told apart by their text: ``tiff:<hex>`` (size, head and
-tail bytes and the TIFF directory with every tile's offset and byte count: SVS, generic tiled
-TIFF, NDPI, OME-TIFF, Philips TIFF) and a bare ``<hex>`` (size, head and tail bytes: every
-other file, and every digest an index recorded before TIFF directories were covered). A
+Content digests come in two kinds, told apart by their text: ``tiff:<hex>:<ends>`` (size,
+head and tail bytes and the TIFF directory with every tile's offset and byte count: SVS,
+generic tiled TIFF, NDPI, OME-TIFF, Philips TIFF; then the other kind's digest) and a bare
+``<hex>`` (size, head and tail bytes: every other file, every object, and every digest an
+index recorded before TIFF directories were covered). Copies, local or remote, are compared
+by the size-and-ends part (`ends_digest`). A
 recorded digest is compared with one of its own kind (`content_key`'s ``like``), so an index
 written before keeps matching its unchanged slides.
 """
@@ -63,7 +65,16 @@ def _local_content(path: str, size: int, head_tail: bytes, like: str | None) -> 
     digest.update(f"{size};{len(head_tail)};".encode())
     digest.update(head_tail)
     digest.update(directory)
-    return TIFF_KIND + digest.hexdigest()
+    # the size-and-ends digest rides along: copies of one slide, local and remote, are told
+    # by it (`ends_digest`), as an object's directory is not read
+    return f"{TIFF_KIND}{digest.hexdigest()}:{content_digest(size, head_tail)}"
+
+
+def ends_digest(content: str) -> str:
+    """The size-and-ends digest (size, first and last 64 KiB) in a content digest of either
+    kind: what a local file and an object are compared by (copies of one slide in an
+    archive, one slide in two splits)."""
+    return content.rsplit(":", 1)[-1]
 
 
 def content_key(path: str, like: str | None = None) -> str:
