@@ -128,7 +128,7 @@ class TileReader(ContextTiles):
             identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             if self._verified.get(path) == identity:
                 return  # hashed already in this process, and the file has not changed since
-            found = content_key(path)
+            found = content_key(path, like=expected)  # a digest of the kind recorded
         except OSError:
             return  # the open that follows reports it
         if found == expected:

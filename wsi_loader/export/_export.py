@@ -63,6 +63,7 @@ from wsi_loader.export._folder import (
     read_settings,
     remove_partial_files,
     unit_contents,
+    unit_slides,
     unlabelled_folder,
 )
 from wsi_loader.export._imagefolder import label_folders, split_folders
@@ -109,6 +110,9 @@ def _completed(unit: ExportUnit, records: dict[int, dict[str, Any]]) -> dict[str
     out = Path(unit.out)
     record = records.get(unit.number)
     if record is None or record.get("content") != unit.content:
+        return None
+    if record.get("slides", unit.slides) != unit.slides:  # (records before: not known)
+        log.info("export unit %d: a slide of it changed since, writing it again", unit.number)
         return None
     if not outputs_intact(out, record, unit.verify):
         log.warning("export unit %d: outputs missing or changed, writing it again", unit.number)
@@ -274,6 +278,7 @@ def export_index(
         with replacing(plan, plan.with_name(f".plan.tmp-{os.getpid()}.npz")) as tmp:
             np.savez(tmp, order=order, left_out=left_out)
     contents = unit_contents(full, order, shard_size)
+    slides = unit_slides(full, order, shard_size) if contents is not None else []
     content = hashlib.sha256(
         "".join(contents or ["gone"]).encode("utf-8", "surrogateescape")
     ).hexdigest()
@@ -306,6 +311,7 @@ def export_index(
             folders=folders,
             unlabelled_out=None if kept is None else str(kept),
             content=contents[i],
+            slides=slides[i],
             verify=verify,
             threads=threads,
             quarantine=None if index.quarantine_file is None else str(index.quarantine_file),

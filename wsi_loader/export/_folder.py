@@ -25,6 +25,7 @@ import numpy as np
 
 from wsi_loader.errors import ConfigError
 from wsi_loader.export._card import CARD_FILE, is_ours
+from wsi_loader.index._fingerprints import slide_version
 from wsi_loader.index._table import SlideIndex
 
 PARTS_FILE = ".export-parts.jsonl"  # one record per finished unit, appended under a lock
@@ -173,6 +174,20 @@ def unit_contents(full: SlideIndex, order: np.ndarray, shard_size: int) -> list[
         hashlib.blake2b(table[start : start + shard_size].tobytes(), digest_size=16).hexdigest()
         for start in range(0, len(order), shard_size)
     ]
+
+
+def unit_slides(full: SlideIndex, order: np.ndarray, shard_size: int) -> list[str]:
+    """A digest per unit of the slides its rows are read from, by content (`slide_version`):
+    a slide rewritten since a unit was written (a tile re-encoded, the index rebuilt) makes
+    the unit run again; a slide only touched or copied does not."""
+    versions = [slide_version(s.path, s.content, s.fingerprint) or "" for s in full.slides]
+    ids = np.asarray(full.columns["slide_id"][order], np.int64)
+    digests = []
+    for start in range(0, len(order), shard_size):
+        slides = np.unique(ids[start : start + shard_size]).tolist()
+        text = json.dumps([[full.slides[i].path, versions[i]] for i in slides])
+        digests.append(hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=16))
+    return [d.hexdigest() for d in digests]
 
 
 def unlabelled_folder(

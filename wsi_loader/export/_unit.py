@@ -67,6 +67,7 @@ class ExportUnit:
     folders: tuple[tuple[str, str], ...]
     unlabelled_out: str | None = None  # image folders: where tiles without a label go
     content: str = ""  # digest of what the unit holds (rows' slide, x, y, level, size, label)
+    slides: str = ""  # digest of its slides' contents (`_folder.unit_slides`)
     verify: bool = False  # a finished unit counts only when its files hash as recorded
     rewrite: bool = False  # it has a record whose files are gone or changed: write them all
     threads: int = 1  # reading and encoding threads (PNG/WebP encoders release the GIL)
@@ -201,6 +202,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     record = {
         "unit": unit.number,
         "content": unit.content,
+        "slides": unit.slides,
         "tiles": tiles,
         "failures": failures,
         "shard": shard,

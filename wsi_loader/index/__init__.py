@@ -10,6 +10,7 @@ Building (`build_index`):
 - `_incremental`: what a rebuild may reuse; `_build_checks`: what a build refuses and warns of
 - `_inputs`, `_csv_tables`, `_fingerprints`: files, folders, globs, URLs, manifests and labels
   into slide entries; CSV files as spreadsheets save them; a slide's identity and content key
+  (`_tiff_directory`: a TIFF's directory, tile offsets and byte counts, that the key covers)
 
 Per slide, from its low-resolution picture (`_analyses` gathers what the builder learns):
 - `_lowres`, `_tissue`, `_tissue_masks`: the picture, read once; tissue detection; user masks

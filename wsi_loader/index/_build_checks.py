@@ -12,7 +12,7 @@ import shlex
 
 from wsi_loader.config import IndexConfig
 from wsi_loader.errors import AnnotationError, IndexFormatError, InputError, SlideError
-from wsi_loader.index._fingerprints import content_key
+from wsi_loader.index._fingerprints import content_key, ends_digest
 from wsi_loader.index._inputs import LabelReport
 from wsi_loader.index._slide_task import SlideTask
 from wsi_loader.index._table import SlideIndex
@@ -91,11 +91,12 @@ def check_splits(records: list[SlideRecord], root: str | None) -> None:
     for record in records:
         if record.split is None:
             continue
-        key = record.content  # recorded when indexed; older records lack it
+        # recorded when indexed (older records lack it); by size and ends, as an object is
+        key = None if record.content is None else ends_digest(record.content)
         if key is None:
             path = record.path if root is None else os.path.join(root, record.path)
             try:
-                key = content_key(path)
+                key = ends_digest(content_key(path))
             except (OSError, SlideError):
                 continue
         other = seen.setdefault(key, record)
@@ -113,7 +114,7 @@ def copies(records: list[SlideRecord]) -> list[list[str]]:
     by_content: dict[str, list[str]] = {}
     for record in records:
         if record.status == "ok" and record.content is not None:
-            by_content.setdefault(record.content, []).append(record.path)
+            by_content.setdefault(ends_digest(record.content), []).append(record.path)
     groups = sorted(sorted(paths) for paths in by_content.values() if len(paths) > 1)
     if groups:
         log.warning(

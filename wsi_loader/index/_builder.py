@@ -31,7 +31,7 @@ from wsi_loader.index._build_checks import (
     warn_dark_field,
     warn_masks,
 )
-from wsi_loader.index._fingerprints import fingerprint
+from wsi_loader.index._fingerprints import TIFF_KIND, unchanged
 from wsi_loader.index._inputs import discover, join_labels
 from wsi_loader.index._labels import (
     check_patient_splits,
@@ -235,7 +235,7 @@ def _build(
     old_classes = list(previous.classes) if previous else []
 
     slots: list[tuple[SlideRecord, TileArrays] | SlideTask] = []
-    reused = 0
+    reused = upgraded = 0
     for entry in entries:
         stored = _stored_path(entry.path, root)
         files = files_of.get(entry.path, ())
@@ -251,13 +251,19 @@ def _build(
             and stain_is_current(hit[1].stain, hit[1].stain_error)  # else: an older estimate
             and incremental.same_mask(hit[1], masks.get(entry.path))
         ):
-            try:
-                digest: str | None = fingerprint(entry.path)[2]
-            except (OSError, SlideError):
-                digest = None
-            if digest == hit[1].fingerprint:
+            # the fingerprint and the content digest (a TIFF's directory: a tile rewritten
+            # in the middle, mtime kept, is indexed again)
+            content = unchanged(entry.path, hit[1].fingerprint, hit[1].content)
+            if content is not None:
+                upgraded += content.startswith(TIFF_KIND) != (hit[1].content or "").startswith(
+                    TIFF_KIND
+                )
                 record = replace(
-                    hit[1], label=entry.label, split=entry.split, patient=entry.patient
+                    hit[1],
+                    label=entry.label,
+                    split=entry.split,
+                    patient=entry.patient,
+                    content=content,
                 )
                 arrays = split_tiles(previous, hit[0])
                 arrays.pop("tile_label", None)  # labels are derived again below
@@ -283,6 +289,12 @@ def _build(
         )
     tasks = [s for s in slots if isinstance(s, SlideTask)]
     log.info("%d slides: %d unchanged, %d to index", len(entries), reused, len(tasks))
+    if upgraded:
+        log.info(
+            "%d unchanged slides had a content digest of an older kind (size, first and last "
+            "64 KiB): recorded again with their TIFF directory (every tile's offset and size)",
+            upgraded,
+        )
     if cfg.annotations is not None:
         check_class_names(cfg, tasks, [s[0] for s in slots if not isinstance(s, SlideTask)])
     had_ok = previous is not None and any(r.status == "ok" for r in previous.slides)

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from wsi_loader.index._fingerprints import slide_version
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.index._table_files import SlideRecord
 from wsi_loader.models._specs import Model, weights_digest
-from wsi_loader.slides.storage._sources import is_url
 from wsi_loader.stain._build import as_stain
 
 if TYPE_CHECKING:
@@ -86,10 +86,7 @@ def slide_content(
 
 def same_slide(record: SlideRecord) -> str | None:
     """What decides that outputs were computed from this slide: its content, not its mtime (a
-    ``touch``, or an archive copied without its timestamps, must not recompute features).
-    Local files: the index's content digest (size and first and last 64 KiB, as the readers
-    use it to tell a rewritten slide); objects: the fingerprint, which holds the store's
-    version (ETag) and size and no mtime. Records without a content digest: the fingerprint."""
-    if is_url(record.path):
-        return record.fingerprint
-    return "content:" + record.content if record.content else record.fingerprint
+    ``touch``, or an archive copied without its timestamps, must not recompute features), as
+    `slide_version` says (a TIFF's content digest covers its directory, every tile's offset
+    and size; an object's version is its ETag)."""
+    return slide_version(record.path, record.content, record.fingerprint)
