@@ -2,10 +2,12 @@
 example parses, the generated references cover the code, and the front door stays short.
 
 Python blocks run page by page, in order, in one namespace per page, on synthetic slides laid
-out as the pages assume (``/data/slides`` with three labelled cases, an index in ``idx/``).
-YAML blocks load as config files; shell lines that call ``wsi-loader`` are parsed by its
-argument parser; ``make`` targets, ``pip`` extras and benchmark scripts must exist. The site
-itself is built by ``make docs`` (``mkdocs build --strict``, run by ``make test``)."""
+out as the pages assume (``/data/slides`` with three labelled cases, an index in ``idx/``). A
+Python block right after a ``<!-- not run: REASON -->`` comment is only compiled (a Ray Train
+job, say: slow, and a cluster's business). YAML blocks load as config files; shell lines that
+call ``wsi-loader`` are parsed by its argument parser; ``make`` targets, ``pip`` extras and
+benchmark scripts must exist. The site itself is built by ``make docs`` (``mkdocs build
+--strict``, run by ``make test``)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ import torch
 from tests.conftest import REPO, SlideFactory
 
 DOCS = REPO / "docs"
-PAGES = sorted(DOCS.rglob("*.md"))
+PAGES = sorted(
+    p for p in DOCS.rglob("*.md") if "_gen" not in p.relative_to(DOCS).parts
+)  # as mkdocs.yml
 BLOCK = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
@@ -32,9 +36,36 @@ def _name(page: Path) -> str:
     return str(page.relative_to(REPO))
 
 
-def blocks(page: Path, *languages: str) -> list[str]:
+# a block after this comment is compiled but not run; the reason is required and shown
+NOT_RUN = re.compile(r"<!-- not run: (\S[^>]*?) -->\s*\Z")
+
+
+def _blocks(page: Path, languages: tuple[str, ...]) -> list[tuple[str, bool]]:
+    """(body, run) for each block of one of ``languages``: ``run`` is False for a block
+    that follows a ``<!-- not run: REASON -->`` comment (only blank lines between)."""
     text = page.read_text(encoding="utf-8")
-    return [body for lang, body in BLOCK.findall(text) if lang in languages]
+    return [
+        (m.group(2), NOT_RUN.search(text[: m.start()]) is None)
+        for m in BLOCK.finditer(text)
+        if m.group(1) in languages
+    ]
+
+
+def blocks(page: Path, *languages: str) -> list[str]:
+    return [body for body, _ in _blocks(page, languages)]
+
+
+def test_a_block_marked_not_run_is_compiled_but_not_run(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\nrun = 1\n```\n\n<!-- not run: a Ray Train job -->\n\n"
+        "```python\nraise SystemExit('not run')\n```\n\n"
+        "<!-- not run: -->\n```python\nempty_reason = 1\n```\n"
+        "<!-- not run: further up -->\n\ntext between\n\n```python\nrun_too = 1\n```\n",
+        encoding="utf-8",
+    )
+    assert [run for _, run in _blocks(page, ("python",))] == [True, False, True, True]
+    assert len(blocks(page, "python")) == 4  # every block is still seen (and compiled)
 
 
 def _hooks() -> ModuleType:
@@ -113,9 +144,11 @@ def test_python_blocks_run(
         torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(3, 2)
     )
     namespace: dict[str, object] = {"model": model, "index": wl.SlideIndex.open("idx/")}
-    for block in blocks(page, "python"):
+    for block, run in _blocks(page, ("python",)):
         code = block.replace('"/data/slides"', repr(str(slides)))
-        exec(compile(code, _name(page), "exec"), namespace)
+        compiled = compile(code, _name(page), "exec")
+        if run:
+            exec(compiled, namespace)
     if "loss" in namespace:  # a training loop ran to the end with a finite loss
         loss = namespace["loss"]
         assert isinstance(loss, torch.Tensor) and torch.isfinite(loss)

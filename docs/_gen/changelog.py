@@ -1,6 +1,8 @@
 """Write docs/changelog.md from the git history: one section per round (a day of work), newest
 first, each change the subject of a commit on the main line (merges name what a branch
-brought). Run by `make changelog` when a round is merged; the page is committed, so the
+brought). A round may open with a hand-written summary of what landed, for users:
+``docs/_gen/rounds/<day>.md``, placed under its heading (merges of unnamed branches say
+little). Run by `make changelog` when a round is merged; the page is committed, so the
 site builds without the history (a shallow clone)."""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT = 240  # characters of a subject shown
+SUMMARIES = REPO / "docs" / "_gen" / "rounds"  # <day>.md: a round's summary, above its commits
 
 
 def main() -> int:
@@ -41,6 +44,9 @@ def main() -> int:
         merges = [c for c in commits if c[1].startswith("Merge ")]
         others = [c for c in commits if not c[1].startswith("Merge ")]
         out += [f"## Round {number} ({day})", ""]
+        summary = SUMMARIES / f"{day}.md"
+        if summary.exists():
+            out += [summary.read_text(encoding="utf-8").strip(), "", "The commits:", ""]
         for commit, subject in merges + others:
             text = subject if len(subject) <= LIMIT else subject[: LIMIT - 3].rstrip() + "..."
             text = (
