@@ -3,7 +3,8 @@
 `main` builds the parser from the subcommands, one module each, named as the command (`index`,
 `split`, `info`, `quarantine`, `stain`, `view` for ``inspect`` and ``mosaic``, `export`, `features`,
 `predict`, `serve`, `bench`, `demo`); `common` holds the options and printing they share,
-`_model_pass` the options of ``features`` and ``predict``, `_demo` the demo's job.
+`_model_pass` the options of ``features`` and ``predict``, `_index_on_the_way` their indexing
+of slides given instead of an index, `_demo` the demo's job.
 
 May import every step.
 """
