@@ -141,3 +141,28 @@ def test_an_index_with_grid_options_or_beside_slides_is_refused(
     assert "is an index, given beside other paths" in capsys.readouterr().err
     assert run("predict", str(slides), "--mil-model", "m:f", "--out", out, "--level", "0") == 2
     assert "with --mil-model, PATH is one features folder" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_under_torchrun_rank_0_indexes_the_slides_and_the_ranks_split_them(
+    slides: Path, tmp_path: Path
+) -> None:
+    """Each rank building into one folder would refuse the other ("another build is running")."""
+    from tests.features.test_features import TORCHRUN_SCRIPT
+
+    out = tmp_path / "ranks"
+    script = tmp_path / "run.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            str(script), "predict", str(slides), "--model", MODEL, "--out", str(out), *PASS, *GRID,
+        ],
+        check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "predict.json").read_text())
+    assert summary["ranks"] == 2 and summary["written"] == 2
+    assert sorted(summary["written_by"].values()) == [0, 1]
+    assert len(SlideIndex.open(out / "index").slides) == 2

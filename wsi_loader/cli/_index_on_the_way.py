@@ -2,7 +2,8 @@
 or a CSV manifest instead of an index, the index is built first, in the same process (one
 start-up, as with one command), into ``--index-out`` (default OUT/index) with the `index`
 command's defaults and its grid options. A rerun updates that index incrementally: unchanged
-slides are carried over without being opened, and the pass then skips complete slides."""
+slides are carried over without being opened, and the pass then skips complete slides. Under
+torchrun, rank 0 builds it and the other ranks wait."""
 
 from __future__ import annotations
 
@@ -113,6 +114,29 @@ def _check_index_out(index_out: Path, out: Path, own: str | None) -> None:
 
 
 def _build(paths: list[str], index_out: Path, args: argparse.Namespace) -> str:
+    """Build the index; under torchrun, rank 0 builds it while the others wait for it (two
+    builds into one folder refuse each other), and a failure is every rank's."""
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if not distributed:
+        _build_here(paths, index_out, args)
+        return str(index_out)
+    import torch.distributed as dist
+
+    failure: list[str | None] = [None]
+    if dist.get_rank() == 0:
+        try:
+            _build_here(paths, index_out, args)
+        except BaseException as exc:
+            failure = [str(exc)]
+            dist.broadcast_object_list(failure, src=0)
+            raise
+    dist.broadcast_object_list(failure, src=0)
+    if failure[0] is not None:
+        raise ConfigError(f"rank 0 could not index the slides: {failure[0]}", path=str(index_out))
+    return str(index_out)
+
+
+def _build_here(paths: list[str], index_out: Path, args: argparse.Namespace) -> None:
     from wsi_loader.config import IndexConfig, with_overrides
     from wsi_loader.index import build_index
 
@@ -127,4 +151,3 @@ def _build(paths: list[str], index_out: Path, args: argparse.Namespace) -> str:
         f"{one_line(index_out)}",
         file=sys.stderr,
     )
-    return str(index_out)
