@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from wsi_loader.cli._index_on_the_way import INDEX_ON_THE_WAY, index_for
 from wsi_loader.cli._anndata import add_anndata_options, write_requested
 from wsi_loader.cli._model_pass import MODEL_PASS, pass_keywords, start, unfinished_slides
 from wsi_loader.cli.common import COMMON, READS, TILES, Subparsers
@@ -16,12 +17,18 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "features",
         help="per-slide tile embeddings for MIL training (CLAM/TRIDENT h5 layout)",
-        parents=[COMMON, READS, TILES, MODEL_PASS, ENCODER_OPTIONS],
+        parents=[COMMON, READS, TILES, MODEL_PASS, ENCODER_OPTIONS, INDEX_ON_THE_WAY],
         description="Run a frozen encoder over every tile; write OUT/<slide>.h5 with features "
         "(N x D) and coords (N x 2, level-0 x, y), and OUT/features.json. Reruns skip complete "
-        "slides. Under torchrun, ranks split the slides.",
+        "slides. Under torchrun, ranks split the slides. PATH may be slides instead of an index: "
+        "they are indexed first (--index-out).",
     )
-    p.add_argument("index", metavar="IDX")
+    p.add_argument(
+        "index",
+        nargs="+",
+        metavar="PATH",
+        help="an index; or slide files, folders, globs or CSV manifests (indexed first)",
+    )
     p.add_argument(
         "--model",
         required=True,
@@ -53,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     start(args)
     report = extract(
-        args.index,
+        index_for(args),
         pass_model(args),
         args.out,
         **pass_keywords(args),

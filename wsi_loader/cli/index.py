@@ -39,17 +39,7 @@ def register(sub: Subparsers) -> None:
     )
     p.add_argument("--out", required=True, metavar="DIR", help="index directory")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/index.yaml)")
-    p.add_argument("--tile-size", type=int, metavar="PX", help="tile edge in output pixels")
-    res = p.add_mutually_exclusive_group()
-    res.add_argument("--mpp", type=float, metavar="UM_PER_PX", help="target resolution")
-    res.add_argument("--level", type=int, metavar="N", help="read this level (no MPP needed)")
-    res.add_argument(
-        "--mag",
-        type=magnification_arg,
-        metavar="X",
-        help="target magnification (20, 20x or 40X): the slide's objective power / X is the "
-        "downsample; slides stating none use mpp = 10 / X",
-    )
+    add_grid_options(p)
     p.add_argument(
         "--for-encoder",
         metavar="NAME",
@@ -63,7 +53,6 @@ def register(sub: Subparsers) -> None:
         help="co-centred context tiles that datasets of this index read by default beside each "
         "tile (e.g. 2.0:224); slides that cannot serve them fail",
     )
-    p.add_argument("--min-tissue", type=float, metavar="F", help="minimum tissue fraction 0..1")
     p.add_argument("--stride", type=int, metavar="PX", help="grid step in output pixels")
     p.add_argument("--labels", metavar="CSV", help="labels CSV joined by path or slide name")
     config_flag(
@@ -196,6 +185,26 @@ def register(sub: Subparsers) -> None:
     p.set_defaults(run=run)
 
 
+GRID_KEYS = ("tile_size", "mpp", "level", "mag", "min_tissue")
+
+
+def add_grid_options(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The tile grid's options (`GRID_KEYS`): `index`'s, and those of `predict` and `features`
+    when they index slides on the way (`cli/_index_on_the_way.py`)."""
+    p.add_argument("--tile-size", type=int, metavar="PX", help="tile edge in output pixels")
+    res = p.add_mutually_exclusive_group()
+    res.add_argument("--mpp", type=float, metavar="UM_PER_PX", help="target resolution")
+    res.add_argument("--level", type=int, metavar="N", help="read this level (no MPP needed)")
+    res.add_argument(
+        "--mag",
+        type=magnification_arg,
+        metavar="X",
+        help="target magnification (20, 20x or 40X): the slide's objective power / X is the "
+        "downsample; slides stating none use mpp = 10 / X",
+    )
+    p.add_argument("--min-tissue", type=float, metavar="F", help="minimum tissue fraction 0..1")
+
+
 def qc_rules(value: str) -> list[str]:
     """``pen,blur`` as QC rule names."""
     names = class_names(value)
@@ -274,13 +283,9 @@ def run(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {
         key: getattr(args, key)
         for key in (
-            "tile_size",
-            "mpp",
-            "level",
-            "mag",
+            *GRID_KEYS,
             "context",
             "mpp_tolerance",
-            "min_tissue",
             "stride",
             "labels",
             "strict_labels",

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from wsi_loader.cli._index_on_the_way import INDEX_ON_THE_WAY, index_for
 from wsi_loader.cli._model_pass import MODEL_PASS, pass_keywords, start, unfinished_slides
 from wsi_loader.cli.common import (
     COMMON,
@@ -17,6 +18,7 @@ from wsi_loader.cli.common import (
     one_line,
 )
 from wsi_loader.cli.encoders import ENCODER_OPTIONS, HEAD_OPTION, pass_model
+from wsi_loader.cli.index import GRID_KEYS
 from wsi_loader.cli.stain import add_stain_options
 from wsi_loader.errors import ConfigError
 
@@ -25,15 +27,22 @@ def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "predict",
         help="run a trained model over every tile: per-slide CSV/GeoJSON, heatmaps, slide results",
-        parents=[COMMON, READS, TILES, MODEL_PASS, ENCODER_OPTIONS, HEAD_OPTION],
+        parents=[COMMON, READS, TILES, MODEL_PASS, ENCODER_OPTIONS, HEAD_OPTION, INDEX_ON_THE_WAY],
         description="Write DIR/model-outputs-csv/<slide>.csv (minx,miny,width,height,"
         "prob_<class>), DIR/model-outputs-geojson/<slide>.json (QuPath tile objects), "
         "DIR/heatmaps/<slide>.png, DIR/slides.csv, DIR/metrics.json (when slides or tiles have "
         "labels) and DIR/predict.json. Reruns skip complete slides; under torchrun, ranks split "
-        "the slides. With --mil-model, IDX is a features folder (wsi-loader features) and a MIL "
-        "model runs over each slide's bag.",
+        "the slides. With --mil-model, PATH is a features folder (wsi-loader features) and a MIL "
+        "model runs over each slide's bag. PATH may be slides instead of an index: they are "
+        "indexed first (--index-out).",
     )
-    p.add_argument("index", metavar="IDX", help="an index, or a features folder (--mil-model)")
+    p.add_argument(
+        "index",
+        nargs="+",
+        metavar="PATH",
+        help="an index; or slide files, folders, globs or CSV manifests (indexed first); "
+        "or, with --mil-model, a features folder",
+    )
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument(
         "--model",
@@ -109,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mil_model:
         from wsi_loader.predict._mil import predict_bags
 
+        args.index = _features_folder(args)
         pass_model(args)  # --weights and --batch-size auto are for --model
         report = predict_bags(
             args.index,
@@ -125,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from wsi_loader.predict._run import predict
 
+        args.index = index_for(args)
         model = pass_model(args)  # resolves --batch-size auto
         options["batch_size"] = args.batch_size
         report = predict(
@@ -150,3 +161,15 @@ def run(args: argparse.Namespace) -> int:
     if len(report.slide_results) > 20:
         print(f"  ... {len(report.slide_results) - 20} more in slides.csv", file=sys.stderr)
     return unfinished_slides(report, None if args.mil_model else args.dtype)
+
+
+def _features_folder(args: argparse.Namespace) -> str:
+    """With --mil-model, PATH is one features folder: nothing is indexed on the way."""
+    grid = [key for key in GRID_KEYS if getattr(args, key) is not None]
+    if len(args.index) != 1 or args.index_out is not None or grid:
+        raise ConfigError(
+            "with --mil-model, PATH is one features folder (wsi-loader features), and "
+            "--index-out and the grid options (--tile-size, --mpp...) go with --model",
+            path="command line",
+        )
+    return str(args.index[0])
