@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from wsi_loader.cli._index_on_the_way import INDEX_ON_THE_WAY, index_for
 from wsi_loader.cli._anndata import add_anndata_options, write_requested
+from wsi_loader.cli._index_on_the_way import INDEX_ON_THE_WAY, index_for
 from wsi_loader.cli._model_pass import MODEL_PASS, pass_keywords, start, unfinished_slides
 from wsi_loader.cli.common import COMMON, READS, TILES, Subparsers
 from wsi_loader.cli.encoders import ENCODER_OPTIONS, pass_model
