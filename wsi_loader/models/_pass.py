@@ -284,6 +284,36 @@ class _Parts:
     received: int = 0
 
 
+def gather(
+    parts: dict[int, _Parts],
+    counts: npt.NDArray[np.int64],
+    values: np.ndarray,
+    context: list[np.ndarray],
+    ok: np.ndarray,
+    rows: np.ndarray,
+    slides: np.ndarray,
+) -> Iterator[tuple[int, _Parts]]:
+    """Add one batch's outputs to its slides' parts; yield each slide (and its parts, taken
+    out of ``parts``) whose last row this batch brought. A batch may hold several slides'
+    rows (the local loader's and Ray's alike)."""
+    finite = np.isfinite(values).all(axis=1)
+    for scale in context:
+        finite &= np.isfinite(scale).all(axis=1)
+    for sid in np.unique(slides).tolist():
+        here = slides == sid
+        part = parts.setdefault(sid, _Parts())
+        part.values.append(values[here & ok])
+        part.context = part.context or [[] for _ in context]
+        for kept, scale in zip(part.context, context, strict=True):
+            kept.append(scale[here & ok])
+        part.rows.append(rows[here & ok])
+        part.failed_rows.append(rows[here & ~ok])
+        part.not_finite.append(rows[here & ok & ~finite])
+        part.received += int(here.sum())
+        if part.received == counts[sid]:
+            yield sid, parts.pop(sid)
+
+
 @dataclass
 class _Run:
     view: SlideIndex
@@ -337,23 +367,9 @@ class _Run:
             ok = batch["ok"].cpu().numpy().astype(bool)
             rows = batch["row"].cpu().numpy().astype(np.int64)
             slides = batch["slide_id"].cpu().numpy()
-            finite = np.isfinite(values).all(axis=1)
-            for scale in context:
-                finite &= np.isfinite(scale).all(axis=1)
-            for sid in np.unique(slides).tolist():
-                here = slides == sid
-                part = parts.setdefault(sid, _Parts())
-                part.values.append(values[here & ok])
-                part.context = part.context or [[] for _ in context]
-                for kept, scale in zip(part.context, context, strict=True):
-                    kept.append(scale[here & ok])
-                part.rows.append(rows[here & ok])
-                part.failed_rows.append(rows[here & ~ok])
-                part.not_finite.append(rows[here & ok & ~finite])
-                part.received += int(here.sum())
-                if part.received == counts[sid]:
-                    self._finish(sid, parts.pop(sid))
-                    yield sid
+            for sid, done in gather(parts, counts, values, context, ok, rows, slides):
+                self._finish(sid, done)
+                yield sid
             bar.update(len(rows))
 
     def _outputs(

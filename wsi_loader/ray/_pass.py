@@ -27,7 +27,7 @@ from wsi_loader.dataset._batch import TileBatch
 from wsi_loader.device._devices import resolve_device
 from wsi_loader.device._loader import DeviceLoader
 from wsi_loader.errors import ConfigError
-from wsi_loader.models._pass import PassReport, _Parts, _Run
+from wsi_loader.models._pass import PassReport, _Parts, _Run, gather
 from wsi_loader.ray._source import TileSource
 
 # batches per read task: the model sees the local pass's batches whatever this is (same rows,
@@ -106,23 +106,9 @@ class RayPass:
             ok = np.asarray(batch["ok"], dtype=bool)
             rows = np.asarray(batch["row"], dtype=np.int64)
             slides = np.asarray(batch["slide_id"], dtype=np.int64)
-            finite = np.isfinite(values).all(axis=1)
-            for scale in context:
-                finite &= np.isfinite(scale).all(axis=1)
-            for sid in np.unique(slides).tolist():
-                here = slides == sid
-                part = parts.setdefault(sid, _Parts())
-                part.values.append(values[here & ok])
-                part.context = part.context or [[] for _ in context]
-                for kept, scale in zip(part.context, context, strict=True):
-                    kept.append(scale[here & ok])
-                part.rows.append(rows[here & ok])
-                part.failed_rows.append(rows[here & ~ok])
-                part.not_finite.append(rows[here & ok & ~finite])
-                part.received += int(here.sum())
-                if part.received == counts[sid]:
-                    run._finish(sid, parts.pop(sid))
-                    yield sid
+            for sid, done in gather(parts, counts, values, context, ok, rows, slides):
+                run._finish(sid, done)
+                yield sid
             bar.update(len(rows))
 
 
