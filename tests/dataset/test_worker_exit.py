@@ -410,3 +410,51 @@ def test_an_interrupt_while_workers_start_is_held_not_lost() -> None:
     finally:
         stop.set()
         other.join()
+
+
+FIRST_SPAWN = """
+import multiprocessing
+import sys
+
+from wsi_loader.dataset._worker_exit import sigint_held_for_new_workers
+
+
+def blocked_at_start() -> str:
+    status = open("/proc/self/status").read()
+    return status.split("SigBlk:")[1].split()[0]
+
+
+if __name__ == "__mp_main__":  # a spawned child, as it imports its parent's script
+    print("child blocked", blocked_at_start(), flush=True)
+
+
+def nothing() -> None:
+    pass
+
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context(sys.argv[1])
+    with sigint_held_for_new_workers(context):
+        queue = context.Queue()  # as torch makes them: starts the resource tracker
+        child = context.Process(target=nothing)
+        child.start()
+    child.join()
+    queue.close()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the signal mask from /proc")
+def test_the_first_spawned_workers_start_with_sigint_held(tmp_path: Path) -> None:
+    """The first spawned workers of a process: making torch's queues starts multiprocessing's
+    resource tracker, whose start unblocks SIGINT (and SIGTERM) in the starting thread, so
+    these workers started with SIGINT open and an interrupt while they imported torch ended
+    them (test_an_interrupted_loop_can_run_again[spawn-starting] on a busy machine)."""
+    script = tmp_path / "first.py"
+    script.write_text(FIRST_SPAWN)
+    done = subprocess.run(
+        [sys.executable, str(script), "spawn"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    mask = int(done.stdout.split("child blocked")[1].split()[0], 16)
+    assert mask & (1 << (signal.SIGINT - 1)), done.stdout

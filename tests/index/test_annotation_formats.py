@@ -8,7 +8,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -313,10 +312,9 @@ def test_entities_are_refused_never_expanded_or_fetched(tmp_path: Path) -> None:
             f'<?xml version="1.0"?>{doctype}<ASAP_Annotations><Annotations>'
             '<Annotation PartOfGroup="&e;"/></Annotations></ASAP_Annotations>'
         )
-        start = time.monotonic()
+        # refused before any expansion (an expanded bomb would not end within the suite's limit)
         with pytest.raises(AnnotationError, match="refused"):
             read_annotations(str(path))
-        assert time.monotonic() - start < 5
 
 
 def test_self_intersecting_polygons_are_repaired_with_a_note(tmp_path: Path) -> None:

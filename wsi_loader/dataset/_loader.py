@@ -131,7 +131,7 @@ class TileLoader(DataLoader[TileBatch]):
 
     def _get_iterator(self) -> Any:
         # where torch starts worker processes (each epoch, or once for persistent workers)
-        with sigint_held_for_new_workers():
+        with sigint_held_for_new_workers(self.multiprocessing_context):
             return super()._get_iterator()
 
     def __iter__(self) -> Iterator[TileBatch]:  # type: ignore[override]

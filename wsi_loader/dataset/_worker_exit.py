@@ -23,6 +23,8 @@ import atexit
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.context
+import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
 import signal
@@ -75,18 +77,26 @@ def use_parent_temp_folder(folder: str | None) -> None:
 
 
 @contextlib.contextmanager
-def sigint_held_for_new_workers() -> Iterator[None]:
-    """While this thread starts worker processes, SIGINT is held for them: blocked (forked
-    workers inherit the mask, spawned ones keep it across exec) until each leaves the group
-    (`start_worker`). Why: a spawned worker imports torch for a second or two before it can
-    leave the group, and an interrupt in that time ended it. For this process the interrupt
-    is held, not lost: one sent to this thread waits in the mask, and one that another thread
-    of the process took (the mask is per thread) is noted by a handler and raised again when
-    the start is over (it used to be ignored process-wide: dropped). Only around the start
-    (milliseconds): a held Ctrl-C must not wait on the workers' work."""
+def sigint_held_for_new_workers(
+    context: str | multiprocessing.context.BaseContext | None = None,
+) -> Iterator[None]:
+    """While this thread starts worker processes (of ``context``, the DataLoader's
+    ``multiprocessing_context``; None: the default one), SIGINT is held for them: blocked
+    (forked workers inherit the mask, spawned ones keep it across exec) until each leaves the
+    group (`start_worker`). Why: a spawned worker imports torch for a second or two before it
+    can leave the group, and an interrupt in that time ended it. For this process the
+    interrupt is held, not lost: one sent to this thread waits in the mask, and one that
+    another thread of the process took (the mask is per thread) is noted by a handler and
+    raised again when the start is over (it used to be ignored process-wide: dropped). Only
+    around the start (milliseconds): a held Ctrl-C must not wait on the workers' work.
+
+    For a spawn or forkserver context, multiprocessing's resource tracker is started first:
+    its start (by the first queue torch makes) unblocks SIGINT in the starting thread, and the
+    first spawned workers of a process then started with SIGINT open."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
+    _start_resource_tracker(context)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     handler = None
     caught: list[int] = []
@@ -102,6 +112,19 @@ def sigint_held_for_new_workers() -> Iterator[None]:
             signal.signal(signal.SIGINT, handler)
             if caught:
                 signal.raise_signal(signal.SIGINT)
+
+
+def _start_resource_tracker(
+    context: str | multiprocessing.context.BaseContext | None,
+) -> None:
+    """Start multiprocessing's resource tracker now, where workers of ``context`` would start
+    it (anything but fork registers its queues' semaphores with it); a no-op once running."""
+    if isinstance(context, multiprocessing.context.BaseContext):
+        method = context.get_start_method()
+    else:
+        method = context or multiprocessing.get_start_method()
+    if method != "fork":
+        multiprocessing.resource_tracker.ensure_running()
 
 
 def start_worker(worker_id: int, temp_folder: str | None = None) -> None:
