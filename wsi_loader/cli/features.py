@@ -59,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
     from wsi_loader.features._extract import extract
 
     start(args)
+    # the index (built first when PATH names slides) is what the encoder's resolution check
+    # and the anndata file read: args.index becomes its path
+    args.index = index_for(args)
     report = extract(
-        index_for(args),
+        args.index,
         pass_model(args),
         args.out,
         **pass_keywords(args),
