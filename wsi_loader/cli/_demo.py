@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from wsi_loader.dataset._loader import default_workers, make_loader
+from wsi_loader.dataset._loader import make_loader
 from wsi_loader.device._bench import openslide_baseline
 from wsi_loader.device._loader import DeviceLoader
 from wsi_loader.errors import ConfigError
@@ -68,8 +68,13 @@ def run(out: str | os.PathLike[str], batches: int = 40, batch_size: int = 64) ->
             f"window {s.read_size} px  ({s.mpp} um/px scanned)"
         )
 
-    workers = min(2, default_workers())
-    loader = make_loader(index, batch_size=batch_size, num_workers=workers, drop_last=True)
+    loader = make_loader(index, batch_size=batch_size, drop_last=True)  # readers chosen for us
+    assert loader.readers is not None
+    readers = (
+        f"{loader.readers.threads} decode threads"
+        if loader.readers.kind == "threads"
+        else f"{loader.readers.workers} workers"
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     stream = DeviceLoader(loader, device)
     seen, epoch = 0, 0
@@ -77,7 +82,7 @@ def run(out: str | os.PathLike[str], batches: int = 40, batch_size: int = 64) ->
     while seen < batches * batch_size:
         loader.set_epoch(epoch)  # a new shuffle every epoch
         for batch in stream:
-            if first_batch_done is None:  # the first batch pays for worker start-up
+            if first_batch_done is None:  # the first batch pays for start-up
                 first_batch_done = time.perf_counter()
                 continue
             seen += len(batch["image"])
@@ -89,7 +94,7 @@ def run(out: str | os.PathLike[str], batches: int = 40, batch_size: int = 64) ->
     sample = np.random.default_rng(0).permutation(len(index))[:300]
     baseline = openslide_baseline(index, sample)
     print(
-        f"stream: {seen} tiles in batches of {batch_size} ({workers} workers, {device}): "
+        f"stream: {seen} tiles in batches of {batch_size} ({readers}, {device}): "
         f"{rate:.0f} tiles/s; OpenSlide read_region in one process: "
         f"{baseline.tiles_per_s:.0f} tiles/s ({rate / baseline.tiles_per_s:.1f}x)"
     )

@@ -3,11 +3,24 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, PlainValidator
 
 from wsi_loader.config._base import ContextScales, PathText, Strict
+
+
+def _workers(value: object) -> int | str:
+    """``num_workers``: a count of worker processes, or "auto" (None reads as "auto"). One
+    validator, so that a bad value is reported against the option, not a branch of a union."""
+    if value is None or value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("must be a number of worker processes (0 or more) or 'auto'")
+    return value
+
+
+Workers = Annotated[int | Literal["auto"] | None, PlainValidator(_workers)]
 
 
 class DatasetConfig(Strict):
@@ -75,7 +88,11 @@ class LoaderConfig(Strict):
     shuffle: bool | None = None
     seed: int | None = None
     drop_last: bool = False
-    num_workers: int | None = Field(None, ge=0)
+    num_workers: Workers = Field(
+        "auto",
+        description="worker processes; auto (or null): threads of this process or workers, "
+        "chosen from the usable cores and what the reads need",
+    )
     pin_memory: bool | None = None
     prefetch_factor: int = Field(4, ge=1)
     prefetch: int = Field(

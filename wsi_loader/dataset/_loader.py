@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import inspect
+import logging
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util  # its exit handler must be registered before ours (see below)
@@ -26,9 +27,11 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_wor
 from wsi_loader.config import LoaderConfig, check_keywords, validate
 from wsi_loader.dataset._batch import TileBatch
 from wsi_loader.dataset._buffers import BufferRing
+from wsi_loader.dataset._choice import ReaderChoice, choose_readers
 from wsi_loader.dataset._cores import usable_cores
 from wsi_loader.dataset._look_ahead import BatchPlan, LookAhead
 from wsi_loader.dataset._samplers import DistributedTileSampler
+from wsi_loader.dataset._threaded import ReadAhead
 from wsi_loader.dataset._tiles import TileDataset
 from wsi_loader.dataset._worker_exit import (
     parent_temp_folder,
@@ -38,6 +41,8 @@ from wsi_loader.dataset._worker_exit import (
 from wsi_loader.errors import ConfigError, LoaderTimeoutError, LoaderWorkerDiedError
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.parallel import how_it_ended
+
+log = logging.getLogger(__name__)
 
 
 class BatchReads(Dataset[TileBatch]):
@@ -127,6 +132,9 @@ class TileLoader(DataLoader[TileBatch]):
     tile_sampler: Sampler[int] | Iterable[int]
     reading: torch.Tensor | None = None  # see BatchReads.reading
     tiles: TileDataset | None = None
+    # what reads the batches (`choose_readers`); with threads, how many batches ahead
+    readers: ReaderChoice | None = None
+    read_ahead: int = 1
     _stopper: weakref.finalize[Any, Any] | None = None
 
     def _get_iterator(self) -> Any:
@@ -135,6 +143,14 @@ class TileLoader(DataLoader[TileBatch]):
             return super()._get_iterator()
 
     def __iter__(self) -> Iterator[TileBatch]:  # type: ignore[override]
+        if self.readers is not None and self.readers.kind == "threads":
+            # the single-process iteration (num_workers=0) on a reading thread, ahead of us
+            batches: ReadAhead[TileBatch] = ReadAhead(super().__iter__(), self.read_ahead)
+            try:
+                yield from batches
+            finally:
+                batches.close()
+            return
         try:
             # persistent workers are told to start the next epoch here, and torch waits for
             # each to answer: a worker still stuck times out in this call
@@ -247,7 +263,7 @@ def make_loader(
     sampler: Sampler[int] | Iterable[int] | None = None,
     batches: Iterable[Sequence[int]] | None = None,
     drop_last: bool = False,
-    num_workers: int | None = None,
+    num_workers: int | str | None = "auto",
     pin_memory: bool | None = None,
     prefetch_factor: int = 4,
     prefetch: int = 2,
@@ -268,8 +284,15 @@ def make_loader(
     ``k % num_workers``: whole-slide passes give each worker its own part of a slide, see
     `wsi_loader.dataset._scan`). Every option is validated (`LoaderConfig`, and
     `DatasetConfig` for the dataset's) and a bad one is a `ConfigError` naming it.
-    ``num_workers`` defaults to the usable cores (at most 8); ``pin_memory`` to whether CUDA is
-    available. ``decode="device"`` ships single-JPEG-tile reads compressed, for
+    ``num_workers="auto"`` (the default; ``None`` alike) chooses what reads the batches and
+    logs the choice and why (`wsi_loader.dataset._choice`, kept as ``loader.readers``): on a
+    few cores, a reading thread of this process ``prefetch_factor`` batches ahead of the
+    consumer, its decode threads on every usable core (no worker processes: no start-up,
+    nothing sent between processes); otherwise, and when the reads need them (``timeout``,
+    ``multiprocessing_context``, Python transforms, stain transforms, slides read by
+    OpenSlide), one worker process per usable core (at most 8). A number is used as given
+    (``0``: batches read in this thread when asked for). ``pin_memory`` defaults to whether
+    CUDA is available. ``decode="device"`` ships single-JPEG-tile reads compressed, for
     `wsi_loader.device.DeviceLoader` to decode (on the GPU when there is one).
     ``reuse_buffers``: each reading process recycles a batch buffer once no tensor over it is
     left in the process that received the batch (saves the page faults of fresh shared memory,
@@ -353,7 +376,21 @@ def make_loader(
             context = "forkserver"  # the workers start from a process that never used obstore
     batch_size, drop_last, decode = opts.batch_size, opts.drop_last, opts.decode
     prefetch_factor, pin_memory = opts.prefetch_factor, opts.pin_memory
-    workers = default_workers() if opts.num_workers is None else opts.num_workers
+    readers = choose_readers(
+        tiles,
+        opts.num_workers,
+        timeout=opts.timeout,
+        multiprocessing_context=opts.multiprocessing_context,
+    )
+    if not isinstance(opts.num_workers, int):
+        log.info(
+            "make_loader reads with %s (num_workers='auto': %s)",
+            f"{readers.threads} decode threads in this process"
+            if readers.kind == "threads"
+            else f"{readers.workers} worker processes",
+            readers.reason,
+        )
+    workers = readers.workers
     if opts.timeout and not workers:
         raise ConfigError(
             "timeout needs worker processes (num_workers > 0): a read that hangs in this "
@@ -398,6 +435,7 @@ def make_loader(
     )
     loader.tile_sampler = sampler if sampler is not None else []
     loader.reading, loader.tiles = reading, tiles
+    loader.readers, loader.read_ahead = readers, prefetch_factor
     return loader
 
 
