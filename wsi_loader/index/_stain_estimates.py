@@ -326,13 +326,27 @@ def estimate_stain(
     if not (max_c > 0).all():
         return "a stain has no positive concentration (not an H&E stain)"
     lab = rgb_to_lab(pixels).astype(np.float64)
+    return _fitted(he, max_c, lab, lab.std(axis=0) + 1e-6, count, source)
+
+
+def _fitted(
+    he: FloatArray,
+    max_c: FloatArray,
+    lab: FloatArray,
+    lab_std: FloatArray,
+    pixels: int,
+    source: str = "",
+) -> StainEstimate:
+    """The estimate of a fit (`estimate_stain`, `fit_image`): H and E the unit columns of
+    ``he``, the LAB mean over ``lab``, plain floats throughout."""
+    mean = lab.mean(axis=0)
     return StainEstimate(
         h=_unit(he[:, 0]),
         e=_unit(he[:, 1]),
         max_c=(float(max_c[0]), float(max_c[1])),
-        lab_mean=tuple(float(v) for v in lab.mean(axis=0)),  # type: ignore[arg-type]
-        lab_std=tuple(float(v) for v in lab.std(axis=0) + 1e-6),  # type: ignore[arg-type]
-        pixels=count,
+        lab_mean=(float(mean[0]), float(mean[1]), float(mean[2])),
+        lab_std=(float(lab_std[0]), float(lab_std[1]), float(lab_std[2])),
+        pixels=pixels,
         source=source,
     )
 
@@ -467,14 +481,7 @@ def fit_image(rgb: npt.NDArray[np.uint8]) -> StainEstimate:
     he = macenko_vectors(stained)
     max_c = _nearest_percentile(concentrations(od, he), MAX_C_PERCENTILE)
     lab = rgb_to_lab(pixels).astype(np.float64)
-    return StainEstimate(
-        h=_unit(he[:, 0]),
-        e=_unit(he[:, 1]),
-        max_c=(float(max_c[0]), float(max_c[1])),
-        lab_mean=tuple(float(v) for v in lab.mean(axis=0)),  # type: ignore[arg-type]
-        lab_std=tuple(float(v) for v in lab.std(axis=0, ddof=1)),  # type: ignore[arg-type]
-        pixels=len(stained),
-    )
+    return _fitted(he, max_c, lab, lab.std(axis=0, ddof=1), len(stained))
 
 
 def _nearest_percentile(values: FloatArray, q: float) -> FloatArray:
