@@ -41,7 +41,7 @@ import numpy.typing as npt
 
 from wsi_loader.errors import InputError, SlideError
 from wsi_loader.files import write_file
-from wsi_loader.slides._base import SlideMeta, SlideReader, level_to_l0
+from wsi_loader.slides._base import SlideReader, level_to_l0
 
 log = logging.getLogger(__name__)
 
@@ -359,20 +359,20 @@ def slide_estimate(
     read_level: int,
 ) -> StainEstimate | str:
     """A slide's stain from the builder's mask image (``image`` of level ``mask_level`` and its
-    ``tissue`` mask) when that image is `sample_level` at full resolution, else from
-    `SAMPLE_WINDOWS` of that level's storage tiles over tissue at full resolution (see the
+    ``tissue`` mask) when that image is the read level at full resolution, else from
+    `SAMPLE_WINDOWS` of the read level's storage tiles over tissue at full resolution: the
+    statistics a tile is normalised with must be those of pixels like its own (see the
     module's docstring; a sample that cannot be read falls back to the image)."""
-    level = sample_level(reader.meta, read_level)
     l_w, l_h = reader.meta.level_dimensions[mask_level]
-    if level != mask_level or image.shape[:2] != (l_h, l_w):
+    if read_level != mask_level or image.shape[:2] != (l_h, l_w):
         try:
-            pixels, windows = read_tissue_sample(reader, level, tissue)
+            pixels, windows = read_tissue_sample(reader, read_level, tissue)
         except SlideError as exc:  # a corrupt tile: the mask image still has the colours
             log.debug("stain sample of %s unreadable (%s): the mask image", reader.path, exc)
         else:
             if windows:  # evenly fewer: ~1M pixels cost 200 ms, and 2^17 estimate as well
                 sample = _evenly(pixels, SAMPLE_PIXELS)
-                return estimate_stain(sample, source=f"level {level}, {windows} tiles")
+                return estimate_stain(sample, source=f"level {read_level}, {windows} tiles")
     return estimate_stain(image, tissue, source=f"level {mask_level}")
 
 
@@ -386,15 +386,6 @@ def _not_stain(pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
     high, low = pixels.max(axis=-1).astype(np.int16), pixels.min(axis=-1).astype(np.int16)
     grey: npt.NDArray[np.bool_] = other | ((high - low < GREY_CHROMA) & (high < 200))
     return grey
-
-
-def sample_level(meta: SlideMeta, read_level: int) -> int:
-    """The level a slide's stain is sampled at: the level its tiles are read from. The
-    statistics a tile is normalised with must be those of pixels like its own: a coarser
-    level averages nuclei into the stroma (lower concentrations and spreads, other vectors),
-    so a slide normalised to a crop of itself would move (``meta`` is kept for callers)."""
-    del meta
-    return read_level
 
 
 def read_tissue_sample(
