@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, SlideFactory
+from tests.torchrun import torchrun_cli
 from wsi_loader.cli import main
 from wsi_loader.index import SlideIndex
 
@@ -148,18 +149,10 @@ def test_under_torchrun_rank_0_indexes_the_slides_and_the_ranks_split_them(
     slides: Path, tmp_path: Path
 ) -> None:
     """Each rank building into one folder would refuse the other ("another build is running")."""
-    from tests.features.test_features import TORCHRUN_SCRIPT
-
     out = tmp_path / "ranks"
-    script = tmp_path / "run.py"
-    script.write_text(TORCHRUN_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(script), "predict", str(slides), "--model", MODEL, "--out", str(out), *PASS, *GRID,
-        ],
-        check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    done = torchrun_cli(
+        tmp_path, "predict", str(slides), "--model", MODEL, "--out", str(out), *PASS, *GRID,
+        timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "predict.json").read_text())

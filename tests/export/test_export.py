@@ -19,8 +19,8 @@ from tests.conftest import corrupt_rows
 from wsi_loader.cli import main
 from wsi_loader.dataset import TileDataset, _cores
 from wsi_loader.errors import ConfigError, UnitsNotDoneError, UnitTimeoutError, WorkerDiedError
-from wsi_loader.export import _export as export_module
 from wsi_loader.export import _folder, export_index, label_folders
+from wsi_loader.export import _running as running_module
 from wsi_loader.export import _unit as unit_module
 from wsi_loader.export import _webdataset as webdataset_module
 from wsi_loader.index import SlideIndex, build_index
@@ -69,7 +69,7 @@ def test_threads_write_the_same_export(
 ) -> None:
     """A local export reads and encodes on usable cores / workers threads; the files, the
     manifest and the failures are those of a one-thread export."""
-    real_unit, real_encode = export_module.export_unit, unit_module._encode
+    real_unit, real_encode = running_module.export_unit, unit_module._encode
     unit_threads: list[int] = []
     encoders: list[str] = []
 
@@ -81,7 +81,7 @@ def test_threads_write_the_same_export(
         encoders.append(threading.current_thread().name)
         return real_encode(pixels, options)
 
-    monkeypatch.setattr(export_module, "export_unit", unit_spy)
+    monkeypatch.setattr(running_module, "export_unit", unit_spy)
     monkeypatch.setattr(unit_module, "_encode", encode_spy)
     outputs = {}
     for cores in (1, 3):
@@ -135,7 +135,7 @@ def test_resume_writes_only_what_is_missing(
 ) -> None:
     index = build_index([archive / "good.svs"], tmp_path / "idx", level=0, min_tissue=0)
     out = tmp_path / "out"
-    real = export_module.export_unit
+    real = running_module.export_unit
     calls: list[int] = []
 
     def dies_on_third(unit: unit_module.ExportUnit) -> dict:  # type: ignore[type-arg]
@@ -145,13 +145,13 @@ def test_resume_writes_only_what_is_missing(
             raise KeyboardInterrupt("killed")
         return real(unit)
 
-    monkeypatch.setattr(export_module, "export_unit", dies_on_third)
+    monkeypatch.setattr(running_module, "export_unit", dies_on_third)
     with pytest.raises(KeyboardInterrupt):
         export_index(index, out, format="webdataset", shard_size=30)
     first = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
     assert len(first) == 2 and not (out / "manifest.csv").exists()
     calls.clear()
-    monkeypatch.setattr(export_module, "export_unit", lambda u: calls.append(u.number) or real(u))
+    monkeypatch.setattr(running_module, "export_unit", lambda u: calls.append(u.number) or real(u))
     report = export_index(index, out, format="webdataset", shard_size=30)
     assert report.units_skipped == 2 and sorted(calls) == list(range(2, report.units))
     assert {
@@ -408,7 +408,7 @@ def test_a_resumed_export_keeps_its_first_plan(
         [archive / "good.svs"], tmp_path / "i", level=0, min_tissue=0, labels=labels
     )
     out = tmp_path / "out"
-    real = export_module.export_unit
+    real = running_module.export_unit
     calls: list[int] = []
 
     def dies_on_second(unit: unit_module.ExportUnit) -> dict:  # type: ignore[type-arg]
@@ -417,7 +417,7 @@ def test_a_resumed_export_keeps_its_first_plan(
             raise KeyboardInterrupt("killed")
         return real(unit)
 
-    monkeypatch.setattr(export_module, "export_unit", dies_on_second)
+    monkeypatch.setattr(running_module, "export_unit", dies_on_second)
     with pytest.raises(KeyboardInterrupt):
         export_index(index, out, format="imagefolder", shard_size=20)
     monkeypatch.undo()

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from tests.conftest import REPO, corrupt_rows
 from tests.feature_models import PoolLinear, tiny
+from tests.torchrun import torchrun_cli
 from tests.vision import require
 from wsi_loader.cli import main
 from wsi_loader.dataset import FeatureBagDataset, pad_bags
@@ -149,28 +150,14 @@ def test_resume_after_a_kill(index: SlideIndex, tmp_path: Path) -> None:
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]  # the killed run's file is gone
 
 
-TORCHRUN_SCRIPT = """
-import sys
-from wsi_loader.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 @pytest.mark.slow
 def test_torchrun_with_two_ranks_covers_every_slide_once(index: SlideIndex, tmp_path: Path) -> None:
     out = tmp_path / "ranks"
-    script = tmp_path / "run.py"
-    script.write_text(TORCHRUN_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(script), "features", str(index.path),
-            "--model", "tests.feature_models:tiny", "--out", str(out), "--workers", "0",
-            "--device", "cpu", "--no-progress",
-        ],
-        check=True, cwd=REPO, env=env, capture_output=True, timeout=240,
-    )  # fmt: skip
+    torchrun_cli(
+        tmp_path, "features", str(index.path),
+        "--model", "tests.feature_models:tiny", "--out", str(out), "--workers", "0",
+        "--device", "cpu", "--no-progress", timeout=240,
+    ).check_returncode()  # fmt: skip
     summary = json.loads((out / "features.json").read_text())
     assert summary["ranks"] == 2 and summary["written"] == 2
     writers = summary["written_by"]

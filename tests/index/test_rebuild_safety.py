@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import SlideFactory
 from wsi_loader import ConfigError, IndexFormatError, InputError, SlideIndex, build_index
 from wsi_loader.cli import main
-from wsi_loader.export import _export as export_module
+from wsi_loader.export import _running as running_module
 from wsi_loader.export import export_index
 from wsi_loader.export._unit import ExportUnit
 
@@ -70,7 +70,7 @@ def test_an_export_reads_its_generation_while_the_index_is_rebuilt(
 ) -> None:
     out = tmp_path / "idx"
     index = build_index([many], out, level=0, min_tissue=0.0, tile_size=256)
-    real = export_module.export_unit
+    real = running_module.export_unit
     rebuilt: list[bool] = []
 
     def rebuild_after_first(unit: ExportUnit) -> dict:  # type: ignore[type-arg]
@@ -80,7 +80,7 @@ def test_an_export_reads_its_generation_while_the_index_is_rebuilt(
             rebuilt.append(True)
         return record
 
-    monkeypatch.setattr(export_module, "export_unit", rebuild_after_first)
+    monkeypatch.setattr(running_module, "export_unit", rebuild_after_first)
     report = export_index(index, tmp_path / "export", format="webdataset", shard_size=20)
     assert rebuilt and report.tiles == len(index)
     with open(tmp_path / "export" / "manifest.csv", newline="") as fh:

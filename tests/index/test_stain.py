@@ -24,10 +24,9 @@ from wsi_loader.index._stain_estimates import (
     archive_reference,
     estimate_stain,
     read_reference,
-    read_tissue_sample,
-    slide_estimate,
     write_reference,
 )
+from wsi_loader.index._stain_sampling import read_tissue_sample, slide_estimate
 from wsi_loader.index._tissue import read_mask_image, tissue_mask
 from wsi_loader.slides._base import SlideReader
 from wsi_loader.slides._open import open_slide

@@ -26,6 +26,7 @@ from torch.nn import functional as F  # noqa: N812
 from tests.conftest import REPO, SlideFactory, corrupt_rows
 from tests.feature_models import Oriented, PoolLinear, classifier
 from tests.features.test_features import hang_reads_of_good_slide, openslide_tile
+from tests.torchrun import torchrun_cli
 from wsi_loader.cli import main
 from wsi_loader.errors import ConfigError, ModelOutputError
 from wsi_loader.index import SlideIndex, build_index
@@ -439,21 +440,12 @@ def test_without_scikit_learn_there_are_no_metrics_and_it_is_said(
 
 @pytest.mark.slow
 def test_torchrun_ranks_split_the_slides(index: SlideIndex, tmp_path: Path) -> None:
-    from tests.features.test_features import TORCHRUN_SCRIPT
-
     out = tmp_path / "ranks"
-    script = tmp_path / "run.py"
-    script.write_text(TORCHRUN_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(script), "predict", str(index.path),
-            "--model", "tests.feature_models:classifier", "--out", str(out), "--workers", "0",
-            "--device", "cpu", "--no-progress",
-        ],
-        check=True, cwd=REPO, env=env, capture_output=True, timeout=240,
-    )  # fmt: skip
+    torchrun_cli(
+        tmp_path, "predict", str(index.path),
+        "--model", "tests.feature_models:classifier", "--out", str(out), "--workers", "0",
+        "--device", "cpu", "--no-progress", timeout=240,
+    ).check_returncode()  # fmt: skip
     summary = json.loads((out / "predict.json").read_text())
     assert summary["ranks"] == 2 and summary["written"] == 2
     assert sorted(summary["written_by"].values()) == [0, 1]  # one slide each

@@ -10,12 +10,25 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from wsi_loader.cli.common import init_distributed, one_line
-from wsi_loader.cli.encoders import batch_size_option
 from wsi_loader.cli.stain import stain_option
 from wsi_loader.errors import ConfigError
 
 if TYPE_CHECKING:
     from wsi_loader.models._pass import PassReport
+
+
+def batch_size_option(value: str) -> int | str:
+    """--batch-size: a whole number above 0, or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number above 0 or auto, got {value!r}")
+    return number
+
 
 MODEL_PASS = argparse.ArgumentParser(add_help=False)
 MODEL_PASS.add_argument("--out", required=True, metavar="DIR")

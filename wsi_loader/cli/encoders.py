@@ -51,19 +51,6 @@ HEAD_OPTION.add_argument(
 )
 
 
-def batch_size_option(value: str) -> int | str:
-    """--batch-size: a whole number above 0, or ``auto``."""
-    if value == "auto":
-        return value
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number above 0 or auto, got {value!r}")
-    return number
-
-
 def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "encoders",

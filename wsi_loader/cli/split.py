@@ -90,7 +90,7 @@ def counts(index: SlideIndex) -> dict[str, dict[str, object]]:
     return dict(sorted(out.items()))
 
 
-def _plan(args: argparse.Namespace) -> SplitPlan | None:
+def _plan(args: argparse.Namespace, index: SlideIndex) -> SplitPlan | None:
     """The plan the options give, laid over the plan the index was split with when its
     splits are kept; None when no option is given (`write_splits` picks it)."""
     options = {"by": args.by, "folds": args.folds, "test": args.test, "val": args.val}
@@ -101,7 +101,7 @@ def _plan(args: argparse.Namespace) -> SplitPlan | None:
         given["stratify"] = None if args.stratify == "none" else "label"
     if not given:
         return None
-    stored = None if args.overwrite else stored_plan(SlideIndex.open(args.index))
+    stored = None if args.overwrite else stored_plan(index)
     base = stored or SplitPlan(stratify=None)
     folds = given.get("folds", base.folds)
     if stored is None or folds != base.folds:  # the default val of that many folds
@@ -110,8 +110,9 @@ def _plan(args: argparse.Namespace) -> SplitPlan | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    before = {s.path: s.split for s in SlideIndex.open(args.index).slides}
-    index = write_splits(args.index, _plan(args), overwrite=args.overwrite)
+    opened = SlideIndex.open(args.index)
+    before = {s.path: s.split for s in opened.slides}
+    index = write_splits(args.index, _plan(args, opened), overwrite=args.overwrite)
     plan = stored_plan(index)
     found = counts(index)
     assigned = Counter(

@@ -7,6 +7,8 @@ Its modules:
   rows, in which order, which left out and why), cuts it into units, runs them in parallel
   (inline, local processes, any executor or Dask), and writes ``manifest.csv``,
   ``failures.csv``, ``export.json`` and the dataset card.
+* ``_running``: the units run: completed ones read back from the part records, the others
+  in parallel, given-up ones (a dead worker, ``unit_timeout``) reported together.
 * ``_unit``: one unit of work (`export_unit`): read its tiles, encode them, write its files,
   append its part record.
 * ``_imagefolder``: the image-folder layout: a folder per label (`label_folders`), a file per

@@ -19,9 +19,9 @@ why: quarantined before, failed now, or without a label in image folders) and ``
 (``README.md``, `_card`) that tells Hugging Face ``datasets`` the split, the classes and
 the field types.
 
-This module is the orchestration (`export_index`: options, plan, units run in parallel, the
-tables and the card); a unit's work is `_unit`, each format's files are `_imagefolder`,
-`_webdataset` and `_coords_h5`, the tables' rows `_manifest`.
+This module is the orchestration (`export_index`: options, plan, units, the tables and the
+card); running the units in parallel is `_running`, a unit's work `_unit`, each format's files
+are `_imagefolder`, `_webdataset` and `_coords_h5`, the tables' rows `_manifest`.
 """
 
 from __future__ import annotations
@@ -40,12 +40,7 @@ import numpy as np
 from wsi_loader.config import DatasetConfig, ExportConfig, validate
 from wsi_loader.dataset._context import check_context, recorded_context
 from wsi_loader.dataset._cores import threads_per_process
-from wsi_loader.errors import (
-    ConfigError,
-    UnitsNotDoneError,
-    UnitTimeoutError,
-    WorkerDiedError,
-)
+from wsi_loader.errors import ConfigError
 from wsi_loader.export._card import (
     imagefolder_card,
     warn_of_split_words,
@@ -58,8 +53,6 @@ from wsi_loader.export._folder import (
     SETTINGS_FILE,
     check_destination,
     clear_export,
-    outputs_intact,
-    part_records,
     read_settings,
     remove_partial_files,
     unit_contents,
@@ -68,16 +61,12 @@ from wsi_loader.export._folder import (
 )
 from wsi_loader.export._imagefolder import label_folders, split_folders
 from wsi_loader.export._manifest import FAILURE_COLUMNS, MANIFEST_COLUMNS, tile_fields, write_csv
-from wsi_loader.export._unit import ExportOptions, ExportUnit, export_unit
+from wsi_loader.export._running import run_units
+from wsi_loader.export._unit import ExportOptions, ExportUnit
 from wsi_loader.files import replacing, write_file
 from wsi_loader.index._health import require_slides
 from wsi_loader.index._table import SlideIndex
-from wsi_loader.parallel import (
-    GivenUp,
-    progress_bar,
-    refuse_time_limit_with_executor,
-    run_all,
-)
+from wsi_loader.parallel import refuse_time_limit_with_executor
 from wsi_loader.permutation import RandomPermutation
 from wsi_loader.stain._build import as_stain
 
@@ -101,23 +90,6 @@ class ExportReport:
     units_skipped: int
     shards: list[dict[str, Any]]
     unlabelled: int = 0  # tiles without a label left out of the image folders
-
-
-def _completed(unit: ExportUnit, records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """The record (of ``records``, the parts file) of a unit a previous run completed whose
-    outputs are still intact (marked skipped), else None: a deleted or truncated shard or
-    image makes the unit run again."""
-    out = Path(unit.out)
-    record = records.get(unit.number)
-    if record is None or record.get("content") != unit.content:
-        return None
-    if record.get("slides", unit.slides) != unit.slides:  # (records before: not known)
-        log.info("export unit %d: a slide of it changed since, writing it again", unit.number)
-        return None
-    if not outputs_intact(out, record, unit.verify):
-        log.warning("export unit %d: outputs missing or changed, writing it again", unit.number)
-        return None
-    return {**record, "skipped": True}
 
 
 def _label_folders(index: SlideIndex) -> dict[str, str]:
@@ -324,7 +296,7 @@ def export_index(
         records = [export_coords(full, order, out_path)]
     else:
         try:
-            records = _run(units, workers, executor, progress, checked.unit_timeout)
+            records = run_units(units, workers, executor, progress, checked.unit_timeout)
         except BaseException:
             # local workers are ended by now; one ended mid-write (the others' unit failed on
             # a full disk) left its temporary file, which would keep the space it took
@@ -466,73 +438,3 @@ def _quarantine_reasons(index: SlideIndex) -> Callable[[dict[str, Any]], str]:
         return reasons.get((*at, fields["level"])) or reasons.get((*at, None)) or ""
 
     return reason
-
-
-def _unit_size(unit: ExportUnit) -> int:
-    return len(unit.rows)
-
-
-def _run(
-    units: list[ExportUnit], workers: int, executor: Any, progress: bool, timeout: float
-) -> list[dict[str, Any]]:
-    total = sum(len(u.rows) for u in units)
-    with progress_bar(total, "tile", "exporting", progress and bool(units)) as bar:
-        results: dict[int, dict[str, Any]] = {}
-        parts = part_records(Path(units[0].out)) if units else {}
-        for unit in units:  # completed units are read back here, without starting any worker
-            previous = _completed(unit, parts)
-            if previous is not None:
-                results[unit.number] = previous
-                bar.update(len(unit.rows))
-        # the parts file is read here once; units never read it (it holds every manifest row)
-        todo = [replace(u, rewrite=u.number in parts) for u in units if u.number not in results]
-        done = run_all(
-            export_unit,
-            todo,
-            workers,
-            executor,
-            bar,
-            _unit_size,
-            given_up=_given_up,
-            timeout=timeout or None,
-        )
-        for unit, record in zip(todo, done, strict=True):
-            results[unit.number] = record
-    given_up = {r["unit"]: r["given_up"] for r in results.values() if "given_up" in r}
-    if given_up:
-        raise _not_done(given_up)
-    return [results[number] for number in sorted(results)]
-
-
-def _given_up(unit: ExportUnit, why: GivenUp) -> dict[str, Any]:
-    """The record of a unit its worker did not finish (nothing of it is kept)."""
-    if why.kind == "timeout":
-        reason = f"was not done after {why.detail} s (unit_timeout), so its worker was ended"
-    else:
-        reason = f"had its worker process die under it ({why.detail})"
-    return {"unit": unit.number, "given_up": reason, "kind": why.kind}
-
-
-def _not_done(reasons: dict[int, str]) -> UnitsNotDoneError:
-    """The error that ends an export some units of which were given up."""
-    units = sorted(reasons)
-    said = "; ".join(f"export unit {u} {reasons[u]}" for u in units[:5])
-    more = f" (and {len(units) - 5} more units)" if len(units) > 5 else ""
-    timeouts = [u for u in units if "unit_timeout" in reasons[u]]
-    hint = (
-        "with fewer workers if memory is short"
-        if not timeouts
-        else "after checking the slides' storage answers, or with a larger --unit-timeout if "
-        "a unit is merely slow"
-    )
-    kind: type[UnitsNotDoneError] = UnitsNotDoneError  # some of each
-    if not timeouts:
-        kind = WorkerDiedError
-    elif len(timeouts) == len(units):
-        kind = UnitTimeoutError
-    return kind(
-        f"{said}{more}; the other units are finished: run the same export again to finish it "
-        f"({hint})",
-        units=units,
-        reasons=reasons,
-    )

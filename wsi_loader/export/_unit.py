@@ -142,6 +142,8 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     context_encoded = [
         _encode_all(tiles, result.ok, unit.options, unit.threads) for tiles in result.context
     ]
+    # once per unit: a tile's label id looks up its slide's among every slide's labels
+    label_ids = index.tile_labels(rows).tolist()
     pixels = iter(range(len(result.ok)))
     tiles, failures, members = [], [], []
     outputs: list[tuple[str, int, str]] = []  # (name under out, size, sha256) of every file
@@ -180,7 +182,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
             tiles.append({**entry, "file": name, "member": ""})
         else:
             key = sample_key(index, row)
-            meta = sample_meta(index, row, base, entry, context_entries)
+            meta = sample_meta(index, row, base, entry, context_entries, label_ids[i])
             members.append(
                 (key, ext, data, json.dumps(meta, sort_keys=True).encode(), context_data)
             )

@@ -30,9 +30,11 @@ def sample_meta(
     base: dict[str, Any],
     entry: dict[str, Any],
     context: list[dict[str, Any]],
+    label_id: int,
 ) -> dict[str, Any]:
-    """The JSON of a tile's sample: where it comes from, its labels and split, the annotated
-    classes' coverage and its ``context`` entries (`context_meta`)."""
+    """The JSON of a tile's sample: where it comes from, its labels (``label_id``: its
+    `SlideIndex.tile_labels` entry) and split, the annotated classes' coverage and its
+    ``context`` entries (`context_meta`)."""
     slide = index.slides[base["slide_id"]]
     meta = {
         "slide": slide.path,
@@ -43,7 +45,7 @@ def sample_meta(
         "read_size": entry["read_size"],
         "mpp": slide.tile_mpp,
         "label": entry["label"],
-        "label_id": int(index.tile_labels([row])[0]),
+        "label_id": label_id,
         "slide_label": slide.label,
         "split": slide.split,
         "row": row,

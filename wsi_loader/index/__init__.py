@@ -16,7 +16,8 @@ Per slide, from its low-resolution picture (`_analyses` gathers what the builder
 - `_lowres`, `_tissue`, `_tissue_masks`: the picture, read once; tissue detection; user masks
 - `_geometry`: the level and scale a resolution is read at; the tile grid
 - `_qc`, `_qc_pixels`, `_focus`: quality-control columns (pen, fold, bubble, blur, background)
-- `_stain_estimates`: the slide's stain statistics and the archive's reference
+- `_stain_estimates`, `_stain_sampling`: the slide's stain statistics and the archive's
+  reference; the pixels a slide's stain is estimated from
 - `annotations/`: region annotations as per-tile class coverage and labels
 
 On disk:

@@ -23,7 +23,8 @@ from wsi_loader.errors import TileReadError
 from wsi_loader.index import _qc as qc
 from wsi_loader.index._focus import measure_sharpness
 from wsi_loader.index._lowres import FloatArray, LowResolution, TileBoxes
-from wsi_loader.index._stain_estimates import StainEstimate, stain_columns
+from wsi_loader.index._stain_estimates import StainEstimate
+from wsi_loader.index._stain_sampling import stain_columns
 from wsi_loader.index._table_files import SlideRecord
 from wsi_loader.index._tissue import (
     DARK_FIELD_BRIGHTNESS,

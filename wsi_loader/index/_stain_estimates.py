@@ -9,11 +9,11 @@ less near-white pixels) at the resolution its tiles are read at:
 - Reinhard (2001): the mean and standard deviation of each CIELAB channel.
 
 Unless that image is the level tiles are read from at full resolution, the pixels come from a
-few storage tiles over tissue of the read level (`slide_estimate`): the statistics a tile is
-normalised with must describe pixels like its own. A coarser picture averages intensities,
-which mixes stains with each other and with glass non-linearly in OD and pulls the estimated
-vectors inward and the concentrations and spreads down, so a slide normalised to a crop of
-itself would move. A target image is fitted by the same
+few storage tiles over tissue of the read level (`_stain_sampling.slide_estimate`): the
+statistics a tile is normalised with must describe pixels like its own. A coarser picture
+averages intensities, which mixes stains with each other and with glass non-linearly in OD
+and pulls the estimated vectors inward and the concentrations and spreads down, so a slide
+normalised to a crop of itself would move. A target image is fitted by the same
 `estimate_stain`, so target and slide are compared over the same kind of pixels.
 
 A slide whose stain cannot be estimated (too little tissue, two stains that are not separable,
@@ -39,9 +39,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wsi_loader.errors import InputError, SlideError
+from wsi_loader.errors import InputError
 from wsi_loader.files import write_file
-from wsi_loader.slides._base import SlideMeta, SlideReader, level_to_l0
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +54,12 @@ MIN_SEPARATION_DEG = 5.0  # H and E closer than this are not two stains
 MAX_OFF_REFERENCE_DEG = 40.0  # a vector further than this from the H&E reference: not H&E
 GREY_CHROMA = 20  # stained tissue is coloured: pixels with channels this close are not stain
 NOT_HE_DEG = (25.0, 20.0)  # H, E further than this from the reference: said to be not H&E
-SAMPLE_WINDOWS = 16  # storage tiles read at full resolution when the mask image is too coarse
-SAMPLE_PIXELS = 1 << 17  # of the sampled tiles' tissue pixels, evenly spread
 METHOD = 3  # slide estimates of this method (sampled at the read level) are kept on rebuild
 # what a stain read from a file may hold: OD vectors of a norm near 1, maximum concentrations
 # (optical densities) and CIELAB values of an image
 MAX_VECTOR_NORM = 100.0
 MAX_CONCENTRATION = 50.0
 MAX_LAB = 200.0
-SAMPLE_WINDOW_MAX = 512  # a larger storage tile (or a strip) is sampled in windows this wide
 
 # Macenko's reference (torchstain's default target): H and E OD vectors and max concentrations
 REFERENCE_H = (0.5626, 0.7201, 0.4062)
@@ -287,7 +283,7 @@ def is_stained(od: FloatArray) -> npt.NDArray[np.bool_]:
     return keep
 
 
-def _evenly(pixels: npt.NDArray[Any], limit: int) -> npt.NDArray[Any]:
+def evenly(pixels: npt.NDArray[Any], limit: int) -> npt.NDArray[Any]:
     """At most ``limit`` rows, evenly spaced (deterministic)."""
     if len(pixels) <= limit:
         return pixels
@@ -315,8 +311,8 @@ def estimate_stain(
             f"too little stained tissue for a stain estimate ({count} pixels of the "
             f"{source or 'image'}, at least {MIN_PIXELS} needed)"
         )
-    coloured = _evenly(od[(od >= BETA).any(axis=-1)], MAX_PIXELS)
-    od, pixels = _evenly(od[stained], MAX_PIXELS), _evenly(pixels[stained], MAX_PIXELS)
+    coloured = evenly(od[(od >= BETA).any(axis=-1)], MAX_PIXELS)
+    od, pixels = evenly(od[stained], MAX_PIXELS), evenly(pixels[stained], MAX_PIXELS)
     he = macenko_vectors(od)
     problem = check_vectors(he)
     if problem is not None:
@@ -326,40 +322,29 @@ def estimate_stain(
     if not (max_c > 0).all():
         return "a stain has no positive concentration (not an H&E stain)"
     lab = rgb_to_lab(pixels).astype(np.float64)
+    return _fitted(he, max_c, lab, lab.std(axis=0) + 1e-6, count, source)
+
+
+def _fitted(
+    he: FloatArray,
+    max_c: FloatArray,
+    lab: FloatArray,
+    lab_std: FloatArray,
+    pixels: int,
+    source: str = "",
+) -> StainEstimate:
+    """The estimate of a fit (`estimate_stain`, `fit_image`): H and E the unit columns of
+    ``he``, the LAB mean over ``lab``, plain floats throughout."""
+    mean = lab.mean(axis=0)
     return StainEstimate(
         h=_unit(he[:, 0]),
         e=_unit(he[:, 1]),
         max_c=(float(max_c[0]), float(max_c[1])),
-        lab_mean=tuple(float(v) for v in lab.mean(axis=0)),  # type: ignore[arg-type]
-        lab_std=tuple(float(v) for v in lab.std(axis=0) + 1e-6),  # type: ignore[arg-type]
-        pixels=count,
+        lab_mean=(float(mean[0]), float(mean[1]), float(mean[2])),
+        lab_std=(float(lab_std[0]), float(lab_std[1]), float(lab_std[2])),
+        pixels=pixels,
         source=source,
     )
-
-
-def slide_estimate(
-    reader: SlideReader,
-    image: npt.NDArray[np.uint8],
-    tissue: npt.NDArray[np.bool_],
-    mask_level: int,
-    read_level: int,
-) -> StainEstimate | str:
-    """A slide's stain from the builder's mask image (``image`` of level ``mask_level`` and its
-    ``tissue`` mask) when that image is `sample_level` at full resolution, else from
-    `SAMPLE_WINDOWS` of that level's storage tiles over tissue at full resolution (see the
-    module's docstring; a sample that cannot be read falls back to the image)."""
-    level = sample_level(reader.meta, read_level)
-    l_w, l_h = reader.meta.level_dimensions[mask_level]
-    if level != mask_level or image.shape[:2] != (l_h, l_w):
-        try:
-            pixels, windows = read_tissue_sample(reader, level, tissue)
-        except SlideError as exc:  # a corrupt tile: the mask image still has the colours
-            log.debug("stain sample of %s unreadable (%s): the mask image", reader.path, exc)
-        else:
-            if windows:  # evenly fewer: ~1M pixels cost 200 ms, and 2^17 estimate as well
-                sample = _evenly(pixels, SAMPLE_PIXELS)
-                return estimate_stain(sample, source=f"level {level}, {windows} tiles")
-    return estimate_stain(image, tissue, source=f"level {mask_level}")
 
 
 def _not_stain(pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
@@ -372,70 +357,6 @@ def _not_stain(pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
     high, low = pixels.max(axis=-1).astype(np.int16), pixels.min(axis=-1).astype(np.int16)
     grey: npt.NDArray[np.bool_] = other | ((high - low < GREY_CHROMA) & (high < 200))
     return grey
-
-
-def sample_level(meta: SlideMeta, read_level: int) -> int:
-    """The level a slide's stain is sampled at: the level its tiles are read from. The
-    statistics a tile is normalised with must be those of pixels like its own: a coarser
-    level averages nuclei into the stroma (lower concentrations and spreads, other vectors),
-    so a slide normalised to a crop of itself would move (``meta`` is kept for callers)."""
-    del meta
-    return read_level
-
-
-def read_tissue_sample(
-    reader: SlideReader, level: int, tissue: npt.NDArray[np.bool_], count: int = SAMPLE_WINDOWS
-) -> tuple[npt.NDArray[np.uint8], int]:
-    """The tissue pixels ``(n, 3)`` of up to ``count`` storage tiles of ``level`` (windows at
-    most `SAMPLE_WINDOW_MAX` wide), read at full resolution, and how many were read. ``tissue``
-    is the level's mask at any scale; the windows are those at least half tissue (the most
-    tissue when none is), evenly spread in raster order: deterministic, and one decode each."""
-    from wsi_loader.index._tissue import tile_fractions
-
-    meta = reader.meta
-    l_w, l_h = meta.level_dimensions[level]
-    ds = meta.level_downsamples[level]
-    tile_w, tile_h = meta.tile_sizes[level] if level < len(meta.tile_sizes) else (0, 0)
-    win_w = tile_w if 0 < tile_w <= SAMPLE_WINDOW_MAX else min(256, l_w)
-    win_h = tile_h if 0 < tile_h <= SAMPLE_WINDOW_MAX else min(256, l_h)
-    l_x, l_y = (a.ravel() for a in np.meshgrid(np.arange(0, l_w, win_w), np.arange(0, l_h, win_h)))
-    # the fractions in level pixels, with the level's size as the "level-0" frame
-    fraction = tile_fractions(tissue, (l_w, l_h), l_x, l_y, float(max(win_w, win_h)))
-    candidates = np.flatnonzero(fraction >= 0.5)
-    if len(candidates) < count:
-        candidates = np.sort(np.argsort(-fraction, kind="stable")[:count])
-        candidates = candidates[fraction[candidates] > 0]
-    if not len(candidates):
-        return np.zeros((0, 3), np.uint8), 0
-    picks = candidates[np.unique(np.linspace(0, len(candidates) - 1, count).round().astype(int))]
-    h_m, w_m = tissue.shape
-    found = []
-    for i in picks.tolist():
-        x, y = int(l_x[i]), int(l_y[i])
-        w, h = min(win_w, l_w - x), min(win_h, l_h - y)
-        window = reader.read_region(level_to_l0(x, ds), level_to_l0(y, ds), level, w, h)
-        rows = np.minimum((y + np.arange(h)) * h_m // l_h, h_m - 1)
-        cols = np.minimum((x + np.arange(w)) * w_m // l_w, w_m - 1)
-        found.append(window[tissue[rows][:, cols]])
-    return np.concatenate(found), len(picks)
-
-
-def stain_columns(
-    reader: SlideReader,
-    image: npt.NDArray[np.uint8],
-    tissue: npt.NDArray[np.bool_],
-    mask_level: int,
-    read_level: int,
-) -> dict[str, Any]:
-    """The slide record's ``stain`` and ``stain_error`` fields (`slide_estimate`'s arguments;
-    an estimate that fails is a reason, never an exception)."""
-    try:
-        found = slide_estimate(reader, image, tissue, mask_level, read_level)
-    except (ValueError, np.linalg.LinAlgError) as exc:  # a degenerate image (all one colour)
-        found = f"stain estimate failed: {exc}"
-    if isinstance(found, str):
-        return {"stain": None, "stain_error": found}
-    return {"stain": found.as_json(), "stain_error": None}
 
 
 def is_current(stain: Mapping[str, Any] | None, stain_error: str | None) -> bool:
@@ -467,14 +388,7 @@ def fit_image(rgb: npt.NDArray[np.uint8]) -> StainEstimate:
     he = macenko_vectors(stained)
     max_c = _nearest_percentile(concentrations(od, he), MAX_C_PERCENTILE)
     lab = rgb_to_lab(pixels).astype(np.float64)
-    return StainEstimate(
-        h=_unit(he[:, 0]),
-        e=_unit(he[:, 1]),
-        max_c=(float(max_c[0]), float(max_c[1])),
-        lab_mean=tuple(float(v) for v in lab.mean(axis=0)),  # type: ignore[arg-type]
-        lab_std=tuple(float(v) for v in lab.std(axis=0, ddof=1)),  # type: ignore[arg-type]
-        pixels=len(stained),
-    )
+    return _fitted(he, max_c, lab, lab.std(axis=0, ddof=1), len(stained))
 
 
 def _nearest_percentile(values: FloatArray, q: float) -> FloatArray:

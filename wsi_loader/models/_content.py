@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from wsi_loader.index._fingerprints import slide_version
 from wsi_loader.index._table import SlideIndex
@@ -64,13 +65,20 @@ def bind_pass(view: SlideIndex, model: Model, writer: Writer, options: PassOptio
 
 
 def slide_content(
-    view: SlideIndex, sid: int, header: list[Any], stain: Any = None, *, legacy: bool = False
+    view: SlideIndex,
+    starts: npt.NDArray[np.int64],
+    sid: int,
+    header: list[Any],
+    stain: Any = None,
+    *,
+    legacy: bool = False,
 ) -> str:
-    """What a slide's outputs hold: the slide (`same_slide`), its tiles, ``header`` (the
-    model, its weights and preprocessing, the precision, the writer's settings) and the stain
-    transforms (their spec), when there are. ``legacy``: the digest of outputs written before
-    the slide was known by its content, with its fingerprint (mtime in it) instead."""
-    starts = view.slide_starts()
+    """What a slide's outputs hold: the slide (`same_slide`), its tiles (rows
+    ``starts[sid]:starts[sid + 1]``: the view's `SlideIndex.slide_starts`, found once by the
+    caller, since a pass digests every slide), ``header`` (the model, its weights and
+    preprocessing, the precision, the writer's settings) and the stain transforms (their
+    spec), when there are. ``legacy``: the digest of outputs written before the slide was
+    known by its content, with its fingerprint (mtime in it) instead."""
     rows = slice(int(starts[sid]), int(starts[sid + 1]))
     cols = view.columns
     record = view.slides[sid]

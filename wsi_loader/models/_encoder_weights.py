@@ -39,6 +39,19 @@ def hub_name(recipe: Recipe, file: str | None = None) -> str:
     return "/".join(p for p in (recipe.subfolder, file or recipe.files[0]) if p)
 
 
+def weights_error(recipe: Recipe, message: str, path: Path | None = None) -> WeightsError:
+    """A `WeightsError` naming the recipe's encoder and repo, and the path looked at."""
+    return WeightsError(
+        message, encoder=recipe.name, repo=recipe.repo, path=None if path is None else str(path)
+    )
+
+
+def _loadable(recipe: Recipe, file: Path) -> Path:
+    """What loads from a weight file found in the cache: the file, or for transformers models
+    its snapshot folder (config.json beside the weights)."""
+    return file.parent if recipe.architecture == "transformers" else file
+
+
 def _advice(recipe: Recipe) -> str:
     where = f"https://huggingface.co/{'datasets/' if recipe.repo_type == 'dataset' else ''}"
     url = f"{where}{recipe.repo}"
@@ -66,11 +79,10 @@ def resolve_weights(recipe: Recipe, weights: str | Path | None, *, download: boo
         found, reason = _download(recipe)
         if found is not None:
             return found
-    raise WeightsError(
+    raise weights_error(
+        recipe,
         f"no weights for encoder {recipe.name} (repo {recipe.repo}): none given (--weights), "
         f"none in the Hugging Face cache, and {reason}. {_advice(recipe)}",
-        encoder=recipe.name,
-        repo=recipe.repo,
     )
 
 
@@ -82,19 +94,17 @@ def _given(recipe: Recipe, path: Path) -> Path:
             for candidate in (path / hub_name(recipe, file), path / file):
                 if candidate.is_file():
                     return path if recipe.architecture == "transformers" else candidate
-        raise WeightsError(
+        raise weights_error(
+            recipe,
             f"{path} has none of {', '.join(recipe.files)} (the files of {recipe.repo} that "
             f"encoder {recipe.name} loads); {_advice(recipe)}",
-            encoder=recipe.name,
-            repo=recipe.repo,
-            path=str(path),
+            path,
         )
-    raise WeightsError(
+    raise weights_error(
+        recipe,
         f"no such weight file or folder: {path} (encoder {recipe.name}, repo {recipe.repo}); "
         + _advice(recipe),
-        encoder=recipe.name,
-        repo=recipe.repo,
-        path=str(path),
+        path,
     )
 
 
@@ -109,8 +119,7 @@ def cached_weights(recipe: Recipe) -> Path | None:
             recipe.repo, hub_name(recipe, file), repo_type=recipe.repo_type
         )
         if isinstance(found, str):
-            path = Path(found)
-            return path.parent if recipe.architecture == "transformers" else path
+            return _loadable(recipe, Path(found))
     return None
 
 
@@ -143,8 +152,7 @@ def _download(recipe: Recipe) -> tuple[Path | None, str]:
             continue
         except (HfHubHTTPError, OSError) as exc:
             return None, f"the download failed ({type(exc).__name__}: {exc})"
-        found = Path(path)
-        return (found.parent if recipe.architecture == "transformers" else found), ""
+        return _loadable(recipe, Path(path)), ""
     return None, reason
 
 
@@ -165,21 +173,19 @@ def read_state(recipe: Recipe, path: Path) -> dict[str, Any]:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (OSError, RuntimeError, ValueError, EOFError, struct.error) as exc:
-        raise WeightsError(
+        raise weights_error(
+            recipe,
             f"{path} is not a readable weight file for encoder {recipe.name} "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
-            encoder=recipe.name,
-            repo=recipe.repo,
-            path=str(path),
+            path,
         ) from exc
     if recipe.state_key is not None and isinstance(state, dict) and recipe.state_key in state:
         state = state[recipe.state_key]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise WeightsError(
+        raise weights_error(
+            recipe,
             f"{path} does not hold a state dict (names -> tensors) for encoder {recipe.name}",
-            encoder=recipe.name,
-            repo=recipe.repo,
-            path=str(path),
+            path,
         )
     return {k: v for k, v in state.items() if not any(fnmatch.fnmatch(k, p) for p in recipe.unused)}
 

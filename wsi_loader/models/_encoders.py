@@ -20,7 +20,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from wsi_loader.errors import ConfigError, WeightsError
 from wsi_loader.models._encoder_recipes import ALIASES, ENCODERS, Recipe
-from wsi_loader.models._encoder_weights import read_state, resolve_weights
+from wsi_loader.models._encoder_weights import read_state, resolve_weights, weights_error
 from wsi_loader.models._specs import Model
 
 log = logging.getLogger(__name__)
@@ -244,12 +244,11 @@ def _transformers(recipe: Recipe, path: Path) -> Encoder:
     try:
         model = cls.from_pretrained(str(folder), local_files_only=True, **recipe.kwargs)
     except (OSError, ValueError) as exc:
-        raise WeightsError(
+        raise weights_error(
+            recipe,
             f"{recipe.name}: cannot load the transformers model from {folder} ({exc}); it "
             "needs the snapshot folder (config.json beside the weights)",
-            encoder=recipe.name,
-            repo=recipe.repo,
-            path=str(folder),
+            folder,
         ) from exc
     return Encoder(recipe, model)
 
@@ -304,12 +303,11 @@ def load_checked(
 
 
 def _mismatch(recipe: Recipe, path: Path, what: str) -> WeightsError:
-    return WeightsError(
+    return weights_error(
+        recipe,
         f"the weights do not fit encoder {recipe.name} ({recipe.architecture} {recipe.model}): "
         f"{what}; the hub's file is {recipe.repo}/{recipe.files[0]}",
-        encoder=recipe.name,
-        repo=recipe.repo,
-        path=str(path),
+        path,
     )
 
 

@@ -246,13 +246,13 @@ def run_pass(
     mine = [sid for sid, r in zip(slide_ids, owner, strict=True) if r == rank]
     bound = bound or bind_pass(view, model, writer, options)
     header, stain, stain_spec = bound.header, bound.stain, bound.stain_spec
-    content = {sid: slide_content(view, sid, header, stain_spec) for sid in mine}
+    content = {sid: slide_content(view, starts, sid, header, stain_spec) for sid in mine}
     todo = [
         sid
         for sid in mine
         if not writer.is_complete(sid, content[sid])
         and not writer.is_complete(
-            sid, slide_content(view, sid, header, stain_spec, legacy=True)
+            sid, slide_content(view, starts, sid, header, stain_spec, legacy=True)
         )  # outputs written before slides were known by content, of this very slide version
     ]
     report = PassReport(slides=len(slide_ids), skipped=len(mine) - len(todo), stain=stain_spec)

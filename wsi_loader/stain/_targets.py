@@ -20,9 +20,9 @@ from wsi_loader.index._stain_estimates import (
     estimate_stain,
     fit_image,
     read_reference,
-    slide_estimate,
     slide_estimates,
 )
+from wsi_loader.index._stain_sampling import slide_estimate
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.index._table_files import CURRENT
 from wsi_loader.stain._kernels import Floats, UInt8s

@@ -14,6 +14,7 @@ import math
 import os
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -56,8 +57,7 @@ class PredictionTable:
         covers (x, y, width, height). A box covers the cells wholly inside it, so no cell is
         coloured beyond the boxes (`overlaps` says whether boxes share cells)."""
         x, y = self.boxes[:, 0], self.boxes[:, 1]
-        step_x = _step(x, float(np.median(self.boxes[:, 2])))
-        step_y = _step(y, float(np.median(self.boxes[:, 3])))
+        step_x, step_y = self.steps
         col = np.rint((x - x.min()) / step_x).astype(np.int64)
         row = np.rint((y - y.min()) / step_y).astype(np.int64)
         # cells a box covers: the whole steps of its edge (1 on a grid without overlap, never
@@ -91,9 +91,15 @@ class PredictionTable:
         """Whether the boxes overlap (a grid with a stride below the tile size): the page then
         smooths the map between cells, within the cells boxes cover."""
         b = self.boxes
-        step_x = _step(b[:, 0], float(np.median(b[:, 2])))
-        step_y = _step(b[:, 1], float(np.median(b[:, 3])))
+        step_x, step_y = self.steps
         return bool(np.median(b[:, 2]) > 1.01 * step_x or np.median(b[:, 3]) > 1.01 * step_y)
+
+    @cached_property
+    def steps(self) -> tuple[float, float]:
+        """The lattice steps of the box corners in x and y (`_step`), found once per table:
+        a heatmap request wants them for the picture and again for `overlaps`."""
+        b = self.boxes
+        return _step(b[:, 0], float(np.median(b[:, 2]))), _step(b[:, 1], float(np.median(b[:, 3])))
 
     def at(self, l0_x: float, l0_y: float) -> dict[str, float] | None:
         """The probabilities of the box under a level-0 point: of those that contain it (boxes
