@@ -281,13 +281,15 @@ LABELS = {
 }
 
 
-def report(results: dict[str, list[tuple[float, float]]], title: str) -> dict[str, float]:
+def report(
+    results: dict[str, list[tuple[float, float]]], title: str, load: str
+) -> dict[str, float]:
     """Print the table; return the targets' ratios (best and median)."""
     rows = dict(results)
     rows["g"] = [(rate * WORKERS, cpu) for rate, cpu in results["g1"]]
     best = {name: max(rate for rate, _ in runs) for name, runs in rows.items()}
     median = {name: statistics.median(rate for rate, _ in runs) for name, runs in rows.items()}
-    print(f"\n## {title}: {len(results['a'])} rounds")
+    print(f"\n## {title}: {len(results['a'])} rounds, {load}")
     print(f"{'row':<38} {'best':>7} {'median':>7} {'CPU us':>7}  make_loader defaults vs row")
     for name, label in LABELS.items():
         cpu = statistics.median(cpu for _, cpu in rows[name])
@@ -308,6 +310,11 @@ def report(results: dict[str, list[tuple[float, float]]], title: str) -> dict[st
         print(f"target {label} >= {goal}x: {b:.2f}x best, {m:.2f}x median: {met}")
         targets[label] = m
     return targets
+
+
+def load_average() -> str:
+    """The machine's 1-minute load average as the phase starts (other jobs on the machine)."""
+    return f"load average {os.getloadavg()[0]:.1f} at its start"
 
 
 def describe(loader: Any, log: list[str]) -> str:
@@ -348,7 +355,7 @@ def loaders(index: SlideIndex, rows: np.ndarray) -> Iterator[tuple[str, Any, str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tiles", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per phase")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds per phase")
     parser.add_argument("--width", type=int, default=30_000, help="synthetic slide width (4:3)")
     parser.add_argument("--scratch", help="folder kept between runs (the slide is written once)")
     parser.add_argument("--quick", action="store_true", help="640 tiles, 2 rounds: a smoke run")
@@ -400,12 +407,12 @@ def main() -> None:
     passes["g1"] = decode_pass(streams, size)
     check_pixels(passes, reference="g1")
 
-    idle = report(measure(passes, args.rounds, args.tiles, set()), "idle")
+    before = load_average()
+    idle = report(measure(passes, args.rounds, args.tiles, set()), "idle", before)
     with busy_cores(1) as spinners:
-        busy = report(
-            measure(passes, args.rounds, args.tiles, {s.pid for s in spinners}),
-            "one other core busy (a busy-loop process)",
-        )
+        before = load_average()
+        results = measure(passes, args.rounds, args.tiles, {s.pid for s in spinners})
+        busy = report(results, "one other core busy (a busy-loop process)", before)
     print(f"\ntotal {time.perf_counter() - started:.0f} s; median ratios, idle / busy:")
     for label in idle:
         print(f"  {label}: {idle[label]:.2f}x / {busy[label]:.2f}x")
