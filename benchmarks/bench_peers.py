@@ -319,8 +319,8 @@ def load_average() -> str:
 
 def describe(loader: Any, log: list[str]) -> str:
     """What make_loader chose: its workers, and whatever it logged while choosing."""
-    chose = f"num_workers={loader.num_workers}"
-    for attribute in ("threads", "decode_threads", "mode", "chosen"):
+    chose = f"{type(loader).__name__}, num_workers={getattr(loader, 'num_workers', None)!r}"
+    for attribute in ("threads", "decode_threads", "mode", "chosen", "choice"):
         if hasattr(loader, attribute):
             chose += f", {attribute}={getattr(loader, attribute)!r}"
     return chose + "".join(f"; logged: {line}" for line in log)
