@@ -12,7 +12,7 @@ VENV_TV := .venv-tv
 TV_STAMP := $(VENV_TV)/.installed-stamp
 TORCH_TV := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test test-vision lint typecheck bench notebooks clean frontend browser docs docs-serve changelog
+.PHONY: demo test test-vision lint typecheck bench bench-peers notebooks clean frontend browser docs docs-serve changelog
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -88,5 +88,19 @@ notebooks: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_index.py
 
+# Side by side with cuCIM (benchmarks/bench_peers.py): cuCIM is no dependency of ours, so it goes
+# into a venv of its own beside this package (its CPU reader needs no GPU). ARGS: e.g. --quick
+VENV_PEERS := .venv-peers
+PEERS_STAMP := $(VENV_PEERS)/.installed-stamp
+$(PEERS_STAMP): pyproject.toml
+	test -x $(VENV_PEERS)/bin/python || $(PYTHON) -m venv $(VENV_PEERS)
+	$(VENV_PEERS)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_PEERS)/bin/python -m pip install --quiet $(TORCH_DEV)
+	$(VENV_PEERS)/bin/python -m pip install --quiet -e . cucim-cu12
+	touch $@
+
+bench-peers: $(PEERS_STAMP)
+	$(VENV_PEERS)/bin/python benchmarks/bench_peers.py $(ARGS)
+
 clean:
-	rm -rf $(VENV) $(VENV_TV) demo site .cache/mkdocs-jupyter .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/view/browser/static
+	rm -rf $(VENV) $(VENV_TV) $(VENV_PEERS) demo site .cache/mkdocs-jupyter .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/view/browser/static

@@ -1,8 +1,9 @@
 """The viewer's tile server against openslide-python's DeepZoomGenerator, served alike.
 
     .venv/bin/python benchmarks/bench_serve.py [--width 20000] [--clients 8] [--duration 10]
-        [--requests 20000] [--threads 4] [--quality 75] [--scratch DIR] [--no-flask]
-        [--memory-requests N] [--memory-cache-mb 16] [--only speed|memory] [--json FILE]
+        [--requests 20000] [--rounds 3] [--patterns zoom,pan] [--threads 4] [--quality 75]
+        [--scratch DIR] [--no-flask] [--memory-requests N] [--memory-cache-mb 16]
+        [--only speed|memory] [--json FILE]
 
 Every server runs in a process of its own on 127.0.0.1 and serves one synthetic Aperio slide
 (``--width`` x 3/4, 256 px JPEG tiles, levels at 1, 4, 16 and 64) as Deep Zoom, 256 px tiles
@@ -10,23 +11,30 @@ without overlap, JPEG quality ``--quality``, reads on ``--threads`` threads:
 
 * ours: ``wsi-loader serve`` (Starlette on uvicorn + httptools): stored tiles passed through,
   DCT-scaled reads, an LRU of encoded tiles (``--cache-mb``, 256 MiB by default);
-* ours, no cache: the same with ``cache_mb=0``: every request makes its tile;
+* ours, cache off: the same with ``cache_mb=0``: every request makes its tile (the work the
+  peers do: they keep no encoded tiles, only OpenSlide's own cache of decoded storage tiles);
 * DeepZoomGenerator: the same ASGI stack (Starlette, uvicorn, the same bounded thread pool),
   ``get_tile`` and PIL's JPEG encoder, as a tile server built on openslide-python would be;
 * Flask: the deepzoom example's app (Flask + DeepZoomGenerator on werkzeug's threaded
   server), when Flask is installed (--no-flask skips it).
 
 Clients (``--clients`` threads in one other process, keep-alive connections) ask for random
-tiles for ``--duration`` seconds each, or ``--requests``, whichever comes first: a zoom level
-uniformly from every level of the pyramid (a viewer pans at every zoom), then a tile of it
-uniformly. The same seed gives every server the same sequence. Reported: tiles/s, latency
-p50/p99 (ms), non-200 answers, and the ratios to DeepZoomGenerator. Then
-``--memory-requests`` (``--requests``) requests against ours, its tile cache
-``--memory-cache-mb`` (16 MiB, full after a few thousand requests), the server's resident
-memory sampled every tenth of them: flat once its caches are full. ``--only speed|memory``
-runs one part; ``--only browser`` measures the page instead (ms per overlay redraw with a
-grid of ~100,000 tiles, in Debian's chromium). The client and the servers share the
-machine's cores (a busy client slows every server alike).
+tiles for ``--duration`` seconds each, or ``--requests``, whichever comes first. Two request
+patterns (``--patterns``): ``zoom``, a zoom level uniformly from every level of the pyramid,
+then a tile of it uniformly (the coarse levels have few tiles, so a tile cache serves most of
+these); ``pan``, tiles of the full-resolution level only, uniformly (a pathologist panning at
+40x: nearly every tile new, and stored JPEGs that ours passes through). The same seed gives
+every server the same sequence. Every round (``--rounds``) starts every server afresh for
+each pattern: the first pass over the sequence is **cold** (empty tile caches: only the .dzi
+was fetched), the second asks for the same tiles again, **warm** (what the first pass left in
+the caches). Reported per row: best and median tiles/s over the rounds, latency p50/p99 (ms,
+of the median round), non-200 answers, and the ratios to DeepZoomGenerator on the same
+pattern and cache state. Then ``--memory-requests`` (``--requests``) requests against ours,
+its tile cache ``--memory-cache-mb`` (16 MiB, full after a few thousand requests), the
+server's resident memory sampled every tenth of them: flat once its caches are full.
+``--only speed|memory`` runs one part; ``--only browser`` measures the page instead (ms per
+overlay redraw with a grid of ~100,000 tiles, in Debian's chromium). The client and the
+servers share the machine's cores (a busy client slows every server alike).
 """
 
 from __future__ import annotations
@@ -181,11 +189,14 @@ def pyramid(width: int, height: int, tile: int = 256) -> list[tuple[int, int]]:
     return [(math.ceil(w / tile), math.ceil(h / tile)) for w, h in reversed(sizes)]
 
 
-def requests_for(levels: list[tuple[int, int]], count: int, seed: int) -> list[str]:
+def requests_for(
+    levels: list[tuple[int, int]], count: int, seed: int, pattern: str = "zoom"
+) -> list[str]:
+    """``zoom``: a level uniformly, then a tile of it; ``pan``: full-resolution tiles only."""
     rng = random.Random(seed)
     paths = []
     for _ in range(count):
-        z = rng.randrange(len(levels))
+        z = len(levels) - 1 if pattern == "pan" else rng.randrange(len(levels))
         cols, rows = levels[z]
         paths.append(f"/slides/0_files/{z}/{rng.randrange(cols)}_{rng.randrange(rows)}.jpeg")
     return paths
@@ -300,6 +311,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per server")
     parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="every server restarted per round and pattern"
+    )
+    parser.add_argument("--patterns", default="zoom,pan", help="zoom, pan or both")
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--quality", type=int, default=75)
     parser.add_argument("--cache-mb", type=int, default=256)
@@ -332,14 +347,17 @@ def main() -> None:
     slide = synthetic_slide(scratch / f"serve-{args.width}.svs", width=args.width, seed=7)
     height = args.width * 3 // 4
     levels = pyramid(args.width, height)
-    paths = requests_for(levels, args.requests, args.seed)
+    patterns = {
+        pattern: requests_for(levels, args.requests, args.seed, pattern)
+        for pattern in args.patterns.split(",")
+    }
     print(
         f"slide {args.width} x {height} px ({levels[-1][0] * levels[-1][1]} tiles at level 0, "
         f"{len(levels)} Deep Zoom levels); {args.clients} clients, {args.threads} reading "
         f"threads per server, JPEG quality {args.quality}, up to {args.duration:g} s or "
-        f"{args.requests} requests each"
+        f"{args.requests} requests a pass, {args.rounds} rounds"
     )
-    servers = [("ours", "ours", {}), ("ours, no cache", "ours", {"cache_mb": 0})]
+    servers = [("ours", "ours", {}), ("ours, cache off", "ours", {"cache_mb": 0})]
     servers.append(("DeepZoomGenerator", "deepzoom", {}))
     if not args.no_flask:
         try:
@@ -348,16 +366,23 @@ def main() -> None:
             servers.append(("Flask deepzoom example", "flask", {}))
         except ImportError:
             print("Flask is not installed: the deepzoom example's app is left out")
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, Any] = {}
     if args.only == "browser":
+        from serve_browser import browser_frames
+
         results["browser"] = browser_frames(slide, scratch)
         servers = []
-    for name, kind, extra in servers if args.only in (None, "speed") else []:
-        with Running(kind, slide, scratch, args, **extra) as server:
-            load(server.port, paths[:200], args.clients, args.duration)  # open, warm the code
-            results[name] = load(server.port, paths, args.clients, args.duration)
-    if any(name in results for name, _, _ in servers):
-        table(results)
+    runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in range(args.rounds if args.only in (None, "speed") else 0):
+        for pattern, paths in patterns.items():
+            for name, kind, extra in servers[r % len(servers) :] + servers[: r % len(servers)]:
+                with Running(kind, slide, scratch, args, **extra) as server:
+                    load(server.port, ["/slides/0.dzi"], 1, args.duration)  # no tile cached
+                    for state in ("cold", "warm"):
+                        run = load(server.port, paths, args.clients, args.duration)
+                        runs.setdefault((name, pattern, state), []).append(run)
+    if runs:
+        results["speed"] = table(runs)
     if args.only in (None, "memory"):
         count = args.memory_requests or args.requests
         rss = memory(slide, scratch, args, requests_for(levels, count, args.seed + 1))
@@ -366,85 +391,45 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
 
-BROWSER_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-FRAME_TIMES = """async ([frames, zoom]) => {
-    const w = window.wsiViewer, vp = w.viewer.viewport;
-    while (!(w.viewer.world.getItemCount() && w.state.grid)) {
-        await new Promise((done) => setTimeout(done, 50));
-    }
-    vp.goHome(true);
-    if (zoom > 1) vp.zoomBy(zoom, null, true);
-    await new Promise((done) => setTimeout(done, 300));
-    const overlay = document.querySelector("canvas.wsi-overlay").getContext("2d");
-    const start = performance.now();
-    for (let i = 0; i < frames; i++) {
-        w.draw();
-        overlay.getImageData(0, 0, 1, 1);  // rasterise now: canvas drawing is deferred
-    }
-    const draw = (performance.now() - start) / frames;
-    const colour = document.getElementById("color-by");
-    const before = performance.now();
-    colour.value = "tissue";
-    colour.dispatchEvent(new Event("change"));
-    return [draw, performance.now() - before, w.state.grid.count];
-}"""
-
-
-def browser_frames(slide: Path, scratch: Path) -> dict[str, float]:
-    """The page's overlay cost with a grid of ~100,000 tiles (32 px tiles on the slide's level
-    0), in Debian's chromium: ms per redraw of the overlays (what every frame of a pan or zoom
-    pays), zoomed out and zoomed in (cell outlines drawn), and ms to repaint the grid in
-    another colouring."""
-    from playwright.sync_api import sync_playwright
-
-    from wsi_loader.index import build_index
-    from wsi_loader.view.browser import ViewerServer
-
-    index = build_index([slide], scratch / f"idx-{slide.stem}-32px", tile_size=32, level=0)
-    found: dict[str, float] = {"tiles": float(len(index))}
-    with ViewerServer(index) as server, sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path="/usr/bin/chromium", args=BROWSER_FLAGS, headless=True
+def table(runs: dict[tuple[str, str, str], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per server, pattern and cache state: best and median tiles/s over the rounds,
+    the median round's latencies, ratios to DeepZoomGenerator on the same pattern and state."""
+    rows = []
+    for (name, pattern, state), found in runs.items():
+        ranked = sorted(found, key=lambda run: run["tiles_per_s"])
+        middle = ranked[len(ranked) // 2]
+        rows.append(
+            {
+                "server": name,
+                "pattern": pattern,
+                "cache": state,
+                "best": ranked[-1]["tiles_per_s"],
+                "median": float(np.median([run["tiles_per_s"] for run in found])),
+                "p50_ms": middle["p50_ms"],
+                "p99_ms": middle["p99_ms"],
+                "failures": sum(run["failures"] for run in found),
+            }
         )
-        page = chromium.new_page(viewport={"width": 1400, "height": 900})
-        page.goto(server.slide_url(0))
-        page.evaluate("() => window.wsiViewer.ready")
-        draw_out, repaint, count = page.evaluate(FRAME_TIMES, [50, 1])
-        draw_in, _, _ = page.evaluate(FRAME_TIMES, [50, 16])
-        cells = page.evaluate(
-            "() => { const g = window.wsiViewer.state.grid, vp = window.wsiViewer.viewer.viewport;"
-            " const b = vp.getBounds(true), s = vp.viewportToImageRectangle(b);"
-            " return Math.round(s.width / g.stride) * Math.round(s.height / g.stride); }"
+    base = {
+        (row["pattern"], row["cache"]): row for row in rows if row["server"] == "DeepZoomGenerator"
+    }
+    print(
+        f"\n{'server':<24} {'pattern':<5} {'cache':<5} {'best':>6} {'median':>6} {'p50 ms':>7} "
+        f"{'p99 ms':>7} {'non-200':>7}  vs DZG best / median"
+    )
+    for row in sorted(rows, key=lambda row: (row["pattern"], row["cache"])):
+        peer = base.get((row["pattern"], row["cache"]))
+        ratio = (
+            f"{row['best'] / peer['best']:.2f}x / {row['median'] / peer['median']:.2f}x"
+            if peer
+            else ""
         )
-        chromium.close()
-    found.update(draw_zoomed_out_ms=draw_out, draw_zoomed_in_ms=draw_in, repaint_ms=repaint)
-    print(
-        f"\nthe page with {count:.0f} tiles in the grid (chromium, 1400 x 900): "
-        f"{draw_out:.2f} ms per overlay redraw zoomed out, {draw_in:.2f} ms zoomed in "
-        f"(~{cells} cells in view, outlined), {repaint:.1f} ms to colour the grid anew"
-    )
-    return found
-
-
-def table(results: dict[str, dict[str, Any]]) -> None:
-    base = results["DeepZoomGenerator"]
-    print(
-        f"\n{'server':<24} {'tiles/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'non-200':>8} {'vs DZG':>8}"
-    )
-    for name, r in results.items():
-        ratio = r["tiles_per_s"] / base["tiles_per_s"]
         print(
-            f"{name:<24} {r['tiles_per_s']:>9.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
-            f"{r['failures']:>8} {ratio:>7.2f}x"
+            f"{row['server']:<24} {row['pattern']:<5} {row['cache']:<5} {row['best']:>6.0f} "
+            f"{row['median']:>6.0f} {row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f} "
+            f"{row['failures']:>7}  {ratio}"
         )
+    return rows
 
 
 def memory(
