@@ -195,3 +195,17 @@ def test_a_slide_gone_during_an_epoch_gives_not_ok_rows_and_a_record(
     # the other slide is read as before: only its corrupt tiles fail
     others = ~mine & ~got["ok"]
     assert set(got["row"][others].tolist()) == set(corrupt_rows(index).tolist())
+
+
+def test_blocks_are_not_split_by_ray(cluster: str, index: SlideIndex) -> None:
+    # asked for more blocks than read tasks (its default is 200 or more), Ray cuts each
+    # task's blocks into pieces of a few rows, and every piece costs a block's overhead; it
+    # may merge blocks (it does below 1 MB), so a block is a batch or more, but for the last
+    # of each run
+    source = TileSource(index, batch_size=16, columns=["image", "row"])
+    sizes = [
+        len(block["row"])
+        for block in source.dataset(0).iter_batches(batch_format="numpy", batch_size=None)
+    ]
+    assert sum(sizes) == len(index)
+    assert sum(size < 16 for size in sizes) <= len(source.runs(200)), sizes
