@@ -44,11 +44,17 @@ TILE = 256
 
 
 def ours(index: SlideIndex, batch: int, resource: str | None = None) -> Callable[[], int]:
-    """``resource``: read only on the nodes that have this custom resource."""
+    """``resource``: read only on the node that has this custom resource."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     from wsi_loader.ray import TileSource
 
     source = TileSource(index, batch_size=batch, columns=["image", "slide_id", "x", "y", "ok"])
-    remote_args = {"resources": {resource: 0.001}} if resource else None
+    remote_args = None
+    if resource:  # the node itself, not a share of its resource: Ray Data plans by resources
+        node = next(n["NodeID"] for n in ray.nodes() if resource in n["Resources"])
+        remote_args = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
 
     def run() -> int:
         seen = 0
@@ -96,7 +102,9 @@ def ray_alone(index: SlideIndex, batch: int) -> Callable[[], int]:
 
     def run() -> int:
         seen = 0
-        for tiles in ray.data.read_datasource(Empty()).iter_torch_batches(batch_size=batch):
+        # as many blocks as tasks, as ours asks: more, and Ray cuts the blocks into pieces
+        dataset = ray.data.read_datasource(Empty(), override_num_blocks=len(runs))
+        for tiles in dataset.iter_torch_batches(batch_size=batch):
             seen += len(tiles["image"])
         return seen
 

@@ -63,7 +63,8 @@ COLUMNS = (
 TEXT_COLUMNS = ("split", "error")
 # batches per read task at least: Ray asks for 200 tasks or more, which on a small index
 # makes tasks of one batch, and a task costs about as much as reading a batch (measured:
-# 2 CPUs, 1,536 tiles, 520 tiles/s with one batch a task, ~1,000-1,200 with three)
+# 2 CPUs, 6,144 tiles, blocks not split: 1,688 tiles/s with tasks of 2 batches, 1,929 with 4,
+# 1,870 with 8; see docs/benchmarks.md#ray-data)
 MIN_TASK_BATCHES = 4
 # the read tasks Ray asks for when not told (its default parallelism is at least this)
 RAY_DEFAULT_BLOCKS = 200
