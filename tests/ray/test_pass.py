@@ -10,9 +10,12 @@ import h5py
 import numpy as np
 import pytest
 
+from tests.feature_models import DiesOnce
 from wsi_loader.cli import main
 from wsi_loader.features import extract
 from wsi_loader.index import SlideIndex
+from wsi_loader.models import Model
+from wsi_loader.models._pass import _Run
 from wsi_loader.predict._run import predict
 from wsi_loader.ray import RayPass
 
@@ -64,6 +67,37 @@ def test_features_on_ray_are_the_local_features_and_resume(
         == 0
     )
     assert h5_contents(tmp_path / "cli") == h5_contents(tmp_path / "local")
+
+
+def test_a_model_worker_killed_mid_run_is_redone_and_nothing_is_written_twice(
+    cluster: str, index: SlideIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def model(marker: Path | None) -> Model:
+        encoder = DiesOnce(None if marker is None else str(marker))
+        mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+        return Model(encoder, "tests.feature_models:tiny", mean=mean, std=std, size=64)
+
+    local = extract(index, model(None), tmp_path / "local", batch_size=16, workers=0)
+    finished: list[int] = []
+    finish = _Run._finish
+
+    def counted(run: _Run, sid: int, parts: object) -> None:
+        finished.append(sid)
+        finish(run, sid, parts)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_Run, "_finish", counted)
+    marker = tmp_path / "killed"
+    # the model actor's process kills itself on its second batch: Ray starts a new actor and
+    # runs the lost batches again
+    on_ray = extract(index, model(marker), tmp_path / "ray", batch_size=16, runner=RayPass())
+    assert marker.exists(), "the model's process was not killed"
+    assert sorted(finished) == [0, 1]  # each slide gathered and written once
+    assert (on_ray.written, on_ray.tiles, on_ray.failed) == (
+        local.written,
+        local.tiles,
+        local.failed,
+    )
+    assert h5_contents(tmp_path / "ray") == h5_contents(tmp_path / "local")
 
 
 def test_predict_on_ray_writes_the_local_files(

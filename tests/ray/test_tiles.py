@@ -151,3 +151,61 @@ def test_a_worker_killed_mid_epoch_loses_and_repeats_no_tile(
         killer.join()
     assert killed, "no read task was seen running"
     assert sorted(got["row"].tolist()) == list(range(len(index)))
+
+
+class DeletesItsSlide(TileDataset):
+    """A `TileDataset` that deletes the file ``doomed`` (or, with ``empty``, truncates it to
+    nothing) right after its first read of that slide's rows: the slide goes in the middle of
+    an epoch, in the read task that read it, after some of its rows were read (a point the
+    test knows, not a timing)."""
+
+    doomed: str
+    empty: bool
+
+    def read_rows(self, rows: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        result = super().read_rows(rows, *args, **kwargs)
+        slides = self.index.slides
+        if any(slides[s].path == self.doomed for s in self.index.columns["slide_id"][rows]):
+            if self.empty:
+                Path(self.doomed).write_bytes(b"")
+            else:
+                Path(self.doomed).unlink(missing_ok=True)
+        return result
+
+
+@pytest.mark.parametrize("how", ["deleted", "emptied"])
+def test_a_slide_gone_during_an_epoch_gives_not_ok_rows_and_a_record(
+    cluster: str, index: SlideIndex, how: str
+) -> None:
+    good = next(i for i, s in enumerate(index.slides) if s.path.endswith("good.svs"))
+    dataset = DeletesItsSlide(index, decode_threads=1)
+    dataset.doomed, dataset.empty = index.slides[good].path, how == "emptied"
+    source = TileSource(dataset, batch_size=8, columns=["row", "ok", "error"], task_batches=1)
+    # one read task at a time, each one batch that opens the slide anew: the tasks after the
+    # one that deleted the file find it gone
+    got = collect(source.dataset(0, concurrency=1).iter_batches(batch_format="numpy"))
+    assert sorted(got["row"].tolist()) == list(range(len(index)))  # no crash, every row once
+    mine = index.columns["slide_id"][got["row"]] == good
+    assert not Path(index.slides[good].path).exists() or how == "emptied"
+    # the rows read before the deletion are tiles, those after it are failures
+    assert got["ok"][mine].any() and not got["ok"][mine].all()
+    gone = mine & ~got["ok"]
+    assert all("good.svs" in e for e in got["error"][gone]), got["error"][gone][:1]
+    assert [r["path"] for r in index.quarantine.slide_records()] == [index.slides[good].path]
+    # the other slide is read as before: only its corrupt tiles fail
+    others = ~mine & ~got["ok"]
+    assert set(got["row"][others].tolist()) == set(corrupt_rows(index).tolist())
+
+
+def test_blocks_are_not_split_by_ray(cluster: str, index: SlideIndex) -> None:
+    # asked for more blocks than read tasks (its default is 200 or more), Ray cuts each
+    # task's blocks into pieces of a few rows, and every piece costs a block's overhead; it
+    # may merge blocks (it does below 1 MB), so a block is a batch or more, but for the last
+    # of each run
+    source = TileSource(index, batch_size=16, columns=["image", "row"])
+    sizes = [
+        len(block["row"])
+        for block in source.dataset(0).iter_batches(batch_format="numpy", batch_size=None)
+    ]
+    assert sum(sizes) == len(index)
+    assert sum(size < 16 for size in sizes) <= len(source.runs(200)), sizes

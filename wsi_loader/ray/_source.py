@@ -63,8 +63,11 @@ COLUMNS = (
 TEXT_COLUMNS = ("split", "error")
 # batches per read task at least: Ray asks for 200 tasks or more, which on a small index
 # makes tasks of one batch, and a task costs about as much as reading a batch (measured:
-# 2 CPUs, 1,536 tiles, 520 tiles/s with one batch a task, ~1,000-1,200 with three)
+# 2 CPUs, 6,144 tiles, blocks not split: 1,688 tiles/s with tasks of 2 batches, 1,929 with 4,
+# 1,870 with 8; see docs/benchmarks.md#ray-data)
 MIN_TASK_BATCHES = 4
+# the read tasks Ray asks for when not told (its default parallelism is at least this)
+RAY_DEFAULT_BLOCKS = 200
 # TileDataset options that have no meaning in a read task (Ray's map_batches transforms)
 _REFUSED = ("transform", "batch_transform")
 
@@ -168,8 +171,14 @@ class TileSource(Datasource):
 
     def dataset(self, epoch: int = 0, **read_args: Any) -> ray.data.Dataset:
         """The ``ray.data.Dataset`` of epoch ``epoch`` (``read_args`` go to
-        ``ray.data.read_datasource``: ``override_num_blocks``, ``ray_remote_args``, ...)."""
+        ``ray.data.read_datasource``: ``override_num_blocks``, ``ray_remote_args``, ...;
+        ``override_num_blocks`` is the number of tasks planned unless given)."""
         source = _epoch_copy(self, int(epoch))
+        if read_args.get("override_num_blocks") is None:
+            # as many blocks as the tasks plan: asked for more (Ray's default is 200 or more),
+            # Ray cuts every block of a task into pieces of a few rows (SplitBlocks), each
+            # costing a block's overhead (measured: 1,536 tiles, 6 tasks cut 34 ways)
+            read_args["override_num_blocks"] = len(self.runs(RAY_DEFAULT_BLOCKS))
         dataset: ray.data.Dataset = ray.data.read_datasource(source, **read_args)
         return dataset
 
