@@ -132,6 +132,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--width", type=int, default=20_000, help="synthetic slide width")
     parser.add_argument("--scratch", help="folder for the slide and index (kept)")
+    parser.add_argument(
+        "--baseline",
+        help="another checkout of wsi_loader (a folder holding wsi_loader/): its rows are "
+        "interleaved with this one's, marked 'before'",
+    )
     parser.add_argument("--one", nargs=2, metavar=("INDEX", "SETTING"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -148,30 +153,34 @@ def main() -> None:
     folder = scratch / f"index_{args.width}"
     if not folder.exists():
         build_index([slide], folder, tile_size=256, level=0, min_tissue=0.5)
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
+    here = str(Path(__file__).resolve().parent.parent)
+    checkouts = {"": here, " (before)": args.baseline} if args.baseline else {"": here}
+    rows = [name + mark for name in SETTINGS for mark in checkouts]
+    results: dict[str, list[dict[str, float]]] = {row: [] for row in rows}
     for _ in range(args.rounds):
         for name in SETTINGS:  # interleaved: a slow spell hits every setting alike
-            events = scratch / "events.jsonl"
-            events.unlink(missing_ok=True)
-            run = subprocess.run(
-                [sys.executable, __file__, "--one", str(folder), name],
-                check=True,
-                capture_output=True,
-                text=True,
-                env={**os.environ, "FIRST_BATCH_EVENTS": str(events)},
-                timeout=300,
-            )
-            results[name].append(json.loads(run.stdout.splitlines()[-1]))
-    parts = list(results["default"][0])
+            for mark, checkout in checkouts.items():
+                events = scratch / "events.jsonl"
+                events.unlink(missing_ok=True)
+                run = subprocess.run(
+                    [sys.executable, __file__, "--one", str(folder), name],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, "FIRST_BATCH_EVENTS": str(events), "PYTHONPATH": checkout},
+                    timeout=300,
+                )
+                results[name + mark].append(json.loads(run.stdout.splitlines()[-1]))
+    parts = list(results[rows[0]][0])
     print(
         f"first batch of make_loader(index, batch_size=64), {args.width} px synthetic SVS, "
         f"median of {args.rounds} fresh processes per setting, ms; "
         f"load average at the end {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'setting':<18}" + "".join(f"{p:>10}" for p in parts))
+    print(f"{'setting':<27}" + "".join(f"{p:>10}" for p in parts))
     for name, rounds in results.items():
         medians = [statistics.median(r[p] for r in rounds) for p in parts]
-        print(f"{name:<18}" + "".join(f"{m:10.1f}" for m in medians))
+        print(f"{name:<27}" + "".join(f"{m:10.1f}" for m in medians))
 
 
 if __name__ == "__main__":
