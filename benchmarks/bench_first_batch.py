@@ -17,7 +17,8 @@ from here (nothing in the library times itself), in whichever process runs them:
 - hand-over: from the worker's batch ready to the batch in the main process.
 
 With several workers the parts are those of the worker whose batch came first. Prints the
-median over rounds of each part, in ms.
+median over rounds of each part, in ms. ``--baseline DIR`` (a checkout holding wsi_loader/,
+e.g. ``git archive COMMIT wsi_loader | tar -x -C DIR``) adds its rows, interleaved.
 """
 
 from __future__ import annotations
