@@ -146,6 +146,23 @@ def test_slides_and_index_layers_do_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_reading_an_index_imports_no_builder() -> None:
+    """A spawned DataLoader worker imports what unpickling its dataset needs: the builder and
+    scipy's image filters behind QC (a large share of its start) are not among them."""
+    code = (
+        "import sys, wsi_loader, wsi_loader.dataset._tiles, wsi_loader.dataset._loader;"
+        "from wsi_loader.index import SlideIndex;"
+        "gone = [m for m in ('scipy', 'wsi_loader.index._builder') if m in sys.modules];"
+        "sys.exit(f'imported {gone}' if gone else 0)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    code = (
+        "import wsi_loader as wl, wsi_loader.index as wi; print(wl.build_index is wi.build_index)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert run.stdout.strip() == "True"
+
+
 def test_windows_is_told_it_is_not_supported() -> None:
     # file locks (index builds, quarantine, local copies) use fcntl: on Windows the import
     # failed with "No module named 'fcntl'", saying nothing of the platform

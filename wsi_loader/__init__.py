@@ -42,7 +42,7 @@ from wsi_loader.errors import (
     WorkerDiedError,
     WsiLoaderError,
 )
-from wsi_loader.index import Quarantine, SlideIndex, SlideRecord, build_index, qc_filter
+from wsi_loader.index import Quarantine, SlideIndex, SlideRecord
 from wsi_loader.slides import HandlePool, SlideMeta, open_slide
 
 __version__ = "0.1.0"
@@ -96,6 +96,9 @@ __all__ = [
 # torch-based names (and the viewer), imported on first use so `import wsi_loader` stays
 # torch-free and quick.
 _LAZY: dict[str, str] = {
+    # the index builder (scipy behind QC): not needed to read an index
+    "build_index": "wsi_loader.index",
+    "qc_filter": "wsi_loader.index",
     "TileDataset": "wsi_loader.dataset",
     "SlideBagDataset": "wsi_loader.dataset",
     "DistributedTileSampler": "wsi_loader.dataset",
@@ -126,6 +129,7 @@ if _typing.TYPE_CHECKING:
     )
     from wsi_loader.device._loader import DeviceLoader
     from wsi_loader.features._extract import extract_features
+    from wsi_loader.index import build_index, qc_filter
     from wsi_loader.models._encoders import encoder
     from wsi_loader.predict._run import predict
     from wsi_loader.view.browser import serve, show

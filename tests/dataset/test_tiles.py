@@ -35,6 +35,18 @@ def test_sample_contract(index: SlideIndex) -> None:
         ds[len(ds)]
 
 
+def test_items_are_contiguous_chw_copies_of_the_tiles(index: SlideIndex) -> None:
+    """Per-item images are laid out (3, H, W) in memory, so the default collate's stack is a
+    plain copy rather than a transposing one; the pixels are the batch read's."""
+    ds = TileDataset(index)
+    rows = [0, 5, len(ds) - 1]
+    tiles = ds.read_batch(rows).images.numpy()
+    for tile, sample in zip(tiles, ds.__getitems__(rows), strict=True):
+        assert sample["image"].is_contiguous()
+        assert np.array_equal(sample["image"].numpy(), tile.transpose(2, 0, 1))
+    assert ds[5]["image"].is_contiguous()
+
+
 def test_transform_hook(index: SlideIndex) -> None:
     ds = TileDataset(index, transform=lambda img: img[:, :8, :8].float() / 255)
     assert ds[0]["image"].shape == (3, 8, 8)

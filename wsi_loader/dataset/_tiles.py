@@ -97,11 +97,25 @@ def open_for_reading(
 
 
 def chw(pixels: np.ndarray) -> torch.Tensor:
-    """A uint8 (3, H, W) view of an (H, W, 3) tile, without a copy: the layout change is
-    left to whoever copies next (collate's stack, the device copy), so a per-item read costs
-    no extra pass over the pixels (a transposing copy costs ~120 us per 256 px tile) and no
-    torch intra-op work (slow on a busy machine). Call ``.contiguous()`` if you need one."""
+    """A uint8 (3, H, W) view of an (H, W, 3) tile, without a copy: what ``transform`` gets in
+    batch reads, whose result is written back into the NHWC batch (per-item samples are
+    `channel_planes` instead)."""
     return torch.from_numpy(pixels).permute(2, 0, 1)
+
+
+def channel_planes(pixels: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The (N, H, W, 3) tiles of a read as (N, 3, H, W), laid out plane by plane (into
+    ``out`` when given), so that each per-item image is contiguous and the default collate
+    stacks them with a plain copy instead of a transposing one. OpenCV splits the channels
+    with SIMD, several times faster than numpy's or torch's transposing copy
+    (benchmarks/README.md, "Per-item images")."""
+    import cv2  # here: only per-item reads need it; batch-reading workers start without it
+
+    n, h, w, channels = pixels.shape
+    planes = np.empty((n, channels, h, w), dtype=np.uint8) if out is None else out
+    for tile, tile_planes in zip(pixels, planes, strict=True):
+        cv2.split(tile, list(tile_planes))
+    return planes
 
 
 class TileDataset(Dataset[Sample]):
@@ -244,6 +258,8 @@ class TileDataset(Dataset[Sample]):
         self.slide_label_names = index.slide_label_names
         self.stain = None if stain_steps is None else stain_steps.bind(index)
         self._said_encoded = False
+        # per-item reads (``ds[row]``, ``__getitems__``): the tiles as read and as handed out
+        self.item_buffers = BufferRing(capacity=4)
         self.epoch = 0  # of the random stain transforms in per-item reads (set_epoch)
 
     def set_epoch(self, epoch: int) -> None:
@@ -331,42 +347,68 @@ class TileDataset(Dataset[Sample]):
             for pixels in (result.pixels, *result.context):
                 self.stain.apply_numpy(pixels, slide_ids, rows, self.epoch, result.ok)
         labels = self.tile_labels(rows).tolist()
+        slide_ids = cols["slide_id"][rows].tolist()
+        slide_labels = self.slide_labels[slide_ids].tolist()
+        xs, ys = cols["l0_x"][rows].tolist(), cols["l0_y"][rows].tolist()
+        oks = np.asarray(result.ok, dtype=bool).tolist()
+        substituted = np.asarray(result.substituted, dtype=bool).tolist()
+        images = self._planes(result.pixels)
+        with_context = result.context_inside is not None and bool(self.context)
+        context = [self._planes(tiles) for tiles in result.context] if with_context else []
         coverage = self.index.coverage
         samples = []
         for i, row in enumerate(rows.tolist()):
-            slide_id = int(cols["slide_id"][row])
-            image: Any = chw(result.pixels[i])
+            image: Any = images[i]
             if self.transform is not None:
                 image = self.transform(image)
             sample = {
                 "image": image,
                 "label": labels[i],
-                "slide_label": int(self.slide_labels[slide_id]),
-                "ok": bool(result.ok[i]),
-                "substituted": bool(result.substituted[i]),
-                "row": int(row),
-                "slide_id": slide_id,
-                "x": int(cols["l0_x"][row]),
-                "y": int(cols["l0_y"][row]),
+                "slide_label": slide_labels[i],
+                "ok": oks[i],
+                "substituted": substituted[i],
+                "row": row,
+                "slide_id": slide_ids[i],
+                "x": xs[i],
+                "y": ys[i],
             }
             if coverage is not None:
                 sample["coverage"] = torch.from_numpy(np.array(coverage[row], dtype=np.float32))
-            if result.context_inside is not None and self.context:
-                sample["context"] = [chw(tiles[i]) for tiles in result.context]
+            if with_context:
+                assert result.context_inside is not None
+                sample["context"] = [tiles[i] for tiles in context]
                 sample["context_inside"] = torch.from_numpy(result.context_inside[i].copy())
             samples.append(sample)
         return samples
 
+    def _planes(self, pixels: np.ndarray) -> torch.Tensor:
+        """`channel_planes` of a read, in a reused buffer of ``item_buffers`` (a fresh one
+        costs a page fault per 4 KiB page written) that comes free once no item over it is
+        left; a fresh buffer when all of them are out."""
+        n, h, w, channels = pixels.shape
+        planes, recycled = self.item_buffers.take((n, channels, h, w), shared=False)
+        channel_planes(pixels, planes.numpy())
+        return lease(planes) if recycled else planes
+
+    def _read_samples(self, rows: np.ndarray, threads: int) -> list[Sample]:
+        """The samples of ``rows``: read into a reused buffer (never handed out: the items
+        are `_planes` of it), free again as soon as they are made."""
+        t = self.tile_size
+        pixels, recycled = self.item_buffers.take((len(rows), t, t, 3), shared=False)
+        try:
+            return self._samples(rows, self.reader.read(rows, out=pixels.numpy(), threads=threads))
+        finally:
+            if recycled:
+                release(pixels)
+
     def __getitem__(self, row: int) -> Sample:
         if not -len(self) <= row < len(self):
             raise IndexError(f"row {row} out of range for {len(self)} tiles")
-        rows = np.array([row % len(self)], dtype=np.int64)
-        return self._samples(rows, self.reader.read(rows))[0]
+        return self._read_samples(np.array([row % len(self)], dtype=np.int64), threads=1)[0]
 
     def __getitems__(self, rows: Sequence[int]) -> list[Sample]:
         """Batched reads (used by DataLoader): rows are read grouped by slide."""
-        array = np.asarray(rows, dtype=np.int64)
-        return self._samples(array, self.read_rows(array))
+        return self._read_samples(np.asarray(rows, dtype=np.int64), self.threads_here())
 
     def _transform_in_place(self, pixels: np.ndarray) -> None:
         """Apply ``transform`` to every tile of an NHWC batch, writing the results back."""

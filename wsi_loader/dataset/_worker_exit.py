@@ -32,6 +32,9 @@ import threading
 import time
 from collections.abc import Iterator
 
+# torch seeds numpy's global generator in every new worker, importing numpy.random there when
+# the parent has not (~20 ms of a forked worker's start): imported once, here, instead
+import numpy.random  # noqa: F401
 from torch.utils.data import get_worker_info
 
 FEEDER_THREAD_NAME = "QueueFeederThread"  # what multiprocessing.queues names the thread

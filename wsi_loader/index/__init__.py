@@ -35,13 +35,36 @@ May import: `slides` and the foundation modules. Never imports torch, so indexin
 machines without it.
 """
 
-from wsi_loader.index._builder import build_index
-from wsi_loader.index._qc import flags as qc_flags
-from wsi_loader.index._qc import qc_filter
+from typing import TYPE_CHECKING, Any
+
 from wsi_loader.index._quarantine import Quarantine
-from wsi_loader.index._slide_task import index_slide
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.index._table_files import SCHEMA_VERSION, TILE_COLUMNS, SlideRecord
+
+if TYPE_CHECKING:
+    from wsi_loader.index._builder import build_index
+    from wsi_loader.index._qc import flags as qc_flags
+    from wsi_loader.index._qc import qc_filter
+    from wsi_loader.index._slide_task import index_slide
+
+# Building names, imported on first use: what reads an index (every DataLoader worker, which a
+# spawned worker imports afresh) needs neither the builder nor scipy's filters behind QC.
+_LAZY = {
+    "build_index": ("wsi_loader.index._builder", "build_index"),
+    "index_slide": ("wsi_loader.index._slide_task", "index_slide"),
+    "qc_filter": ("wsi_loader.index._qc", "qc_filter"),
+    "qc_flags": ("wsi_loader.index._qc", "flags"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'wsi_loader.index' has no attribute {name!r}")
+    import importlib
+
+    module, attribute = _LAZY[name]
+    return getattr(importlib.import_module(module), attribute)
+
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import ndimage
 
 from wsi_loader.index._lowres import FloatArray, TileBoxes, box_means
 from wsi_loader.index._tissue import read_mask_image
@@ -65,6 +64,8 @@ def measure_sharpness(reader: SlideReader, level: int, tiles: TileBoxes) -> Shar
     size = max(meta.level_dimensions[finest])
     image, _ = read_mask_image(reader, size, finest)
     grey = image.astype(np.float32).mean(axis=-1)
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
     energy = ndimage.laplace(grey) ** 2
     h, w = grey.shape
     raw = box_means(energy, w / meta.dimensions[0], h / meta.dimensions[1], tiles)

@@ -18,7 +18,6 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 from PIL import Image
-from scipy import ndimage
 
 from wsi_loader.index._tissue import BoolArray, cross_step, fill_holes
 from wsi_loader.slides._base import RGBArray
@@ -125,6 +124,8 @@ def folded(
     around_strength = _norm(around)
     # a fold is an area: each pixel is judged by its 3 x 3 neighbourhood's density, so the
     # speckle of nuclei and noise neither makes nor breaks one
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
     density = ndimage.uniform_filter(density, (3, 3, 1), mode="nearest")
     strength = _norm(density)
     dot = density[..., 0] * around[..., 0]
@@ -152,6 +153,8 @@ def _norm(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
 
 def large_parts(mask: BoolArray, min_area: int) -> BoolArray:
     """The connected parts (8-neighbours) of ``mask`` of at least ``min_area`` pixels."""
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
     labels, count = ndimage.label(mask, structure=np.ones((3, 3), dtype=bool))
     if not count:
         return mask
@@ -189,6 +192,8 @@ def local_mean(
     sums = np.stack(planes, axis=-1)
     overall = sums.sum(axis=(0, 1)) / max(float(counts.sum()), 1.0)
     # each block with its 8 neighbours, so a block of little tissue borrows from them
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
     near_sums = ndimage.uniform_filter(sums, (3, 3, 1), mode="nearest")
     near_counts = ndimage.uniform_filter(counts, 3, mode="nearest")[..., None]
     means = np.where(near_counts > 0, near_sums / np.maximum(near_counts, 1e-6), overall)
@@ -228,6 +233,8 @@ def bubbles(
     for grow in (True, True, False, False):  # a closing: gaps of up to 4 pixels in a ring
         ring = cross_step(ring, grow)
     holes = fill_holes(ring) & ~ring
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
     labels, count = ndimage.label(holes)
     if not count:
         return np.zeros(rim.shape, dtype=bool)

@@ -134,9 +134,13 @@ class GenerationLock:
             return
         lock(self.fd, fcntl.LOCK_SH, gen / READERS_LOCK)
 
+    # bound at class creation: an index still alive when the interpreter exits is collected
+    # after module globals (``os``) are cleared
+    _close = staticmethod(os.close)
+
     def __del__(self) -> None:
         if self.fd is not None:
-            os.close(self.fd)
+            self._close(self.fd)
             self.fd = None
 
     # A copy shares the lock (as views do): a copied descriptor number would be closed twice,

@@ -20,7 +20,6 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 from PIL import Image
-from scipy import ndimage
 
 from wsi_loader.errors import TileReadError
 from wsi_loader.slides._base import ReadsScaled, RGBArray, SlideReader, level_to_l0, supports
@@ -162,6 +161,8 @@ def cross_step(mask: BoolArray, grow: bool) -> BoolArray:
 def fill_holes(mask: BoolArray, max_area: int | None = None) -> BoolArray:
     """The mask with every background area not 4-connected to the image's edge filled (only
     those of at most ``max_area`` pixels when given)."""
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
     labels, count = ndimage.label(~mask)
     if count == 0:
         return mask.copy()
