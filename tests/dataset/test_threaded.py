@@ -1,11 +1,10 @@
-"""`make_loader`'s thread path: batches read by a thread of this process, ahead of the consumer
+"""`make_loader`'s thread path: batches read by threads of this process, ahead of the consumer
 (`wsi_loader.dataset._threaded`)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from tests.conftest import corrupt_rows
 from wsi_loader.dataset import TileBatch, make_loader
 from wsi_loader.dataset._choice import ReaderChoice
 from wsi_loader.dataset._loader import TileLoader
-from wsi_loader.dataset._threaded import ReadAhead
+from wsi_loader.dataset._threaded import THREAD_NAME, read_ahead
 from wsi_loader.errors import TileReadError
 from wsi_loader.index import SlideIndex
 from wsi_loader.index._quarantine import Quarantine
@@ -24,13 +23,13 @@ WAIT_S = 60.0  # liveness bound: the events below come at once on an idle machin
 
 
 def _reading_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "wsi-loader-reads" and t.is_alive()]
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME) and t.is_alive()]
 
 
 def _threaded(index: SlideIndex, **options: object) -> TileLoader:
     """A loader on the thread path whatever the cores of the machine running the test."""
     loader = make_loader(index, num_workers=0, **options)  # type: ignore[arg-type]
-    loader.readers = ReaderChoice("threads", 0, 2, "test")
+    loader.readers = ReaderChoice("threads", 0, 2, "test")  # two reader threads
     loader.read_ahead = 2
     return loader
 
@@ -49,7 +48,23 @@ def test_threads_read_the_batches_the_consumer_thread_reads(index: SlideIndex) -
         assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
     bad = np.concatenate([a.rows[~a.ok].numpy() for a, _ in pairs])
     assert sorted(bad.tolist()) == sorted(corrupt_rows(index).tolist())
-    assert not _reading_threads()  # the epoch is over: its thread is gone
+    assert not _reading_threads()  # the epoch is over: its threads are gone
+
+
+def test_each_reader_thread_reads_with_its_own_copy_kept_between_epochs(
+    index: SlideIndex,
+) -> None:
+    loader = _threaded(index, batch_size=16)
+    assert sum(len(b) for b in loader) == len(index)
+    copies = loader._copies
+    assert copies is not None and len(copies) == 2
+    pools = {id(copy.tiles.reader.pool) for copy in copies}
+    assert len(pools) == 2 and id(loader.dataset.tiles.reader.pool) not in pools
+    assert all(copy.tiles.decode_threads == 1 for copy in copies)  # one decode thread each
+    assert loader.dataset.tiles.decode_threads is None  # the caller's dataset untouched
+    assert all(len(copy.tiles.reader.pool) for copy in copies)  # each opened its slides
+    assert sum(len(b) for b in loader) == len(index)
+    assert loader._copies is copies  # the next epoch reads with the same, warm, copies
 
 
 def test_an_error_of_the_reading_thread_is_raised_to_the_consumer(index: SlideIndex) -> None:
@@ -68,56 +83,55 @@ def test_a_consumer_that_stops_early_stops_the_reading_thread(index: SlideIndex)
     loader = _threaded(index, batch_size=4, shuffle=False)
     batches = iter(loader)
     next(batches)
-    assert len(_reading_threads()) == 1
+    assert len(_reading_threads()) == 2
     batches.close()  # what a `break` out of the loop does when the iterator goes
     assert not _reading_threads()
     assert sum(len(b) for b in loader) == len(index)  # a new epoch reads everything
 
 
-def test_reads_run_at_most_depth_batches_ahead() -> None:
-    produced: list[int] = []
+def test_reads_run_at_most_depth_batches_ahead_and_come_in_order() -> None:
+    started: list[int] = []
     third = threading.Event()
 
-    def source() -> Iterator[int]:
-        for i in range(100):
-            produced.append(i)
-            if len(produced) == 3:
-                third.set()
-            yield i
+    def read(reader: int, plan: int) -> tuple[int, int]:
+        started.append(plan)
+        if len(started) == 3:
+            third.set()
+        return reader, plan
 
-    ahead = ReadAhead(source(), depth=2)
-    try:
-        assert third.wait(WAIT_S)  # two queued, the third waiting for room
-        time.sleep(0.2)  # a thread that ignored the bound would read on meanwhile
-        assert len(produced) == 3
-        assert next(ahead) == 0
-        assert [next(ahead) for _ in range(5)] == [1, 2, 3, 4, 5]
-    finally:
-        ahead.close()
-    assert not ahead.alive
+    reads = read_ahead(range(100), read, readers=2, depth=3)
+    first = next(reads)  # three in flight, then the consumer holds the first
+    assert third.wait(WAIT_S)
+    time.sleep(0.2)  # readers that ignored the bound would read on meanwhile
+    assert len(started) == 4  # the first was taken, so one more was asked for
+    assert first == (0, 0)
+    rest = list(reads)
+    assert [plan for _, plan in rest] == list(range(1, 100))  # in order
+    assert all(reader == plan % 2 for reader, plan in rest)  # plan i on reader i % readers
+    assert not _reading_threads()
 
 
-def test_errors_follow_the_items_read_before_them() -> None:
-    def source() -> Iterator[int]:
-        yield 1
-        yield 2
-        raise ValueError("slide went away")
+def test_errors_follow_the_batches_read_before_them() -> None:
+    def read(reader: int, plan: int) -> int:
+        if plan == 2:
+            raise ValueError("slide went away")
+        return plan
 
-    ahead = ReadAhead(source(), depth=4)
-    assert [next(ahead), next(ahead)] == [1, 2]
+    reads = read_ahead(range(10), read, readers=2, depth=4)
+    assert [next(reads), next(reads)] == [0, 1]
     with pytest.raises(ValueError, match="slide went away"):
-        next(ahead)
-    assert not ahead.alive
+        next(reads)
+    assert not _reading_threads()
     with pytest.raises(StopIteration):
-        next(ahead)
+        next(reads)
 
 
-def test_a_dropped_iterator_stops_its_thread() -> None:
-    ahead = ReadAhead(iter(range(1000)), depth=1)
-    thread = ahead._thread
-    del ahead  # no close: the finaliser tells the thread to stop
-    thread.join(WAIT_S)
-    assert not thread.is_alive()
+def test_a_dropped_iteration_ends_its_threads() -> None:
+    reads = read_ahead(iter(range(1000)), lambda reader, plan: plan, readers=2, depth=2)
+    next(reads)
+    assert _reading_threads()
+    del reads  # no close: the generator is collected, which closes it
+    assert not _reading_threads()
 
 
 def test_workers_fork_cleanly_after_a_threaded_epoch(index: SlideIndex) -> None:

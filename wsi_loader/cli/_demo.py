@@ -71,7 +71,7 @@ def run(out: str | os.PathLike[str], batches: int = 40, batch_size: int = 64) ->
     loader = make_loader(index, batch_size=batch_size, drop_last=True)  # readers chosen for us
     assert loader.readers is not None
     readers = (
-        f"{loader.readers.threads} decode threads"
+        f"{loader.readers.threads} reader threads"
         if loader.readers.kind == "threads"
         else f"{loader.readers.workers} workers"
     )

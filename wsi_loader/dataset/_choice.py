@@ -25,9 +25,9 @@ MAX_WORKERS = 8
 
 
 class ReaderChoice(NamedTuple):
-    """What reads the batches: ``"threads"`` (a reading thread and ``threads`` decode threads
-    in this process), ``"processes"`` (``workers`` DataLoader workers) or ``"main"`` (this
-    thread, as the consumer asks for them: ``num_workers=0``), and why."""
+    """What reads the batches: ``"threads"`` (``threads`` reader threads in this process, each
+    with a decode thread of its own), ``"processes"`` (``workers`` DataLoader workers) or
+    ``"main"`` (this thread, as the consumer asks for them: ``num_workers=0``), and why."""
 
     kind: str
     workers: int
@@ -66,8 +66,8 @@ def choose_readers(
         "threads",
         0,
         cores,
-        f"{cores} usable core{'s' if cores != 1 else ''} and decodes that release the GIL: "
-        "no worker start-up, no per-batch handshake",
+        f"{cores} usable core{'s' if cores != 1 else ''} and decodes that release the GIL: a "
+        "reader thread per core, no worker start-up, no per-batch handshake",
     )
 
 

@@ -31,7 +31,7 @@ from wsi_loader.dataset._choice import ReaderChoice, choose_readers
 from wsi_loader.dataset._cores import usable_cores
 from wsi_loader.dataset._look_ahead import BatchPlan, LookAhead
 from wsi_loader.dataset._samplers import DistributedTileSampler
-from wsi_loader.dataset._threaded import ReadAhead
+from wsi_loader.dataset._threaded import read_ahead, reader_copies
 from wsi_loader.dataset._tiles import TileDataset
 from wsi_loader.dataset._worker_exit import (
     parent_temp_folder,
@@ -132,9 +132,11 @@ class TileLoader(DataLoader[TileBatch]):
     tile_sampler: Sampler[int] | Iterable[int]
     reading: torch.Tensor | None = None  # see BatchReads.reading
     tiles: TileDataset | None = None
-    # what reads the batches (`choose_readers`); with threads, how many batches ahead
+    # what reads the batches (`choose_readers`); with threads, how many batches ahead of the
+    # consumer each reader thread reads, and the readers' own copies of the dataset
     readers: ReaderChoice | None = None
     read_ahead: int = 1
+    _copies: list[BatchReads] | None = None
     _stopper: weakref.finalize[Any, Any] | None = None
 
     def _get_iterator(self) -> Any:
@@ -144,12 +146,7 @@ class TileLoader(DataLoader[TileBatch]):
 
     def __iter__(self) -> Iterator[TileBatch]:  # type: ignore[override]
         if self.readers is not None and self.readers.kind == "threads":
-            # the single-process iteration (num_workers=0) on a reading thread, ahead of us
-            batches: ReadAhead[TileBatch] = ReadAhead(super().__iter__(), self.read_ahead)
-            try:
-                yield from batches
-            finally:
-                batches.close()
+            yield from self._read_in_threads(self.readers.threads)
             return
         try:
             # persistent workers are told to start the next epoch here, and torch waits for
@@ -181,6 +178,26 @@ class TileLoader(DataLoader[TileBatch]):
                     raise
                 raise failure from exc
             yield batch
+
+    def _read_in_threads(self, readers: int) -> Iterator[TileBatch]:
+        """The thread path (`wsi_loader.dataset._threaded`): each reader thread reads with its
+        own copy of the dataset (made once, kept between epochs like persistent workers), one
+        decode thread each unless the dataset says otherwise."""
+        if self._copies is None:
+            assert isinstance(self.dataset, BatchReads)
+            self._copies = reader_copies(self.dataset, readers + 1)[1:]  # the user's untouched
+            for copy in self._copies:
+                if copy.tiles.decode_threads is None:
+                    copy.tiles.decode_threads = 1
+        copies = self._copies
+        pin = self.pin_memory
+
+        def read(reader: int, plan: BatchPlan) -> TileBatch:
+            batch = copies[reader][plan]
+            return batch.pin_memory() if pin else batch  # in the reader: off the consumer's time
+
+        plans: Iterable[BatchPlan] = self.sampler
+        yield from read_ahead(plans, read, readers, self.read_ahead * readers)
 
     def _timed_out(self, error: BaseException) -> LoaderTimeoutError | None:
         """torch's timeout (a bare RuntimeError) as `LoaderTimeoutError` naming the slides the
@@ -286,11 +303,11 @@ def make_loader(
     `DatasetConfig` for the dataset's) and a bad one is a `ConfigError` naming it.
     ``num_workers="auto"`` (the default; ``None`` alike) chooses what reads the batches and
     logs the choice and why (`wsi_loader.dataset._choice`, kept as ``loader.readers``): on a
-    few cores, a reading thread of this process ``prefetch_factor`` batches ahead of the
-    consumer, its decode threads on every usable core (no worker processes: no start-up,
-    nothing sent between processes); otherwise, and when the reads need them (``timeout``,
-    ``multiprocessing_context``, Python transforms, stain transforms, slides read by
-    OpenSlide), one worker process per usable core (at most 8). A number is used as given
+    few cores, one reader thread per usable core in this process, each with its own copy of
+    the dataset and ``prefetch_factor`` batches ahead of the consumer (no worker processes:
+    no start-up, nothing sent between processes); otherwise, and when the reads need them
+    (``timeout``, ``multiprocessing_context``, Python transforms, stain transforms, slides read
+    by OpenSlide), one worker process per usable core (at most 8). A number is used as given
     (``0``: batches read in this thread when asked for). ``pin_memory`` defaults to whether
     CUDA is available. ``decode="device"`` ships single-JPEG-tile reads compressed, for
     `wsi_loader.device.DeviceLoader` to decode (on the GPU when there is one).
@@ -385,7 +402,7 @@ def make_loader(
     if not isinstance(opts.num_workers, int):
         log.info(
             "make_loader reads with %s (num_workers='auto': %s)",
-            f"{readers.threads} decode threads in this process"
+            f"{readers.threads} reader threads in this process"
             if readers.kind == "threads"
             else f"{readers.workers} worker processes",
             readers.reason,
@@ -420,7 +437,7 @@ def make_loader(
         batch_size=None,
         sampler=LookAhead(
             batches if batches is not None else BatchSampler(sampler or [], batch_size, drop_last),
-            max(1, workers),
+            max(1, workers, readers.threads),  # each reader is told its own next batches
             opts.prefetch,
             sampler,
         ),

@@ -1,129 +1,76 @@
-"""Batches read by a thread of the consuming process, ahead of the consumer: `make_loader`'s
+"""Batches read by threads of the consuming process, ahead of the consumer: `make_loader`'s
 thread path (see `wsi_loader.dataset._choice` for when it is chosen).
 
-The reading thread runs the same single-process DataLoader iteration as ``num_workers=0``
-(sampler, batch read with the dataset's decode threads, pinning), so the batches, failure
-records and quarantine are those of any other path; only who waits differs: the consumer
-finds the next batch read while it used the last one.
+Each reader thread reads whole batches with a copy of the dataset of its own (its own handle
+pool and caches, as a worker process has; nothing of them is shared between threads), one
+decode thread each: batch ``k`` goes to reader ``k % readers``, as a DataLoader hands batches
+to its workers, so the look-ahead tells each reader its own next batches. Why readers rather
+than one reader with a decode pool per batch: on an idle 2-core VM two readers read 1.9x one,
+one reader with two decode threads 1.6x (the pool's start and its tail, the serial parts of a
+batch; benchmarks/README.md, "Threads or processes"). The batches, failure records and
+quarantine are those of any other path.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
-from collections.abc import Iterator
-from typing import Generic, TypeVar
-
-log = logging.getLogger(__name__)
+import pickle
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 T = TypeVar("T")
+Plan = TypeVar("Plan")
 
-# how long `close` waits for a read in progress to end before leaving the (daemon) thread
-CLOSE_WAIT_S = 30.0
-_POLL_S = 0.05  # how often a reading thread held up by a full queue looks for a stop
-
-
-class _Failed:
-    """An error of the reading thread, raised to the consumer in its turn."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
+THREAD_NAME = "wsi-loader-reads"
 
 
-_END = object()
+def reader_copies(reads: T, readers: int) -> list[T]:
+    """``reads`` and ``readers - 1`` copies of it without its open handles (a dataset pickles
+    without them: each copy opens its own, lazily, in the thread that reads)."""
+    return [reads] + [pickle.loads(pickle.dumps(reads)) for _ in range(readers - 1)]
 
 
-def _read(source: Iterator[object], into: queue.Queue[object], stop: threading.Event) -> None:
-    """The reading thread: every item of ``source``, then the end or the error, into ``into``."""
+def read_ahead(
+    plans: Iterable[Plan],
+    read: Callable[[int, Plan], T],
+    readers: int,
+    depth: int,
+) -> Iterator[T]:
+    """``read(k, plan)`` of every plan, on ``readers`` threads (plan ``i`` on reader
+    ``k = i % readers``), at most ``depth`` plans ahead of the consumer, in order. An error of
+    a read is raised to the consumer in its turn, after the batches before it. When the
+    consumer stops (the generator closed, or collected), reads not started are cancelled, the
+    ones in progress waited for, and the threads end: none outlives the iteration."""
+    if readers < 1 or depth < 1:
+        raise ValueError(f"readers and depth must be >= 1, got {readers}, {depth}")
+    threads = [
+        ThreadPoolExecutor(1, thread_name_prefix=f"{THREAD_NAME}-{k}") for k in range(readers)
+    ]
+    pending: deque[Future[T]] = deque()
+    todo = iter(plans)
+    given = 0
+
+    def submit() -> bool:
+        nonlocal given
+        plan = next(todo, None)
+        if plan is None:
+            return False
+        reader = given % readers
+        pending.append(threads[reader].submit(read, reader, plan))
+        given += 1
+        return True
+
     try:
-        for item in source:
-            if not _put(into, item, stop):
-                return
-    except BaseException as exc:  # every error reaches the consumer, which raises it
-        _put(into, _Failed(exc), stop)
-        return
-    _put(into, _END, stop)
-
-
-def _put(into: queue.Queue[object], item: object, stop: threading.Event) -> bool:
-    """Queue ``item``; False when told to stop first."""
-    while not stop.is_set():
-        try:
-            into.put(item, timeout=_POLL_S)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-class ReadAhead(Generic[T]):
-    """Iterates ``source`` on a thread of its own, at most ``depth`` items ahead of the
-    consumer. An error raised by ``source`` is raised to the consumer after the items read
-    before it. `close` (at the end, on an error, or when the consumer stops early) stops the
-    thread and waits for the read in progress; items read ahead are dropped (their batch
-    buffers go back to their ring)."""
-
-    def __init__(self, source: Iterator[T], depth: int) -> None:
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._closed = False
-        # the thread holds the queue and the event, not this object: a consumer that drops
-        # its iterator lets it be collected, and its finaliser stops the thread
-        self._thread = threading.Thread(
-            target=_read,
-            args=(source, self._queue, self._stop),
-            name="wsi-loader-reads",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def __iter__(self) -> ReadAhead[T]:
-        return self
-
-    def __next__(self) -> T:
-        if self._closed:
-            raise StopIteration
-        item = self._queue.get()
-        if item is _END:
-            self.close()
-            raise StopIteration
-        if isinstance(item, _Failed):
-            self.close()
-            raise item.error
-        return item  # type: ignore[return-value]
-
-    @property
-    def alive(self) -> bool:
-        """Whether the reading thread still runs."""
-        return self._thread.is_alive()
-
-    def close(self) -> None:
-        """Stop the reading thread and wait for it (bounded: a read that hangs is left to its
-        daemon thread, with a WARNING)."""
-        self._closed = True
-        self._stop.set()
-        while True:  # unblock a put and drop what was read ahead
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        if self._thread is threading.current_thread():
-            return
-        self._thread.join(CLOSE_WAIT_S)
-        if self._thread.is_alive():
-            log.warning(
-                "the loader's reading thread is still in a read after %.0f s; left behind",
-                CLOSE_WAIT_S,
-            )
-        while True:  # an item put while the thread ended
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            self._stop.set()  # no join in a finaliser: the thread ends at its next put
+        while len(pending) < depth and submit():
+            pass
+        while pending:
+            batch = pending.popleft().result()
+            submit()
+            yield batch
+    finally:
+        for future in pending:
+            future.cancel()
+        pending.clear()
+        for pool in threads:
+            pool.shutdown(wait=True, cancel_futures=True)
