@@ -27,7 +27,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_wor
 from wsi_loader.config import LoaderConfig, check_keywords, validate
 from wsi_loader.dataset._batch import TileBatch
 from wsi_loader.dataset._buffers import BufferRing
-from wsi_loader.dataset._choice import ReaderChoice, choose_readers
+from wsi_loader.dataset._choice import MAX_WORKERS, ReaderChoice, choose_readers
 from wsi_loader.dataset._cores import usable_cores
 from wsi_loader.dataset._look_ahead import BatchPlan, LookAhead
 from wsi_loader.dataset._samplers import DistributedTileSampler
@@ -117,7 +117,7 @@ atexit.register(_stop_workers_at_exit)
 
 def default_workers() -> int:
     """One worker per core the process may use, at most 8."""
-    return max(0, min(usable_cores(), 8))
+    return max(0, min(usable_cores(), MAX_WORKERS))
 
 
 def _passthrough(batch: Any) -> Any:
@@ -185,7 +185,7 @@ class TileLoader(DataLoader[TileBatch]):
         decode thread each unless the dataset says otherwise."""
         if self._copies is None:
             assert isinstance(self.dataset, BatchReads)
-            self._copies = reader_copies(self.dataset, readers + 1)[1:]  # the user's untouched
+            self._copies = reader_copies(self.dataset, readers)
             for copy in self._copies:
                 if copy.tiles.decode_threads is None:
                     copy.tiles.decode_threads = 1

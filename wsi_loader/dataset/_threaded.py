@@ -25,10 +25,10 @@ Plan = TypeVar("Plan")
 THREAD_NAME = "wsi-loader-reads"
 
 
-def reader_copies(reads: T, readers: int) -> list[T]:
-    """``reads`` and ``readers - 1`` copies of it without its open handles (a dataset pickles
-    without them: each copy opens its own, lazily, in the thread that reads)."""
-    return [reads] + [pickle.loads(pickle.dumps(reads)) for _ in range(readers - 1)]
+def reader_copies(reads: T, count: int) -> list[T]:
+    """``count`` copies of ``reads`` without its open handles (a dataset pickles without
+    them: each copy opens its own, lazily, in the thread that reads); ``reads`` is untouched."""
+    return [pickle.loads(pickle.dumps(reads)) for _ in range(count)]
 
 
 def read_ahead(
