@@ -146,6 +146,7 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
     label_ids = index.tile_labels(rows).tolist()
     pixels = iter(range(len(result.ok)))
     tiles, failures, members = [], [], []
+    made: set[Path] = set()  # folders made by this unit (one mkdir per folder, not per tile)
     outputs: list[tuple[str, int, str]] = []  # (name under out, size, sha256) of every file
     for i, row in enumerate(rows.tolist()):
         base = tile_fields(index, row)
@@ -175,7 +176,9 @@ def export_unit(unit: ExportUnit) -> dict[str, Any]:
         }
         if path is not None:
             if not done[i]:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.parent not in made:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    made.add(path.parent)
                 write_file(path, data)
             name = relative_name(path, out)
             outputs.append((name, len(data), entry["sha256"]))
