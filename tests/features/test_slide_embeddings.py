@@ -164,15 +164,57 @@ def test_cli_lists_slide_encoders_and_refuses_one_not_wired(
     assert main(["encoders", "--slide", "--json"]) == 0
     listed = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert listed["chief"]["wired"] and listed["chief"]["patch_encoder"] == "ctranspath"
-    assert not listed["titan"]["wired"] and listed["titan"]["mpp"] == 0.5
+    assert listed["titan"]["wired"] and listed["titan"]["mpp"] == 0.5
     assert listed["titan"]["patch_size"] == 512 and listed["prism"]["patch_encoder"] == "virchow"
+    assert not listed["prism"]["wired"]
     assert main(["encoders", "--slide"]) == 0
     assert "not yet" in capsys.readouterr().out
     features = tmp_path / "features"
-    write_features(features, "a", 5, model="encoder:conch_v15")
-    code = main(["slide-embeddings", str(features), "--model", "titan", "--out", str(tmp_path)])
+    write_features(features, "a", 5, model="encoder:virchow", dim=2560)
+    code = main(["slide-embeddings", str(features), "--model", "prism", "--out", str(tmp_path)])
     assert code == 2
-    assert "slide encoder titan" in capsys.readouterr().err
+    assert "slide encoder prism" in capsys.readouterr().err
+
+
+def titan_weights(tmp_path: Path) -> Path:
+    from tests.models.test_slide_encoders import titan_file, titan_state
+
+    return titan_file(tmp_path, titan_state())
+
+
+def test_titan_takes_conch_v15_features_of_512_px_tiles_at_20x(tmp_path: Path) -> None:
+    weights, out = titan_weights(tmp_path), tmp_path / "out"
+    at_10x = tmp_path / "at_10x"
+    write_features(at_10x, "a", 5, model="encoder:conch_v15", patch_size=512, mpp=1.0)
+    with pytest.raises(ConfigError, match=r"tiles at 1 um/px, not 0\.5.*titan"):
+        embed_slides(at_10x, "titan", out, weights=weights, device="cpu")
+    small = tmp_path / "small"
+    write_features(small, "a", 5, model="encoder:conch_v15", patch_size=256, mpp=0.5)
+    with pytest.raises(ConfigError, match="256 px tiles, not 512"):
+        embed_slides(small, "titan", out, weights=weights, device="cpu")
+    unsized = tmp_path / "unsized"
+    write_features(
+        unsized, "a", 5, model="encoder:conch_v15", patch_size=512, mpp=0.5, patch_size_level0=None
+    )
+    with pytest.raises(ConfigError, match="no patch_size_level0"):
+        embed_slides(unsized, "titan", out, weights=weights, device="cpu")
+    # the level-0 size given for files that lack it; a slide of one tile
+    write_features(
+        unsized,
+        "one",
+        1,
+        model="encoder:conch_v15",
+        patch_size=512,
+        mpp=0.5,
+        patch_size_level0=None,
+    )
+    report = embed_slides(
+        unsized, "titan", out, weights=weights, device="cpu", patch_size_level0=1024
+    )
+    assert report.written == 2
+    embeddings, rows, attrs = read_back(out)
+    assert attrs["patch_encoder"] == "conch_v15" and embeddings["one"].shape == (768,)
+    assert {r["status"] for r in rows} == {"ok"}
 
 
 def test_embeddings_equal_chiefs_own_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -107,20 +107,19 @@ def peer_root(name: str) -> Path:
 
 
 @contextmanager
-def peer_modules(root: Path, names: tuple[str, ...], stubs: tuple[str, ...] = ()) -> Iterator[None]:
+def peer_modules(
+    root: Path, names: tuple[str, ...], stubs: dict[str, types.ModuleType] | None = None
+) -> Iterator[None]:
     """Import from ``root`` (its top-level packages ``names``, e.g. CHIEF's ``models`` and
-    ``utils``), with ``stubs`` (modules it imports but the tested code never uses) standing in
-    when not installed; everything is removed from sys.modules afterwards."""
+    ``utils``), with ``stubs`` (modules it imports, by name) standing in where their package
+    is not installed; everything is removed from sys.modules afterwards."""
     saved = {k: v for k, v in sys.modules.items() if k.split(".")[0] in names}
     for key in saved:
         del sys.modules[key]
-    added = []
-    for stub in stubs:
-        if importlib.util.find_spec(stub) is None:
-            module = types.ModuleType(stub)
-            module.Dict = dict  # type: ignore[attr-defined]  # (addict's one name CHIEF imports)
-            sys.modules[stub] = module
-            added.append(stub)
+    stubs = stubs or {}
+    missing = {n.split(".")[0] for n in stubs if importlib.util.find_spec(n.split(".")[0]) is None}
+    added = [name for name in stubs if name.split(".")[0] in missing]
+    sys.modules.update({name: stubs[name] for name in added})
     sys.path.insert(0, str(root))
     try:
         yield
@@ -128,9 +127,98 @@ def peer_modules(root: Path, names: tuple[str, ...], stubs: tuple[str, ...] = ()
         sys.path.remove(str(root))
         for key in [k for k in sys.modules if k.split(".")[0] in names]:
             del sys.modules[key]
-        for stub in added:
-            sys.modules.pop(stub, None)
+        for name in added:
+            sys.modules.pop(name, None)
         sys.modules.update(saved)
+
+
+def _module(name: str, **members: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(members)
+    return module
+
+
+class _TimmMlp(torch.nn.Module):
+    """timm.layers.Mlp as timm defines it (fc1, act, drop1, norm, fc2, drop2), for a peer
+    that imports it where timm is not installed."""
+
+    def __init__(
+        self, in_features: int, hidden_features: int, act_layer: Any, drop: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(in_features, hidden_features)
+        self.act = act_layer()
+        self.drop1 = torch.nn.Dropout(drop)
+        self.norm = torch.nn.Identity()
+        self.fc2 = torch.nn.Linear(hidden_features, in_features)
+        self.drop2 = torch.nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
+
+
+def _unused(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a stand-in the compared code path does not call")
+
+
+def titan_stubs() -> dict[str, types.ModuleType]:
+    """What TITAN's vision_transformer.py imports from timm and einops, for where they are
+    not installed: timm's Mlp as timm writes it; weight init (no-ops: both sides get the
+    same loaded weights); DropPath, checkpointing and einops.repeat are not reached in eval
+    with one slide."""
+    return {
+        "timm": _module("timm"),
+        "timm.layers": _module(
+            "timm.layers", Mlp=_TimmMlp, DropPath=_unused, trunc_normal_=lambda *a, **k: None
+        ),
+        "timm.models": _module("timm.models"),
+        "timm.models._manipulate": _module(
+            "timm.models._manipulate", checkpoint_seq=_unused, named_apply=lambda *a, **k: None
+        ),
+        "timm.models.vision_transformer": _module(
+            "timm.models.vision_transformer", get_init_weights_vit=lambda *a, **k: None
+        ),
+        "einops": _module("einops", repeat=_unused),
+    }
+
+
+def peer_titan(root: Path) -> Any:
+    """TITAN's own vision tower (``vision_transformer.py`` of its Hugging Face repo, in a
+    package ``titan_hf``), built with TitanVisionConfig's defaults and TitanConfig's
+    attentional_pool="parallel"."""
+    with peer_modules(root, ("titan_hf",), titan_stubs()):
+        module = importlib.import_module("titan_hf.vision_transformer")
+        return module.VisionTransformer(
+            grid_size=14,
+            global_pool="token",
+            embed_dim=768,
+            depth=6,
+            num_heads=12,
+            mlp_ratio=4.0,
+            qkv_bias=True,
+            mlp_patch_embed_dim=768,
+            pos_encode_type="alibi",
+            attentional_pool="parallel",
+            attn_pooler_queries=128,
+            attn_pooler_heads=8,
+        ).eval()
+
+
+def random_like(state: dict[str, torch.Tensor], seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded random tensors in ``state``'s layout: norms near 1, weights scaled by fan-in."""
+    generator = torch.Generator().manual_seed(seed)
+    out = {}
+    for key, value in state.items():
+        noise = torch.randn(value.shape, generator=generator)
+        if key.endswith(
+            ("norm1.weight", "norm2.weight", "norm.weight", "ln_q.weight", "ln_k.weight")
+        ):
+            out[key] = 1 + noise / 10
+        elif value.ndim >= 2:
+            out[key] = noise / value.shape[-1] ** 0.5
+        else:
+            out[key] = noise / 10
+    return out
 
 
 def peer_chief(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -139,6 +227,6 @@ def peer_chief(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> A
     (tmp_path / "model_weight").mkdir(parents=True, exist_ok=True)
     torch.save(torch.randn(19, 768), tmp_path / "model_weight" / "Text_emdding.pth")
     monkeypatch.chdir(tmp_path)
-    with peer_modules(root, ("models", "utils"), stubs=("addict",)):
+    with peer_modules(root, ("models", "utils"), {"addict": _module("addict", Dict=dict)}):
         module = importlib.import_module("models.CHIEF")
         return module.CHIEF(size_arg="small", dropout=True, n_classes=2).eval()

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.models.slide_peers import CHIEF_KEYS, chief_state, peer_chief, peer_root
+from tests.models.encoder_weights import write_safetensors
+from tests.models.slide_peers import (
+    CHIEF_KEYS,
+    chief_state,
+    peer_chief,
+    peer_root,
+    peer_titan,
+    random_like,
+)
 from wsi_loader.errors import ConfigError, WeightsError
 from wsi_loader.models import SLIDE_ENCODERS, slide_encoder
 from wsi_loader.models._slide_encoders import build_slide_encoder, slide_recipe_of
@@ -111,5 +119,97 @@ def test_chief_equals_chiefs_own_code(tmp_path: Path, monkeypatch: pytest.Monkey
         with torch.inference_mode():
             theirs = peer(features, torch.tensor([0]))["WSI_feature"]  # as TRIDENT calls it
             mine = ours(features, torch.zeros(tiles, 2, dtype=torch.int64), None)
+        assert theirs.shape == (1, 768)
+        torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------- TITAN
+
+
+def titan_file(tmp_path: Path, state: dict[str, torch.Tensor]) -> Path:
+    """``state`` as TITAN's model.safetensors holds it: under vision_encoder., beside the
+    text tower's tensors (left out by design)."""
+    path = tmp_path / "model.safetensors"
+    full = {f"vision_encoder.{k}": v.contiguous() for k, v in state.items()}
+    full["text_encoder.token_embedding.weight"] = torch.zeros(4, 8)
+    write_safetensors(path, full)
+    return path
+
+
+def titan_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    net = build_slide_encoder(slide_recipe_of("titan"), device="cpu").net
+    return random_like(net.state_dict(), seed)
+
+
+def grid_slide(tiles: int, size0: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A slide's features on a grid with gaps, offset from the origin, in a shuffled order."""
+    generator = torch.Generator().manual_seed(seed)
+    cells = torch.randperm(11 * 9, generator=generator)[:tiles]
+    coords = torch.stack([cells // 9, cells % 9], dim=1) * size0 + torch.tensor([3000, 700])
+    return torch.randn(tiles, 768, generator=generator), coords
+
+
+def test_titan_has_its_vision_towers_keys() -> None:
+    keys = build_slide_encoder(slide_recipe_of("titan")).net.state_dict()
+    assert keys["patch_embed.0.weight"].shape == (768, 768)
+    assert keys["blocks.modules_list.5.mlp.fc2.weight"].shape == (768, 3072)
+    assert "blocks.modules_list.6.norm1.weight" not in keys
+    assert keys["attn_pool.query"].shape == (128, 768)
+    assert keys["attn_pool_contrastive.attn.in_proj_weight"].shape == (3 * 768, 768)
+    assert keys["proj"].shape == (768, 768) and keys["cls_token"].shape == (1, 1, 768)
+
+
+def test_titan_alibi_slopes_and_grid() -> None:
+    from wsi_loader.models._slide_titan import _slopes, grid_cells
+
+    # ALiBi for 12 heads: 8 heads' 2^-1..2^-8, then every other of 16 heads' 2^-(k/2)
+    assert _slopes(12) == pytest.approx(
+        [2.0**-k for k in range(1, 9)] + [2.0**-k for k in (0.5, 1.5, 2.5, 3.5)]
+    )
+    features = torch.tensor([[1.0, 0.0], [0.0, 0.0], [2.0, 5.0]])
+    coords = torch.tensor([[1024, 512], [0, 0], [512, 1100]])
+    cells, rows, cols = grid_cells(features, coords, 512)
+    # rows are x // 512, columns y // 512; the all-zero tile is background
+    assert rows.tolist() == [1, 2] and cols.tolist() == [2, 1]
+    assert cells.tolist() == [[2.0, 5.0], [1.0, 0.0]]
+
+
+def test_titan_embedding_does_not_depend_on_tile_order_or_offset(tmp_path: Path) -> None:
+    model = slide_encoder("titan", weights=titan_file(tmp_path, titan_state()))
+    features, coords = grid_slide(40, 512, seed=4)
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        out = model(features, coords, 512)
+        shuffled = model(features[order], coords[order] + 512 * 7, 512)
+    assert out.shape == (768,) and torch.isfinite(out).all()
+    torch.testing.assert_close(out, shuffled, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match="patch_size_level0"):
+        model(features, coords, None)
+
+
+def test_titan_file_with_another_part_is_refused(tmp_path: Path) -> None:
+    state = titan_state()
+    path = titan_file(tmp_path, state)
+    full = {f"vision_encoder.{k}": v for k, v in state.items()}
+    full["conch.visual.trunk.cls_token"] = torch.zeros(1, 1, 768)
+    write_safetensors(path, full)
+    with pytest.raises(WeightsError, match=r"the file has 'conch\.visual\.trunk\.cls_token'"):
+        slide_encoder("titan", weights=path)
+
+
+def test_titan_equals_titans_own_code(tmp_path: Path) -> None:
+    root = peer_root("TITAN")
+    peer = peer_titan(root)
+    state = random_like(peer.state_dict(), seed=7)
+    peer.load_state_dict(state, strict=True)
+    ours = slide_encoder("titan", weights=titan_file(tmp_path, state))
+    # (not one tile: TITAN's get_alibi indexes a numpy grid with a torch bool mask, which
+    # numpy reads as the integer 1 when it has one element: an IndexError there)
+    for tiles, size0, seed in ((2, 512, 0), (17, 512, 1), (60, 1024, 2)):
+        features, coords = grid_slide(tiles, size0, seed)
+        with torch.inference_mode():
+            # as TRIDENT calls it: encode_slide_from_patch_features -> no_proj=True
+            theirs = peer(features[None], coords[None], size0, no_proj=True)
+            mine = ours(features, coords, size0)
         assert theirs.shape == (1, 768)
         torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)

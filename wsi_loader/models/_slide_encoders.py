@@ -40,7 +40,9 @@ class SlideRecipe:
     ``positions`` (the slide encoder reads where tiles are from their coordinates) features
     at another resolution or patch size are refused, else they are a warning. ``repo`` None:
     the weights are not on the Hugging Face hub (``weights_url`` says where), so only a given
-    file loads.
+    file loads. ``prefix``: the slide encoder's tensors in the file are those under this name
+    (``vision_encoder.``), the prefix dropped; ``unused``: the file's tensors of other parts
+    of the published model (a text tower: fnmatch patterns), left out by design.
     """
 
     name: str
@@ -57,6 +59,8 @@ class SlideRecipe:
     positions: bool = False
     precision: str = "float32"
     weights_url: str | None = None
+    prefix: str = ""
+    unused: tuple[str, ...] = ()
     wired: bool = True
     notes: str = ""
 
@@ -78,6 +82,7 @@ class SlideRecipe:
             std=(1.0, 1.0, 1.0),
             mpp=self.mpp or 0.0,
             patch_size=self.patch_size or 0,
+            unused=self.unused,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -120,7 +125,10 @@ SLIDE_RECIPES: tuple[SlideRecipe, ...] = (
     SlideRecipe(
         "titan", "TITAN (ViT over a 2-D grid of CONCH v1.5 features)", 768, "conch_v15", 768,
         "MahmoodLab/TITAN", "model.safetensors", "CC-BY-NC-ND-4.0", True, 0.5, 512,
-        positions=True, precision="float16", wired=False, notes=_HF_CODE,
+        positions=True, precision="float16", prefix="vision_encoder.",
+        unused=("text_encoder.*",),
+        notes="the vision tower's contrastive pooler output without the projection "
+        "(encode_slide_from_patch_features); tiles on a grid of patch_size_level0, 2-D ALiBi",
     ),
     SlideRecipe(
         "gigapath_slide", "Prov-GigaPath slide encoder (LongNet, 12 layers)", 768, "gigapath", 1536,
@@ -181,8 +189,24 @@ class SlideEncoder(nn.Module):
     def forward(
         self, features: torch.Tensor, coords: torch.Tensor, patch_size_level0: int | None
     ) -> torch.Tensor:
-        del coords, patch_size_level0  # CHIEF, the one wired so far, reads no positions
-        return self.net(features)  # type: ignore[no-any-return]
+        if not self.recipe.positions:  # (CHIEF: attention over the bag, no positions)
+            return self._run(features)
+        if patch_size_level0 is None or patch_size_level0 <= 0:
+            raise ConfigError(
+                f"slide encoder {self.name} places tiles by their coordinates: it needs the "
+                "tiles' edge in level-0 pixels (patch_size_level0)",
+                key="patch_size_level0",
+                value=patch_size_level0,
+            )
+        return self._run(features, coords, int(patch_size_level0))
+
+    def _run(self, *inputs: Any) -> torch.Tensor:
+        device = inputs[0].device
+        if device.type == "cuda" and self.recipe.precision != "float32":
+            # the precision the authors run it in (TRIDENT's); embeddings come back float32
+            with torch.autocast("cuda", dtype=getattr(torch, self.recipe.precision)):
+                return self.net(*inputs).float()  # type: ignore[no-any-return]
+        return self.net(*inputs)  # type: ignore[no-any-return]
 
 
 def build_slide_encoder(recipe: SlideRecipe, device: str | torch.device = "meta") -> SlideEncoder:
@@ -199,6 +223,10 @@ def build_slide_encoder(recipe: SlideRecipe, device: str | torch.device = "meta"
             from wsi_loader.models._slide_chief import Chief
 
             net: nn.Module = Chief()
+        elif recipe.name == "titan":
+            from wsi_loader.models._slide_titan import Titan
+
+            net = Titan()
         else:  # a wired recipe without a builder is a bug here, not the user's
             raise AssertionError(f"no builder for slide encoder {recipe.name}")
     return SlideEncoder(recipe, net)
@@ -220,8 +248,10 @@ def slide_encoder(
     recipe = slide_recipe_of(name)
     module = build_slide_encoder(recipe)
     path = _weights_path(recipe, weights, download)
-    wrecipe = recipe.weights_recipe()
-    load_strict(module.net, read_state(wrecipe, path), recipe, path)
+    state = read_state(recipe.weights_recipe(), path)
+    if recipe.prefix and any(k.startswith(recipe.prefix) for k in state):
+        state = {k.removeprefix(recipe.prefix): v for k, v in state.items()}
+    load_strict(module.net, state, recipe, path)
     return module.to(device).eval()
 
 
