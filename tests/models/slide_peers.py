@@ -230,3 +230,61 @@ def peer_chief(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> A
     with peer_modules(root, ("models", "utils"), {"addict": _module("addict", Dict=dict)}):
         module = importlib.import_module("models.CHIEF")
         return module.CHIEF(size_arg="small", dropout=True, n_classes=2).eval()
+
+
+def _flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout: float = 0.0,
+    bias: Any = None,
+    softmax_scale: float | None = None,
+    is_causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash-attn's outputs from their definition, for CPUs (where prov-gigapath's
+    flash_attention.py leaves flash_attn_func None): softmax(q k^T / sqrt(d)) v per head,
+    (b, l, h, d), and the log-sum-exp of each query's scores, (b, h, l)."""
+    assert bias is None and not is_causal and dropout == 0.0
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v.float())
+    return out.type_as(q), torch.logsumexp(scores, dim=-1)
+
+
+def gigapath_stubs() -> dict[str, types.ModuleType]:
+    """What prov-gigapath's slide encoder imports but does not run in eval (timm's model
+    registry and drop_path, fairscale's wrappers), for where they are not installed."""
+
+    def drop_path(x: torch.Tensor, p: float = 0.0, training: bool = False) -> torch.Tensor:
+        assert not training
+        return x
+
+    return {
+        "timm": _module("timm", create_model=_unused),
+        "timm.models": _module("timm.models"),
+        "timm.models.registry": _module("timm.models.registry", register_model=lambda f: f),
+        "timm.models.layers": _module("timm.models.layers", drop_path=drop_path),
+        "fairscale": _module("fairscale"),
+        "fairscale.nn": _module("fairscale.nn", checkpoint_wrapper=_unused, wrap=_unused),
+    }
+
+
+def peer_gigapath(root: Path) -> Any:
+    """prov-gigapath's own ``gigapath_slide_enc12l768d`` (its README's
+    ``create_model(..., "gigapath_slide_enc12l768d", 1536)``, global_pool False), with the
+    reference flash_attn_func above on CPUs; needs einops."""
+    pytest.importorskip("einops", reason="prov-gigapath's dilated attention needs einops")
+    path = list(sys.path)
+    try:
+        with peer_modules(root, ("gigapath", "torchscale"), gigapath_stubs()):
+            module = importlib.import_module("gigapath.slide_encoder")
+            attention = sys.modules["torchscale.component.multihead_attention"]
+            if attention.flash_attn_func is None:
+                attention.flash_attn_func = _flash_attn_func
+            # under numpy 2 the segment lengths it builds print as "np.int64(1024)", which
+            # its EncoderConfig eval()s in a module without np: give it np
+            sys.modules["torchscale.architecture.config"].np = np
+            model = module.gigapath_slide_enc12l768d(in_chans=1536, global_pool=False)
+            return model.eval()
+    finally:
+        sys.path[:] = path  # (LongNet.py appends gigapath/ to sys.path)

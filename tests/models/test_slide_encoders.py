@@ -13,6 +13,7 @@ from tests.models.slide_peers import (
     CHIEF_KEYS,
     chief_state,
     peer_chief,
+    peer_gigapath,
     peer_root,
     peer_titan,
     random_like,
@@ -213,3 +214,50 @@ def test_titan_equals_titans_own_code(tmp_path: Path) -> None:
             mine = ours(features, coords, size0)
         assert theirs.shape == (1, 768)
         torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------ Prov-GigaPath
+
+
+def gigapath_file(tmp_path: Path, state: dict[str, torch.Tensor]) -> Path:
+    """``state`` as slide_encoder.pth holds it (under ``model``)."""
+    path = tmp_path / "slide_encoder.pth"
+    torch.save({"model": state}, path)
+    return path
+
+
+def test_gigapath_positions_follow_the_authors_table() -> None:
+    from wsi_loader.models._slide_gigapath import SEGMENTS, sincos
+
+    assert SEGMENTS == (1024, 5792, 32768, 185363, 1048576)  # their get_optimal_segment_length
+    # MAE's get_2d_sincos_pos_embed(768, 1000) row 1 + 1000 * 2 + 7 (written out for it)
+    omega = 1 / 10000 ** (torch.arange(192, dtype=torch.float64) / 192)
+    w, h = 7.0, 2.0
+    expected = torch.cat(
+        [torch.sin(w * omega), torch.cos(w * omega), torch.sin(h * omega), torch.cos(h * omega)]
+    ).float()
+    torch.testing.assert_close(sincos(torch.tensor([2 * 1000 + 7]))[0], expected)
+
+
+def test_gigapath_refuses_tiles_off_its_grid(tmp_path: Path) -> None:
+    net = build_slide_encoder(slide_recipe_of("gigapath_slide"), device="cpu").net
+    with pytest.raises(ValueError, match="1000 x 1000 tile grid"):
+        net(torch.zeros(1, 1536), torch.tensor([[256 * 1000, 0]]), 256)
+
+
+@pytest.mark.parametrize("tiles", [3, 40, 1030])  # 1030: two segments of 1024
+def test_gigapath_equals_prov_gigapaths_own_code(tmp_path: Path, tiles: int) -> None:
+    root = peer_root("prov-gigapath")
+    peer = peer_gigapath(root)
+    state = random_like(peer.state_dict(), seed=tiles)
+    peer.load_state_dict(state, strict=True)
+    ours = slide_encoder("gigapath_slide", weights=gigapath_file(tmp_path, state))
+    generator = torch.Generator().manual_seed(tiles)
+    cells = torch.randperm(60 * 40, generator=generator)[:tiles]
+    coords = torch.stack([cells // 40, cells % 40], dim=1) * 256 + 100
+    features = torch.randn(tiles, 1536, generator=generator)
+    with torch.inference_mode():
+        theirs = peer(features[None], coords[None].float())[0]  # (1, 768): the README's call
+        mine = ours(features, coords, 256)
+    assert theirs.shape == (1, 768)
+    torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)

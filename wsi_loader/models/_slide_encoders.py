@@ -40,7 +40,8 @@ class SlideRecipe:
     ``positions`` (the slide encoder reads where tiles are from their coordinates) features
     at another resolution or patch size are refused, else they are a warning. ``repo`` None:
     the weights are not on the Hugging Face hub (``weights_url`` says where), so only a given
-    file loads. ``prefix``: the slide encoder's tensors in the file are those under this name
+    file loads. ``state_key``: the entry of the file holding the state dict (None: the file
+    is it). ``prefix``: the slide encoder's tensors in the file are those under this name
     (``vision_encoder.``), the prefix dropped; ``unused``: the file's tensors of other parts
     of the published model (a text tower: fnmatch patterns), left out by design.
     """
@@ -59,6 +60,7 @@ class SlideRecipe:
     positions: bool = False
     precision: str = "float32"
     weights_url: str | None = None
+    state_key: str | None = None
     prefix: str = ""
     unused: tuple[str, ...] = ()
     wired: bool = True
@@ -82,6 +84,7 @@ class SlideRecipe:
             std=(1.0, 1.0, 1.0),
             mpp=self.mpp or 0.0,
             patch_size=self.patch_size or 0,
+            state_key=self.state_key,
             unused=self.unused,
         )
 
@@ -131,10 +134,12 @@ SLIDE_RECIPES: tuple[SlideRecipe, ...] = (
         "(encode_slide_from_patch_features); tiles on a grid of patch_size_level0, 2-D ALiBi",
     ),
     SlideRecipe(
-        "gigapath_slide", "Prov-GigaPath slide encoder (LongNet, 12 layers)", 768, "gigapath", 1536,
-        "prov-gigapath/prov-gigapath", "slide_encoder.pth", "Apache-2.0", True, 0.5, 256,
-        positions=True, precision="float16", wired=False,
-        notes="LongNet dilated attention (gigapath/slide_encoder.py, torchscale); not wired yet",
+        "gigapath_slide", "Prov-GigaPath slide encoder (LongNet, 12 layers)", 768, "gigapath",
+        1536, "prov-gigapath/prov-gigapath", "slide_encoder.pth", "Apache-2.0", True, 0.5, 256,
+        positions=True, precision="float16", state_key="model",
+        notes="the README's usage: class token after the last layer and the norms "
+        "(TRIDENT takes layer 11's mean token instead); tiles on a 1000 x 1000 grid of "
+        "patch_size_level0; LongNet dilated attention",
     ),
     SlideRecipe(
         "madeleine", "MADELEINE (multi-head attention MIL over CONCH v1 features)", 512,
@@ -227,6 +232,10 @@ def build_slide_encoder(recipe: SlideRecipe, device: str | torch.device = "meta"
             from wsi_loader.models._slide_titan import Titan
 
             net = Titan()
+        elif recipe.name == "gigapath_slide":
+            from wsi_loader.models._slide_gigapath import GigaPathSlide
+
+            net = GigaPathSlide()
         else:  # a wired recipe without a builder is a bug here, not the user's
             raise AssertionError(f"no builder for slide encoder {recipe.name}")
     return SlideEncoder(recipe, net)
