@@ -288,3 +288,24 @@ def peer_gigapath(root: Path) -> Any:
             return model.eval()
     finally:
         sys.path[:] = path  # (LongNet.py appends gigapath/ to sys.path)
+
+
+MADELEINE_CONFIG = {  # model_config.json's fields MADELEINE's Model.py reads
+    "MODALITIES": ["HE"],
+    "wsi_encoder": "abmil",
+    "patch_embedding_dim": 512,
+    "wsi_encoder_hidden_dim": 512,
+    "n_heads": 4,
+    "activation": "softmax",
+}
+
+
+def peer_madeleine(root: Path, config: dict[str, Any]) -> Any:
+    """MADELEINE's own model (``madeleine/models/Model.py``'s create_model, on the CPU);
+    needs einops."""
+    pytest.importorskip("einops", reason="MADELEINE's Model.py needs einops")
+    from argparse import Namespace
+
+    with peer_modules(root, ("madeleine",)):
+        module = importlib.import_module("madeleine.models.Model")
+        return module.create_model(Namespace(**config), device="cpu").eval()

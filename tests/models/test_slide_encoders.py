@@ -3,6 +3,7 @@ strict loading, and the embeddings against the authors' own code."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,11 @@ import torch
 from tests.models.encoder_weights import write_safetensors
 from tests.models.slide_peers import (
     CHIEF_KEYS,
+    MADELEINE_CONFIG,
     chief_state,
     peer_chief,
     peer_gigapath,
+    peer_madeleine,
     peer_root,
     peer_titan,
     random_like,
@@ -261,3 +264,42 @@ def test_gigapath_equals_prov_gigapaths_own_code(tmp_path: Path, tiles: int) -> 
         mine = ours(features, coords, 256)
     assert theirs.shape == (1, 768)
     torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------- MADELEINE
+
+
+def madeleine_folder(tmp_path: Path, state: dict[str, torch.Tensor], config: dict) -> Path:
+    """A snapshot folder as MahmoodLab/madeleine serves it: model.pt and model_config.json
+    (the weights saved by DataParallel, under module.)."""
+    folder = tmp_path / "madeleine"
+    folder.mkdir()
+    torch.save({f"module.{k}": v for k, v in state.items()}, folder / "model.pt")
+    (folder / "model_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_madeleine_needs_its_config_beside_the_weights(tmp_path: Path) -> None:
+    net = build_slide_encoder(slide_recipe_of("madeleine"), device="cpu").net
+    folder = madeleine_folder(tmp_path, random_like(net.state_dict()), MADELEINE_CONFIG)
+    (folder / "model_config.json").unlink()
+    with pytest.raises(WeightsError, match=r"model_config\.json"):
+        slide_encoder("madeleine", weights=folder)
+
+
+@pytest.mark.parametrize(("heads", "activation"), [(4, "softmax"), (2, "sigmoid")])
+def test_madeleine_equals_madeleines_own_code(tmp_path: Path, heads: int, activation: str) -> None:
+    root = peer_root("MADELEINE")
+    config = {**MADELEINE_CONFIG, "n_heads": heads, "activation": activation}
+    peer = peer_madeleine(root, config)
+    state = random_like(peer.state_dict(), seed=heads)
+    peer.load_state_dict(state, strict=True)
+    ours = slide_encoder("madeleine", weights=madeleine_folder(tmp_path, state, config))
+    generator = torch.Generator().manual_seed(heads)
+    for tiles in (1, 9, 250):
+        features = torch.randn(tiles, 512, generator=generator)
+        with torch.inference_mode():
+            theirs = peer.encode_he(features[None], "cpu")  # as TRIDENT calls it
+            mine = ours(features, torch.zeros(tiles, 2, dtype=torch.int64), None)
+        assert theirs.shape == (1, 512)
+        torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)

@@ -15,7 +15,8 @@ encoder's).
 Slide encoders by name: `_slide_encoders` (their registry, each built and its weights loaded
 checked; one embedding per slide from the tile features of its patch encoder), with each
 architecture in our own code under the authors' module names (`_slide_chief`: CHIEF;
-`_slide_titan`: TITAN's vision tower; `_slide_gigapath`: Prov-GigaPath's LongNet).
+`_slide_titan`: TITAN's vision tower; `_slide_gigapath`: Prov-GigaPath's LongNet;
+`_slide_madeleine`: MADELEINE).
 
 May import: `slides`, `index`, `stain`, `dataset`, `device` and the foundation modules.
 """

@@ -142,9 +142,11 @@ SLIDE_RECIPES: tuple[SlideRecipe, ...] = (
         "patch_size_level0; LongNet dilated attention",
     ),
     SlideRecipe(
-        "madeleine", "MADELEINE (multi-head attention MIL over CONCH v1 features)", 512,
-        "conch_v1", 512, "MahmoodLab/madeleine", "model.pt", "CC-BY-NC-ND-4.0", True,
-        wired=False, notes="needs the madeleine package's architecture; not wired yet",
+        "madeleine", "MADELEINE (multi-head gated attention over CONCH v1 features)", 512,
+        "conch_v1", 512, "MahmoodLab/madeleine", "model.pt", "CC-BY-NC-ND-4.0", True, 1.0, 256,
+        prefix="module.",
+        notes="its H&E embedding (encode_he); the architecture from model_config.json beside "
+        "model.pt (pass the snapshot folder); trained on 10x breast slides",
     ),
     SlideRecipe(
         "feather", "Feather (TRIDENT's ABMIL over CONCH v1.5 features)", 512, "conch_v15", 768,
@@ -232,6 +234,10 @@ def build_slide_encoder(recipe: SlideRecipe, device: str | torch.device = "meta"
             from wsi_loader.models._slide_titan import Titan
 
             net = Titan()
+        elif recipe.name == "madeleine":
+            from wsi_loader.models._slide_madeleine import Madeleine
+
+            net = Madeleine()  # (the released widths; the config beside the weights decides)
         elif recipe.name == "gigapath_slide":
             from wsi_loader.models._slide_gigapath import GigaPathSlide
 
@@ -257,6 +263,13 @@ def slide_encoder(
     recipe = slide_recipe_of(name)
     module = build_slide_encoder(recipe)
     path = _weights_path(recipe, weights, download)
+    if recipe.name == "madeleine":  # its widths are in the config beside the weights
+        from wsi_loader.models._slide_madeleine import madeleine_from_config
+
+        try:
+            module.net = madeleine_from_config(path)
+        except ValueError as exc:
+            raise weights_error(recipe.weights_recipe(), str(exc), path) from exc
     state = read_state(recipe.weights_recipe(), path)
     if recipe.prefix and any(k.startswith(recipe.prefix) for k in state):
         state = {k.removeprefix(recipe.prefix): v for k, v in state.items()}
