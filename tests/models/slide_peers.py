@@ -309,3 +309,46 @@ def peer_madeleine(root: Path, config: dict[str, Any]) -> Any:
     with peer_modules(root, ("madeleine",)):
         module = importlib.import_module("madeleine.models.Model")
         return module.create_model(Namespace(**config), device="cpu").eval()
+
+
+FEATHER_CONFIG = {  # config.json's fields (MIL-Lab's abmil base.yaml, CONCH v1.5's width)
+    "model_type": "abmil",
+    "gate": True,
+    "embed_dim": 512,
+    "attn_dim": 384,
+    "num_fc_layers": 1,
+    "dropout": 0.25,
+    "in_dim": 768,
+    "num_classes": 2,
+}
+
+
+def peer_feather(root: Path, config: dict[str, Any]) -> Any:
+    """MIL-Lab's own ABMIL (``src/models/abmil.py``, what the Hugging Face repo's ABMILModel
+    wraps as ``model``); its transformers registration stood in where transformers is not
+    installed."""
+
+    class _Config:
+        def __init__(self, **kwargs: Any) -> None:
+            pass
+
+    class _Auto:
+        @staticmethod
+        def register(*args: Any) -> None:
+            pass
+
+    stubs = {
+        "transformers": _module(
+            "transformers",
+            PretrainedConfig=_Config,
+            PreTrainedModel=torch.nn.Module,
+            AutoConfig=_Auto,
+            AutoModel=_Auto,
+        )
+    }
+    keys = ("in_dim", "embed_dim", "num_fc_layers", "dropout", "attn_dim", "gate")
+    with peer_modules(root, ("src",), stubs):
+        module = importlib.import_module("src.models.abmil")
+        return module.ABMIL(
+            **{k: config[k] for k in keys}, num_classes=config["num_classes"]
+        ).eval()

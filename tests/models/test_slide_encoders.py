@@ -12,9 +12,11 @@ import torch
 from tests.models.encoder_weights import write_safetensors
 from tests.models.slide_peers import (
     CHIEF_KEYS,
+    FEATHER_CONFIG,
     MADELEINE_CONFIG,
     chief_state,
     peer_chief,
+    peer_feather,
     peer_gigapath,
     peer_madeleine,
     peer_root,
@@ -300,6 +302,47 @@ def test_madeleine_equals_madeleines_own_code(tmp_path: Path, heads: int, activa
         features = torch.randn(tiles, 512, generator=generator)
         with torch.inference_mode():
             theirs = peer.encode_he(features[None], "cpu")  # as TRIDENT calls it
+            mine = ours(features, torch.zeros(tiles, 2, dtype=torch.int64), None)
+        assert theirs.shape == (1, 512)
+        torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------ Feather
+
+
+def feather_folder(tmp_path: Path, state: dict[str, torch.Tensor], config: dict) -> Path:
+    """A snapshot folder as the Hugging Face repo serves it: model.safetensors (ABMILModel's
+    state: ABMIL under model.) and config.json."""
+    folder = tmp_path / "feather"
+    folder.mkdir()
+    write_safetensors(
+        folder / "model.safetensors", {f"model.{k}": v.contiguous() for k, v in state.items()}
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_feather_needs_its_config_beside_the_weights(tmp_path: Path) -> None:
+    net = build_slide_encoder(slide_recipe_of("feather"), device="cpu").net
+    folder = feather_folder(tmp_path, random_like(net.state_dict()), FEATHER_CONFIG)
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(WeightsError, match=r"config\.json"):
+        slide_encoder("feather", weights=folder)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_feather_equals_mil_labs_own_code(tmp_path: Path, layers: int) -> None:
+    root = peer_root("MIL-Lab")
+    config = {**FEATHER_CONFIG, "num_fc_layers": layers}
+    peer = peer_feather(root, config)
+    state = random_like(peer.state_dict(), seed=layers)
+    peer.load_state_dict(state, strict=True)
+    ours = slide_encoder("feather", weights=feather_folder(tmp_path, state, config))
+    generator = torch.Generator().manual_seed(layers)
+    for tiles in (1, 9, 250):
+        features = torch.randn(tiles, 768, generator=generator)
+        with torch.inference_mode():
+            theirs, _ = peer.forward_features(features[None])  # as TRIDENT calls it
             mine = ours(features, torch.zeros(tiles, 2, dtype=torch.int64), None)
         assert theirs.shape == (1, 512)
         torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)

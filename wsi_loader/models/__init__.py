@@ -16,7 +16,7 @@ Slide encoders by name: `_slide_encoders` (their registry, each built and its we
 checked; one embedding per slide from the tile features of its patch encoder), with each
 architecture in our own code under the authors' module names (`_slide_chief`: CHIEF;
 `_slide_titan`: TITAN's vision tower; `_slide_gigapath`: Prov-GigaPath's LongNet;
-`_slide_madeleine`: MADELEINE).
+`_slide_madeleine`: MADELEINE; `_slide_feather`: Feather, MIL-Lab's ABMIL).
 
 May import: `slides`, `index`, `stain`, `dataset`, `device` and the foundation modules.
 """

@@ -149,9 +149,11 @@ SLIDE_RECIPES: tuple[SlideRecipe, ...] = (
         "model.pt (pass the snapshot folder); trained on 10x breast slides",
     ),
     SlideRecipe(
-        "feather", "Feather (TRIDENT's ABMIL over CONCH v1.5 features)", 512, "conch_v15", 768,
-        "MahmoodLab/abmil.base.conch_v15.pc108-24k", "model.safetensors", "CC-BY-NC-ND-4.0",
-        True, wired=False, notes=_HF_CODE,
+        "feather", "Feather (MIL-Lab's ABMIL pretrained on 108 tasks, CONCH v1.5 features)",
+        512, "conch_v15", 768, "MahmoodLab/abmil.base.conch_v15.pc108-24k",
+        "model.safetensors", "CC-BY-NC-ND-4.0", True, prefix="model.",
+        notes="ABMIL's forward_features (as TRIDENT calls it); the widths from config.json "
+        "beside model.safetensors (pass the snapshot folder)",
     ),
     SlideRecipe(
         "prism", "PRISM (Perceiver over Virchow features)", 1280, "virchow", 2560,
@@ -238,6 +240,10 @@ def build_slide_encoder(recipe: SlideRecipe, device: str | torch.device = "meta"
             from wsi_loader.models._slide_madeleine import Madeleine
 
             net = Madeleine()  # (the released widths; the config beside the weights decides)
+        elif recipe.name == "feather":
+            from wsi_loader.models._slide_feather import Feather
+
+            net = Feather()  # (the released widths; the config beside the weights decides)
         elif recipe.name == "gigapath_slide":
             from wsi_loader.models._slide_gigapath import GigaPathSlide
 
@@ -263,11 +269,13 @@ def slide_encoder(
     recipe = slide_recipe_of(name)
     module = build_slide_encoder(recipe)
     path = _weights_path(recipe, weights, download)
-    if recipe.name == "madeleine":  # its widths are in the config beside the weights
+    if recipe.name in ("madeleine", "feather"):  # their widths: the config beside the weights
+        from wsi_loader.models._slide_feather import feather_from_config
         from wsi_loader.models._slide_madeleine import madeleine_from_config
 
+        configured = madeleine_from_config if recipe.name == "madeleine" else feather_from_config
         try:
-            module.net = madeleine_from_config(path)
+            module.net = configured(path)
         except ValueError as exc:
             raise weights_error(recipe.weights_recipe(), str(exc), path) from exc
     state = read_state(recipe.weights_recipe(), path)
