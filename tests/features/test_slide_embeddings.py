@@ -240,3 +240,24 @@ def test_features_files_say_the_level0_patch_size(index: SlideIndex, tmp_path: P
             expected = round(record.read_size * record.read_downsample)
             assert h5.attrs["patch_size_level0"] == expected
             assert h5["coords"].attrs["patch_size_level0"] == expected
+
+
+def test_a_slide_off_the_encoders_grid_is_a_failed_slide(tmp_path: Path) -> None:
+    from tests.models.slide_peers import random_like
+    from tests.models.test_slide_encoders import gigapath_file
+    from wsi_loader.models._slide_encoders import build_slide_encoder, slide_recipe_of
+
+    net = build_slide_encoder(slide_recipe_of("gigapath_slide"), device="cpu").net
+    weights = gigapath_file(tmp_path, random_like(net.state_dict()))
+    features, out = tmp_path / "features", tmp_path / "out"
+    for name in ("small", "huge"):
+        write_features(
+            features, name, 3, model="encoder:gigapath", dim=1536, mpp=0.5, patch_size_level0=256
+        )
+    # Prov-GigaPath's grid is 1000 tiles a side: a slide reaching past it is refused
+    with h5py.File(features / "huge.h5", "r+") as h5:
+        h5["coords"][:, 0] += 256 * 1000
+    report = embed_slides(features, "gigapath", out, weights=weights, device="cpu")
+    assert report.written == 1 and [f["slide"] for f in report.failures] == ["huge"]
+    _, rows, _ = read_back(out)
+    assert "1000 x 1000 tile grid" in next(r for r in rows if r["slide"] == "huge")["status"]

@@ -286,10 +286,15 @@ def _embed(
     width = encoder.recipe.input_dim
     if features.shape[1] != width:
         return {**row, "status": f"failed: {features.shape[1]} wide features, not {width}"}
-    with torch.inference_mode():
-        out = encoder(
-            features.to(device), coords.to(device), source.patch_size_level0 or patch_size_level0
-        )
+    try:
+        with torch.inference_mode():
+            out = encoder(
+                features.to(device),
+                coords.to(device),
+                source.patch_size_level0 or patch_size_level0,
+            )
+    except ValueError as exc:  # this slide's input (tiles off the encoder's grid): recorded
+        return {**row, "status": f"failed: {exc}"}
     embedding = out.float().reshape(-1).cpu().numpy()
     if not np.isfinite(embedding).all():
         return {**row, "status": "failed: the embedding is not finite"}
