@@ -235,7 +235,7 @@ def test_inline_commands_name_real_options() -> None:
     checked = 0
     for page in [REPO / "README.md", *PAGES]:
         text = page.read_text(encoding="utf-8")
-        for sub, rest in re.findall(r"`wsi-loader ([a-z]+)\b([^`]*)`", text):
+        for sub, rest in re.findall(r"`wsi-loader ([a-z]+(?:-[a-z]+)*)\b([^`]*)`", text):
             assert sub in commands, f"{_name(page)}: no subcommand {sub!r}"
             known = {o for a in commands[sub]._actions for o in a.option_strings} | top
             for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest):

@@ -62,6 +62,11 @@ def register(sub: Subparsers) -> None:
         "Hugging Face cache.",
     )
     p.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    p.add_argument(
+        "--slide",
+        action="store_true",
+        help="list the slide encoders (wsi-loader slide-embeddings) instead",
+    )
     p.set_defaults(run=run)
 
 
@@ -74,6 +79,11 @@ def rows() -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.slide:
+        from wsi_loader.cli.slide_embeddings import print_slide_encoders
+
+        print_slide_encoders(args.json)
+        return 0
     table = rows()
     if args.json:
         print(json.dumps(table, indent=1))

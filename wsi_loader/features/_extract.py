@@ -8,6 +8,7 @@ outputs, resuming, ranks, timeouts) is `wsi_loader.models`; model specs are
 Output, per slide: ``DIR/<slide name>.h5`` (the slide file's stem, as CLAM and TRIDENT name
 them) with ``features`` (N x D float32) and ``coords`` (N x 2 int64, level-0 x, y), attributes
 ``patch_size`` and ``patch_level`` (on the file and on ``coords``, where CLAM reads them),
+``patch_size_level0`` (the tile's edge in level-0 pixels, there too, as TRIDENT writes it),
 ``mpp``, ``model``, ``generation`` and ``content``; and ``DIR/features.json`` (model, dims,
 counts, failures). With context scales (``context=``), the same model encodes each tile's
 co-centred context tiles: ``features_ctx1``... beside ``features``, or concatenated into it,
@@ -219,6 +220,9 @@ class FeatureWriter:
             "patch_size": int(record.read_size or 0),
             "patch_level": int(record.read_level or 0),
             "tile_size": int(view.params.get("tile_size", 0)),
+            # the tile's edge in level-0 pixels (TRIDENT's name): what slide encoders that
+            # place tiles on a grid (TITAN, Prov-GigaPath) divide coordinates by
+            "patch_size_level0": round((record.read_size or 0) * (record.read_downsample or 1.0)),
             "mpp": float(record.tile_mpp) if record.tile_mpp else float("nan"),
             "model": self.model.spec,
             "generation": str(view.meta.get("generation")),
@@ -238,7 +242,7 @@ class FeatureWriter:
                 scale = h5.create_dataset(f"features_ctx{k}", data=scale_features)
                 scale.attrs.update(self.layout["scales"][k - 1] if self.layout else {})
             coords_ds = h5.create_dataset("coords", data=coords)
-            for key in ("patch_size", "patch_level"):
+            for key in ("patch_size", "patch_level", "patch_size_level0"):
                 coords_ds.attrs[key] = attrs[key]
             h5.attrs.update(attrs)
         write_file(path, buf.getvalue(), temporary_path(path))

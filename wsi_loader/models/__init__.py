@@ -12,25 +12,41 @@ download; safetensors read here), `_resnet` (architectures in our own code: CLAM
 ResNet-50, CTransPath's stem) and `_encoder_checks` (an index's resolution against the
 encoder's).
 
+Slide encoders by name: `_slide_encoders` (their registry, each built and its weights loaded
+checked; one embedding per slide from the tile features of its patch encoder), with each
+architecture in our own code under the authors' module names (`_slide_chief`: CHIEF;
+`_slide_titan`: TITAN's vision tower; `_slide_gigapath`: Prov-GigaPath's LongNet;
+`_slide_madeleine`: MADELEINE; `_slide_feather`: Feather, MIL-Lab's ABMIL).
+
 May import: `slides`, `index`, `stain`, `dataset`, `device` and the foundation modules.
 """
 
 from wsi_loader.models._encoder_recipes import ENCODERS, Recipe
 from wsi_loader.models._encoders import Encoder, encoder, encoder_model, is_encoder_name
 from wsi_loader.models._pass import PassOptions, PassReport, run_pass
+from wsi_loader.models._slide_encoders import (
+    SLIDE_ENCODERS,
+    SlideEncoder,
+    SlideRecipe,
+    slide_encoder,
+)
 from wsi_loader.models._specs import Model, as_model, load_model
 
 __all__ = [
     "ENCODERS",
+    "SLIDE_ENCODERS",
     "Encoder",
     "Model",
     "PassOptions",
     "PassReport",
     "Recipe",
+    "SlideEncoder",
+    "SlideRecipe",
     "as_model",
     "encoder",
     "encoder_model",
     "is_encoder_name",
     "load_model",
     "run_pass",
+    "slide_encoder",
 ]
