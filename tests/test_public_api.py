@@ -46,6 +46,7 @@ EXPORTED = [
     "WorkerDiedError",
     "WsiLoaderError",
     "build_index",
+    "embed_slides",
     "encoder",
     "extract_features",
     "load_config",
@@ -56,6 +57,7 @@ EXPORTED = [
     "qc_filter",
     "serve",
     "show",
+    "slide_encoder",
 ]
 
 

@@ -81,6 +81,7 @@ __all__ = [
     "WorkerDiedError",
     "WsiLoaderError",
     "build_index",
+    "embed_slides",
     "encoder",
     "extract_features",
     "load_config",
@@ -91,6 +92,7 @@ __all__ = [
     "qc_filter",
     "serve",
     "show",
+    "slide_encoder",
 ]
 
 # torch-based names (and the viewer), imported on first use so `import wsi_loader` stays
@@ -110,6 +112,8 @@ _LAZY: dict[str, str] = {
     "pad_bags": "wsi_loader.dataset",
     "extract_features": "wsi_loader.features",
     "encoder": "wsi_loader.models._encoders",
+    "slide_encoder": "wsi_loader.models._slide_encoders",
+    "embed_slides": "wsi_loader.features._slide_embeddings",
     "predict": "wsi_loader.predict._run",
     # the browser viewer (starlette, uvicorn), imported when first used
     "serve": "wsi_loader.view.browser",
@@ -129,8 +133,10 @@ if _typing.TYPE_CHECKING:
     )
     from wsi_loader.device._loader import DeviceLoader
     from wsi_loader.features._extract import extract_features
+    from wsi_loader.features._slide_embeddings import embed_slides
     from wsi_loader.index import build_index, qc_filter
     from wsi_loader.models._encoders import encoder
+    from wsi_loader.models._slide_encoders import slide_encoder
     from wsi_loader.predict._run import predict
     from wsi_loader.view.browser import serve, show
 
