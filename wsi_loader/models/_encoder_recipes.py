@@ -33,8 +33,9 @@ class Recipe:
     ``architecture``: who builds it: ``timm`` (``model`` is the timm name, ``kwargs`` its
     constructor arguments; ``mlp_layer``/``act_layer`` are timm/torch layer names),
     ``transformers`` (``model`` is the transformers class), ``resnet50_trunc`` and
-    ``ctranspath`` (our own code, ``ctranspath`` on timm's Swin), or a package of the model's
-    own (``conch``, ``musk``). ``files``: the weight file the hub serves, first the one the
+    ``ctranspath`` (our own code, ``ctranspath`` on timm's Swin), ``conch`` and ``conch_v15``
+    (CONCH's vision towers around a timm ViT, `_conch`), or a package of the model's own
+    (``musk``, not wired). ``files``: the weight file the hub serves, first the one the
     card loads, then alternatives in the same key layout. ``state_key``: the entry of that file
     holding the state dict (None: the file is the state dict). ``unused``: keys of the file the
     recipe leaves out by design (fnmatch patterns: a truncated network's later layers, buffers
@@ -135,18 +136,28 @@ RECIPES: tuple[Recipe, ...] = (
         resize=224, prefix_tokens=9,
     ),
     Recipe(
-        "conch_v1", "CONCH (ViT-B/16, CoCa)", "conch", "conch_ViT-B-16", 512,
-        "MahmoodLab/CONCH", ("pytorch_model.bin",), NC_ND, True, 448, *OPENAI_CLIP, 0.5, 512,
-        precision="float32", resize=448, interpolation="bicubic", packages=("conch",),
-        notes="encode_image(proj_contrast=False, normalize=False); needs the conch package "
-        "(pip install git+https://github.com/Mahmoodlab/CONCH.git)",
+        "conch_v1", "CONCH (ViT-B/16 of a CoCa, attention pooler)", "conch",
+        "vit_base_patch16_224", 512, "MahmoodLab/CONCH", ("pytorch_model.bin",), NC_ND, True,
+        448, *OPENAI_CLIP, 0.5, 512,
+        precision="float32", kwargs=_vit_timm(img_size=448, patch_size=16), resize=448,
+        interpolation="bicubic",
+        unused=("text.*", "text_decoder.*", "logit_scale", "visual.proj_contrast",
+                "visual.attn_pool_caption.*", "visual.ln_caption.*"),
+        notes="encode_image(proj_contrast=False, normalize=False) as TRIDENT uses it: the "
+        "trunk's tokens through the contrastive attention pooler and its LayerNorm; the "
+        "file's text towers and caption pooler are left out; CONCH's transform: Resize(448, "
+        "bicubic), CenterCrop(448), OpenAI CLIP mean/std",
     ),
     Recipe(
-        "conch_v15", "CONCH v1.5 (ViT-L/16 + attention pooler)", "conch_v15", "conchv1_5", 768,
-        "MahmoodLab/conchv1_5", ("pytorch_model_vision.bin",), NC_ND, True, 448, *IMAGENET,
-        0.5, 512, resize=448, interpolation="bicubic", packages=("trident",),
-        notes="its vision tower is TRIDENT's own ViT with an attention pooler "
-        "(trident.patch_encoder_models.model_zoo.conchv1_5): needs trident",
+        "conch_v15", "CONCH v1.5 (ViT-L/16, attention pooler)", "conch_v15",
+        "vit_large_patch16_224", 768, "MahmoodLab/conchv1_5", ("pytorch_model_vision.bin",),
+        NC_ND, True, 448, *IMAGENET, 0.5, 512,
+        kwargs={"num_classes": 0, "img_size": 448, "patch_size": 16, "init_values": 1.0},
+        resize=448,
+        notes="as TRIDENT's and TITAN's conchv1_5 (the card's code): ViT-L/16 with layer "
+        "scale 1.0 run at 448 px, its 224 px position grid stretched bicubically to 28 x 28 "
+        "when loaded, pooled by the attention pooler and its LayerNorm; TRIDENT's transform: "
+        "Resize(448, bilinear), CenterCrop(448), ImageNet mean/std",
     ),
     Recipe(
         "virchow", "Virchow (ViT-H/14)", "timm", "vit_huge_patch14_224", 2560,
