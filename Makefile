@@ -58,7 +58,7 @@ $(TV_STAMP): pyproject.toml
 	test -x $(VENV_TV)/bin/python || $(PYTHON) -m venv $(VENV_TV)
 	$(VENV_TV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV_TV)/bin/python -m pip install --quiet $(TORCH_TV)
-	$(VENV_TV)/bin/python -m pip install --quiet -e '.[test,vision]'
+	$(VENV_TV)/bin/python -m pip install --quiet -e '.[test,vision,transformers]'
 	touch $@
 
 # the `vision` tests where torchvision imports; WSI_LOADER_REQUIRE_VISION turns their skip into

@@ -85,9 +85,11 @@ def test_h0_mini_class_token_and_mean_of_patch_tokens_as_its_card(
         global_pool="",
         init_values=1e-5,
         reg_tokens=4,
+        mlp_ratio=5.33334,  # its config.json's model_args: 85.7M parameters
         mlp_layer=timm.layers.SwiGLUPacked,
         act_layer=torch.nn.SiLU,
     ).eval()
+    assert round(sum(p.numel() for p in card.parameters()) / 1e5) == 857  # H0-mini's 85.7M
     state = seeded(card, 1)
     card.load_state_dict(state)
     snapshot = tmp_path / "snapshot"

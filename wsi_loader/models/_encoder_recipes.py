@@ -201,10 +201,11 @@ RECIPES: tuple[Recipe, ...] = (
         "vit_base_patch14_reg4_dinov2", 1536, "bioptimus/H0-mini", SAFE, NC_ND, True, 224,
         *HOPTIMUS, 0.5, 224, pooling="cls+mean",
         kwargs={"num_classes": 0, "img_size": 224, "global_pool": "", "init_values": 1e-5,
-                "reg_tokens": 4, "dynamic_img_size": True, **SWIGLU},
+                "reg_tokens": 4, "mlp_ratio": 5.33334, "dynamic_img_size": True, **SWIGLU},
         resize=224, interpolation="bicubic", prefix_tokens=5,
         notes="card recommends [class token, mean of patch tokens] (1536) for linear probes; "
-        "TRIDENT defaults to the class token alone (768)",
+        "TRIDENT defaults to the class token alone (768); SwiGLU 4096 wide as H-optimus "
+        "(mlp_ratio 5.33334: 85.7M parameters as published; timm's default 4 gives 71.6M)",
     ),
     Recipe(
         "gigapath", "Prov-GigaPath tile encoder (ViT-g/16)", "timm",
