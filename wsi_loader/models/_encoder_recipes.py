@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# pooler: the model's own pooling (transformers' pooler_output, CONCH's attention pooler)
 Pooling = Literal["cls", "cls+mean", "avg", "pooler"]
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
@@ -139,8 +140,8 @@ RECIPES: tuple[Recipe, ...] = (
         "conch_v1", "CONCH (ViT-B/16 of a CoCa, attention pooler)", "conch",
         "vit_base_patch16_224", 512, "MahmoodLab/CONCH", ("pytorch_model.bin",), NC_ND, True,
         448, *OPENAI_CLIP, 0.5, 512,
-        precision="float32", kwargs=_vit_timm(img_size=448, patch_size=16), resize=448,
-        interpolation="bicubic",
+        pooling="pooler", precision="float32", kwargs=_vit_timm(img_size=448, patch_size=16),
+        resize=448, interpolation="bicubic",
         unused=("text.*", "text_decoder.*", "logit_scale", "visual.proj_contrast",
                 "visual.attn_pool_caption.*", "visual.ln_caption.*"),
         notes="encode_image(proj_contrast=False, normalize=False) as TRIDENT uses it: the "
@@ -152,6 +153,7 @@ RECIPES: tuple[Recipe, ...] = (
         "conch_v15", "CONCH v1.5 (ViT-L/16, attention pooler)", "conch_v15",
         "vit_large_patch16_224", 768, "MahmoodLab/conchv1_5", ("pytorch_model_vision.bin",),
         NC_ND, True, 448, *IMAGENET, 0.5, 512,
+        pooling="pooler",
         kwargs={"num_classes": 0, "img_size": 448, "patch_size": 16, "init_values": 1.0},
         resize=448,
         notes="as TRIDENT's and TITAN's conchv1_5 (the card's code): ViT-L/16 with layer "
