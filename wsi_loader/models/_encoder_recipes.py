@@ -275,7 +275,10 @@ RECIPES: tuple[Recipe, ...] = (
         "musk", "MUSK (BEiT-3 ViT-L/16)", "musk", "musk_large_patch16_384", 1024,
         "xiangjx/musk", ("model.safetensors",), NC_ND, True, 384, *INCEPTION, 0.5, 384,
         resize=384, interpolation="bicubic", packages=("musk", "fairscale"),
-        notes="vision class token without the projection head; needs the musk package",
+        notes="vision class token without the projection head (model(image=x, with_head=False, "
+        "out_norm=False, ms_aug=False)[0], as TRIDENT calls it); MUSK's BEiT-3 lives in its "
+        "own package (pip install fairscale git+https://github.com/lilab-stanford/MUSK, not on "
+        "PyPI), whose file layout cannot be checked here: not wired yet",
     ),
     Recipe(
         "lunit_vits8", "Lunit DINO ViT-S/8", "timm", "vit_small_patch8_224", 384,
