@@ -12,7 +12,7 @@ VENV_TV := .venv-tv
 TV_STAMP := $(VENV_TV)/.installed-stamp
 TORCH_TV := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test test-vision lint typecheck bench bench-peers notebooks clean frontend browser docs docs-serve changelog
+.PHONY: demo test test-vision lint typecheck bench bench-peers test-encoder-peers bench-encoders notebooks clean frontend browser docs docs-serve changelog
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,7 +58,7 @@ $(TV_STAMP): pyproject.toml
 	test -x $(VENV_TV)/bin/python || $(PYTHON) -m venv $(VENV_TV)
 	$(VENV_TV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV_TV)/bin/python -m pip install --quiet $(TORCH_TV)
-	$(VENV_TV)/bin/python -m pip install --quiet -e '.[test,vision]'
+	$(VENV_TV)/bin/python -m pip install --quiet -e '.[test,vision,transformers]'
 	touch $@
 
 # the `vision` tests where torchvision imports; WSI_LOADER_REQUIRE_VISION turns their skip into
@@ -102,5 +102,31 @@ $(PEERS_STAMP): pyproject.toml
 bench-peers: $(PEERS_STAMP)
 	$(VENV_PEERS)/bin/python benchmarks/bench_peers.py $(ARGS)
 
+# The patch-encoder peers (benchmarks/bench_encoders.py, tests/models/test_encoders_peers.py):
+# TRIDENT, CONCH's package and LazySlide in a venv of their own, never a dependency of ours.
+# TRIDENT and CONCH are not on PyPI: PEER_SRC names a folder with their git checkouts
+# (TRIDENT/, CONCH/ from github.com/mahmoodlab); installed without their pins (TRIDENT pins
+# timm 0.9.16; its CONCH v1.5 and Processor code run on the timm of the vision extra).
+VENV_ENC := .venv-peers-enc
+ENC_STAMP := $(VENV_ENC)/.installed-stamp
+PEER_SRC ?= ../peer-src
+$(ENC_STAMP): pyproject.toml
+	test -d $(PEER_SRC)/TRIDENT && test -d $(PEER_SRC)/CONCH
+	test -x $(VENV_ENC)/bin/python || $(PYTHON) -m venv $(VENV_ENC)
+	$(VENV_ENC)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_ENC)/bin/python -m pip install --quiet $(TORCH_TV)
+	$(VENV_ENC)/bin/python -m pip install --quiet -e '.[test,vision]' einops einops-exts \
+	  'transformers<5' opencv-python-headless scikit-image openslide-python openslide-bin geopandas \
+	  shapely matplotlib tqdm huggingface_hub safetensors segmentation-models-pytorch ftfy regex \
+	  lazyslide
+	$(VENV_ENC)/bin/python -m pip install --quiet --no-deps $(PEER_SRC)/TRIDENT $(PEER_SRC)/CONCH
+	touch $@
+
+test-encoder-peers: $(ENC_STAMP)
+	$(VENV_ENC)/bin/python -m pytest tests/models/test_encoders_peers.py -p no:cacheprovider
+
+bench-encoders: $(ENC_STAMP)
+	$(VENV_ENC)/bin/python benchmarks/bench_encoders.py --peer-python $(VENV_ENC)/bin/python $(ARGS)
+
 clean:
-	rm -rf $(VENV) $(VENV_TV) $(VENV_PEERS) demo site .cache/mkdocs-jupyter .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/view/browser/static
+	rm -rf $(VENV) $(VENV_TV) $(VENV_PEERS) $(VENV_ENC) demo site .cache/mkdocs-jupyter .pytest_cache .mypy_cache .ruff_cache $(FRONTEND)/node_modules wsi_loader/view/browser/static

@@ -20,6 +20,7 @@ import torch
 from tests.conftest import SlideFactory
 from tests.models.encoder_weights import resnet50_state, write_safetensors
 from tests.vision import require
+from wsi_loader.errors import WeightsError
 from wsi_loader.features import extract
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.models import ENCODERS, encoder, encoder_model
@@ -84,9 +85,11 @@ def test_h0_mini_class_token_and_mean_of_patch_tokens_as_its_card(
         global_pool="",
         init_values=1e-5,
         reg_tokens=4,
+        mlp_ratio=5.33334,  # its config.json's model_args: 85.7M parameters
         mlp_layer=timm.layers.SwiGLUPacked,
         act_layer=torch.nn.SiLU,
     ).eval()
+    assert round(sum(p.numel() for p in card.parameters()) / 1e5) == 857  # H0-mini's 85.7M
     state = seeded(card, 1)
     card.load_state_dict(state)
     snapshot = tmp_path / "snapshot"
@@ -176,3 +179,35 @@ def test_ctranspath_loads_chiefs_original_swin_layout(tmp_path: Path) -> None:
     with torch.inference_mode():
         expected = reference.eval()((x - IMAGENET_MEAN) / IMAGENET_STD)
         np.testing.assert_allclose(ours(x).numpy(), expected.numpy(), rtol=0, atol=1e-4)
+
+
+def test_conch_v1_takes_the_whole_coca_file_and_refuses_one_without_its_pooler(
+    tmp_path: Path,
+) -> None:
+    # CONCH's pytorch_model.bin is the whole CoCa: the text towers, the caption pooler and
+    # the contrastive projection are in it and left out by the recipe
+    tower = build(ENCODERS["conch_v1"], device="cpu").backbone
+    state = seeded(tower, 4)
+    extra = {
+        "text.token_embedding.weight": torch.zeros(8, 4),
+        "text_decoder.ln_final.weight": torch.ones(4),
+        "logit_scale": torch.tensor(2.6),
+        "visual.proj_contrast": torch.zeros(512, 512),
+        "visual.attn_pool_caption.query": torch.zeros(256, 768),
+        "visual.ln_caption.weight": torch.ones(768),
+    }
+    weights = tmp_path / "pytorch_model.bin"
+    torch.save({**state, **extra}, weights)
+    ours = encoder("conch_v1", weights, download=False)
+    tower.load_state_dict(state)
+    x = torch.rand(1, 3, 448, 448)
+    mean = torch.tensor((0.48145466, 0.4578275, 0.40821073)).view(1, 3, 1, 1)
+    std = torch.tensor((0.26862954, 0.26130258, 0.27577711)).view(1, 3, 1, 1)
+    with torch.inference_mode():
+        np.testing.assert_allclose(
+            ours(x).numpy(), tower.eval()((x - mean) / std).numpy(), rtol=0, atol=1e-5
+        )
+    del state["visual.ln_contrast.weight"]
+    torch.save({**state, **extra}, weights)
+    with pytest.raises(WeightsError, match=r"visual\.ln_contrast\.weight"):
+        encoder("conch_v1", weights, download=False)

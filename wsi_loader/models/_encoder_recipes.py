@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# pooler: the model's own pooling (transformers' pooler_output, CONCH's attention pooler)
 Pooling = Literal["cls", "cls+mean", "avg", "pooler"]
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
@@ -33,8 +34,9 @@ class Recipe:
     ``architecture``: who builds it: ``timm`` (``model`` is the timm name, ``kwargs`` its
     constructor arguments; ``mlp_layer``/``act_layer`` are timm/torch layer names),
     ``transformers`` (``model`` is the transformers class), ``resnet50_trunc`` and
-    ``ctranspath`` (our own code, ``ctranspath`` on timm's Swin), or a package of the model's
-    own (``conch``, ``musk``). ``files``: the weight file the hub serves, first the one the
+    ``ctranspath`` (our own code, ``ctranspath`` on timm's Swin), ``conch`` and ``conch_v15``
+    (CONCH's vision towers around a timm ViT, `_conch`), or a package of the model's own
+    (``musk``, not wired). ``files``: the weight file the hub serves, first the one the
     card loads, then alternatives in the same key layout. ``state_key``: the entry of that file
     holding the state dict (None: the file is the state dict). ``unused``: keys of the file the
     recipe leaves out by design (fnmatch patterns: a truncated network's later layers, buffers
@@ -135,18 +137,29 @@ RECIPES: tuple[Recipe, ...] = (
         resize=224, prefix_tokens=9,
     ),
     Recipe(
-        "conch_v1", "CONCH (ViT-B/16, CoCa)", "conch", "conch_ViT-B-16", 512,
-        "MahmoodLab/CONCH", ("pytorch_model.bin",), NC_ND, True, 448, *OPENAI_CLIP, 0.5, 512,
-        precision="float32", resize=448, interpolation="bicubic", packages=("conch",),
-        notes="encode_image(proj_contrast=False, normalize=False); needs the conch package "
-        "(pip install git+https://github.com/Mahmoodlab/CONCH.git)",
+        "conch_v1", "CONCH (ViT-B/16 of a CoCa, attention pooler)", "conch",
+        "vit_base_patch16_224", 512, "MahmoodLab/CONCH", ("pytorch_model.bin",), NC_ND, True,
+        448, *OPENAI_CLIP, 0.5, 512,
+        pooling="pooler", precision="float32", kwargs=_vit_timm(img_size=448, patch_size=16),
+        resize=448, interpolation="bicubic",
+        unused=("text.*", "text_decoder.*", "logit_scale", "visual.proj_contrast",
+                "visual.attn_pool_caption.*", "visual.ln_caption.*"),
+        notes="encode_image(proj_contrast=False, normalize=False) as TRIDENT uses it: the "
+        "trunk's tokens through the contrastive attention pooler and its LayerNorm; the "
+        "file's text towers and caption pooler are left out; CONCH's transform: Resize(448, "
+        "bicubic), CenterCrop(448), OpenAI CLIP mean/std",
     ),
     Recipe(
-        "conch_v15", "CONCH v1.5 (ViT-L/16 + attention pooler)", "conch_v15", "conchv1_5", 768,
-        "MahmoodLab/conchv1_5", ("pytorch_model_vision.bin",), NC_ND, True, 448, *IMAGENET,
-        0.5, 512, resize=448, interpolation="bicubic", packages=("trident",),
-        notes="its vision tower is TRIDENT's own ViT with an attention pooler "
-        "(trident.patch_encoder_models.model_zoo.conchv1_5): needs trident",
+        "conch_v15", "CONCH v1.5 (ViT-L/16, attention pooler)", "conch_v15",
+        "vit_large_patch16_224", 768, "MahmoodLab/conchv1_5", ("pytorch_model_vision.bin",),
+        NC_ND, True, 448, *IMAGENET, 0.5, 512,
+        pooling="pooler",
+        kwargs={"num_classes": 0, "img_size": 448, "patch_size": 16, "init_values": 1.0},
+        resize=448,
+        notes="as TRIDENT's and TITAN's conchv1_5 (the card's code): ViT-L/16 with layer "
+        "scale 1.0 run at 448 px, its 224 px position grid stretched bicubically to 28 x 28 "
+        "when loaded, pooled by the attention pooler and its LayerNorm; TRIDENT's transform: "
+        "Resize(448, bilinear), CenterCrop(448), ImageNet mean/std",
     ),
     Recipe(
         "virchow", "Virchow (ViT-H/14)", "timm", "vit_huge_patch14_224", 2560,
@@ -190,10 +203,11 @@ RECIPES: tuple[Recipe, ...] = (
         "vit_base_patch14_reg4_dinov2", 1536, "bioptimus/H0-mini", SAFE, NC_ND, True, 224,
         *HOPTIMUS, 0.5, 224, pooling="cls+mean",
         kwargs={"num_classes": 0, "img_size": 224, "global_pool": "", "init_values": 1e-5,
-                "reg_tokens": 4, "dynamic_img_size": True, **SWIGLU},
+                "reg_tokens": 4, "mlp_ratio": 5.33334, "dynamic_img_size": True, **SWIGLU},
         resize=224, interpolation="bicubic", prefix_tokens=5,
         notes="card recommends [class token, mean of patch tokens] (1536) for linear probes; "
-        "TRIDENT defaults to the class token alone (768)",
+        "TRIDENT defaults to the class token alone (768); SwiGLU 4096 wide as H-optimus "
+        "(mlp_ratio 5.33334: 85.7M parameters as published; timm's default 4 gives 71.6M)",
     ),
     Recipe(
         "gigapath", "Prov-GigaPath tile encoder (ViT-g/16)", "timm",
@@ -261,7 +275,10 @@ RECIPES: tuple[Recipe, ...] = (
         "musk", "MUSK (BEiT-3 ViT-L/16)", "musk", "musk_large_patch16_384", 1024,
         "xiangjx/musk", ("model.safetensors",), NC_ND, True, 384, *INCEPTION, 0.5, 384,
         resize=384, interpolation="bicubic", packages=("musk", "fairscale"),
-        notes="vision class token without the projection head; needs the musk package",
+        notes="vision class token without the projection head (model(image=x, with_head=False, "
+        "out_norm=False, ms_aug=False)[0], as TRIDENT calls it); MUSK's BEiT-3 lives in its "
+        "own package (pip install fairscale git+https://github.com/lilab-stanford/MUSK, not on "
+        "PyPI), whose file layout cannot be checked here: not wired yet",
     ),
     Recipe(
         "lunit_vits8", "Lunit DINO ViT-S/8", "timm", "vit_small_patch8_224", 384,

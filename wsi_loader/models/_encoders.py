@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from wsi_loader.errors import ConfigError, WeightsError
+from wsi_loader.models._conch import conch_v1, conch_v15, conch_v15_positions
 from wsi_loader.models._encoder_recipes import ALIASES, ENCODERS, Recipe
 from wsi_loader.models._encoder_weights import read_state, resolve_weights, weights_error
 from wsi_loader.models._specs import Model
@@ -155,6 +156,8 @@ def encoder(
         state = read_state(recipe, path)
         if recipe.architecture == "ctranspath":
             state = swin_from_original(state)
+        elif recipe.architecture == "conch_v15" and recipe.size is not None:
+            state = conch_v15_positions(state, recipe.size)
         load_checked(module, state, recipe, path)
     if precision is not None:
         module.precision = precision
@@ -172,6 +175,10 @@ def build(recipe: Recipe, device: str | torch.device = "meta") -> Encoder:
             backbone = resnet50_trunc()
         elif recipe.architecture == "ctranspath":
             backbone = _ctranspath(recipe)
+        elif recipe.architecture == "conch":
+            backbone = conch_v1(_timm(recipe), recipe.dim)
+        elif recipe.architecture == "conch_v15":
+            backbone = conch_v15(_timm(recipe), recipe.dim)
         elif recipe.architecture == "transformers":
             _import("transformers", recipe)
             raise ConfigError(
