@@ -125,21 +125,35 @@ def folded(
     strength = _norm(density)
     # ...against the tissue of its own colour around it: a fold over pale stroma is twice
     # the stroma's density, not the mean of the stroma and the dense cellular tissue beside it
-    around = np.zeros_like(density)
+    own_hue = np.zeros_like(density)
     for part in hue_parts(density, stained):
-        around[part] = _typical_around(raw, part, window)[part]
+        own_hue[part] = _typical_around(raw, part, window)[part]
+    # ...or against all the tissue around (where the hues' parts are too few to tell apart)
+    fold = _denser(density, strength, own_hue) | _denser(
+        density, strength, _typical_around(raw, stained, window)
+    )
+    fold &= stained
+    fold &= ~ndimage.binary_dilation(ink, iterations=1)
+    # a fold is an area: most of each pixel's 3 x 3 neighbours folded too (not a clump of
+    # nuclei, a speck), and the area large enough
+    fold &= ndimage.uniform_filter(fold.astype(np.float32), 3, mode="constant") >= 4.5 / 9
+    return large_parts(fold, min_area)
+
+
+def _denser(
+    density: npt.NDArray[np.float32],
+    strength: npt.NDArray[np.float32],
+    around: npt.NDArray[np.float32],
+) -> BoolArray:
+    """Pixels at least `FOLD_DENSITY` times as dense as ``around`` and of its colour."""
     around_strength = _norm(around)
     dot = density[..., 0] * around[..., 0]
     dot += density[..., 1] * around[..., 1]
     dot += density[..., 2] * around[..., 2]
     with np.errstate(invalid="ignore", divide="ignore"):
         cosine = dot / (strength * around_strength)
-    fold = stained & (strength >= FOLD_DENSITY * around_strength) & (cosine >= FOLD_HUE_COSINE)
-    fold &= ~ndimage.binary_dilation(ink, iterations=1)
-    # a fold is an area: most of each pixel's 3 x 3 neighbours folded too (not a clump of
-    # nuclei, a speck), and the area large enough
-    fold &= ndimage.uniform_filter(fold.astype(np.float32), 3, mode="constant") >= 4.5 / 9
-    return large_parts(fold, min_area)
+    found: BoolArray = (strength >= FOLD_DENSITY * around_strength) & (cosine >= FOLD_HUE_COSINE)
+    return found
 
 
 def hue_parts(density: npt.NDArray[np.float32], stained: BoolArray) -> list[BoolArray]:
