@@ -11,12 +11,16 @@
    lowest level is 1/64), 8 um/px (lowest level 1/16), and 0.25 um/px scans read at 0.5.
 1b. The same layouts painted by a second, independent painter (`synthetic._other_artefacts`:
    ink blended over the stain at 75%, a fold as a second tissue layer) beside ours: pen and
-   fold per painter, and pen per ink colour (tiles under another ink are not scored).
+   fold per painter, and pen per ink colour (tiles under another ink are not scored), on
+   every regime's slides and on the 8 um/px regime's slides in other tissue renderings
+   (`TEXTURES`: more nuclei, stained by Beer-Lambert with Macenko's and another lab's H&E).
 2. Dark field: a synthetic fluorescence slide, tissue found vs its true mask, with the
    detector chosen automatically and with brightfield forced (the old rule).
 3. The real test slides (WSI_LOADER_TEST_DATA): what each rule flags on CMU-1 and the TCGA
    slide; on the DAPI NDPI, which grid tiles are background (every level-2 pixel dark) and
    whether any of them is indexed as tissue.
+3b. Real images with ink, folds and IHC from other projects' public test data
+   (`qc_real_images.py`; fetched by `fetch_qc_images.py` into a git-ignored folder).
 4. Focus against the variance of the Laplacian of the decoded tiles (read level): Spearman's
    rank correlation over tissue tiles, and how well each separates blurred from sharp tiles
    (AUC) on the synthetic slides.
@@ -32,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 from common import scratch_folder
+from qc_real_images import DEFAULT as IMAGES_FOLDER
+from qc_real_images import real_images_section
 from scipy import ndimage, stats
 
 from wsi_loader.index import SlideIndex, build_index
@@ -47,7 +53,8 @@ REGIMES = {
     "16 um/px picture (0.25 um/px, 24k x 16k)": (24_000, 16_000, 0.25, 2.0, (11, 12)),
 }
 DARK = 7  # the DAPI NDPI's glass is 2-4/255 in its brightest channel; dim tissue 8-20
-QUICK = {"8 um/px picture (0.5 um/px, 16k x 8k)": (16_000, 8_000, 0.5, 1.0, (1,))}
+EIGHT = "8 um/px picture (0.5 um/px, 16k x 8k)"
+QUICK = {EIGHT: (16_000, 8_000, 0.5, 1.0, (1,))}
 
 
 def slide_for(scratch: Path, spec: SlideSpec, name: str) -> Path:
@@ -137,44 +144,76 @@ def synthetic_section(scratch: Path, regimes: dict[str, tuple]) -> dict[str, lis
 
 PAINTERS = ("ours", "other")
 INKS = ("blue", "green", "black", "red")
+# tissue renderings the painters' artefacts are laid on, beside the default texture (on the
+# 8 um/px regime's slides): more nuclei, and stained by Beer-Lambert with known vectors
+TEXTURES: dict[str, dict[str, object]] = {
+    "default": {},
+    "nuclei x2": {"nuclei": 2.0},
+    "Macenko's H&E": {"stain": ((0.5626, 0.7201, 0.4062), (0.2159, 0.8012, 0.5581))},
+    "another H&E, H x1.4, E x0.7": {
+        "stain": ((0.65, 0.70, 0.29), (0.30, 0.80, 0.45)), "amounts": (1.4, 0.7)
+    },
+}  # fmt: skip
 
 
-def painters_section(scratch: Path, regimes: dict[str, tuple]) -> None:  # type: ignore[type-arg]
+def renderings(regimes: dict[str, tuple], quick: bool) -> list[tuple[str, SlideSpec, float]]:  # type: ignore[type-arg]
+    """(texture, plain slide, artefact scale) of every regime's seeds in the default texture,
+    and of the 8 um/px regime's seeds in the other textures (one texture with --quick)."""
+    out = []
+    for width, height, mpp, scale, seeds in regimes.values():
+        for seed in seeds:
+            out.append(
+                ("default", SlideSpec(width=width, height=height, seed=seed, mpp=mpp), scale)
+            )
+    width, height, mpp, scale, seeds = regimes.get(EIGHT, QUICK[EIGHT])
+    for texture, options in list(TEXTURES.items())[1 : 2 if quick else None]:
+        for seed in seeds:
+            plain = SlideSpec(width=width, height=height, seed=seed, mpp=mpp, **options)  # type: ignore[arg-type]
+            out.append((texture, plain, scale))
+    return out
+
+
+def painters_section(scratch: Path, regimes: dict[str, tuple], quick: bool = False) -> None:  # type: ignore[type-arg]
     """Per rule and per ink colour, on artefacts of both painters (`_artefacts`, which the
     rules were tuned on, and `_other_artefacts`: ink blended over the stain at 75%, a fold
-    as a second tissue layer): recall of tiles at least half covered, precision over tiles
-    under 2% covered."""
+    as a second tissue layer) over several tissue renderings: recall of tiles at least half
+    covered, precision over tiles under 2% covered."""
     print("\n## QC rules on artefacts of two painters (tile precision / recall)\n")
-    print("| painter | rule | ink | positives | precision | recall |")
-    print("|---|---|---|---|---|---|")
+    print("| painter | tissue | slides | rule | ink | positives | precision | recall |")
+    print("|---|---|---|---|---|---|---|---|")
     for painter in PAINTERS:
-        totals: dict[str, Score] = {}
-        for _regime, (width, height, mpp, scale, seeds) in regimes.items():
-            for seed in seeds:
-                plain = SlideSpec(width=width, height=height, seed=seed, mpp=mpp)
-                spec = replace(with_qc_artefacts(plain, scale=scale), artefact_painter=painter)
-                name = f"qc-{painter}-{width}x{height}-{mpp}-{seed}"
-                index = fresh_index(slide_for(scratch, spec, name), scratch / "idx-paint",
-                                    tile_size=256, mpp=0.5)  # fmt: skip
-                truth = tile_truth(spec, index)
-                flagged = qc.flags(index.columns)
-                for rule in ("pen", "fold"):
-                    found = score(rule, flagged[rule], truth)
-                    totals[rule] = totals[rule] + found if rule in totals else found
-                for ink in INKS:
-                    strokes = tuple(a for a in spec.artefacts if getattr(a, "ink", None) == ink)
-                    own = tile_truth(replace(spec, artefacts=strokes), index)
-                    # tiles under another ink are neither positives nor negatives here
-                    elsewhere = (truth["pen"] >= 0.02) & (own["pen"] < 0.5)
-                    own["pen"] = np.where(elsewhere, 0.1, own["pen"]).astype(np.float32)
-                    found = score("pen", flagged["pen"], own)
-                    key = f"pen {ink}"
-                    totals[key] = totals[key] + found if key in totals else found
-        for key, s in totals.items():
+        totals: dict[tuple[str, str], Score] = {}
+        slides: dict[str, int] = {}
+        for texture, plain, scale in renderings(regimes, quick):
+            spec = replace(with_qc_artefacts(plain, scale=scale), artefact_painter=painter)
+            tag = "-".join(f"{k}{v}" for k, v in TEXTURES[texture].items())
+            name = f"qc-{painter}-{plain.width}x{plain.height}-{plain.mpp}-{plain.seed}{tag}"
+            name = name.replace(" ", "").replace("(", "").replace(")", "").replace(",", "_")
+            index = fresh_index(slide_for(scratch, spec, name), scratch / "idx-paint",
+                                tile_size=256, mpp=0.5)  # fmt: skip
+            slides[texture] = slides.get(texture, 0) + 1
+            truth = tile_truth(spec, index)
+            flagged = qc.flags(index.columns)
+            found_here: dict[str, Score] = {}
+            for rule in ("pen", "fold"):
+                found_here[rule] = score(rule, flagged[rule], truth)
+            for ink in INKS:
+                strokes = tuple(a for a in spec.artefacts if getattr(a, "ink", None) == ink)
+                own = tile_truth(replace(spec, artefacts=strokes), index)
+                # tiles under another ink are neither positives nor negatives here
+                elsewhere = (truth["pen"] >= 0.02) & (own["pen"] < 0.5)
+                own["pen"] = np.where(elsewhere, 0.1, own["pen"]).astype(np.float32)
+                found_here[f"pen {ink}"] = score("pen", flagged["pen"], own)
+            for key, found in found_here.items():
+                for where in (texture, "all"):
+                    old = totals.get((where, key))
+                    totals[(where, key)] = found if old is None else old + found
+        slides["all"] = sum(slides.values())
+        for (texture, key), s in sorted(totals.items(), key=lambda kv: kv[0][0] != "all"):
             rule, _, ink = key.partition(" ")
             print(
-                f"| {painter} | {rule} | {ink or 'all'} | {s.positives} | "
-                f"{s.precision:.3f} | {s.recall:.3f} |"
+                f"| {painter} | {texture} | {slides[texture]} | {rule} | {ink or 'all'} | "
+                f"{s.positives} | {s.precision:.3f} | {s.recall:.3f} |"
             )
 
 
@@ -307,12 +346,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scratch", default=None, help="folder for the synthetic slides")
     parser.add_argument("--quick", action="store_true", help="one slide of one regime")
+    parser.add_argument(
+        "--images", type=Path, default=IMAGES_FOLDER, help="real images (qc_real_images.py)"
+    )
     args = parser.parse_args()
     scratch = scratch_folder(args.scratch, "wsi-qc-")
     pairs = synthetic_section(scratch, QUICK if args.quick else REGIMES)
-    painters_section(scratch, QUICK if args.quick else REGIMES)
+    painters_section(scratch, QUICK if args.quick else REGIMES, args.quick)
     dark_field_section(scratch)
     real_section(scratch)
+    real_images_section(args.images)
     focus_section(pairs, scratch)
 
 

@@ -376,3 +376,56 @@ def test_a_slide_that_is_not_h_and_e_is_said_to_be(testdata: Path, tmp_path: Pat
     for name in names[1:]:
         assert "fits H&E poorly" not in (by_name[name].warning or "")
         assert max(by_name[name].stain["he_deg"]) < 20  # type: ignore[index]
+
+
+# an H-DAB IHC stain: Ruifrok and Johnston's haematoxylin, and a DAB a little greener than
+# theirs (0.268, 0.570, 0.776): brown still (it absorbs blue most, red least), but within the
+# angle H&E slides' eosin keeps from Macenko's
+H_DAB = ((0.650, 0.704, 0.286), (0.330, 0.620, 0.710))
+
+
+def test_an_h_dab_slide_is_said_not_to_be_h_and_e(make_slide: SlideFactory, tmp_path: Path) -> None:
+    """DAB lies 15-19 degrees from Macenko's eosin, within H&E slides' spread, but it is
+    brown: it absorbs blue most and red about half as much as green, where eosin absorbs
+    green and hardly any red. A synthetic H-DAB slide is said not to be H&E, and the pen
+    rule flags none of its tissue (DAB is neither ink nor a blue stain)."""
+    slide = make_slide(width=4000, height=3000, seed=6, stain=H_DAB)
+    index = build_index([slide], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.5)
+    record = index.slides[0]
+    assert record.stain is not None and max(record.stain["he_deg"]) < 20  # angles miss it
+    assert record.stain["e_lean"] < 0.35
+    assert "fits H&E poorly" in (record.warning or "")
+    pen = index.columns["qc_pen"]
+    assert len(pen) >= 10 and (pen >= 0.1).sum() == 0
+
+
+def test_h_and_e_and_ihc_test_slides_are_apart_by_eosin_s_lean(
+    testdata: Path, tmp_path: Path
+) -> None:
+    """The E vector's lean to green (away from red) separates the real IHC slide from the
+    real H&E slides by a wide margin, not just the angles (the IHC's E at 23 degrees, the
+    H&E slides' within 15)."""
+    names = ["kidney-48-5.tif", "CMU-1-Small-Region.svs", "tcga-cr-7395-01a-01-ts1.svs"]
+    index = build_index([testdata / n for n in names], tmp_path / "idx", tile_size=224, level=0)
+    lean = {Path(s.path).name: s.stain["e_lean"] for s in index.slides if s.stain}
+    assert lean["kidney-48-5.tif"] < 0.2
+    assert min(lean[n] for n in names[1:]) > 0.5
+
+
+def test_index_and_info_summaries_say_which_slides_are_not_h_and_e(
+    testdata: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Beside each slide's warning, the build's closing lines and ``info``'s stain line
+    count the slides that do not look like H&E, and name them."""
+    slides = [str(testdata / n) for n in ("kidney-48-5.tif", "CMU-1-Small-Region.svs")]
+    out = str(tmp_path / "idx")
+    main(["index", *slides, "--out", out, "--tile-size", "224", "--level", "0", "--no-progress"])
+    said = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("stain: 1 slide not H&E") and "kidney-48-5.tif" in line
+               for line in said), said  # fmt: skip
+    assert main(["info", out]) == 0
+    shown = capsys.readouterr().out
+    assert "1 slide not H&E (kidney-48-5.tif)" in shown
+    assert main(["info", out, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["stain"]["not_he"] == [slides[0]]

@@ -278,6 +278,17 @@ def one_line(text: object) -> str:
     return _CONTROLS.sub(_escaped, str(text))
 
 
+def not_he_text(paths: object, before: str = "") -> str:
+    """``before`` and how many slides' stain does not look like H&E, with their file names
+    (the first three); nothing when none (or an older index's summary without the list)."""
+    if not isinstance(paths, list) or not paths:
+        return ""
+    names = ", ".join(one_line(os.path.basename(str(p))) for p in paths[:3])
+    more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+    slides = "slide" if len(paths) == 1 else "slides"
+    return f"{before}{len(paths)} {slides} not H&E ({names}{more})"
+
+
 def printable(text: str) -> str:
     """``text`` with control characters escaped but its line and tab breaks kept."""
     return _CONTROLS_BUT_LINES.sub(_escaped, text)

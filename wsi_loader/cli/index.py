@@ -14,6 +14,7 @@ from wsi_loader.cli.common import (
     dask_client,
     labels_line,
     magnification_arg,
+    not_he_text,
     one_line,
     qc_counts_text,
     ray_executor,
@@ -347,6 +348,10 @@ def run(args: argparse.Namespace) -> int:
     checked = qc_line(index)
     if checked:
         print(checked, file=sys.stderr)
+    other_stains = not_he_text(index.summary()["stain"]["not_he"])
+    if other_stains:  # normalisation and QC assume H&E; each slide's warning says why
+        print(f"stain: {other_stains}: IHC, Giemsa...? (each slide's warning says why)",
+              file=sys.stderr)  # fmt: skip
     # an index without a tile trains nothing, whether its slides failed or gave no tile:
     # an error either way (the index is written, so `info` can show each slide)
     if not ok:

@@ -13,6 +13,7 @@ from wsi_loader.cli.common import (
     Subparsers,
     counts_line,
     labels_line,
+    not_he_text,
     one_line,
     open_index,
     printable,
@@ -99,7 +100,7 @@ def human_summary(summary: dict[str, Any], only_failed: bool = False) -> str:
         lines.append(
             f"stain: {stain['estimated']} of {sum(s['status'] == 'ok' for s in slides)} slides "
             f"estimated; median H {_vector(ref['H'])} "
-            f"E {_vector(ref['E'])} (wsi-loader stain)"
+            f"E {_vector(ref['E'])} (wsi-loader stain)" + not_he_text(stain.get("not_he"), "; ")
         )
     if summary.get("qc"):
         lines.append(qc_summary_line(summary["qc"], summary["tiles"]))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -182,10 +182,12 @@ def qc_filter(*rules: str, **limits: float) -> QcFilter:
 
 @dataclass(frozen=True)
 class QcResult:
-    """The QC columns of every grid tile of a slide, and the slide's summary."""
+    """The QC columns of every grid tile of a slide, and the slide's summary; ``areas``:
+    the pixels of the QC picture each artefact covers (to draw them)."""
 
     columns: dict[str, FloatArray]
     summary: dict[str, Any]
+    areas: Mapping[str, BoolArray] = field(default_factory=dict)
 
 
 def measure(
@@ -267,7 +269,7 @@ def measure(
         for name, mask in areas.items()
     }
     ordered = {name: columns[name].astype(np.float32) for name in QC_COLUMNS}
-    return QcResult(ordered, summary)
+    return QcResult(ordered, summary, areas)
 
 
 def _resized(mask: BoolArray, size: tuple[int, int]) -> BoolArray:

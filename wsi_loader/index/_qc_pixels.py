@@ -46,6 +46,7 @@ BLACK_INK_CHROMA = 35  # ...and channels this close (dense nuclei are purple eve
 
 FOLD_DENSITY = 1.8  # a fold absorbs this many times the tissue around it, or more
 FOLD_HUE_COSINE = 0.97  # ...in the same colour (two layers of the same tissue)
+HUE_PARTS = 3  # a fold is compared with the tissue around of its own hue: this many hues
 
 
 @cache
@@ -115,30 +116,65 @@ def folded(
     rims of pen strokes (ink thinning out over tissue) are no folds."""
     if not stained.any():
         return np.zeros(stained.shape, dtype=bool)
-    density = optical_density(rgb)
-    strength = _norm(density)
-    # the tissue around: a mean that leaves out what is much denser than a first mean
-    around = local_mean(density, stained, window)
-    typical = stained & (strength <= 1.3 * _norm(around))
-    around = local_mean(density, typical if typical.any() else stained, window)
-    around_strength = _norm(around)
-    # a fold is an area: each pixel is judged by its 3 x 3 neighbourhood's density, so the
-    # speckle of nuclei and noise neither makes nor breaks one
     from scipy import ndimage  # here: index readers (spawned workers) need no scipy
 
-    density = ndimage.uniform_filter(density, (3, 3, 1), mode="nearest")
+    raw = optical_density(rgb)
+    # a fold is an area: each pixel is judged by its 3 x 3 neighbourhood's density, so the
+    # speckle of nuclei and noise neither makes nor breaks one
+    density = ndimage.uniform_filter(raw, (3, 3, 1), mode="nearest")
     strength = _norm(density)
-    dot = density[..., 0] * around[..., 0]
-    dot += density[..., 1] * around[..., 1]
-    dot += density[..., 2] * around[..., 2]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cosine = dot / (strength * around_strength)
-    fold = stained & (strength >= FOLD_DENSITY * around_strength) & (cosine >= FOLD_HUE_COSINE)
+    # ...against the tissue of its own colour around it: a fold over pale stroma is twice
+    # the stroma's density, not the mean of the stroma and the dense cellular tissue beside it
+    own_hue = np.zeros_like(density)
+    for part in hue_parts(density, stained):
+        own_hue[part] = _typical_around(raw, part, window)[part]
+    # ...or against all the tissue around (where the hues' parts are too few to tell apart)
+    fold = _denser(density, strength, own_hue) | _denser(
+        density, strength, _typical_around(raw, stained, window)
+    )
+    fold &= stained
     fold &= ~ndimage.binary_dilation(ink, iterations=1)
     # a fold is an area: most of each pixel's 3 x 3 neighbours folded too (not a clump of
     # nuclei, a speck), and the area large enough
     fold &= ndimage.uniform_filter(fold.astype(np.float32), 3, mode="constant") >= 4.5 / 9
     return large_parts(fold, min_area)
+
+
+def _denser(
+    density: npt.NDArray[np.float32],
+    strength: npt.NDArray[np.float32],
+    around: npt.NDArray[np.float32],
+) -> BoolArray:
+    """Pixels at least `FOLD_DENSITY` times as dense as ``around`` and of its colour."""
+    around_strength = _norm(around)
+    dot = density[..., 0] * around[..., 0]
+    dot += density[..., 1] * around[..., 1]
+    dot += density[..., 2] * around[..., 2]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cosine = dot / (strength * around_strength)
+    found: BoolArray = (strength >= FOLD_DENSITY * around_strength) & (cosine >= FOLD_HUE_COSINE)
+    return found
+
+
+def hue_parts(density: npt.NDArray[np.float32], stained: BoolArray) -> list[BoolArray]:
+    """The stained pixels split into `HUE_PARTS` of about equal size by their hue (the red
+    share of their optical density: haematoxylin's is large, eosin's small)."""
+    total = density.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        red = np.where(total > 0, density[..., 0] / total, 0.0)
+    edges = np.quantile(red[stained], np.linspace(0, 1, HUE_PARTS + 1)[1:-1])
+    part = np.digitize(red, edges)
+    return [stained & (part == i) for i in range(HUE_PARTS)]
+
+
+def _typical_around(
+    density: npt.NDArray[np.float32], pixels: BoolArray, window: int
+) -> npt.NDArray[np.float32]:
+    """The mean density of ``pixels`` around each pixel, leaving out those much denser than
+    a first such mean (folds and clumps must not raise their own reference)."""
+    around = local_mean(density, pixels, window)
+    typical = pixels & (_norm(density) <= 1.3 * _norm(around))
+    return local_mean(density, typical if typical.any() else pixels, window)
 
 
 def _norm(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:

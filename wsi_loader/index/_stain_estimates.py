@@ -54,6 +54,11 @@ MIN_SEPARATION_DEG = 5.0  # H and E closer than this are not two stains
 MAX_OFF_REFERENCE_DEG = 40.0  # a vector further than this from the H&E reference: not H&E
 GREY_CHROMA = 20  # stained tissue is coloured: pixels with channels this close are not stain
 NOT_HE_DEG = (25.0, 20.0)  # H, E further than this from the reference: said to be not H&E
+# ...or an E that leans to green (its unit OD vector's green minus red) less than this: eosin
+# absorbs green and hardly any red (the reference's lean is 0.585), DAB is brown, absorbing
+# blue most and red about half as much as green (Ruifrok's DAB: 0.30), which angles alone
+# hardly tell from eosin (DAB lies 15-19 degrees from the reference E, as eosins do)
+MIN_E_LEAN = 0.35
 METHOD = 3  # slide estimates of this method (sampled at the read level) are kept on rebuild
 # what a stain read from a file may hold: OD vectors of a norm near 1, maximum concentrations
 # (optical densities) and CIELAB values of an image
@@ -103,6 +108,7 @@ class StainEstimate:
             "pixels": self.pixels,
             # how well the slide fits H&E: its vectors' angles to Macenko's H and E
             "he_deg": [round(v, 2) for v in self.he_angles()],
+            "e_lean": round(self.e_lean(), 3),
             **({"source": self.source, "method": METHOD} if self.source else {}),
         }
 
@@ -110,16 +116,24 @@ class StainEstimate:
         """The angles (degrees) of H and E to Macenko's reference H and E vectors."""
         return angle_deg(self.h, REFERENCE_H), angle_deg(self.e, REFERENCE_E)
 
+    def e_lean(self) -> float:
+        """How much the second stain absorbs green more than red (its unit OD vector's green
+        minus red): eosin's is large, a brown DAB's small (`MIN_E_LEAN`)."""
+        return self.e[1] - self.e[0]
+
     def not_he(self) -> str | None:
         """Why this stain does not look like H&E (an IHC's DAB, a Giemsa's blues), or None:
-        vectors further from H&E's than H&E slides' are (`NOT_HE_DEG`)."""
+        vectors further from H&E's than H&E slides' are (`NOT_HE_DEG`), or a second stain
+        that is not pink (`MIN_E_LEAN`)."""
         off_h, off_e = self.he_angles()
-        if off_h <= NOT_HE_DEG[0] and off_e <= NOT_HE_DEG[1]:
+        lean = self.e_lean()
+        if off_h <= NOT_HE_DEG[0] and off_e <= NOT_HE_DEG[1] and lean >= MIN_E_LEAN:
             return None
         return (
             f"the stain fits H&E poorly (H {off_h:.0f} and E {off_e:.0f} degrees from H&E's; "
-            f"H&E slides are within {NOT_HE_DEG[0]:.0f} and {NOT_HE_DEG[1]:.0f}): not an H&E "
-            "slide (IHC, Giemsa...)? Stain normalisation and the QC rules assume H&E"
+            f"H&E slides are within {NOT_HE_DEG[0]:.0f} and {NOT_HE_DEG[1]:.0f}; E leans to "
+            f"green by {lean:.2f}, eosin by at least {MIN_E_LEAN:.2f}): not an H&E slide "
+            "(IHC, Giemsa...)? Stain normalisation and the QC rules assume H&E"
         )
 
     @classmethod
@@ -430,12 +444,18 @@ def slide_estimates(
 
 
 def summary(records: Iterable[tuple[str, Mapping[str, Any] | None]]) -> dict[str, Any]:
-    """``info --json``'s ``stain``: how many slides have an estimate, and the archive
-    reference (their median) when any has."""
-    found = [s for s in slide_estimates(records) if s is not None]
+    """``info --json``'s ``stain``: how many slides have an estimate, the archive reference
+    (their median) when any has, and the paths of the slides whose stain does not look like
+    H&E (`StainEstimate.not_he`)."""
+    listed = list(records)
+    estimates = slide_estimates(listed)
+    found = [s for s in estimates if s is not None]
     return {
         "estimated": len(found),
         "reference": archive_reference(found).as_json() if found else None,
+        "not_he": [
+            path for (path, _), s in zip(listed, estimates, strict=True) if s and s.not_he()
+        ],
     }
 
 
