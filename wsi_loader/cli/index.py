@@ -235,12 +235,12 @@ def qc_threshold(value: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"not a number in {value!r}") from None
 
 
-def qc_line(index: SlideIndex) -> str | None:
-    """What quality control left out and flagged over the index, in one line."""
-    totals = index.summary()["qc"]
+def qc_line(totals: dict[str, Any] | None, tiles: int) -> str | None:
+    """What quality control left out and flagged over the index (``totals``: the ``qc`` of
+    its `SlideIndex.summary`), in one line."""
     if totals is None:
         return None
-    counts = qc_counts_text(totals["flagged"], totals["excluded"], len(index), "--qc-exclude")
+    counts = qc_counts_text(totals["flagged"], totals["excluded"], tiles, "--qc-exclude")
     return f"quality control: {counts}"
 
 
@@ -345,13 +345,16 @@ def run(args: argparse.Namespace) -> int:
     annotated = index.meta.get("annotations_report")
     if annotated:
         print(annotations_line(annotated), file=sys.stderr)
-    checked = qc_line(index)
+    summary = index.summary()  # reads every slide's records: once
+    checked = qc_line(summary["qc"], len(index))
     if checked:
         print(checked, file=sys.stderr)
-    other_stains = not_he_text(index.summary()["stain"]["not_he"])
+    other_stains = not_he_text(summary["stain"]["not_he"])
     if other_stains:  # normalisation and QC assume H&E; each slide's warning says why
-        print(f"stain: {other_stains}: IHC, Giemsa...? (each slide's warning says why)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"stain: {other_stains}: IHC, Giemsa...? (each slide's warning says why)",
+            file=sys.stderr,
+        )
     # an index without a tile trains nothing, whether its slides failed or gave no tile:
     # an error either way (the index is written, so `info` can show each slide)
     if not ok:
