@@ -296,11 +296,15 @@ def make_loader(
     `wsi_loader.device.DeviceLoader` to decode (on the GPU when there is one).
     ``reuse_buffers``: each reading process recycles a batch buffer once no tensor over it is
     left in the process that received the batch (saves the page faults of fresh shared memory,
-    ~20% of a worker's time); batches sent on to other processes are copied by torch, so
-    holding or forwarding batches is always safe. ``prefetch``: each reading process is told
-    the rows of its next ``prefetch`` batches and requests their bytes before decoding the
-    current one (range requests for slides on object storage, read-ahead for local files;
-    bounded by the dataset's ``prefetch_mb``; see `wsi_loader.dataset._look_ahead`).
+    ~20% of a worker's time); worker processes write into slots of a shared ring made once per
+    set of workers and send only the slot number (`wsi_loader.dataset._transport`), and a
+    worker whose slots the consumer all still holds sends that batch through torch's shared
+    memory instead (counted in ``loader.ring_fallbacks``); batches sent on to other processes
+    are copied by torch, so holding or forwarding batches is always safe. ``prefetch``: each
+    reading process is told the rows of its next ``prefetch`` batches and requests their bytes
+    before decoding the current one (range requests for slides on object storage, read-ahead
+    for local files; bounded by the dataset's ``prefetch_mb``; see
+    `wsi_loader.dataset._look_ahead`).
     ``timeout`` (seconds; needs workers): no batch for that long raises `LoaderTimeoutError`
     (a `TimeoutError`) naming the slides the workers were reading (a hung network share, a
     file that blocks) instead of waiting forever. Workers start as they do for local slides

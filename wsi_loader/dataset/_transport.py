@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PAGE = mmap.PAGESIZE
+PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every CUDA context (as torch does)
 ALIGN = HEADER_BYTES  # each tensor of a slot starts 64-byte aligned, like a ring buffer's pixels
 
 Shapes = tuple[tuple[int, ...], ...]
@@ -242,7 +243,7 @@ class SlotRing:
             if address in mapping.pinned or not self.pin:
                 return
             error = int(
-                torch.cuda.cudart().cudaHostRegister(address, self.slot_bytes, 0)  # type: ignore[no-untyped-call]
+                torch.cuda.cudart().cudaHostRegister(address, self.slot_bytes, PORTABLE)  # type: ignore[no-untyped-call]
             )
             if error != 0:
                 self.pin = False  # torch's pin_memory copies the batches instead
