@@ -41,7 +41,7 @@ class BatchReads(Dataset[TileBatch]):
     def __len__(self) -> int:
         return len(self.tiles)
 
-    def open_ring(self, workers: int, pin: bool) -> SlotRing | None:
+    def open_ring(self, workers: int) -> SlotRing | None:
         """A new ring of batch slots for ``workers`` worker processes about to start (kept as
         ``self.ring``, which they inherit or receive); None when buffers are not reused, when
         a ``batch_transform`` may return tensors of its own, or without ``memfd``."""
@@ -54,7 +54,7 @@ class BatchReads(Dataset[TileBatch]):
         shapes = [(n, t, t, 3)] + [(n, size, size, 3) for _, size in self.tiles.context]
         # as many batches per worker as its BufferRing had buffers (see make_loader)
         per_worker = max(1, self.buffers.capacity // len(shapes))
-        self.ring = SlotRing(workers, per_worker, slot_layout(shapes)[1], pin=pin)
+        self.ring = SlotRing(workers, per_worker, slot_layout(shapes)[1])
         return self.ring
 
     def __getitem__(self, rows: Sequence[int] | BatchPlan) -> TileBatch:

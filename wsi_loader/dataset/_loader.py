@@ -107,9 +107,7 @@ class TileLoader(DataLoader[TileBatch]):
         ring = None
         if self.num_workers and isinstance(self.dataset, BatchReads):
             self._fallbacks_before = self.ring_fallbacks
-            # batches are pinned where they arrive, when CUDA is there to pin them for
-            pin = self.pin_memory and torch.cuda.is_available()
-            ring = self.dataset.open_ring(self.num_workers, pin) if self.use_ring else None
+            ring = self.dataset.open_ring(self.num_workers) if self.use_ring else None
             self.dataset.ring = self._ring = ring
         try:
             with sigint_held_for_new_workers(self.multiprocessing_context):

@@ -21,23 +21,24 @@ persistent workers): a worker that died holding a slot, or batches of stopped wo
 received, leave nothing behind for the next set. Batches drained by torch (an epoch left in
 the middle, with persistent workers) are received and dropped, which frees their slots.
 
-Pinned: a consumer that pins batches for CUDA registers each slot with CUDA (page-locked) the
-first time a batch arrives in it, so torch's ``pin_memory`` returns the batch as it is instead
-of copying it. Registration happens after the workers have started from this process (CUDA
-may exclude registered memory from fork), and is undone when the mapping goes.
+Not page-locked: with ``pin_memory`` torch's pin thread still copies each batch into its own
+pinned memory, and the slot is free again once that copy is done. Registering the slots with
+CUDA (``cudaHostRegister``) would save that copy, but an asynchronous copy to the device from
+memory torch did not allocate is not tracked by torch (its pinned allocator records an event
+per copy and keeps the block until it completes): a batch dropped right after
+``.to("cuda", non_blocking=True)`` would free its slot while the copy still reads it, and the
+worker could overwrite it. Doing it safely needs the copy's stream event kept by the lease.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import mmap
 import multiprocessing.context
 import multiprocessing.reduction
 import os
 import secrets
-import threading
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -59,10 +60,7 @@ from wsi_loader.dataset._buffers import (
 if TYPE_CHECKING:
     from wsi_loader.dataset._batch import TileBatch
 
-log = logging.getLogger(__name__)
-
 PAGE = mmap.PAGESIZE
-PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every CUDA context (as torch does)
 ALIGN = HEADER_BYTES  # each tensor of a slot starts 64-byte aligned, like a ring buffer's pixels
 
 Shapes = tuple[tuple[int, ...], ...]
@@ -85,8 +83,7 @@ def slot_layout(shapes: Sequence[tuple[int, ...]]) -> tuple[list[int], int]:
 
 
 class _Mapping:
-    """One process's mapping of a ring; numpy arrays over it keep it (and the mmap) alive, so
-    CUDA registrations are undone only once no tensor over the ring is left."""
+    """One process's mapping of a ring; numpy arrays over it keep it (and the mmap) alive."""
 
     def __init__(self, fd: int, size: int) -> None:
         self._map = mmap.mmap(fd, size)
@@ -95,13 +92,6 @@ class _Mapping:
         self.__array_interface__ = whole.__array_interface__
         self._whole = whole
         self._pid = os.getpid()
-        self.pinned: set[int] = set()  # start addresses registered with CUDA
-
-    def __del__(self) -> None:
-        if self.pinned and self._pid == os.getpid():  # never in a forked child
-            cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-            for address in self.pinned:
-                cudart.cudaHostUnregister(address)
 
 
 class RingSlot(NamedTuple):
@@ -125,9 +115,7 @@ class SlotRing:
     made in the consumer before the workers start. Pickles (for spawn and forkserver workers)
     with its memory file while a process is being started, and without it otherwise."""
 
-    def __init__(
-        self, workers: int, slots_per_worker: int, slot_bytes: int, pin: bool = False
-    ) -> None:
+    def __init__(self, workers: int, slots_per_worker: int, slot_bytes: int) -> None:
         if workers < 1 or slots_per_worker < 1 or slot_bytes < 1:
             raise ValueError(f"a ring needs slots: {workers}, {slots_per_worker}, {slot_bytes}")
         self.workers, self.slots_per_worker = workers, slots_per_worker
@@ -136,12 +124,10 @@ class SlotRing:
         self.header_bytes = _round_up(8 * (slots + workers), PAGE)
         self.size = self.header_bytes + slots * self.slot_bytes
         self.token = secrets.token_hex(8)
-        self.pin = pin
         self._consumer = os.getpid()
         self._fd: int | None = os.memfd_create("wsi-loader-batches", os.MFD_CLOEXEC)
         os.ftruncate(self._fd, self.size)  # pages are allocated when first written
         self._mapping: _Mapping | None = _Mapping(self._fd, self.size)
-        self._lock = threading.Lock()
         _RINGS[self.token] = self
 
     @staticmethod
@@ -149,7 +135,7 @@ class SlotRing:
         return hasattr(os, "memfd_create")
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_mapping", "_lock")}
+        state = {k: v for k, v in self.__dict__.items() if k != "_mapping"}
         spawning = multiprocessing.context.get_spawning_popen() is not None
         # the descriptor goes with a process being started (as its arguments), nowhere else
         state["_fd"] = (
@@ -161,7 +147,7 @@ class SlotRing:
         fd = state.pop("_fd")
         self.__dict__.update(state)
         self._fd = None if fd is None else fd.detach()
-        self._mapping, self._lock = None, threading.Lock()
+        self._mapping = None
 
     def workers_started(self) -> None:
         """In the consumer, once its workers have the memory: close the descriptor (the memory
@@ -227,8 +213,6 @@ class SlotRing:
             raise RuntimeError("a ring's batches are received only by the process that made it")
         offsets, used = slot_layout(shapes)
         start = self.header_bytes + slot * self.slot_bytes
-        if self.pin:
-            self._pin_slot(mapping, start)
         whole = np.asarray(mapping)
         flags = self.flags()
         held = np.asarray(_Lease(whole[start : start + used], flags[slot : slot + 1]))
@@ -236,20 +220,6 @@ class SlotRing:
             torch.from_numpy(held[at : at + math.prod(shape)].reshape(shape))
             for at, shape in zip(offsets, shapes, strict=True)
         ]
-
-    def _pin_slot(self, mapping: _Mapping, start: int) -> None:
-        address = mapping.address + start
-        with self._lock:
-            if address in mapping.pinned or not self.pin:
-                return
-            error = int(
-                torch.cuda.cudart().cudaHostRegister(address, self.slot_bytes, PORTABLE)  # type: ignore[no-untyped-call]
-            )
-            if error != 0:
-                self.pin = False  # torch's pin_memory copies the batches instead
-                log.warning("could not page-lock the batch slots (cudaError %d)", error)
-                return
-            mapping.pinned.add(address)
 
 
 def receive(token: str, slot: int, shapes: Shapes) -> list[torch.Tensor]:
