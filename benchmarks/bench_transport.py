@@ -7,7 +7,8 @@ Two loaders over the same random aligned 256 px tiles (batch 64), ``--workers`` 
 processes each, persistent, made once and warmed by one epoch: ``torch`` (each batch in a
 reused buffer of torch's shared memory, its file descriptor passed to the consumer per batch:
 the transport before `wsi_loader.dataset._transport`) and ``ring`` (the default: a slot number
-per batch). Epochs are interleaved (one of each in turn, ``--rounds`` times). Printed per way:
+per batch). Epochs are interleaved (one of each in turn, ``--rounds`` times, the order reversed
+every other round). Printed per way:
 tiles/s, the consumer's CPU per batch (``time.process_time`` around each ``next``, this
 process), the workers' CPU per batch (from /proc), best and median over the rounds, and the
 ratio ring / torch from the same run. ``--busy N``: N other processes spin on a core each.
@@ -93,9 +94,10 @@ def main() -> None:
     with busy_cores(args.busy):
         for loader in loaders.values():
             one_epoch(loader)  # workers started, page cache and buffers warm
-        for _ in range(args.rounds):
-            for way, loader in loaders.items():
-                results[way].append(one_epoch(loader))
+        for n in range(args.rounds):
+            order = list(loaders) if n % 2 == 0 else list(reversed(loaders))  # ABBA: no side
+            for way in order:  # always second
+                results[way].append(one_epoch(loaders[way]))
     print(
         f"{args.workers} {args.context} workers, batch 64 of 256 px, {args.tiles} tiles a "
         f"round, {args.rounds} rounds interleaved, {args.busy} busy; load average "
