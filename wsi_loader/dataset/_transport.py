@@ -119,7 +119,7 @@ class SlotRing:
         if workers < 1 or slots_per_worker < 1 or slot_bytes < 1:
             raise ValueError(f"a ring needs slots: {workers}, {slots_per_worker}, {slot_bytes}")
         self.workers, self.slots_per_worker = workers, slots_per_worker
-        self.slot_bytes = _round_up(slot_bytes, PAGE)  # a slot is registered with CUDA alone
+        self.slot_bytes = _round_up(slot_bytes, PAGE)  # each slot starts a page of its own
         slots = workers * slots_per_worker
         self.header_bytes = _round_up(8 * (slots + workers), PAGE)
         self.size = self.header_bytes + slots * self.slot_bytes
