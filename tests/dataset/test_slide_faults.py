@@ -232,7 +232,7 @@ def test_failed_reads_leave_no_buffer_in_cyclic_garbage(
 
     import torch
 
-    from wsi_loader.dataset import _tiles as tiles
+    from wsi_loader.dataset import _transport as transport
 
     buffers: list[weakref.ref[np.ndarray]] = []
 
@@ -241,7 +241,7 @@ def test_failed_reads_leave_no_buffer_in_cyclic_garbage(
         buffers.append(weakref.ref(array))
         return torch.from_numpy(array)
 
-    monkeypatch.setattr(tiles, "fresh_buffer", tracked_buffer)
+    monkeypatch.setattr(transport, "fresh_buffer", tracked_buffer)
     index = _build(archive, tmp_path / "idx")
     ds = TileDataset(index)
     if vanished == "slide":

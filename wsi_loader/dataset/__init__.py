@@ -17,11 +17,12 @@ torch:
 - `_tiles`: `TileDataset`; `_bags`: `SlideBagDataset`; `_feature_bags`: `FeatureBagDataset`
   and `pad_bags` over the h5 files `features` writes
 - `_samplers`: `DistributedTileSampler`, `BalancedTileSampler` (permutations, not lists)
-- `_loader`: `make_loader`, a DataLoader whose workers read whole batches (`_batch`:
-  `TileBatch`; `_buffers`: batch buffers reused once released; `_look_ahead`: the next
-  batches' bytes fetched while decoding; `_worker_exit`: workers that end cleanly;
-  `_choice`: threads or worker processes for ``num_workers="auto"``; `_threaded`: batches
-  read by a thread of the consumer's process, ahead of it)
+- `_loader`: `make_loader`, a DataLoader whose workers read whole batches (`_batch_reads`: the
+  Dataset they index with batches; `_batch`: `TileBatch`; `_buffers`: batch buffers reused once
+  released; `_transport`: the ring of shared slots through which workers hand batches over;
+  `_look_ahead`: the next batches' bytes fetched while decoding; `_worker_exit`: workers that
+  end cleanly; `_choice`: threads or worker processes for ``num_workers="auto"``;
+  `_threaded`: batches read by a thread of the consumer's process, ahead of it)
 
 May import: `slides`, `index`, `stain` and the foundation modules. Names are imported on first
 use, so importing the reader does not pay for torch (spawned export workers start quickly).

@@ -11,7 +11,8 @@ there is one (`wsi_loader.device.DeviceLoader`); until then their rows of ``imag
 their ``ok`` is False, so a loop that forgot to decode them trains on none of them.
 
 ``recycled`` batches (from `make_loader`) live in a buffer the reading process reuses once
-every tensor over it is gone (`wsi_loader.dataset._buffers`).
+every tensor over it is gone (`wsi_loader.dataset._buffers`); those of worker processes travel
+as a slot number of a shared ring (`wsi_loader.dataset._transport`).
 
 With context scales (``context=[(mpp, size), ...]``), ``context[k]`` is one more NHWC uint8
 buffer per scale, the co-centred tiles of the same rows (see `wsi_loader.dataset._context`);
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from wsi_loader.dataset._buffers import lease
+from wsi_loader.dataset._transport import receive
 
 
 @dataclass
@@ -83,6 +85,9 @@ class TileBatch:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
+        if "_ring_slot" in state:  # the pixels stay where they are; the slot number travels
+            state["images"] = None
+            state["context"] = None
         for name in self._BY_VALUE:
             tensor = state.get(name)
             if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
@@ -96,7 +101,17 @@ class TileBatch:
         by ``pin_memory``/``to`` and re-pickled batches do not carry it.)"""
         self.__dict__["_lease_on_arrival"] = (images, list(context or []))
 
+    def send_in_slot(self, address: tuple[str, int, tuple[tuple[int, ...], ...]]) -> None:
+        """Mark ``images`` and ``context`` as the tensors of a slot of a `SlotRing` (``address``:
+        the ring's token, the slot and the tensors' shapes): pickled, the batch carries the
+        address instead of the pixels, and the receiving process leases them from its ring."""
+        self.__dict__["_ring_slot"] = address
+
     def __setstate__(self, state: dict[str, Any]) -> None:
+        slot = state.pop("_ring_slot", None)
+        if slot is not None:
+            images, *context = receive(*slot)
+            state["images"], state["context"] = images, context or None
         leased = state.pop("_lease_on_arrival", None)
         if leased is True:  # (as older batches said it)
             leased = (True, [])

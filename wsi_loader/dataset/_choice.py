@@ -3,9 +3,9 @@ process (`wsi_loader.dataset._threaded`), or DataLoader worker processes, and ho
 
 Why threads on a few cores: the decoders (libjpeg-turbo through simplejpeg, imagecodecs,
 OpenSlide through ctypes) run without the GIL, so threads decode on every core, and a process
-of its own per core costs what threads do not: worker start-up before the first batch, a file
-descriptor handshake per batch (torch's shared-memory transport), a second copy of the slide
-handles and caches. Processes keep the upper hand where the Python around the decode is
+of its own per core costs what threads do not: worker start-up before the first batch, a pickle
+per batch to hand it over (a slot number of a shared ring, `_transport`), a second copy of the
+slide handles and caches. Processes keep the upper hand where the Python around the decode is
 a large share of a tile's time (a Python ``transform`` per tile, stain transforms, slides
 OpenSlide reads, whose pixels are converted under the GIL), where one process's GIL would
 serialise it, and on many cores (unmeasured here: processes, as before). Figures in
@@ -67,7 +67,7 @@ def choose_readers(
         0,
         cores,
         f"{cores} usable core{'s' if cores != 1 else ''} and decodes that release the GIL: a "
-        "reader thread per core, no worker start-up, no per-batch handshake",
+        "reader thread per core, no worker start-up, no batch handed between processes",
     )
 
 

@@ -22,10 +22,11 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, get_worker_info
+from torch.utils.data import BatchSampler, DataLoader, Sampler
 
 from wsi_loader.config import LoaderConfig, check_keywords, validate
 from wsi_loader.dataset._batch import TileBatch
+from wsi_loader.dataset._batch_reads import BatchReads
 from wsi_loader.dataset._buffers import BufferRing
 from wsi_loader.dataset._choice import MAX_WORKERS, ReaderChoice, choose_readers
 from wsi_loader.dataset._cores import usable_cores
@@ -33,6 +34,7 @@ from wsi_loader.dataset._look_ahead import BatchPlan, LookAhead
 from wsi_loader.dataset._samplers import DistributedTileSampler
 from wsi_loader.dataset._threaded import read_ahead, reader_copies
 from wsi_loader.dataset._tiles import TileDataset
+from wsi_loader.dataset._transport import SlotRing
 from wsi_loader.dataset._worker_exit import (
     parent_temp_folder,
     sigint_held_for_new_workers,
@@ -43,50 +45,6 @@ from wsi_loader.index._table import SlideIndex
 from wsi_loader.parallel import how_it_ended
 
 log = logging.getLogger(__name__)
-
-
-class BatchReads(Dataset[TileBatch]):
-    """Adapts a `TileDataset` so that ``ds[list_of_rows]`` is one `TileBatch`, read into a
-    reused buffer of ``buffers`` when given (see `wsi_loader.dataset._buffers`)."""
-
-    def __init__(
-        self,
-        tiles: TileDataset,
-        encoded: bool = False,
-        buffers: BufferRing | None = None,
-        reading: torch.Tensor | None = None,
-    ) -> None:
-        self.tiles = tiles
-        self.encoded = encoded
-        self.buffers = buffers
-        # shared memory: the slide each worker is reading (-1: none), so a timeout can say
-        self.reading = reading
-
-    def __len__(self) -> int:
-        return len(self.tiles)
-
-    def __getitem__(self, rows: Sequence[int] | BatchPlan) -> TileBatch:
-        ahead, epoch = None, None
-        if isinstance(rows, BatchPlan):
-            rows, ahead, epoch = rows
-        worker = get_worker_info()
-        if self.reading is None or worker is None:
-            return self.tiles.read_batch(
-                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead, epoch=epoch
-            )
-        # a numpy view of the shared slots: a plain store per slide read, no torch call
-        slots, slot = self.reading.numpy(), worker.id
-
-        def note(slide_id: int) -> None:
-            slots[slot] = slide_id
-
-        self.tiles.reader.on_slide = note
-        try:
-            return self.tiles.read_batch(
-                rows, encoded=self.encoded, buffers=self.buffers, ahead=ahead, epoch=epoch
-            )
-        finally:
-            slots[slot] = -1
 
 
 # Iterators of ours whose worker processes may still run: persistent workers, or an epoch left
@@ -138,11 +96,34 @@ class TileLoader(DataLoader[TileBatch]):
     read_ahead: int = 1
     _copies: list[BatchReads] | None = None
     _stopper: weakref.finalize[Any, Any] | None = None
+    # worker processes hand batches over through a ring of shared slots (`_transport`); False:
+    # through torch's shared memory, one descriptor per batch (the benchmark's baseline)
+    use_ring: bool = True
+    _ring: SlotRing | None = None
+    _fallbacks_before = 0  # of the rings of earlier sets of workers
 
     def _get_iterator(self) -> Any:
         # where torch starts worker processes (each epoch, or once for persistent workers)
-        with sigint_held_for_new_workers(self.multiprocessing_context):
-            return super()._get_iterator()
+        ring = None
+        if self.num_workers and isinstance(self.dataset, BatchReads):
+            self._fallbacks_before = self.ring_fallbacks
+            ring = self.dataset.open_ring(self.num_workers) if self.use_ring else None
+            self.dataset.ring = self._ring = ring
+        try:
+            with sigint_held_for_new_workers(self.multiprocessing_context):
+                iterator = super()._get_iterator()
+        finally:
+            if ring is not None:
+                ring.workers_started()
+        if ring is not None:
+            iterator._wsi_ring = ring  # type: ignore[attr-defined]  # received from while the iterator lives
+        return iterator
+
+    @property
+    def ring_fallbacks(self) -> int:
+        """Batches that worker processes sent through torch's shared memory because all their
+        ring slots held batches the consumer still kept (`wsi_loader.dataset._transport`)."""
+        return self._fallbacks_before + (self._ring.fallbacks if self._ring is not None else 0)
 
     def __iter__(self) -> Iterator[TileBatch]:  # type: ignore[override]
         if self.readers is not None and self.readers.kind == "threads":
@@ -313,11 +294,15 @@ def make_loader(
     `wsi_loader.device.DeviceLoader` to decode (on the GPU when there is one).
     ``reuse_buffers``: each reading process recycles a batch buffer once no tensor over it is
     left in the process that received the batch (saves the page faults of fresh shared memory,
-    ~20% of a worker's time); batches sent on to other processes are copied by torch, so
-    holding or forwarding batches is always safe. ``prefetch``: each reading process is told
-    the rows of its next ``prefetch`` batches and requests their bytes before decoding the
-    current one (range requests for slides on object storage, read-ahead for local files;
-    bounded by the dataset's ``prefetch_mb``; see `wsi_loader.dataset._look_ahead`).
+    ~20% of a worker's time); worker processes write into slots of a shared ring made once per
+    set of workers and send only the slot number (`wsi_loader.dataset._transport`), and a
+    worker whose slots the consumer all still holds sends that batch through torch's shared
+    memory instead (counted in ``loader.ring_fallbacks``); batches sent on to other processes
+    are copied by torch, so holding or forwarding batches is always safe. ``prefetch``: each
+    reading process is told the rows of its next ``prefetch`` batches and requests their bytes
+    before decoding the current one (range requests for slides on object storage, read-ahead
+    for local files; bounded by the dataset's ``prefetch_mb``; see
+    `wsi_loader.dataset._look_ahead`).
     ``timeout`` (seconds; needs workers): no batch for that long raises `LoaderTimeoutError`
     (a `TimeoutError`) naming the slides the workers were reading (a hung network share, a
     file that blocks) instead of waiting forever. Workers start as they do for local slides
@@ -433,6 +418,7 @@ def make_loader(
                 else None
             ),
             reading=reading,
+            batch_size=batch_size,
         ),
         batch_size=None,
         sampler=LookAhead(

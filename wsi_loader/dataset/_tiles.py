@@ -20,11 +20,12 @@ from torch.utils.data import Dataset, get_worker_info
 
 from wsi_loader.config import DatasetConfig, validate
 from wsi_loader.dataset._batch import TileBatch
-from wsi_loader.dataset._buffers import BufferRing, fresh_buffer, lease, release
+from wsi_loader.dataset._buffers import BufferRing, lease, release
 from wsi_loader.dataset._context import check_context, recorded_context
 from wsi_loader.dataset._cores import FreeCores, threads_per_process
 from wsi_loader.dataset._failures import ReadResult
 from wsi_loader.dataset._reading import TileReader
+from wsi_loader.dataset._transport import BatchBuffers, SlotRing
 from wsi_loader.dataset._worker_exit import let_queue_feeders_finish  # noqa: F401 (registers it)
 from wsi_loader.errors import ConfigError
 from wsi_loader.index._health import require_slides
@@ -461,7 +462,7 @@ class TileDataset(Dataset[Sample]):
         self,
         rows: Sequence[int],
         encoded: bool = False,
-        buffers: BufferRing | None = None,
+        buffers: BufferRing | SlotRing | None = None,
         ahead: Sequence[int] | None = None,
         epoch: int | None = None,
     ) -> TileBatch:
@@ -469,7 +470,9 @@ class TileDataset(Dataset[Sample]):
         this process reads next, whose bytes are requested before this batch is decoded.
 
         With ``buffers``, the pixels go into a buffer of that ring that is reused once no
-        tensor over this batch is left (``batch.recycled``; see `wsi_loader.dataset._buffers`).
+        tensor over this batch is left (``batch.recycled``; see `wsi_loader.dataset._buffers`);
+        with a `SlotRing` (in a worker process), in a slot of that ring
+        (`wsi_loader.dataset._transport`).
         """
         array = np.asarray(rows, dtype=np.int64)
         t = self.tile_size
@@ -477,13 +480,10 @@ class TileDataset(Dataset[Sample]):
         # decoded straight into this buffer (shared memory inside a DataLoader worker)
         in_worker = get_worker_info() is not None
         shapes = [shape] + [(len(array), size, size, 3) for _, size in self.context]
-        taken = []  # (tensor, recycled) of the tiles and of each context scale
-        for each in shapes:
-            if buffers is not None and self.batch_transform is None:
-                taken.append(buffers.take(each, shared=in_worker))
-            else:
-                taken.append((fresh_buffer(each, shared=in_worker), False))
-        (images, recycled), context = taken[0], taken[1:]
+        taken = BatchBuffers.take(
+            shapes, buffers if self.batch_transform is None else None, shared=in_worker
+        )
+        images, context = taken.tensors[0], taken.tensors[1:]
         try:
             pixels = images.numpy()
             result = self.read_rows(
@@ -491,7 +491,7 @@ class TileDataset(Dataset[Sample]):
                 out=pixels,
                 encoded=encoded,
                 ahead=ahead,
-                context_out=[tiles.numpy() for tiles, _ in context],
+                context_out=[tiles.numpy() for tiles in context],
             )
             epoch = self.epoch if epoch is None else epoch
             if self.stain is not None:
@@ -499,9 +499,7 @@ class TileDataset(Dataset[Sample]):
             if self.transform is not None:
                 self._transform_in_place(pixels)
         except BaseException:
-            for tensor, from_ring in taken:
-                if from_ring:
-                    release(tensor)  # on_error="raise": the batch is never handed out
+            taken.give_back()  # on_error="raise": the batch is never handed out
             raise
         cols = self.index.columns
         slide_id = np.asarray(cols["slide_id"][array], dtype=np.int64)
@@ -523,8 +521,8 @@ class TileDataset(Dataset[Sample]):
                 if self.index.coverage is None
                 else torch.from_numpy(np.array(self.index.coverage[array], dtype=np.float32))
             ),
-            recycled=recycled,
-            context=[tiles for tiles, _ in context] if self.context else None,
+            recycled=taken.recycled[0],
+            context=context if self.context else None,
             context_inside=(torch.from_numpy(result.context_inside) if self.context else None),
             epoch=epoch,
         )
@@ -534,18 +532,7 @@ class TileDataset(Dataset[Sample]):
                 raise TypeError(
                     f"batch_transform must return a TileBatch, got {type(batch).__name__}"
                 )
-        context_recycled = [from_ring for _, from_ring in context]
-        if in_worker and (recycled or any(context_recycled)):
-            # the receiving process leases them when it unpickles the batch
-            batch.lease_on_arrival(recycled, context_recycled)
-        elif recycled or any(context_recycled):
-            if recycled:
-                batch.images = lease(images)
-            if batch.context is not None:
-                batch.context = [
-                    lease(tiles) if from_ring else tiles
-                    for tiles, from_ring in zip(batch.context, context_recycled, strict=True)
-                ]
+        taken.hand_out(batch, in_worker)
         if result.encoded is not None and any(e is not None for e in result.encoded):
             batch.encoded = result.encoded
             batch.slide_paths = [self.index.slides[int(i)].path for i in slide_id]
