@@ -91,21 +91,26 @@ def test_a_consumer_that_stops_early_stops_the_reading_thread(index: SlideIndex)
 
 def test_reads_run_at_most_depth_batches_ahead_and_come_in_order() -> None:
     started: list[int] = []
-    third = threading.Event()
+    fourth = threading.Event()
 
     def read(reader: int, plan: int) -> tuple[int, int]:
         started.append(plan)
-        if len(started) == 3:
-            third.set()
+        if len(started) == 4:
+            fourth.set()
         return reader, plan
 
     reads = read_ahead(range(100), read, readers=2, depth=3)
-    first = next(reads)  # three in flight, then the consumer holds the first
-    assert third.wait(WAIT_S)
-    time.sleep(0.2)  # readers that ignored the bound would read on meanwhile
-    assert len(started) == 4  # the first was taken, so one more was asked for
-    assert first == (0, 0)
-    rest = list(reads)
+    try:
+        first = next(reads)  # three in flight, then the consumer holds the first
+        # the first was taken, so one more is asked for: the fourth starts (waited for as
+        # an event: on a loaded machine a reader thread may wait long for a core) ...
+        assert fourth.wait(WAIT_S)
+        time.sleep(0.2)  # ... and readers that ignored the bound would read on meanwhile
+        assert len(started) == 4
+        assert first == (0, 0)
+        rest = list(reads)
+    finally:
+        reads.close()  # a failed assert leaves no reading thread to the next tests
     assert [plan for _, plan in rest] == list(range(1, 100))  # in order
     assert all(reader == plan % 2 for reader, plan in rest)  # plan i on reader i % readers
     assert not _reading_threads()
