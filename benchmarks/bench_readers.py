@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 
 import torch
-from common import scratch_folder, synthetic_slide
+from common import random_rows_of_one_slide, scratch_folder
 
 from wsi_loader.dataset import make_loader
 from wsi_loader.dataset._cores import usable_cores
 from wsi_loader.device._bench import busy_cores
-from wsi_loader.index import SlideIndex, build_index
+from wsi_loader.index import SlideIndex
 
 
 def _cpu_seconds() -> float:
@@ -81,13 +81,7 @@ def main() -> None:
     parser.add_argument("--scratch")
     args = parser.parse_args()
     folder = scratch_folder(args.scratch, "bench-readers-")
-    slide = synthetic_slide(folder / "slide.svs", width=20_000)
-    index_dir = folder / "index"
-    if not index_dir.exists():
-        build_index([str(slide)], index_dir, tile_size=256, mpp=0.5)
-    index = SlideIndex.open(index_dir)
-    rng = torch.Generator().manual_seed(0)
-    rows = torch.randint(0, len(index), (args.tiles,), generator=rng).tolist()
+    index, rows = random_rows_of_one_slide(folder, args.tiles)
     cores = usable_cores()
     chosen = make_loader(index, batch_size=64).readers
     print(f"{cores} usable cores, {args.busy} busy; auto chooses: {chosen}")

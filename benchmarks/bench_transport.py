@@ -22,12 +22,10 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-from common import scratch_folder, synthetic_slide
+from common import random_rows_of_one_slide, scratch_folder
 
 from wsi_loader.dataset._loader import TileLoader, make_loader
 from wsi_loader.device._bench import busy_cores
-from wsi_loader.index import SlideIndex, build_index
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -71,13 +69,7 @@ def main() -> None:
     parser.add_argument("--scratch")
     args = parser.parse_args()
     folder = scratch_folder(args.scratch, "bench-transport-")
-    slide = synthetic_slide(folder / "slide.svs", width=20_000)
-    index_dir = folder / "index"
-    if not index_dir.exists():
-        build_index([str(slide)], index_dir, tile_size=256, mpp=0.5)
-    index = SlideIndex.open(index_dir)
-    rng = torch.Generator().manual_seed(0)
-    rows = torch.randint(0, len(index), (args.tiles,), generator=rng).tolist()
+    index, rows = random_rows_of_one_slide(folder, args.tiles)
     batches = [rows[i : i + 64] for i in range(0, len(rows), 64)]
     loaders = {}
     for way in ("torch", "ring"):

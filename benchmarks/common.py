@@ -5,6 +5,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
+from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.synthetic import SlideSpec, write_svs
 
 
@@ -20,3 +23,15 @@ def synthetic_slide(path: Path, width: int = 20_000, seed: int = 0, mpp: float =
     if not path.exists():
         write_svs(str(path), SlideSpec(width=width, height=width * 3 // 4, seed=seed, mpp=mpp))
     return path
+
+
+def random_rows_of_one_slide(folder: Path, tiles: int) -> tuple[SlideIndex, list[int]]:
+    """An index of 256 px tiles at 0.5 um/px over one synthetic 20k px SVS in ``folder``
+    (written once), and ``tiles`` of its rows drawn at random (seed 0; repeats allowed)."""
+    slide = synthetic_slide(folder / "slide.svs", width=20_000)
+    index_dir = folder / "index"
+    if not index_dir.exists():
+        build_index([str(slide)], index_dir, tile_size=256, mpp=0.5)
+    index = SlideIndex.open(index_dir)
+    rows = np.random.default_rng(0).integers(0, len(index), tiles).tolist()
+    return index, rows

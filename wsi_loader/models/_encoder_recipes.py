@@ -13,8 +13,12 @@ card wins; each such place says so in the entry's ``notes``.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from wsi_loader.errors import ConfigError
 
 # pooler: the model's own pooling (transformers' pooler_output, CONCH's attention pooler)
 Pooling = Literal["cls", "cls+mean", "avg", "pooler"]
@@ -310,3 +314,20 @@ ALIASES = {
     **{name.replace("_", "-"): name for name in _KAIKO},
 }
 # fmt: on
+
+
+def registry_key(
+    name: str, entries: Mapping[str, Any], aliases: Mapping[str, str], what: str
+) -> str:
+    """The registry key of ``name`` (case-insensitive, a peer's alias accepted) among
+    ``entries``; else a `ConfigError` suggesting the closest name and the command that lists
+    them (``what``: "encoder", "slide encoder")."""
+    key = aliases.get(name.lower(), name.lower())
+    if key not in entries:
+        close = difflib.get_close_matches(key, [*entries, *aliases], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        lister = "wsi-loader encoders --slide" if what == "slide encoder" else "wsi-loader encoders"
+        raise ConfigError(
+            f"no {what} {name!r}{hint}; `{lister}` lists them", key="model", value=name
+        )
+    return key

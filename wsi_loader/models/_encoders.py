@@ -20,7 +20,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from wsi_loader.errors import ConfigError, WeightsError
 from wsi_loader.models._conch import conch_v1, conch_v15, conch_v15_positions
-from wsi_loader.models._encoder_recipes import ALIASES, ENCODERS, Recipe
+from wsi_loader.models._encoder_recipes import ALIASES, ENCODERS, Recipe, registry_key
 from wsi_loader.models._encoder_weights import read_state, resolve_weights, weights_error
 from wsi_loader.models._specs import Model
 
@@ -29,18 +29,7 @@ log = logging.getLogger(__name__)
 
 def recipe_of(name: str) -> Recipe:
     """The registry entry of a name (or of TRIDENT's / LazySlide's name for it)."""
-    key = ALIASES.get(name.lower(), name.lower())
-    if key not in ENCODERS:
-        import difflib
-
-        close = difflib.get_close_matches(key, [*ENCODERS, *ALIASES], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(
-            f"no encoder {name!r}{hint}; `wsi-loader encoders` lists them",
-            key="model",
-            value=name,
-        )
-    return ENCODERS[key]
+    return ENCODERS[registry_key(name, ENCODERS, ALIASES, "encoder")]
 
 
 def is_encoder_name(spec: object) -> bool:

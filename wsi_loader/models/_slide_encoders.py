@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from wsi_loader.errors import ConfigError, WeightsError
-from wsi_loader.models._encoder_recipes import Recipe
+from wsi_loader.models._encoder_recipes import Recipe, registry_key
 from wsi_loader.models._encoder_weights import read_state, resolve_weights, weights_error
 
 log = logging.getLogger(__name__)
@@ -170,18 +170,7 @@ SLIDE_ALIASES = {"gigapath": "gigapath_slide", "prov_gigapath_slide": "gigapath_
 
 def slide_recipe_of(name: str) -> SlideRecipe:
     """The registry entry of a slide encoder name (or TRIDENT's name for it)."""
-    key = SLIDE_ALIASES.get(name.lower(), name.lower())
-    if key not in SLIDE_ENCODERS:
-        import difflib
-
-        close = difflib.get_close_matches(key, [*SLIDE_ENCODERS, *SLIDE_ALIASES], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(
-            f"no slide encoder {name!r}{hint}; `wsi-loader encoders --slide` lists them",
-            key="model",
-            value=name,
-        )
-    return SLIDE_ENCODERS[key]
+    return SLIDE_ENCODERS[registry_key(name, SLIDE_ENCODERS, SLIDE_ALIASES, "slide encoder")]
 
 
 class SlideEncoder(nn.Module):
