@@ -9,7 +9,7 @@ import json
 import logging
 from typing import Any
 
-from wsi_loader.cli.common import COMMON, Subparsers
+from wsi_loader.cli.common import COMMON, Subparsers, print_columns
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 "present" if r["weights_present"] else "-",
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    for line in lines:
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    print_columns(lines)
     return 0
 
 

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from wsi_loader.cli.common import COMMON, Subparsers
+from wsi_loader.cli.common import COMMON, Subparsers, print_columns
 
 
 def register(sub: Subparsers) -> None:
@@ -104,6 +104,4 @@ def print_slide_encoders(as_json: bool) -> None:
                 "yes" if r["wired"] else "not yet",
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    for line in lines:
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    print_columns(lines)
