@@ -119,7 +119,6 @@ def _interrupt(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("when", ["while workers start", "while units run"])
 def test_ctrl_c_stops_a_parallel_export_cleanly_and_it_resumes(
     testdata: Path, tmp_path: Path, when: str
@@ -153,7 +152,6 @@ def test_ctrl_c_stops_a_parallel_export_cleanly_and_it_resumes(
     assert len(list(out.rglob("*.png"))) == len(index)
 
 
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("limit", [[], ["--slide-timeout", "60"]], ids=["", "slide timeout"])
 def test_ctrl_c_stops_a_parallel_index_build_cleanly(
     testdata: Path, tmp_path: Path, limit: list[str]
@@ -281,7 +279,6 @@ def _gave_up(task: float, why: object) -> str:
     return f"gave up {task:g}"
 
 
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_task_past_its_time_limit_is_given_up_and_the_others_run(workers: int) -> None:
     """A stuck task (a hung mount, a decoder that loops) must not stop the run: it is given up

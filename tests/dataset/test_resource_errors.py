@@ -77,7 +77,6 @@ def test_the_handle_pool_fits_the_file_limit(tmp_path: Path) -> None:
     assert "does not fit the file limit" in done.stderr and "ulimit -n 100" in done.stderr
 
 
-@pytest.mark.timeout(300)
 def test_a_fifo_named_like_a_slide_does_not_hang_the_index(archive: Path, tmp_path: Path) -> None:
     os.mkfifo(archive / "pipe.svs")
     index = build_index([archive], tmp_path / "idx", level=0, min_tissue=0.0)
@@ -86,7 +85,6 @@ def test_a_fifo_named_like_a_slide_does_not_hang_the_index(archive: Path, tmp_pa
     assert sum(s.status == "ok" for s in index.slides) == 2
 
 
-@pytest.mark.timeout(300)
 def test_a_fifo_replacing_a_slide_mid_run_does_not_hang_the_loader(
     archive: Path, tmp_path: Path
 ) -> None:
@@ -101,7 +99,6 @@ def test_a_fifo_replacing_a_slide_mid_run_does_not_hang_the_loader(
     assert [r["kind"] for r in records] == ["slide"] and "not a regular file" in records[0]["error"]
 
 
-@pytest.mark.timeout(300)
 def test_a_fifo_replacing_an_evicted_slide_does_not_hang_its_reopen(
     archive: Path, tmp_path: Path
 ) -> None:
@@ -121,7 +118,6 @@ def test_a_fifo_replacing_an_evicted_slide_does_not_hang_its_reopen(
     assert [r["kind"] for r in records] == ["slide"] and "not a regular file" in records[0]["error"]
 
 
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["tiff", "openslide"])
 def test_readers_refuse_a_fifo(tmp_path: Path, backend: str) -> None:
     """Every way a reader opens a file refuses anything but a regular file, also when asked
@@ -152,7 +148,6 @@ def test_an_export_unit_with_resource_errors_stays_incomplete(
     assert index.quarantine.read() == []
 
 
-@pytest.mark.timeout(300)
 def test_a_stuck_worker_is_a_timeout_naming_its_slide(
     archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -182,7 +182,6 @@ export.export_unit = export_unit
 """
 
 
-@pytest.mark.timeout(300)
 def test_a_unit_whose_worker_dies_is_said_and_the_others_are_finished(
     archive: Path,
     tmp_path: Path,
@@ -224,7 +223,6 @@ export.export_unit = export_unit
 """
 
 
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_unit_that_hangs_is_given_up_after_unit_timeout_and_the_others_are_finished(
     archive: Path,

@@ -187,7 +187,6 @@ slide_task.identify = identify
 """
 
 
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_slide_that_hangs_is_given_up_after_slide_timeout_and_the_rest_indexed(
     archive: Path,
@@ -235,7 +234,6 @@ slide_task.identify = identify
 """
 
 
-@pytest.mark.timeout(300)
 def test_a_slide_that_kills_its_worker_is_a_failed_row_and_the_rest_indexed(
     archive: Path, tmp_path: Path, hook_workers: Callable[[str], None]
 ) -> None:

@@ -417,7 +417,6 @@ def test_coalescing_keeps_a_range_that_contains_the_next() -> None:
     assert coalesce([(0, 100), (10, 20), (150, 10)], gap=64) == [(0, 160)]
 
 
-@pytest.mark.timeout(300)
 def test_a_stalled_request_is_asked_again_not_waited_out(
     served: tuple[str, Path], make_slide: SlideFactory
 ) -> None:
