@@ -136,3 +136,29 @@ def test_cuda_decode_mode(index: SlideIndex) -> None:
         # nvJPEG and libjpeg-turbo may round differently by a grey level or two
         assert float((a["image"] - b["image"].cpu()).abs().mean()) < 0.05
         assert torch.equal(a["ok"], b["ok"].cpu())  # decoded on the device: ok again
+
+
+def test_device_decode_failures_are_recorded_and_filled_as_the_dataset_does(
+    index: SlideIndex,
+) -> None:
+    # the main process's decode wrote records without the tile's level (so they matched any
+    # level at that position, and were not the same record as the workers' own) and filled
+    # a failed tile with 255 whatever the dataset's fill_value
+    loader = DeviceLoader(
+        make_loader(
+            index, batch_size=8, num_workers=0, shuffle=False, decode="device", fill_value=0
+        ),
+        "cpu",
+        channels_last=False,
+    )
+    black = expected(torch.zeros(1, 1, 1, 3, dtype=torch.uint8))
+    failed = 0
+    for batch in loader:
+        for image in batch["image"][~batch["ok"]]:
+            torch.testing.assert_close(image, black.expand_as(image[None])[0])
+            failed += 1
+    assert failed == len(corrupt_rows(index))
+    levels = index.columns["level"]
+    records = index.quarantine.read()
+    assert records and all(r["kind"] == "tile" for r in records)
+    assert all(r["level"] == int(levels[r["row"]]) for r in records)

@@ -56,6 +56,8 @@ class TileBatch:
     quarantine: str | None = None  # where failures found after the worker are appended
     on_error: str = "fill"  # the dataset's policy, for tiles that fail after the worker
     fingerprints: list[str | None] | None = None  # of the slides, for quarantine records
+    levels: list[int] | None = None  # the tiles' read levels, for quarantine records
+    fill_value: int = 255  # the dataset's, for tiles that fail after the worker
     recycled: bool = False  # images live in a reused buffer (freed when no tensor is left)
     # one (N, size, size, 3) uint8 tensor per context scale, co-centred with ``images``
     context: list[torch.Tensor] | None = None

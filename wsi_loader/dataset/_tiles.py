@@ -539,4 +539,6 @@ class TileDataset(Dataset[Sample]):
             batch.quarantine = str(self.index.quarantine.path)
             batch.on_error = self.reader.on_error
             batch.fingerprints = [self.index.slides[int(i)].fingerprint for i in slide_id]
+            batch.levels = np.asarray(cols["level"][array]).tolist()
+            batch.fill_value = self.reader.fill_value
         return batch

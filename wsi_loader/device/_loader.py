@@ -114,18 +114,20 @@ def _mark_failed(
 ) -> None:
     batch.ok[i] = False
     if batch.images.device.type == "cpu":
-        batch.images.numpy()[i] = 255
+        batch.images.numpy()[i] = batch.fill_value
     else:
-        batch.images[i] = 255
+        batch.images[i] = batch.fill_value
     log.warning("tile row %d failed to decode: %s", int(batch.rows[i]), error)
     path = batch.slide_paths[i] if batch.slide_paths else None
     if batch.quarantine and path is not None:
-        record = {
+        record = {  # the fields of the dataset's own tile records (`_failures`)
+            "kind": "tile",
             "slide_id": int(batch.slide_id[i]),
             "path": path,
             "fingerprint": batch.fingerprints[i] if batch.fingerprints else None,
             "x": int(batch.x[i]),
             "y": int(batch.y[i]),
+            "level": batch.levels[i] if batch.levels else None,
             "row": int(batch.rows[i]),
             "error": error,
             "policy": batch.on_error,
