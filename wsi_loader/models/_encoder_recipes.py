@@ -39,8 +39,8 @@ class Recipe:
     constructor arguments; ``mlp_layer``/``act_layer`` are timm/torch layer names),
     ``transformers`` (``model`` is the transformers class), ``resnet50_trunc`` and
     ``ctranspath`` (our own code, ``ctranspath`` on timm's Swin), ``conch`` and ``conch_v15``
-    (CONCH's vision towers around a timm ViT, `_conch`), or a package of the model's own
-    (``musk``, not wired). ``files``: the weight file the hub serves, first the one the
+    (CONCH's vision towers around a timm ViT, `_conch`) or ``musk`` (MUSK's BEiT-3 vision
+    path in plain torch, `_musk`). ``files``: the weight file the hub serves, first the one the
     card loads, then alternatives in the same key layout. ``state_key``: the entry of that file
     holding the state dict (None: the file is the state dict). ``unused``: keys of the file the
     recipe leaves out by design (fnmatch patterns: a truncated network's later layers, buffers
@@ -276,13 +276,16 @@ RECIPES: tuple[Recipe, ...] = (
         "are rebuilt, not loaded; 256 px at 10x as TRIDENT recommends",
     ),
     Recipe(
-        "musk", "MUSK (BEiT-3 ViT-L/16)", "musk", "musk_large_patch16_384", 1024,
+        "musk", "MUSK (BEiT-3 ViT-L/16, multi-scale)", "musk", "musk_large_patch16_384", 2048,
         "xiangjx/musk", ("model.safetensors",), NC_ND, True, 384, *INCEPTION, 0.5, 384,
-        resize=384, interpolation="bicubic", packages=("musk", "fairscale"),
-        notes="vision class token without the projection head (model(image=x, with_head=False, "
-        "out_norm=False, ms_aug=False)[0], as TRIDENT calls it); MUSK's BEiT-3 lives in its "
-        "own package (pip install fairscale git+https://github.com/lilab-stanford/MUSK, not on "
-        "PyPI), whose file layout cannot be checked here: not wired yet",
+        resize=384, interpolation="bicubic",
+        unused=("beit3.text_embed.*", "beit3.vision_embed.mask_token", "*.B.*",
+                "language_head.*", "vision_head.*", "logit_scale"),
+        notes="the card's features for linear probes and MIL (MUSK's README: model(image=x, "
+        "with_head=False, out_norm=False, ms_aug=True, return_global=True)[0]): class token "
+        "at 384 px + mean class token of the 2 x 2 quarters upscaled to 768 px, 2,048 wide; "
+        "TRIDENT's default (inference_aug=False) is the first 1,024; BEiT-3's vision path in "
+        "plain torch (`_musk`), the file's text copies and heads left out",
     ),
     Recipe(
         "lunit_vits8", "Lunit DINO ViT-S/8", "timm", "vit_small_patch8_224", 384,

@@ -22,6 +22,7 @@ from wsi_loader.errors import ConfigError, WeightsError
 from wsi_loader.models._conch import conch_v1, conch_v15, conch_v15_positions
 from wsi_loader.models._encoder_recipes import ALIASES, ENCODERS, Recipe, registry_key
 from wsi_loader.models._encoder_weights import read_state, resolve_weights, weights_error
+from wsi_loader.models._musk import MuskVision
 from wsi_loader.models._specs import Model
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,8 @@ def build(recipe: Recipe, device: str | torch.device = "meta") -> Encoder:
             backbone = conch_v1(_timm(recipe), recipe.dim)
         elif recipe.architecture == "conch_v15":
             backbone = conch_v15(_timm(recipe), recipe.dim)
+        elif recipe.architecture == "musk" and recipe.size is not None:
+            backbone = MuskVision(recipe.size)
         elif recipe.architecture == "transformers":
             _import("transformers", recipe)
             raise ConfigError(
