@@ -103,27 +103,30 @@ bench-peers: $(PEERS_STAMP)
 	$(VENV_PEERS)/bin/python benchmarks/bench_peers.py $(ARGS)
 
 # The patch-encoder peers (benchmarks/bench_encoders.py, tests/models/test_encoders_peers.py):
-# TRIDENT, CONCH's package and LazySlide in a venv of their own, never a dependency of ours.
-# TRIDENT and CONCH are not on PyPI: PEER_SRC names a folder with their git checkouts
-# (TRIDENT/, CONCH/ from github.com/mahmoodlab); installed without their pins (TRIDENT pins
-# timm 0.9.16; its CONCH v1.5 and Processor code run on the timm of the vision extra).
+# TRIDENT, CONCH's and MUSK's packages and LazySlide in a venv of their own, never a
+# dependency of ours. TRIDENT, CONCH and MUSK are not on PyPI: PEER_SRC names a folder with
+# their git checkouts (TRIDENT/, CONCH/ from github.com/mahmoodlab, MUSK/ from
+# github.com/lilab-stanford); installed without their pins (TRIDENT pins timm 0.9.16; its
+# CONCH v1.5 and Processor code run on the timm of the vision extra).
 VENV_ENC := .venv-peers-enc
 ENC_STAMP := $(VENV_ENC)/.installed-stamp
 PEER_SRC ?= ../peer-src
 $(ENC_STAMP): pyproject.toml
-	test -d $(PEER_SRC)/TRIDENT && test -d $(PEER_SRC)/CONCH
+	test -d $(PEER_SRC)/TRIDENT && test -d $(PEER_SRC)/CONCH && test -d $(PEER_SRC)/MUSK
 	test -x $(VENV_ENC)/bin/python || $(PYTHON) -m venv $(VENV_ENC)
 	$(VENV_ENC)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV_ENC)/bin/python -m pip install --quiet $(TORCH_TV)
 	$(VENV_ENC)/bin/python -m pip install --quiet -e '.[test,vision]' einops einops-exts \
 	  'transformers<5' opencv-python-headless scikit-image openslide-python openslide-bin geopandas \
 	  shapely matplotlib tqdm huggingface_hub safetensors segmentation-models-pytorch ftfy regex \
-	  lazyslide
-	$(VENV_ENC)/bin/python -m pip install --quiet --no-deps $(PEER_SRC)/TRIDENT $(PEER_SRC)/CONCH
+	  lazyslide fairscale
+	$(VENV_ENC)/bin/python -m pip install --quiet --no-deps $(PEER_SRC)/TRIDENT $(PEER_SRC)/CONCH \
+	  $(PEER_SRC)/MUSK
 	touch $@
 
 test-encoder-peers: $(ENC_STAMP)
-	$(VENV_ENC)/bin/python -m pytest tests/models/test_encoders_peers.py -p no:cacheprovider
+	$(VENV_ENC)/bin/python -m pytest tests/models/test_encoders_peers.py \
+	  tests/models/test_encoders_musk.py -p no:cacheprovider
 
 bench-encoders: $(ENC_STAMP)
 	$(VENV_ENC)/bin/python benchmarks/bench_encoders.py --peer-python $(VENV_ENC)/bin/python $(ARGS)
