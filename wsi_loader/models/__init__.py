@@ -8,9 +8,10 @@ slide's file written whole, files of killed runs removed, each rank's part of a 
 Patch encoders by name: `_encoder_recipes` (the registry: each model card's recipe),
 `_encoders` (a recipe built, on the meta device first, and its weights loaded checked),
 `_encoder_weights` (weights offline first: a given file or folder, the Hugging Face cache, a
-download; safetensors read here), `_resnet` (architectures in our own code: CLAM's truncated
-ResNet-50, CTransPath's stem) and `_encoder_checks` (an index's resolution against the
-encoder's).
+download; safetensors read here), architectures in our own code under the authors' module
+names (`_resnet`: CLAM's truncated ResNet-50, CTransPath's stem; `_conch`: CONCH v1 and v1.5
+vision towers around timm's ViT; `_musk`: MUSK's BEiT-3 image path) and `_encoder_checks` (an
+index's resolution against the encoder's).
 
 Slide encoders by name: `_slide_encoders` (their registry, each built and its weights loaded
 checked; one embedding per slide from the tile features of its patch encoder), with each
