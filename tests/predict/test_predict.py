@@ -659,3 +659,19 @@ def test_a_device_that_is_not_there_is_an_error_before_any_slide_is_read(
     wanted = "CUDA is not available" if device == "cuda" else "not a device"
     assert wanted in err
     assert not out.exists()
+
+
+def test_average_ranks_equal_scipy_rankdata_with_ties() -> None:
+    from scipy.stats import rankdata
+
+    from wsi_loader.predict._metrics import average_ranks
+
+    rng = np.random.default_rng(3)
+    for values in (
+        rng.integers(0, 5, 200).astype(float),  # many ties
+        rng.random(57),
+        np.array([0.5]),
+        np.array([2.0, 2.0, 2.0]),
+        rng.integers(0, 3, (4, 6)).astype(float)[0],
+    ):
+        np.testing.assert_array_equal(average_ranks(values), rankdata(values, method="average"))

@@ -56,12 +56,14 @@ def register(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from wsi_loader.config import DatasetConfig, validate
-    from wsi_loader.features._extract import extract
 
     start(args)
     # the index (built first when PATH names slides) is what the encoder's resolution check
-    # and the anndata file read: args.index becomes its path
+    # and the anndata file read: args.index becomes its path; before torch is imported, so
+    # bad slide paths are refused at once
     args.index = index_for(args)
+    from wsi_loader.features._extract import extract
+
     report = extract(
         args.index,
         pass_model(args),

@@ -133,9 +133,9 @@ def run(args: argparse.Namespace) -> int:
             **common,
         )
     else:
+        args.index = index_for(args)  # first: bad slide paths are refused before torch loads
         from wsi_loader.predict._run import predict
 
-        args.index = index_for(args)
         model = pass_model(args)  # resolves --batch-size auto
         options["batch_size"] = args.batch_size
         report = predict(

@@ -40,8 +40,6 @@ def stain_option(args: argparse.Namespace, config: StainConfig | None = None) ->
     """The stain transforms the options ask for (a `wsi_loader.stain.Normalize`, or the list
     a config's ``stain`` section makes), or None. ``config``: that section, when the command
     read the file already; else the one of ``--config`` (if given)."""
-    from wsi_loader.stain._build import stain_from_config
-
     target = getattr(args, "stain_target", None)
     method = getattr(args, "stain", None)
     if config is None:
@@ -53,6 +51,10 @@ def stain_option(args: argparse.Namespace, config: StainConfig | None = None) ->
             path="command line",
             key="stain",
         )
+    if method in (None, "none") and config.normalize in (None, "none") and not config.augment:
+        return None  # nothing to build: the transforms' module (it imports torch) stays unread
+    from wsi_loader.stain._build import stain_from_config
+
     steps = stain_from_config(config, method, target)
     return steps[0] if steps is not None and len(steps) == 1 else steps
 

@@ -22,7 +22,6 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import rankdata
 
 from wsi_loader.errors import ConfigError
 from wsi_loader.files import csv_row
@@ -237,11 +236,19 @@ def _metrics(
     return result
 
 
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties given their average rank: scipy's ``rankdata(method="average")``
+    without importing ``scipy.stats``, which took ~0.5-2 s of every ``predict``'s start-up."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    last = np.cumsum(counts)
+    return ((last - counts + 1 + last) / 2)[inverse.reshape(-1)]
+
+
 def rank_auc(truth: np.ndarray, score: np.ndarray) -> float:
     """ROC AUC as the Mann-Whitney statistic (ties count half): the value scikit-learn's
     roc_auc_score gives, without its input checks, which would dominate a 1,000-round
     bootstrap."""
-    ranks = rankdata(score, method="average")
+    ranks = average_ranks(score)
     positives = int(truth.sum())
     negatives = len(truth) - positives
     return float((ranks[truth].sum() - positives * (positives + 1) / 2) / (positives * negatives))

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.stats import rankdata
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
@@ -40,6 +39,7 @@ from wsi_loader.models._specs import Model, as_model, class_names_of, weights_di
 from wsi_loader.predict._heatmaps import SlideHeatmap
 from wsi_loader.predict._metrics import (
     SlideRule,
+    average_ranks,
     class_of_label,
     metrics,
     metrics_available,
@@ -301,11 +301,7 @@ def _columns(names: tuple[str, ...], maps: int) -> list[str]:
 
 def _ranks(attention: np.ndarray) -> np.ndarray:
     """Each tile's rank among the slide's tiles, 1/N to 1 (CLAM's percentiles), per map."""
-    return (
-        np.stack([rankdata(a, method="average") / len(a) for a in attention])
-        if attention.size
-        else attention
-    )
+    return np.stack([average_ranks(a) / len(a) for a in attention]) if attention.size else attention
 
 
 def _write_attention(

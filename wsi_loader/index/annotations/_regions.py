@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import shapely
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 from shapely.geometry.base import BaseGeometry
 
 from wsi_loader.index.annotations._formats import check_classes, read_annotations
@@ -48,6 +46,10 @@ def merge(polygons: Sequence[BaseGeometry]) -> BaseGeometry:
     regions are usually apart, and a union costs ~3 ms per 1,000-vertex polygon."""
     if len(polygons) < 2:
         return shapely.union_all(polygons)
+    # imported here: scipy.sparse cost ~0.3-0.5 s of every CLI start-up, annotations or not
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     array = np.asarray(polygons, dtype=object)
     left, right = shapely.STRtree(array).query(array)
     pairs = coo_matrix((np.ones(len(left)), (left, right)), shape=(len(array), len(array)))
