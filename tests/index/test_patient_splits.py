@@ -322,3 +322,12 @@ def test_copies_of_one_scan_are_dealt_to_one_split(
         split = {Path(s.path).name: s.split for s in write_splits(out, plan, True).slides}
         assert split["copy of case 0.svs"] == split["case 0.svs"], (seed, split)
     build_index([folder], out, tile_size=256, level=0, min_tissue=0.0)  # the rebuild is not refused
+
+
+def test_info_shows_each_slides_patient(slides: Path, tmp_path: Path) -> None:
+    """`info --json` listed label and split per slide but not the patient the split deals
+    by, so a user could not check that a patient's slides stayed together."""
+    index = build_index([slides], tmp_path / "idx", tile_size=128, level=0, min_tissue=0)
+    patients = {Path(s["path"]).stem: s["patient"] for s in index.summary()["slides"]}
+    assert patients["TCGA-CR-7395-01A-01-TS1"] == patients["TCGA-CR-7395-01Z-00-DX1"]
+    assert patients["TCGA-CR-7395-01A-01-TS1"] == "TCGA-CR-7395"
