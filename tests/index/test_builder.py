@@ -391,6 +391,12 @@ def test_open_rejects_bad_directories(tmp_path: Path, archive: Path) -> None:
         SlideIndex.open(out)
 
 
+def test_open_names_a_slide_file_given_for_an_index(small_svs: Path) -> None:
+    """`wsi-loader info slide.svs` said "cannot read CURRENT: Not a directory"."""
+    with pytest.raises(IndexFormatError, match=r"a file, not an index directory.*wsi-loader index"):
+        SlideIndex.open(small_svs)
+
+
 def test_coords_in_matches_exact_pairs() -> None:
     x = np.array([0, 512, 512, -256, 2**31 - 1, 1], dtype=np.int32)
     y = np.array([0, 0, 512, 512, 7, 0], dtype=np.int32)

@@ -141,3 +141,19 @@ def test_nothing_to_index_writes_nothing(archive: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no slide files found"):
         build_index([empty], out, level=0)
     assert SlideIndex.open(out).meta["generation"] == generation
+
+
+def test_a_manifest_of_missing_slides_names_them(tmp_path: Path) -> None:
+    """Every row of a manifest naming a missing file (a name in another Unicode form, a
+    wrong folder) said "none of the inputs exists (manifest.csv)": the manifest does."""
+    from wsi_loader import InputError
+
+    manifest = tmp_path / "manifest.csv"
+    manifest.write_text("path,label\nscan 1.svs,a\nscan 2.svs,b\n")
+    with pytest.raises(InputError) as caught:
+        build_index([manifest], tmp_path / "idx", level=0)
+    message = str(caught.value)
+    assert "none of the slides exists" in message, message
+    assert f"{tmp_path / 'scan 1.svs'}, {tmp_path / 'scan 2.svs'}" in message, message
+    assert f"listed in {manifest}" in message, message
+    assert not (tmp_path / "idx").exists()

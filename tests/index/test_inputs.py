@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,18 @@ def test_labels_name_slides_by_file_name_too(tmp_path: Path) -> None:
     labels = write(tmp_path / "l.csv", "slide,label\na.b.svs,one\nc,two\n")
     joined, report = join_labels(entries, str(labels))
     assert [e.label for e in joined] == ["one", "two"] and not report.unmatched_rows
+
+
+def test_labels_match_names_in_either_unicode_form(tmp_path: Path) -> None:
+    """A file copied from a Mac is named in NFD (u + combining diaeresis), a CSV typed
+    elsewhere in NFC: they matched nothing, and the warning showed the same 'scan ü' twice."""
+    nfd, nfc = unicodedata.normalize("NFD", "scan ü"), unicodedata.normalize("NFC", "scan ü")
+    assert nfd != nfc
+    entries = discover([write(tmp_path / f"{nfd}.svs", "x"), write(tmp_path / f"{nfd} 2.svs", "x")])
+    labels = write(tmp_path / "l.csv", f"path,slide,label\n,{nfc},one\n{nfc} 2.svs,,two\n")
+    joined, report = join_labels(entries, str(labels))
+    assert [e.label for e in joined] == ["one", "two"]
+    assert not report.unmatched_rows and not report.unlabelled_slides
 
 
 @pytest.mark.parametrize(

@@ -302,3 +302,32 @@ def test_dealing_more_patients_keeps_the_old_and_fills_the_shares() -> None:
     assert abs(sizes["test"] - 12) <= 1
     folds = [sizes[f"fold{k}"] for k in range(1, 5)]
     assert max(folds) - min(folds) <= 1, sizes
+
+
+def test_copies_of_one_scan_are_dealt_to_one_split(
+    tmp_path: Path, make_slide: SlideFactory
+) -> None:
+    """A symlink beside its target (two names, one scan) was dealt like two patients: the
+    copy in test and the original in train, and the next `wsi-loader index` refused the
+    index ("the same slide is in two splits")."""
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    for i in range(7):
+        shutil.copy(make_slide(width=512, height=512, seed=80 + i), folder / f"case {i}.svs")
+    (folder / "copy of case 0.svs").symlink_to(folder / "case 0.svs")
+    out = tmp_path / "idx"
+    build_index([folder], out, tile_size=256, level=0, min_tissue=0.0)
+    for seed in range(6):
+        plan = SplitPlan(stratify=None, test=0.25, val=0.25, seed=seed)
+        split = {Path(s.path).name: s.split for s in write_splits(out, plan, True).slides}
+        assert split["copy of case 0.svs"] == split["case 0.svs"], (seed, split)
+    build_index([folder], out, tile_size=256, level=0, min_tissue=0.0)  # the rebuild is not refused
+
+
+def test_info_shows_each_slides_patient(slides: Path, tmp_path: Path) -> None:
+    """`info --json` listed label and split per slide but not the patient the split deals
+    by, so a user could not check that a patient's slides stayed together."""
+    index = build_index([slides], tmp_path / "idx", tile_size=128, level=0, min_tissue=0)
+    patients = {Path(s["path"]).stem: s["patient"] for s in index.summary()["slides"]}
+    assert patients["TCGA-CR-7395-01A-01-TS1"] == patients["TCGA-CR-7395-01Z-00-DX1"]
+    assert patients["TCGA-CR-7395-01A-01-TS1"] == "TCGA-CR-7395"

@@ -52,6 +52,21 @@ def test_a_one_output_model_is_decided_by_the_threshold(index: SlideIndex, tmp_p
     assert run["activation"] == "sigmoid" and ">= 0.005" in run["slide_rule"]["predicted"]
 
 
+def test_a_one_output_models_metrics_count_the_other_label_as_its_negatives(
+    index: SlideIndex, tmp_path: Path
+) -> None:
+    """Labels normal/tumour and a one-output "tumour" model (the only way to give a sigmoid
+    classifier): the normal slide was left out of metrics.json (n=1, no ROC AUC: "needs items
+    of this class and of others") although it is exactly the model's negative."""
+    out = tmp_path / "p"
+    assert run_predict(index, out, "--model", "tests.feature_models:one_output",
+                       "--no-heatmaps") == 0  # fmt: skip
+    slides = json.loads((out / "metrics.json").read_text())["slides"]
+    assert slides["n"] == 2 and slides["support"] == {"tumour": 1}
+    assert slides["roc_auc"]["tumour"]["auc"] is not None
+    assert slides["per_class_balanced_accuracy"] == {"tumour": 0.5}  # both called negative
+
+
 @pytest.mark.parametrize(("model", "code"), [("map_output", 2), ("map_output_1x1", 0)])
 def test_a_model_returning_a_map_per_tile_is_refused(
     index: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str], model: str, code: int

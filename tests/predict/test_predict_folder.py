@@ -60,6 +60,19 @@ def test_a_second_predict_with_other_options_is_refused_and_changes_nothing(
     assert run_predict(index, out, "--multi-label") == 0
 
 
+def test_the_refusal_shows_what_changed(
+    index: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rerun with --threshold 0.7 was refused for "slide_rule differ", an option it did not
+    pass: the values there and now show that the threshold is what changed."""
+    out = tmp_path / "p"
+    assert run_predict(index, out) == 0
+    capsys.readouterr()
+    assert run_predict(index, out, "--threshold", "0.7") == 2
+    err = capsys.readouterr().err
+    assert 'slide_rule: ["mean", 10, 0.5] -> ["mean", 10, 0.7]' in err, err
+
+
 def test_overwrite_removes_the_slides_the_new_run_does_not_write(
     archive: Path, tmp_path: Path
 ) -> None:

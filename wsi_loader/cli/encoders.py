@@ -120,8 +120,9 @@ def pass_model(args: argparse.Namespace) -> Any:
         if args.batch_size == "auto":
             log.info("--batch-size auto probes registry encoders only: 64")
             args.batch_size = 64
-        for option in ("weights", "head"):
-            if getattr(args, option, None):
+        # each means something for a registry encoder only: refused, not silently ignored
+        for option in ("weights", "head", "precision", "compile", "strict"):
+            if getattr(args, option, None) not in (None, False, "card"):
                 raise ConfigError(
                     f"--{option} goes with --model NAME, a registry encoder (wsi-loader encoders)",
                     key=option,

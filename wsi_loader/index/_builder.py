@@ -205,6 +205,13 @@ def _build(
     if not any(_exists(e.path) for e in entries):
         if all(is_url(e.path) for e in entries):  # say the store's reason (unreachable...)
             raise InputError(f"none of the inputs can be read: {_remote_reason(entries[0].path)}")
+        manifests = [n for n in names if n.lower().endswith(".csv") and os.path.isfile(n)]
+        if manifests:  # they exist: the slides they list do not
+            shown = ", ".join(e.path for e in entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise InputError(
+                f"none of the slides exists ({shown}, listed in {', '.join(manifests[:3])}; "
+                "paths are relative to the manifest); is the share mounted? Nothing was written"
+            )
         raise InputError(
             f"none of the inputs exists ({', '.join(names[:3])}); is the share mounted? "
             "Nothing was written"

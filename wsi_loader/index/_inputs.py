@@ -22,6 +22,7 @@ import glob
 import math
 import os
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PureWindowsPath
@@ -379,6 +380,7 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
             table, key, shown = by_name, name_cell(row["slide"]), row["slide"]
         else:
             raise InputError("a row needs 'path' or 'slide'", path=labels_csv, line=line)
+        key = unicodedata.normalize("NFC", key)  # a Mac's NFD file names match NFC text
         if key in table and table[key] != value:
             raise InputError(
                 f"slide {shown!r} is given two different labels, splits or patients "
@@ -394,8 +396,9 @@ def join_labels(entries: list[SlideEntry], labels_csv: str) -> tuple[list[SlideE
         if is_dicom_name(entry.path) or is_dicom(entry.path):
             candidates.insert(1, ("path", os.path.dirname(entry.path)))
         hit = None
-        for kind, key in candidates:
+        for kind, written in candidates:
             table = by_path if kind == "path" else by_name
+            key = unicodedata.normalize("NFC", written)
             if key in table:
                 hit = table[key]
                 used.add((kind, key))

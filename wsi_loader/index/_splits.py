@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from wsi_loader.errors import InputError
+from wsi_loader.index._fingerprints import ends_digest
 from wsi_loader.index._labels import check_patient_splits, patient_of, warn_split_gaps
 from wsi_loader.index._table import SlideIndex
 from wsi_loader.index._table_files import SlideRecord
@@ -108,10 +109,27 @@ def _check_labelled(slides: Sequence[SlideRecord], rows: list[int], plan: SplitP
 def _members(
     slides: Sequence[SlideRecord], rows: list[int], plan: SplitPlan
 ) -> dict[str, list[int]]:
-    """The slides (their positions) of each group dealt whole."""
+    """The slides (their positions) of each group dealt whole. Copies of one scan (a symlink,
+    a second download: the same contents) join one group, whatever their names say: the
+    index refuses one scan in two splits."""
+    parent: dict[str, str] = {}
+
+    def root(group: str) -> str:
+        while parent.setdefault(group, group) != group:
+            group = parent[group]
+        return group
+
+    group_of_scan: dict[str, str] = {}
+    for i in rows:
+        group = root(_group(slides[i], plan.by))
+        content = slides[i].content
+        if content is not None:
+            other = root(group_of_scan.setdefault(ends_digest(content), group))
+            if other != group:  # the smaller name stands for both, whatever the order
+                parent[max(other, group)] = min(other, group)
     members: dict[str, list[int]] = {}
     for i in rows:
-        members.setdefault(_group(slides[i], plan.by), []).append(i)
+        members.setdefault(root(_group(slides[i], plan.by)), []).append(i)
     return members
 
 

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from wsi_loader.errors import IndexFormatError
 from wsi_loader.files import expand_home
 from wsi_loader.index._checks import check_params, check_slides, check_values
-from wsi_loader.index._labels import split_choices, split_mask, split_members
+from wsi_loader.index._labels import patient_of, split_choices, split_mask, split_members
 from wsi_loader.index._qc import (
     QcFilter,
     built_thresholds,
@@ -457,6 +457,7 @@ class SlideIndex:
                     "read_size": s.read_size,
                     "label": s.label,
                     "split": s.split,
+                    "patient": patient_of(s),  # given, or a TCGA name's case: what splits keep
                     "backend": s.backend,
                     "vendor": s.vendor,
                     "width": s.width,

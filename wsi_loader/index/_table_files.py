@@ -178,6 +178,10 @@ def current_generation(base: Path) -> Path:
         name = pointer.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         raise IndexFormatError("not an index directory (no CURRENT file)", path=str(base)) from None
+    except NotADirectoryError:  # a slide given where an index goes (`info slide.svs`)
+        raise IndexFormatError(
+            "a file, not an index directory: build one with `wsi-loader index`", path=str(base)
+        ) from None
     except OSError as exc:
         raise IndexFormatError(f"cannot read {CURRENT}: {exc.strerror}", path=str(base)) from exc
     except UnicodeDecodeError:

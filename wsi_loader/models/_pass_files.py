@@ -92,15 +92,20 @@ def _check_options(out: Path, command: str, options: dict[str, Any], overwrite: 
         return False
     found = recorded.get("options")
     before: dict[str, Any] = found if isinstance(found, dict) else {}
-    differ = sorted(key for key in {*before, *options} if before.get(key) != options.get(key))
-    if recorded.get("command") != command:
-        differ.insert(0, f"the command ({recorded.get('command')})")
+    # each with its value there and now: `--threshold 0.7` changes the key slide_rule
+    differ = [
+        f"{key}: {_shown(before.get(key))} -> {_shown(options.get(key))}"
+        for key in sorted({*before, *options})
+        if before.get(key) != options.get(key)
+    ]
+    if recorded.get("command") != command:  # its options are another command's
+        differ = [f"the command: {recorded.get('command')} -> {command}"]
     if not differ:
         return False
     if not overwrite:
         raise ConfigError(
             f"{out} holds the outputs of a {recorded.get('command')} run with other options "
-            f"({', '.join(differ)} differ): write elsewhere, or pass --overwrite "
+            f"({'; '.join(differ)}): write elsewhere, or pass --overwrite "
             "(overwrite=True) to replace them",
             key="overwrite",
             value=str(out),
@@ -152,3 +157,9 @@ def rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _shown(value: Any) -> str:
+    """An option's recorded value, short enough for a one-line error."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."

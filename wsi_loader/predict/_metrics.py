@@ -142,13 +142,17 @@ def metrics_available() -> bool:
 
 
 def class_of_label(label: str | None, classes: Sequence[str]) -> int | None:
-    """The class a label names: exactly, or ignoring case and spacing when that is unique."""
+    """The class a label names: exactly, or ignoring case and spacing when that is unique.
+    A one-output model (one sigmoid, one class) has no class for its negatives: any other
+    label is one (id 1, past the classes), so `normal` slides count against `tumour`."""
     if label is None:
         return None
     if label in classes:
         return list(classes).index(label)
     folded = [i for i, c in enumerate(classes) if c.strip().casefold() == label.strip().casefold()]
-    return folded[0] if len(folded) == 1 else None
+    if len(folded) == 1:
+        return folded[0]
+    return 1 if len(classes) == 1 else None
 
 
 def metrics(
