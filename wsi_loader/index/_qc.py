@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -211,7 +211,10 @@ def measure(
     def shares(*masks: BoolArray) -> list[FloatArray]:
         return list(box_means(np.stack(masks), sx, sy, tiles))
 
-    stained = rule.stained(picture)
+    # the artefact rules read the saturated tissue alone (`PixelRule.pale` left out): with
+    # pale tissue as the folds' reference, every dense area beside it is "twice as dense"
+    # (a haematoxylin-rich core beside pale stroma, dense pink beside loose pink tissue)
+    stained = replace(rule, pale=None).stained(picture)
     covered = stained if tissue_mask is None else _resized(tissue_mask, (w, h))
     nothing = np.zeros((h, w), dtype=bool)
     nan = np.full(len(tiles), np.nan, dtype=np.float32)
