@@ -7,7 +7,13 @@ import pytest
 from scipy import ndimage
 
 from tests.conftest import SlideFactory
-from wsi_loader.index._tissue import otsu_threshold, read_mask_image, tile_fractions, tissue_mask
+from wsi_loader.index._tissue import (
+    otsu_threshold,
+    pixel_rule,
+    read_mask_image,
+    tile_fractions,
+    tissue_mask,
+)
 from wsi_loader.slides import open_slide
 
 
@@ -30,11 +36,17 @@ def test_pink_region_is_found() -> None:
 
 
 def _scipy_tissue_mask(rgb: np.ndarray, radius: int) -> np.ndarray:
-    """The mask as first written, with scipy's morphology: the reference the fast one keeps."""
+    """The mask as first written, with scipy's morphology: the reference the fast one keeps.
+    The stained pixels: Otsu on saturation, and the pale pixels 8-connected to them."""
     high = rgb.max(axis=-1).astype(np.float32)
     low = rgb.min(axis=-1).astype(np.float32)
     sat = np.where(high > 0, (high - low) / np.maximum(high, 1.0), 0.0).astype(np.float32)
-    mask = sat > max(otsu_threshold(sat), 0.05)
+    rule = pixel_rule(rgb, "brightfield")
+    assert rule.threshold == max(otsu_threshold(sat), 0.05) and rule.pale is not None
+    labels, _ = ndimage.label(sat > rule.pale, np.ones((3, 3), dtype=bool))
+    saturated = sat > rule.threshold
+    seeded = np.unique(labels[saturated])
+    mask = saturated | np.isin(labels, seeded[seeded > 0])
     cross = ndimage.generate_binary_structure(2, 1)
     mask = ndimage.binary_closing(mask, cross, iterations=radius, border_value=0)
     mask = ndimage.binary_opening(mask, cross, iterations=radius)
