@@ -156,24 +156,35 @@ TEXTURES: dict[str, dict[str, object]] = {
 }  # fmt: skip
 
 
-def renderings(regimes: dict[str, tuple], quick: bool) -> list[tuple[str, SlideSpec, float]]:  # type: ignore[type-arg]
+def renderings(
+    regimes: dict[str, tuple],  # type: ignore[type-arg]
+    quick: bool,
+    textures: tuple[str, ...] = tuple(TEXTURES),
+) -> list[tuple[str, SlideSpec, float]]:
     """(texture, plain slide, artefact scale) of every regime's seeds in the default texture,
-    and of the 8 um/px regime's seeds in the other textures (one texture with --quick)."""
+    and of the 8 um/px regime's seeds in the other textures (one texture with --quick); of
+    ``textures`` only."""
     out = []
-    for width, height, mpp, scale, seeds in regimes.values():
+    for width, height, mpp, scale, seeds in regimes.values() if "default" in textures else ():
         for seed in seeds:
             out.append(
                 ("default", SlideSpec(width=width, height=height, seed=seed, mpp=mpp), scale)
             )
     width, height, mpp, scale, seeds = regimes.get(EIGHT, QUICK[EIGHT])
-    for texture, options in list(TEXTURES.items())[1 : 2 if quick else None]:
+    others = [(t, o) for t, o in list(TEXTURES.items())[1 : 2 if quick else None] if t in textures]
+    for texture, options in others:
         for seed in seeds:
             plain = SlideSpec(width=width, height=height, seed=seed, mpp=mpp, **options)  # type: ignore[arg-type]
             out.append((texture, plain, scale))
     return out
 
 
-def painters_section(scratch: Path, regimes: dict[str, tuple], quick: bool = False) -> None:  # type: ignore[type-arg]
+def painters_section(
+    scratch: Path,
+    regimes: dict[str, tuple],  # type: ignore[type-arg]
+    quick: bool = False,
+    textures: tuple[str, ...] = tuple(TEXTURES),
+) -> None:
     """Per rule and per ink colour, on artefacts of both painters (`_artefacts`, which the
     rules were tuned on, and `_other_artefacts`: ink blended over the stain at 75%, a fold
     as a second tissue layer) over several tissue renderings: recall of tiles at least half
@@ -184,7 +195,7 @@ def painters_section(scratch: Path, regimes: dict[str, tuple], quick: bool = Fal
     for painter in PAINTERS:
         totals: dict[tuple[str, str], Score] = {}
         slides: dict[str, int] = {}
-        for texture, plain, scale in renderings(regimes, quick):
+        for texture, plain, scale in renderings(regimes, quick, textures):
             spec = replace(with_qc_artefacts(plain, scale=scale), artefact_painter=painter)
             tag = "-".join(f"{k}{v}" for k, v in TEXTURES[texture].items())
             name = f"qc-{painter}-{plain.width}x{plain.height}-{plain.mpp}-{plain.seed}{tag}"
@@ -349,8 +360,18 @@ def main() -> None:
     parser.add_argument(
         "--images", type=Path, default=IMAGES_FOLDER, help="real images (qc_real_images.py)"
     )
+    parser.add_argument(
+        "--painters-only",
+        choices=TEXTURES,
+        action="append",
+        help="only the two painters' table, over these renderings (repeatable)",
+    )
     args = parser.parse_args()
     scratch = scratch_folder(args.scratch, "wsi-qc-")
+    if args.painters_only:
+        painters_section(scratch, QUICK if args.quick else REGIMES, args.quick,
+                         tuple(args.painters_only))  # fmt: skip
+        return
     pairs = synthetic_section(scratch, QUICK if args.quick else REGIMES)
     painters_section(scratch, QUICK if args.quick else REGIMES, args.quick)
     dark_field_section(scratch)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,7 +36,7 @@ from wsi_loader.config import close_key
 from wsi_loader.errors import ConfigError
 from wsi_loader.index._focus import Sharpness, relative_focus
 from wsi_loader.index._lowres import FloatArray, LowResolution, TileBoxes, box_means
-from wsi_loader.index._qc_pixels import bubbles, folded, large_parts, pen_inks
+from wsi_loader.index._qc_pixels import bubbles, folded, inked_folds, large_parts, pen_inks
 from wsi_loader.index._tissue import BoolArray, PixelRule, tile_fractions
 from wsi_loader.slides._base import RGBArray
 
@@ -211,7 +211,10 @@ def measure(
     def shares(*masks: BoolArray) -> list[FloatArray]:
         return list(box_means(np.stack(masks), sx, sy, tiles))
 
-    stained = rule.stained(picture)
+    # the artefact rules read the saturated tissue alone (`PixelRule.pale` left out): with
+    # pale tissue as the folds' reference, every dense area beside it is "twice as dense"
+    # (a haematoxylin-rich core beside pale stroma, dense pink beside loose pink tissue)
+    stained = replace(rule, pale=None).stained(picture)
     covered = stained if tissue_mask is None else _resized(tissue_mask, (w, h))
     nothing = np.zeros((h, w), dtype=bool)
     nan = np.full(len(tiles), np.nan, dtype=np.float32)
@@ -229,6 +232,11 @@ def measure(
         ink = large_parts(ink, _pixels(MIN_PEN_UM, um_per_px, w))
         bubble = bubbles(picture, ink, stained, window, _pixels(MIN_BUBBLE_UM, um_per_px, w))
         fold = folded(picture, stained & ~bubble, ink, window, _pixels(MIN_FOLD_UM, um_per_px, w))
+        # a stroke going on over tissue adds its density there: pen, not a fold
+        inked = inked_folds(picture, fold, ink, stained & ~bubble, window)
+        ink |= inked
+        fold &= ~inked
+        stained &= ~inked
         glass = ~(covered | stained) & ~ink & ~bubble
         tissue = covered & ~ink & ~bubble
         pen, fold_share, bubble_share, background, tissue_share = shares(

@@ -47,6 +47,10 @@ BLACK_INK_CHROMA = 35  # ...and channels this close (dense nuclei are purple eve
 FOLD_DENSITY = 1.8  # a fold absorbs this many times the tissue around it, or more
 FOLD_HUE_COSINE = 0.97  # ...in the same colour (two layers of the same tissue)
 HUE_PARTS = 3  # a fold is compared with the tissue around of its own hue: this many hues
+# a "fold" touching a pen stroke whose share of red absorbed differs from the tissue around
+# by more than this fraction is the stroke going on over tissue (red ink absorbs less red
+# than eosin, green, blue and black more); two layers of one tissue absorb in its proportions
+INKED_RED_SHARE = 0.15
 
 
 @cache
@@ -138,6 +142,41 @@ def folded(
     # nuclei, a speck), and the area large enough
     fold &= ndimage.uniform_filter(fold.astype(np.float32), 3, mode="constant") >= 4.5 / 9
     return large_parts(fold, min_area)
+
+
+def inked_folds(
+    rgb: RGBArray, fold: BoolArray, ink: BoolArray, stained: BoolArray, window: int
+) -> BoolArray:
+    """The parts of ``fold`` that are ink over tissue: areas touching a pen stroke (within 2
+    pixels) whose share of red in their optical density differs from that of the tissue
+    around them by more than `INKED_RED_SHARE` of it. A marker laid over tissue adds its
+    own density, so it looks "twice as dense" and, for red ink over eosin, nearly the same
+    colour; a fold is the tissue's own hue (its density's proportions), denser."""
+    if not fold.any() or not ink.any():
+        return np.zeros(fold.shape, dtype=bool)
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
+    labels, count = ndimage.label(fold, structure=np.ones((3, 3), dtype=bool))
+    near_ink = ndimage.binary_dilation(ink, iterations=2)
+    touching = np.zeros(count + 1, dtype=bool)
+    touching[labels[near_ink & fold]] = True
+    touching[0] = False
+    if not touching.any():
+        return np.zeros(fold.shape, dtype=bool)
+    raw = optical_density(rgb)
+    around = _typical_around(raw, stained & ~fold, window)
+
+    def red_share(values: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+        sums = [np.bincount(labels.ravel(), values[..., c].ravel(), count + 1) for c in range(3)]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share: npt.NDArray[np.float64] = sums[0] / (sums[0] + sums[1] + sums[2])
+        return share
+
+    own, theirs = red_share(raw), red_share(around)
+    with np.errstate(invalid="ignore"):
+        other_hue = np.abs(own - theirs) > INKED_RED_SHARE * theirs
+    inked: BoolArray = (touching & other_hue)[labels]
+    return inked
 
 
 def _denser(

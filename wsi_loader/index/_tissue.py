@@ -1,7 +1,11 @@
 """Tissue detection on a low-resolution image, by the detector that fits the slide.
 
 - ``brightfield`` (H&E, IHC): tissue is coloured (stain) while glass is near-white or grey,
-  so Otsu's threshold on saturation separates them better than brightness.
+  so Otsu's threshold on saturation separates them better than brightness. Where the stain
+  is uneven (dark haematoxylin, pale eosin) that threshold falls between dense cellular
+  tissue and pale stroma, so pixels above a second, lower threshold (Otsu again, below the
+  first, and above the glass's own saturation and noise) are tissue too where they touch
+  the first: hysteresis, as Canny's edges grow from strong into weak ones.
 - ``fluorescence`` (dark field): glass is black and tissue glows, so the rule inverts and
   works on intensity (the brightest channel): above the glass's own level and noise.
 
@@ -70,17 +74,38 @@ DARK_FIELD_BRIGHTNESS = 100
 @dataclass(frozen=True)
 class PixelRule:
     """Which pixels of a low-resolution picture are stained tissue (before morphology): the
-    detector and its threshold on the slide (saturation 0..1, or intensity 0..255)."""
+    detector and its threshold on the slide (saturation 0..1, or intensity 0..255); for
+    brightfield, ``pale``: the lower saturation above which pixels 8-connected to those above
+    ``threshold`` are tissue too (pale stroma beside dense cellular tissue; None: none)."""
 
     detector: Detector
     threshold: float
+    pale: float | None = None
 
     def stained(self, rgb: RGBArray) -> BoolArray:
         if self.detector == "fluorescence":
             found: BoolArray = brightness(rgb) > self.threshold
             return found
-        found = saturation(rgb) > self.threshold
+        sat = saturation(rgb)
+        found = sat > self.threshold
+        if self.pale is not None and self.pale < self.threshold:
+            found = connected_to(sat > self.pale, found)
         return found
+
+
+def connected_to(candidates: BoolArray, seeds: BoolArray) -> BoolArray:
+    """The 8-connected parts of ``candidates`` holding at least one pixel of ``seeds``, and
+    the seeds."""
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
+    labels, count = ndimage.label(candidates, structure=np.ones((3, 3), dtype=bool))
+    if count == 0:
+        return seeds.copy()
+    seeded = np.zeros(count + 1, dtype=bool)
+    seeded[labels[seeds]] = True
+    seeded[0] = False
+    grown: BoolArray = seeded[labels] | seeds
+    return grown
 
 
 def brightness(rgb: RGBArray) -> npt.NDArray[np.uint8]:
@@ -112,10 +137,13 @@ def choose_detector(rgb: RGBArray, forced: str = "auto") -> tuple[Detector, str]
 
 def pixel_rule(rgb: RGBArray, detector: Detector) -> PixelRule:
     """The slide's threshold for ``detector``: Otsu on saturation (brightfield; at least
-    `MIN_SATURATION`), or for fluorescence the lower of Otsu on log intensity and the
-    glass's level plus four times its noise (dim tissue between bright nuclei is tissue)."""
+    `MIN_SATURATION`) and the pale tissue's (`pale_threshold`), or for fluorescence the lower
+    of Otsu on log intensity and the glass's level plus four times its noise (dim tissue
+    between bright nuclei is tissue)."""
     if detector == "brightfield":
-        return PixelRule(detector, max(otsu_threshold(saturation(rgb)), MIN_SATURATION))
+        sat = saturation(rgb)
+        threshold = max(otsu_threshold(sat), MIN_SATURATION)
+        return PixelRule(detector, threshold, pale_threshold(rgb, sat, threshold))
     high = brightness(rgb).astype(np.float32)
     glass = float(np.percentile(high, 5))
     dark = high[high <= 2 * glass + 3]
@@ -123,6 +151,23 @@ def pixel_rule(rgb: RGBArray, detector: Detector) -> PixelRule:
     scale = math.log1p(255.0)
     otsu = math.expm1(otsu_threshold(np.log1p(high) / scale) * scale)
     return PixelRule(detector, max(glass + 2.0, min(otsu, glass + 4 * noise + 2)))
+
+
+GLASS_SHARE = 0.05  # the brightest pixels of a picture, this share of them, are its glass
+
+
+def pale_threshold(rgb: RGBArray, sat: npt.NDArray[np.float32], threshold: float) -> float:
+    """The saturation above which tissue touching the saturated tissue is tissue too: Otsu
+    over the pixels at or below ``threshold`` (glass and pale tissue), but never within the
+    glass's own saturation (that of the brightest `GLASS_SHARE` of pixels: its median plus
+    four standard deviations) nor under `MIN_SATURATION`. On a slide without pale tissue the
+    lower class is glass alone and this floor is what holds."""
+    high = brightness(rgb)
+    glass = sat[high >= np.quantile(high, 1 - GLASS_SHARE)]
+    floor = float(np.median(glass) + 4 * glass.std()) if glass.size else 0.0
+    lower = sat[sat <= threshold]
+    split = otsu_threshold(lower / threshold) * threshold if lower.size and threshold > 0 else 0
+    return min(threshold, max(MIN_SATURATION, floor, split))
 
 
 def tissue_mask(
