@@ -15,7 +15,11 @@ index's coordinates go to TRIDENT as its coords h5 and to LazySlide as its tiles
 all three read the same windows at the encoder's resolution (224 px tiles: no resize).
 
 Tiles/s counts the whole process (imports, model, reading, writing), as a user meets it;
-``extract`` is the peers' own call alone. The peers are no dependency of ours: they live in
+``extract`` is the peers' own call alone. The ``model`` side is the ceiling no loader can pass:
+a fresh process (ours' Python) that imports torch, builds the same encoder from the same file
+and runs its forward pass (preprocessing included) over as many tiles, in the same batches and
+torch threads, on tensors already in memory: nothing read, decoded or written. Its ``extract``
+is the forward passes alone. The peers are no dependency of ours: they live in
 their own venv (``make bench-encoders``; TRIDENT and CONCH from their git checkouts).
 """
 
@@ -38,7 +42,11 @@ import h5py
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-TRIDENT_NAMES = {"kaiko_vits16": "kaiko-vits16", "kaiko_vitb16": "kaiko-vitb16"}
+TRIDENT_NAMES = {
+    "kaiko_vits16": "kaiko-vits16",
+    "kaiko_vitb16": "kaiko-vitb16",
+    "kaiko_vitl14": "kaiko-vitl14",
+}
 
 
 def seeded_weights(name: str, path: Path, seed: int = 0) -> None:
@@ -120,13 +128,19 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
 
 def one_round(
     side: str, args: argparse.Namespace, work: Path, spec: dict[str, Any]
-) -> tuple[float, float, float | None, np.ndarray]:
+) -> tuple[float, float, float | None, np.ndarray | None]:
     """One fresh process of ``side``: wall, CPU, the peer's own extract seconds, features
-    (rows in the order of ``spec["coords"]``)."""
+    (rows in the order of ``spec["coords"]``; none for the model-only ceiling)."""
     out = work / f"out-{side}"
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    if side == "ours":
+    if side == "model":
+        child = {
+            "side": side, "weights": spec["weights"], "model": args.model, "size": spec["size"],
+            "tiles": len(spec["coords"]), "batch_size": args.batch_size,
+        }  # fmt: skip
+        command = [args.ours_python, __file__, "--child", json.dumps(child)]
+    elif side == "ours":
         command = [
             args.ours_python, "-m", "wsi_loader.cli", "features", spec["index"], "--model",
             args.model, "--weights", spec["weights"], "--out", str(out), "--workers",
@@ -144,6 +158,8 @@ def one_round(
         command = [args.peer_python, __file__, "--child", json.dumps(child)]
     wall, cpu, stdout = timed(command, env)
     extract = json.loads(stdout.strip().splitlines()[-1])["extract_s"] if side != "ours" else None
+    if side == "model":
+        return wall, cpu, extract, None
     if side in ("ours", "trident"):
         features, coords = read_h5(out / "s0.h5")
     else:
@@ -180,6 +196,23 @@ def child_trident(spec: dict[str, Any]) -> float:
     Path(spec["out"]).mkdir(parents=True, exist_ok=True)
     shutil.copy(Path(saved) / "s0.h5", Path(spec["out"]) / "s0.h5")
     return extract
+
+
+def child_model(spec: dict[str, Any]) -> float:
+    """The encoder's forward passes alone over ``tiles`` tiles already in memory."""
+    import torch
+
+    from wsi_loader.models import encoder
+
+    module = encoder(spec["model"], spec["weights"], download=False)
+    generator = torch.Generator().manual_seed(0)
+    size, total, batch = spec["size"], spec["tiles"], spec["batch_size"]
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for first in range(0, total, batch):
+            n = min(batch, total - first)
+            module(torch.rand((n, 3, size, size), generator=generator))
+    return time.perf_counter() - start
 
 
 def child_lazyslide(spec: dict[str, Any]) -> float:
@@ -224,7 +257,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--sides", default="ours,trident,lazyslide")
+    parser.add_argument("--sides", default="ours,trident,lazyslide,model")
     parser.add_argument("--peer-python", default=sys.executable)
     parser.add_argument("--ours-python", default=sys.executable)
     parser.add_argument("--scratch", default=None)
@@ -232,7 +265,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        run = child_trident if spec["side"] == "trident" else child_lazyslide
+        run = {"trident": child_trident, "lazyslide": child_lazyslide, "model": child_model}[
+            spec["side"]
+        ]
         print(json.dumps({"extract_s": run(spec)}))
         return
     sys.path.insert(0, str(Path(__file__).parent))
@@ -250,7 +285,8 @@ def main() -> None:
         for side in order:
             wall, cpu, extract, feats = one_round(side, args, work, spec)
             results[side].append((wall, cpu, extract))
-            features[side] = feats
+            if feats is not None:
+                features[side] = feats
             load.append(os.getloadavg()[0])
             print(
                 f"round {r + 1} {side:9s} {n / wall:7.1f} tiles/s  wall {wall:6.1f} s", flush=True
@@ -270,12 +306,17 @@ def main() -> None:
         extracts = [e for _, _, e in results[side] if e is not None]
         call = f"{min(extracts):.1f}" if extracts else "-"
         diff = "-"
-        if side != "ours" and "ours" in features:
+        if side in features and side != "ours" and "ours" in features:
             diff = f"{np.abs(features[side] - features['ours']).max():.2e}"
         print(f"| {side} | {best[side]:.1f} | {median[side]:.1f} | {cpu:.0f} | {call} | {diff} |")
     if "ours" in sides:
         for side in sides:
-            if side != "ours":
+            if side == "model":
+                print(
+                    f"ours / model-only ceiling (whole process): {best['ours'] / best[side]:.2f}x"
+                    f" best, {median['ours'] / median[side]:.2f}x median"
+                )
+            elif side != "ours":
                 print(
                     f"ours / {side}: {best['ours'] / best[side]:.2f}x best, "
                     f"{median['ours'] / median[side]:.2f}x median"
