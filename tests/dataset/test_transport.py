@@ -147,7 +147,10 @@ def test_a_consumer_holding_every_batch_gets_plain_batches(index: SlideIndex, co
     assert sum(_in_ring(loader, b.images) for b in held) == slots
     ds = TileDataset(index, record_failures=False)
     for batch in held:
-        assert torch.equal(batch.images, ds.read_batch(batch.rows.tolist()).images)
+        expected = ds.read_batch(batch.rows.tolist())
+        assert torch.equal(batch.images, expected.images)
+        for name in ("ok", "x", "y", "slide_id", "label", "slide_label"):  # both ways
+            assert torch.equal(getattr(batch, name), getattr(expected, name)), name
     before = loader.ring_fallbacks
     del held, batch
     gc.collect()
