@@ -4,9 +4,11 @@ workers under fork, spawn and forkserver."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import pickle
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,8 @@ import pytest
 import torch
 
 from tests.conftest import corrupt_rows
-from wsi_loader.dataset import TileDataset, make_loader
+from wsi_loader.dataset import TileBatch, TileDataset, make_loader
+from wsi_loader.dataset._batch import pack_columns, unpack_columns
 from wsi_loader.dataset._loader import _RUNNING, TileLoader
 from wsi_loader.dataset._transport import SlotRing
 from wsi_loader.errors import LoaderWorkerDiedError
@@ -24,12 +27,12 @@ from wsi_loader.index import SlideIndex, build_index
 FIELDS = ["images", "ok", "substituted", "rows", "slide_id", "x", "y", "label", "slide_label"]
 
 
-def _loader(index: SlideIndex, context: str, ring: bool = True, **options: Any) -> TileLoader:
+def _loader(index: SlideIndex, start: str, ring: bool = True, **options: Any) -> TileLoader:
     loader = make_loader(
         index,
         batch_size=8,
         num_workers=2,
-        multiprocessing_context=context,
+        multiprocessing_context=start,
         shuffle=False,
         prefetch_factor=2,
         **options,
@@ -144,7 +147,10 @@ def test_a_consumer_holding_every_batch_gets_plain_batches(index: SlideIndex, co
     assert sum(_in_ring(loader, b.images) for b in held) == slots
     ds = TileDataset(index, record_failures=False)
     for batch in held:
-        assert torch.equal(batch.images, ds.read_batch(batch.rows.tolist()).images)
+        expected = ds.read_batch(batch.rows.tolist())
+        assert torch.equal(batch.images, expected.images)
+        for name in ("ok", "x", "y", "slide_id", "label", "slide_label"):  # both ways
+            assert torch.equal(getattr(batch, name), getattr(expected, name)), name
     before = loader.ring_fallbacks
     del held, batch
     gc.collect()
@@ -214,3 +220,125 @@ def test_forwarded_ring_batches_are_copied(index: SlideIndex) -> None:
     clone = pickle.loads(pickle.dumps(batch))
     assert torch.equal(clone.images, batch.images)
     assert clone.images.data_ptr() != batch.images.data_ptr()
+
+
+def _fields(batch: TileBatch) -> dict[str, Any]:
+    """Every field of ``batch``: tensors as (dtype, shape, strides, a copy of the values)."""
+
+    def copy(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return (value.dtype, tuple(value.shape), value.stride(), value.clone())
+        if isinstance(value, list):
+            return [copy(v) for v in value]
+        return value
+
+    return {f.name: copy(getattr(batch, f.name)) for f in dataclasses.fields(batch)}
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))
+    return bool(a == b)
+
+
+def _unicode_archive(archive: Path, tmp_path: Path, name: str) -> Path:
+    """The archive's slides (the corrupt one included) under Unicode names."""
+    folder = tmp_path / name
+    folder.mkdir()
+    shutil.copy(archive / "good.svs", folder / "Präparat 東京 🧫 №1.svs")
+    shutil.copy(archive / "bad.svs", folder / "βλάβη — ø.svs")
+    return folder
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+@pytest.mark.parametrize("options", [{"context": [(1.0, 64)]}, {"decode": "device"}])
+def test_every_field_matches_torch_transport_with_unicode_slide_names(
+    archive: Path, tmp_path: Path, start: str, options: dict[str, Any]
+) -> None:
+    """Every field of every batch (dtypes, shapes and strides too; the compressed tiles, slide
+    paths and fingerprints of ``decode="device"``, the context tiles and boxes) and the
+    quarantine records are those of torch's transport, with slides named in any script."""
+    slides = _unicode_archive(archive, tmp_path, "named-slides")
+    indexes = [
+        build_index(
+            [slides],
+            tmp_path / f"idx{k}",
+            tile_size=256,
+            level=0,
+            min_tissue=0.0,
+        )
+        for k in range(2)
+    ]
+    assert "東京" in indexes[0].slides[0].path + indexes[0].slides[1].path
+    seen = []
+    for way, index in zip(("ring", "torch"), indexes, strict=True):
+        loader = _loader(index, start, ring=way == "ring", **options)
+        batches = []
+        for batch in loader:
+            assert _in_ring(loader, batch.images) == (way == "ring")
+            batches.append(_fields(batch))
+        assert loader.ring_fallbacks == 0
+        seen.append(batches)
+    ring, plain = seen
+    assert len(ring) == len(plain) > 0
+    for a, b in zip(ring, plain, strict=True):
+        for name in a:
+            if name == "quarantine" and a[name] is not None:  # each index has its own
+                a[name], b[name] = a[name].replace("idx0", "idx"), b[name].replace("idx1", "idx")
+            assert _equal(a[name], b[name]), name
+    if "decode" in options:
+        assert any(b["encoded"] for b in ring) and any(
+            "東京" in str(b["slide_paths"]) for b in ring
+        )
+    else:
+        assert all(b["context_inside"] is not None for b in ring)
+        assert _records(indexes[0]) != []  # (compressed tiles fail later, on decode)
+    assert any(not bool(b["ok"][3].all()) for b in ring)  # the corrupt tiles came through
+    assert _records(indexes[0]) == _records(indexes[1])
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_kept_columns_do_not_keep_slots(index: SlideIndex, context: str) -> None:
+    """A loop that keeps every batch's per-tile columns (not its pixels) holds no slot: the
+    columns are the consumer's own writable memory, and no batch falls back."""
+    loader = _loader(index, context)
+    kept = []
+    for _ in range(3):
+        for batch in loader:
+            assert _in_ring(loader, batch.images)
+            kept.append((batch.rows, batch.x, batch.y, batch.ok, batch.slide_id))
+            del batch
+    assert loader.ring_fallbacks == 0
+    ds = TileDataset(index, record_failures=False)
+    for rows, x, y, ok, slide_id in kept:
+        assert not _in_ring(loader, x) and not _in_ring(loader, ok)
+        expected = ds.read_batch(rows.tolist())
+        assert torch.equal(x, expected.x) and torch.equal(y, expected.y)
+        assert torch.equal(slide_id, expected.slide_id)
+        x.add_(1)  # writable, without a warning (warnings are errors here)
+
+
+def test_packed_columns_round_trip() -> None:
+    """Any dtype and shape (coverage, context boxes, empty batches), None and device-less
+    fields left alone, each column a writable tensor of its own."""
+    state: dict[str, Any] = {
+        "ok": torch.tensor([True, False, True]),
+        "x": torch.tensor([1, -(2**62), 3]),
+        "coverage": torch.rand(3, 5),
+        "context_inside": torch.arange(24, dtype=torch.int32).view(3, 2, 4),
+        "empty": torch.zeros(0, 4, dtype=torch.int16),
+        "label": torch.arange(6)[::2],  # not contiguous
+        "slide_label": None,
+    }
+    expected = {k: v.clone() for k, v in state.items() if v is not None}
+    data, layout = pack_columns(state, tuple(state))
+    assert all(state[k] is None for k in expected)
+    columns = unpack_columns(*pickle.loads(pickle.dumps((data, layout))))
+    assert set(columns) == set(expected)
+    for name, tensor in expected.items():
+        assert columns[name].dtype == tensor.dtype and columns[name].is_contiguous()
+        assert torch.equal(columns[name], tensor), name
+    columns["x"][0] = 7
+    assert columns["ok"].tolist() == [True, False, True]  # the columns do not overlap

@@ -21,6 +21,7 @@ buffer per scale, the co-centred tiles of the same rows (see `wsi_loader.dataset
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -90,6 +91,7 @@ class TileBatch:
         if "_ring_slot" in state:  # the pixels stay where they are; the slot number travels
             state["images"] = None
             state["context"] = None
+            state["_packed"] = pack_columns(state, self._BY_VALUE)
         for name in self._BY_VALUE:
             tensor = state.get(name)
             if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
@@ -114,6 +116,9 @@ class TileBatch:
         if slot is not None:
             images, *context = receive(*slot)
             state["images"], state["context"] = images, context or None
+        packed = state.pop("_packed", None)
+        if packed is not None:
+            state.update(unpack_columns(*packed))
         leased = state.pop("_lease_on_arrival", None)
         if leased is True:  # (as older batches said it)
             leased = (True, [])
@@ -179,6 +184,49 @@ class TileBatch:
                 else {}
             ),
         }
+
+
+# The per-tile columns of a batch sent in a ring slot travel packed in one buffer: unpickling
+# a numpy array per column and wrapping each in a tensor was a large share of what is left of
+# the consumer's cost per batch (benchmarks/README.md, "Worker transport"). The columns are
+# copies the receiver owns, not views of the slot: a loop that keeps every batch's ``x`` must
+# not keep the slots taken. Batches sent the old way (no free slot) are pickled as before.
+Layout = tuple[tuple[str, str, int, tuple[int, ...]], ...]
+
+
+def pack_columns(state: dict[str, Any], names: tuple[str, ...]) -> tuple[bytes, Layout]:
+    """The CPU tensors of ``state`` named ``names``, in one buffer (each start 8-byte aligned),
+    and where each is: (name, dtype name, offset, shape). Sets them to None in ``state``."""
+    parts: list[bytes] = []
+    layout: list[tuple[str, str, int, tuple[int, ...]]] = []
+    offset = 0
+    for name in names:
+        tensor = state.get(name)
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+            continue
+        data = tensor.contiguous().numpy().tobytes()
+        pad = -offset % 8
+        parts += [bytes(pad), data]
+        offset += pad
+        layout.append((name, str(tensor.dtype).removeprefix("torch."), offset, tuple(tensor.shape)))
+        offset += len(data)
+        state[name] = None
+    return b"".join(parts), tuple(layout)
+
+
+def unpack_columns(data: bytes, layout: Layout) -> dict[str, torch.Tensor]:
+    """The tensors `pack_columns` packed, over one writable copy of ``data``."""
+    buffer = bytearray(data)
+    columns = {}
+    for name, dtype_name, offset, shape in layout:
+        dtype = getattr(torch, dtype_name)
+        count = math.prod(shape)
+        if count == 0:
+            columns[name] = torch.empty(shape, dtype=dtype)
+            continue
+        column = torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset)
+        columns[name] = column if len(shape) == 1 else column.view(shape)
+    return columns
 
 
 def inside_mask(boxes: torch.Tensor, size: int) -> torch.Tensor:
