@@ -144,6 +144,19 @@ def test_an_index_with_grid_options_or_beside_slides_is_refused(
     assert "with --mil-model, PATH is one features folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["predict", "features"])
+def test_a_bad_pass_option_is_refused_before_the_slides_are_indexed(
+    command: str, slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    model = MODEL if command == "predict" else ENCODER
+    target = str(tmp_path / "target.png")
+    assert run(command, str(slides), "--model", model, "--out", str(out), "--stain-target", target,
+               *GRID) == 2  # fmt: skip
+    assert "--stain-target needs --stain macenko" in capsys.readouterr().err
+    assert not out.exists()  # nothing indexed on the way
+
+
 @pytest.mark.slow
 def test_under_torchrun_rank_0_indexes_the_slides_and_the_ranks_split_them(
     slides: Path, tmp_path: Path

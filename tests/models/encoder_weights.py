@@ -1,16 +1,54 @@
-"""Seeded random weights in a hub file's key layout, for the encoder tests (nothing is ever
-downloaded), and an independent ResNet-50 forward written from torchvision's definition."""
+"""Seeded random weights in a hub file's (or a peer model's state dict's) key layout, for the
+encoder tests (nothing is ever downloaded), and an independent ResNet-50 forward written from
+torchvision's definition."""
 
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F  # noqa: N812
 
 _CODES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
+
+
+def is_norm_weight(name: str) -> bool:
+    """Whether ``name`` is a normalisation layer's weight, which random weights keep near one:
+    its module is named ``*norm*`` (timm's ``norm1``, ``fc_norm``) or ``ln*`` (open_clip's
+    ``ln_1``, TITAN's ``ln_q``); torchscale (MUSK) puts its norms' parts before ``.A``/``.B``
+    (``self_attn.inner_attn_ln.A.weight``), so the whole name is looked at."""
+    module = name.split(".")[-2] if "." in name else ""
+    return name.endswith(".weight") and (
+        "norm" in name or module.startswith("ln") or "_ln." in name
+    )
+
+
+def seeded_like(
+    state: Mapping[str, torch.Tensor], seed: int = 0, *, fan_in: bool = False
+) -> dict[str, torch.Tensor]:
+    """Seeded random tensors in ``state``'s layout (its floating-point tensors; the others
+    kept), scaled so that activations stay in range: noise times 0.02, or with ``fan_in``
+    (the slide encoders' few wide layers) matrices divided by the root of their fan-in and
+    vectors by 10; norms' weights (`is_norm_weight`) one plus that."""
+    generator = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, value in state.items():
+        if not value.is_floating_point():
+            out[name] = value
+            continue
+        noise = torch.randn(value.shape, generator=generator)
+        norm = is_norm_weight(name)
+        if not fan_in:
+            new = noise * 0.02
+        elif value.ndim >= 2 and not norm:
+            new = noise / value.shape[-1] ** 0.5
+        else:
+            new = noise / 10
+        out[name] = new + 1 if norm else new
+    return out
 
 
 def write_safetensors(path: Path, state: dict[str, torch.Tensor]) -> None:

@@ -1,7 +1,8 @@
-"""The slide encoder tests' helpers: seeded random weights in a published file's key layout,
-per-slide features files as `wsi-loader features` writes them, and the authors' own code
-imported from a checkout (``WSI_LOADER_PEERS``: a folder holding e.g. ``CHIEF/``, a checkout
-of hms-dbmi/CHIEF; the comparisons skip, saying so, without it)."""
+"""The slide encoder tests' helpers: published files' key layouts (seeded random weights in
+them: `tests.models.encoder_weights.seeded_like`), per-slide features files as `wsi-loader
+features` writes them, and the authors' own code imported from a checkout
+(``WSI_LOADER_PEERS``: a folder holding e.g. ``CHIEF/``, a checkout of hms-dbmi/CHIEF; the
+comparisons skip, saying so, without it)."""
 
 from __future__ import annotations
 
@@ -202,23 +203,6 @@ def peer_titan(root: Path) -> Any:
             attn_pooler_queries=128,
             attn_pooler_heads=8,
         ).eval()
-
-
-def random_like(state: dict[str, torch.Tensor], seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded random tensors in ``state``'s layout: norms near 1, weights scaled by fan-in."""
-    generator = torch.Generator().manual_seed(seed)
-    out = {}
-    for key, value in state.items():
-        noise = torch.randn(value.shape, generator=generator)
-        if key.endswith(
-            ("norm1.weight", "norm2.weight", "norm.weight", "ln_q.weight", "ln_k.weight")
-        ):
-            out[key] = 1 + noise / 10
-        elif value.ndim >= 2:
-            out[key] = noise / value.shape[-1] ** 0.5
-        else:
-            out[key] = noise / 10
-    return out
 
 
 def peer_chief(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.models.encoder_weights import write_safetensors
+from tests.models.encoder_weights import seeded_like, write_safetensors
 from wsi_loader.errors import WeightsError
 from wsi_loader.models import encoder
 
@@ -40,22 +40,6 @@ def musk_modules() -> tuple[Any, Any, Any]:
     return modeling, utils, timm
 
 
-def seeded(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
-    """Random weights in ``state``'s layout (seeded), small so activations stay in range;
-    LayerNorm weights near one (torchscale's norms sit before ``.A``/``.B``, so the whole
-    name is looked at)."""
-    generator = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, value in state.items():
-        new = value
-        if value.is_floating_point():
-            new = torch.randn(value.shape, generator=generator) * 0.02
-            if name.endswith(".weight") and ("norm" in name or "_ln." in name):
-                new = new + 1
-        out[name] = new
-    return out
-
-
 @pytest.fixture(scope="module")
 def released(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """A ``model.safetensors`` in the released layout (MUSK's whole model, seeded) and MUSK's
@@ -63,7 +47,7 @@ def released(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     modeling, utils, timm = musk_modules()
     assert modeling is not None
     theirs = timm.create_model("musk_large_patch16_384")  # as TRIDENT builds it
-    state = seeded(theirs.state_dict(), seed=13)
+    state = seeded_like(theirs.state_dict(), seed=13)
     assert state["beit3.encoder.embed_positions.A.weight"].shape == (579, 1024)
     path = tmp_path_factory.mktemp("musk") / "model.safetensors"
     write_safetensors(path, state)

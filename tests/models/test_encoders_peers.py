@@ -15,27 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.models.encoder_weights import seeded_like
 from wsi_loader.models import encoder
 
 pytestmark = pytest.mark.vision
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
-
-
-def seeded(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
-    """Random weights in ``state``'s layout (seeded), scaled so activations stay in range;
-    layer-norm weights near one, layer scales small."""
-    generator = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, value in state.items():
-        new = value
-        if value.is_floating_point():
-            new = torch.randn(value.shape, generator=generator) * 0.02
-            module = name.split(".")[-2] if "." in name else ""
-            if name.endswith(".weight") and ("norm" in module or module.startswith("ln")):
-                new = new + 1
-        out[name] = new
-    return out
 
 
 def tiles(n: int, size: int, seed: int) -> torch.Tensor:
@@ -52,7 +37,7 @@ def normalized(x: torch.Tensor, stats: tuple[tuple[float, ...], tuple[float, ...
 def test_conch_v15_equals_tridents_construction(tmp_path: Path) -> None:
     trident = pytest.importorskip("trident.patch_encoder_models.model_zoo.conchv1_5.conchv1_5")
     # the published file's layout: TRIDENT's tower as built (224 px positions, 14 x 14)
-    state = seeded(trident.CONCHVisionTower().state_dict(), seed=11)
+    state = seeded_like(trident.CONCHVisionTower().state_dict(), seed=11)
     assert state["trunk.pos_embed"].shape == (1, 197, 1024)
     weights = tmp_path / "pytorch_model_vision.bin"
     torch.save(state, weights)
@@ -72,7 +57,7 @@ def test_conch_v1_equals_conchs_coca_encode_image(tmp_path: Path) -> None:
     config.pop("custom_text")
     coca = factory.CoCa(**config)  # as create_model builds it, before the file is read
     # the released pytorch_model.bin's layout: the whole CoCa (text towers included)
-    state = seeded(coca.state_dict(), seed=12)
+    state = seeded_like(coca.state_dict(), seed=12)
     weights = tmp_path / "pytorch_model.bin"
     torch.save(state, weights)
     theirs, _ = factory.create_model_from_pretrained("conch_ViT-B-16", checkpoint_path=str(weights))

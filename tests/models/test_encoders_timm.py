@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import SlideFactory
-from tests.models.encoder_weights import resnet50_state, write_safetensors
+from tests.models.encoder_weights import resnet50_state, seeded_like, write_safetensors
 from tests.vision import require
 from wsi_loader.errors import WeightsError
 from wsi_loader.features import extract
@@ -34,20 +34,6 @@ HOPTIMUS = ((0.707223, 0.578729, 0.703617), (0.211883, 0.230117, 0.177517))
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 IMAGENET_MEAN = torch.tensor(IMAGENET[0]).view(1, 3, 1, 1)
 IMAGENET_STD = torch.tensor(IMAGENET[1]).view(1, 3, 1, 1)
-
-
-def seeded(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
-    """Random weights (seeded), scaled so activations stay in range."""
-    generator = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, value in model.state_dict().items():
-        new = value
-        if value.is_floating_point():
-            new = torch.randn(value.shape, generator=generator) * 0.02
-            if name.endswith(("norm1.weight", "norm2.weight", "norm.weight", "fc_norm.weight")):
-                new = new + 1
-        state[name] = new
-    return state
 
 
 @pytest.fixture
@@ -90,7 +76,7 @@ def test_h0_mini_class_token_and_mean_of_patch_tokens_as_its_card(
         act_layer=torch.nn.SiLU,
     ).eval()
     assert round(sum(p.numel() for p in card.parameters()) / 1e5) == 857  # H0-mini's 85.7M
-    state = seeded(card, 1)
+    state = seeded_like(card.state_dict(), 1)
     card.load_state_dict(state)
     snapshot = tmp_path / "snapshot"
     snapshot.mkdir()
@@ -116,7 +102,7 @@ def test_kaiko_vits16_class_token_as_its_card(index224: SlideIndex, tmp_path: Pa
     card = timm.create_model(
         "vit_small_patch16_224", pretrained=False, num_classes=0, dynamic_img_size=True
     ).eval()
-    state = seeded(card, 2)
+    state = seeded_like(card.state_dict(), 2)
     card.load_state_dict(state)
     weights = tmp_path / "model.safetensors"
     write_safetensors(weights, state)
@@ -160,7 +146,7 @@ def test_ctranspath_loads_chiefs_original_swin_layout(tmp_path: Path) -> None:
     # CHIEF_CTransPath.pth: {"model": ...} in the original Swin layout (patch merging at the
     # end of a stage, relative_position_index and attn_mask buffers saved, a head)
     reference = build(ENCODERS["ctranspath"], device="cpu").backbone
-    state = seeded(reference, 3)
+    state = seeded_like(reference.state_dict(), 3)
     reference.load_state_dict(state)
     original: dict[str, torch.Tensor] = {}
     for key, value in state.items():
@@ -187,7 +173,7 @@ def test_conch_v1_takes_the_whole_coca_file_and_refuses_one_without_its_pooler(
     # CONCH's pytorch_model.bin is the whole CoCa: the text towers, the caption pooler and
     # the contrastive projection are in it and left out by the recipe
     tower = build(ENCODERS["conch_v1"], device="cpu").backbone
-    state = seeded(tower, 4)
+    state = seeded_like(tower.state_dict(), 4)
     extra = {
         "text.token_embedding.weight": torch.zeros(8, 4),
         "text_decoder.ln_final.weight": torch.ones(4),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.models.encoder_weights import write_safetensors
+from tests.models.encoder_weights import seeded_like, write_safetensors
 from tests.models.slide_peers import (
     CHIEF_KEYS,
     FEATHER_CONFIG,
@@ -21,7 +21,6 @@ from tests.models.slide_peers import (
     peer_madeleine,
     peer_root,
     peer_titan,
-    random_like,
 )
 from wsi_loader.errors import ConfigError, WeightsError
 from wsi_loader.models import SLIDE_ENCODERS, slide_encoder
@@ -144,7 +143,7 @@ def titan_file(tmp_path: Path, state: dict[str, torch.Tensor]) -> Path:
 
 def titan_state(seed: int = 0) -> dict[str, torch.Tensor]:
     net = build_slide_encoder(slide_recipe_of("titan"), device="cpu").net
-    return random_like(net.state_dict(), seed)
+    return seeded_like(net.state_dict(), seed, fan_in=True)
 
 
 def grid_slide(tiles: int, size0: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,7 +205,7 @@ def test_titan_file_with_another_part_is_refused(tmp_path: Path) -> None:
 def test_titan_equals_titans_own_code(tmp_path: Path) -> None:
     root = peer_root("TITAN")
     peer = peer_titan(root)
-    state = random_like(peer.state_dict(), seed=7)
+    state = seeded_like(peer.state_dict(), seed=7, fan_in=True)
     peer.load_state_dict(state, strict=True)
     ours = slide_encoder("titan", weights=titan_file(tmp_path, state))
     # (not one tile: TITAN's get_alibi indexes a numpy grid with a torch bool mask, which
@@ -254,7 +253,7 @@ def test_gigapath_refuses_tiles_off_its_grid(tmp_path: Path) -> None:
 def test_gigapath_equals_prov_gigapaths_own_code(tmp_path: Path, tiles: int) -> None:
     root = peer_root("prov-gigapath")
     peer = peer_gigapath(root)
-    state = random_like(peer.state_dict(), seed=tiles)
+    state = seeded_like(peer.state_dict(), seed=tiles, fan_in=True)
     peer.load_state_dict(state, strict=True)
     ours = slide_encoder("gigapath_slide", weights=gigapath_file(tmp_path, state))
     generator = torch.Generator().manual_seed(tiles)
@@ -283,7 +282,9 @@ def madeleine_folder(tmp_path: Path, state: dict[str, torch.Tensor], config: dic
 
 def test_madeleine_needs_its_config_beside_the_weights(tmp_path: Path) -> None:
     net = build_slide_encoder(slide_recipe_of("madeleine"), device="cpu").net
-    folder = madeleine_folder(tmp_path, random_like(net.state_dict()), MADELEINE_CONFIG)
+    folder = madeleine_folder(
+        tmp_path, seeded_like(net.state_dict(), fan_in=True), MADELEINE_CONFIG
+    )
     (folder / "model_config.json").unlink()
     with pytest.raises(WeightsError, match=r"model_config\.json"):
         slide_encoder("madeleine", weights=folder)
@@ -294,7 +295,7 @@ def test_madeleine_equals_madeleines_own_code(tmp_path: Path, heads: int, activa
     root = peer_root("MADELEINE")
     config = {**MADELEINE_CONFIG, "n_heads": heads, "activation": activation}
     peer = peer_madeleine(root, config)
-    state = random_like(peer.state_dict(), seed=heads)
+    state = seeded_like(peer.state_dict(), seed=heads, fan_in=True)
     peer.load_state_dict(state, strict=True)
     ours = slide_encoder("madeleine", weights=madeleine_folder(tmp_path, state, config))
     generator = torch.Generator().manual_seed(heads)
@@ -324,7 +325,7 @@ def feather_folder(tmp_path: Path, state: dict[str, torch.Tensor], config: dict)
 
 def test_feather_needs_its_config_beside_the_weights(tmp_path: Path) -> None:
     net = build_slide_encoder(slide_recipe_of("feather"), device="cpu").net
-    folder = feather_folder(tmp_path, random_like(net.state_dict()), FEATHER_CONFIG)
+    folder = feather_folder(tmp_path, seeded_like(net.state_dict(), fan_in=True), FEATHER_CONFIG)
     (folder / "config.json").write_text("{}")
     with pytest.raises(WeightsError, match=r"config\.json"):
         slide_encoder("feather", weights=folder)
@@ -335,7 +336,7 @@ def test_feather_equals_mil_labs_own_code(tmp_path: Path, layers: int) -> None:
     root = peer_root("MIL-Lab")
     config = {**FEATHER_CONFIG, "num_fc_layers": layers}
     peer = peer_feather(root, config)
-    state = random_like(peer.state_dict(), seed=layers)
+    state = seeded_like(peer.state_dict(), seed=layers, fan_in=True)
     peer.load_state_dict(state, strict=True)
     ours = slide_encoder("feather", weights=feather_folder(tmp_path, state, config))
     generator = torch.Generator().manual_seed(layers)

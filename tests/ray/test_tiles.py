@@ -20,7 +20,7 @@ from tests.conftest import corrupt_rows
 from wsi_loader.dataset import TileDataset
 from wsi_loader.index import SlideIndex
 from wsi_loader.ray import TileSource, tiles
-from wsi_loader.ray._source import COLUMNS, plan_runs
+from wsi_loader.ray._source import COLUMNS, plan_runs, remote_options
 
 pytestmark = [
     pytest.mark.slow,
@@ -214,3 +214,27 @@ def test_blocks_are_not_split_by_ray(cluster: str, index: SlideIndex) -> None:
     ]
     assert sum(sizes) == len(index)
     assert sum(size < 16 for size in sizes) <= len(source.runs(200)), sizes
+
+
+def test_ray_remote_args_reach_the_read_tasks_as_rays_named_parameters(
+    cluster: str, index: SlideIndex
+) -> None:
+    """Ray deprecates ``read_datasource(ray_remote_args=...)`` (gone in Ray 2.64): our
+    parameter of that name still works, and passes what Ray names as named parameters, so
+    that Ray warns of nothing (warnings are errors here)."""
+    asked = {"num_cpus": 0.5, "memory": 2**20, "max_calls": 3}
+    dataset = tiles(index, batch_size=16, columns=["row"], ray_remote_args=asked)
+    read = dataset._logical_plan.dag  # Ray's Read operator: what each read task asks for
+    assert {k: read.ray_remote_args[k] for k in asked} == asked
+    got = collect(dataset.iter_batches(batch_format="numpy"))
+    assert sorted(got["row"].tolist()) == list(range(len(index)))
+
+
+def test_remote_options_pass_what_ray_names_and_keep_the_rest() -> None:
+    given = {"num_cpus": 1, "memory": 5, "max_retries": 3}
+    got = remote_options({"override_num_blocks": 4, "num_cpus": 2, "ray_remote_args": given})
+    # num_cpus given by name wins, as in Ray; retries have no named parameter
+    assert got == {"override_num_blocks": 4, "num_cpus": 2, "memory": 5,
+                   "ray_remote_args": {"max_retries": 3}}  # fmt: skip
+    assert given == {"num_cpus": 1, "memory": 5, "max_retries": 3}  # the caller's, untouched
+    assert remote_options({"ray_remote_args": None}) == {}

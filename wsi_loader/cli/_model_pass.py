@@ -94,6 +94,22 @@ def pass_keywords(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def index_model_and_keywords(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """What a pass needs, in the order that fails soonest: the pass's keyword arguments (a bad
+    stain option is refused before anything is indexed); the index (built first when PATH
+    names slides; ``args.index`` becomes its path, which the encoder's resolution check,
+    ``--batch-size auto`` and the anndata file read); then the model (``--batch-size auto``
+    resolved into the keywords)."""
+    from wsi_loader.cli._index_on_the_way import index_for
+    from wsi_loader.cli.encoders import pass_model
+
+    keywords = pass_keywords(args)
+    args.index = index_for(args)
+    model = pass_model(args)
+    keywords["batch_size"] = args.batch_size
+    return model, keywords
+
+
 def ray_runner(address: str) -> Any:
     """``--ray ADDRESS``: a `wsi_loader.ray.RayPass` on that cluster."""
     try:

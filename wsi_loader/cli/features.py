@@ -6,10 +6,15 @@ import argparse
 import sys
 
 from wsi_loader.cli._anndata import add_anndata_options, write_requested
-from wsi_loader.cli._index_on_the_way import INDEX_ON_THE_WAY, index_for
-from wsi_loader.cli._model_pass import MODEL_PASS, pass_keywords, start, unfinished_slides
+from wsi_loader.cli._index_on_the_way import INDEX_ON_THE_WAY
+from wsi_loader.cli._model_pass import (
+    MODEL_PASS,
+    index_model_and_keywords,
+    start,
+    unfinished_slides,
+)
 from wsi_loader.cli.common import COMMON, READS, TILES, Subparsers
-from wsi_loader.cli.encoders import ENCODER_OPTIONS, pass_model
+from wsi_loader.cli.encoders import ENCODER_OPTIONS
 from wsi_loader.cli.stain import add_stain_options
 
 
@@ -58,17 +63,15 @@ def run(args: argparse.Namespace) -> int:
     from wsi_loader.config import DatasetConfig, validate
 
     start(args)
-    # the index (built first when PATH names slides) is what the encoder's resolution check
-    # and the anndata file read: args.index becomes its path; before torch is imported, so
-    # bad slide paths are refused at once
-    args.index = index_for(args)
+    model, keywords = index_model_and_keywords(args)
+    # imported once the slides are checked (refused at once if bad): it imports torch
     from wsi_loader.features._extract import extract
 
     report = extract(
         args.index,
-        pass_model(args),
+        model,
         args.out,
-        **pass_keywords(args),
+        **keywords,
         context=(
             None
             if args.context is None

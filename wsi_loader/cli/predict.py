@@ -7,8 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from wsi_loader.cli._index_on_the_way import INDEX_ON_THE_WAY, index_for
-from wsi_loader.cli._model_pass import MODEL_PASS, pass_keywords, start, unfinished_slides
+from wsi_loader.cli._index_on_the_way import INDEX_ON_THE_WAY
+from wsi_loader.cli._model_pass import (
+    MODEL_PASS,
+    index_model_and_keywords,
+    start,
+    unfinished_slides,
+)
 from wsi_loader.cli.common import (
     COMMON,
     READS,
@@ -19,7 +24,7 @@ from wsi_loader.cli.common import (
 )
 from wsi_loader.cli.encoders import ENCODER_OPTIONS, HEAD_OPTION, pass_model
 from wsi_loader.cli.index import GRID_KEYS
-from wsi_loader.cli.stain import add_stain_options
+from wsi_loader.cli.stain import add_stain_options, stain_option
 from wsi_loader.errors import ConfigError
 
 
@@ -102,8 +107,7 @@ def run(args: argparse.Namespace) -> int:
         "top_k": args.top_k,
         "threshold": args.threshold,
     }
-    options = pass_keywords(args)
-    if args.mil_model and options["stain"] is not None:
+    if args.mil_model and stain_option(args) is not None:
         raise ConfigError(
             "--stain (or a stain section in --config) goes with --model: a MIL model reads "
             "features, stain them when you extract them (wsi-loader features --stain)",
@@ -133,17 +137,16 @@ def run(args: argparse.Namespace) -> int:
             **common,
         )
     else:
-        args.index = index_for(args)  # first: bad slide paths are refused before torch loads
+        model, keywords = index_model_and_keywords(args)
+        # imported once the slides are checked (refused at once if bad): it imports torch
         from wsi_loader.predict._run import predict
 
-        model = pass_model(args)  # resolves --batch-size auto
-        options["batch_size"] = args.batch_size
         report = predict(
             args.index,
             model,
             args.out,
             tta=args.tta,
-            **options,
+            **keywords,
             **common,
         )
     print(

@@ -157,12 +157,12 @@ class PassReport:
 
 class Writer(Protocol):
     """What a pass writes through: ``settings`` (JSON values) are part of each slide's content;
-    `is_complete` says whether a slide's stored outputs hold that content; `write` stores them
-    (whole or not at all)."""
+    `is_complete` says whether a slide's stored outputs hold one of ``contents`` (read once:
+    the pass asks about every slide); `write` stores them (whole or not at all)."""
 
     settings: list[Any]
 
-    def is_complete(self, slide_id: int, content: str) -> bool: ...
+    def is_complete(self, slide_id: int, contents: tuple[str, ...]) -> bool: ...
 
     def write(self, outputs: SlideOutputs, content: str) -> None: ...
 
@@ -247,13 +247,15 @@ def run_pass(
     bound = bound or bind_pass(view, model, writer, options)
     header, stain, stain_spec = bound.header, bound.stain, bound.stain_spec
     content = {sid: slide_content(view, starts, sid, header, stain_spec) for sid in mine}
+    # a slide is done when its stored outputs hold its content, or the digest of outputs
+    # written before slides were known by content (of this very slide version)
     todo = [
         sid
         for sid in mine
-        if not writer.is_complete(sid, content[sid])
-        and not writer.is_complete(
-            sid, slide_content(view, starts, sid, header, stain_spec, legacy=True)
-        )  # outputs written before slides were known by content, of this very slide version
+        if not writer.is_complete(
+            sid,
+            (content[sid], slide_content(view, starts, sid, header, stain_spec, legacy=True)),
+        )
     ]
     report = PassReport(slides=len(slide_ids), skipped=len(mine) - len(todo), stain=stain_spec)
     run = _Run(view, model, forward, writer, options, device, report, content, stain)

@@ -309,9 +309,9 @@ class PredictionWriter:
             del files["heatmap"]
         return files
 
-    def is_complete(self, slide_id: int, content: str) -> bool:
+    def is_complete(self, slide_id: int, contents: tuple[str, ...]) -> bool:
         state = read_state(self.state_path(slide_id))
-        if state is None or state.get("content") != content:
+        if state is None or state.get("content") not in contents:
             return False
         sizes = state.get("sizes", {})
         return all(

@@ -27,6 +27,7 @@ Shuffling (``shuffle=True``) permutes the tasks and the rows inside each block b
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -171,9 +172,11 @@ class TileSource(Datasource):
 
     def dataset(self, epoch: int = 0, **read_args: Any) -> ray.data.Dataset:
         """The ``ray.data.Dataset`` of epoch ``epoch`` (``read_args`` go to
-        ``ray.data.read_datasource``: ``override_num_blocks``, ``ray_remote_args``, ...;
-        ``override_num_blocks`` is the number of tasks planned unless given)."""
+        ``ray.data.read_datasource``: ``override_num_blocks``, ``num_cpus``,
+        ``ray_remote_args``, ...; ``override_num_blocks`` is the number of tasks planned
+        unless given; see `remote_options` for ``ray_remote_args``)."""
         source = _epoch_copy(self, int(epoch))
+        read_args = remote_options(read_args)
         if read_args.get("override_num_blocks") is None:
             # as many blocks as the tasks plan: asked for more (Ray's default is 200 or more),
             # Ray cuts every block of a task into pieces of a few rows (SplitBlocks), each
@@ -284,6 +287,37 @@ def read_block(
     return {name: values[name]() for name in columns}
 
 
+# the read tasks' ray.remote options that ray.data.read_datasource takes as named parameters
+# (Ray 2.60 deprecates its ray_remote_args for them; older Rays name fewer)
+_REMOTE_OPTIONS = (
+    "num_cpus",
+    "num_gpus",
+    "memory",
+    "resources",
+    "max_calls",
+    "accelerator_type",
+    "label_selector",
+    "fallback_strategy",
+    "runtime_env",
+)
+
+
+def remote_options(read_args: dict[str, Any]) -> dict[str, Any]:
+    """``read_args`` with the options in their ``ray_remote_args`` that the installed
+    ``ray.data.read_datasource`` names as parameters passed as those (Ray warns that
+    ``ray_remote_args`` goes away in Ray 2.64); an option also given by name wins, as in Ray.
+    Options Ray names nowhere (retries, a scheduling strategy) stay in ``ray_remote_args``
+    while the installed Ray takes it."""
+    remote = dict(read_args.get("ray_remote_args") or {})
+    named = set(_REMOTE_OPTIONS) & set(inspect.signature(ray.data.read_datasource).parameters)
+    out = {key: value for key, value in read_args.items() if key != "ray_remote_args"}
+    for key in named & remote.keys():
+        out.setdefault(key, remote.pop(key))
+    if remote:
+        out["ray_remote_args"] = remote
+    return out
+
+
 def tiles(
     index: SlideIndex | str | os.PathLike[str] | TileDataset,
     *,
@@ -309,7 +343,7 @@ def tiles(
     ``epoch``: the order (see `TileSource`; keep a `TileSource` and call ``dataset(epoch)`` to
     draw a new order each epoch from the same prepared dataset). ``override_num_blocks``
     (about how many read tasks) and ``ray_remote_args`` (their resources, retries) go to
-    ``ray.data.read_datasource``.
+    ``ray.data.read_datasource`` (the resources as its named parameters: `remote_options`).
     """
     source = TileSource(
         index,

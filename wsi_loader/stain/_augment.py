@@ -5,7 +5,7 @@ concentrations moved) and `RandStain` (a Reinhard target drawn from the archive'
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -45,8 +45,10 @@ class HEDJitter(StainTransform):
         object.__setattr__(self, "kernel", kernel)
         object.__setattr__(self, "salt", 1)
 
-    def bind(self, index: SlideIndex) -> HEDJitter:
-        return replace(self, bound=True)  # no per-slide values
+    per_slide: ClassVar[bool] = False  # no per-slide values
+
+    def bind(self, index: SlideIndex, tables: SlideTables | None = None) -> HEDJitter:
+        return replace(self, bound=True)
 
     def _check_bound(self) -> None:
         pass
@@ -142,8 +144,8 @@ class RandStain(StainTransform):
         object.__setattr__(self, "kernel", LabAffine())
         object.__setattr__(self, "salt", 3)
 
-    def bind(self, index: SlideIndex) -> RandStain:
-        tables = SlideTables.from_index(index)
+    def bind(self, index: SlideIndex, tables: SlideTables | None = None) -> RandStain:
+        tables = SlideTables.from_index(index) if tables is None else tables
         if not tables.valid.any():
             archive(index)  # raises: no estimates
         mean, std = tables.lab_mean[tables.valid], tables.lab_std[tables.valid]

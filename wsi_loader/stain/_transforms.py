@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -76,8 +76,14 @@ class StainTransform:
     kernel: Any = field(default=None, init=False, repr=False, compare=False)
     salt: int = field(default=0, init=False, repr=False)  # separates the random streams of ops
 
-    def bind(self, index: SlideIndex) -> StainTransform:
-        return replace(self, tables=SlideTables.from_index(index), bound=True)
+    # whether ``bind`` reads the slides' estimates (`SlideTables`)
+    per_slide: ClassVar[bool] = True
+
+    def bind(self, index: SlideIndex, tables: SlideTables | None = None) -> StainTransform:
+        """Bound to ``index``: its slides' estimates (``tables``, when the caller read them
+        already: `StainPipeline.bind` reads them once for its steps)."""
+        tables = SlideTables.from_index(index) if tables is None else tables
+        return replace(self, tables=tables, bound=True)
 
     def params(
         self,
@@ -202,9 +208,10 @@ class Normalize(StainTransform):
             object.__setattr__(self, "resolved", resolve_target(self.target, None, self.per_tile))
             object.__setattr__(self, "target", None)
 
-    def bind(self, index: SlideIndex) -> Normalize:
+    def bind(self, index: SlideIndex, tables: SlideTables | None = None) -> Normalize:
         resolved = self.resolved or resolve_target(self.target, index, self.per_tile)
-        return replace(self, tables=SlideTables.from_index(index), bound=True, resolved=resolved)
+        tables = SlideTables.from_index(index) if tables is None else tables
+        return replace(self, tables=tables, bound=True, resolved=resolved)
 
     @property
     def needs_pixels(self) -> bool:
@@ -263,8 +270,11 @@ class StainPipeline:
 
     def bind(self, index: SlideIndex, warn: bool = True) -> StainPipeline:
         """Each step bound to ``index``; with ``warn``, one WARNING naming the slides without
-        an estimate (a run binds once with it; its units and loaders bind again without)."""
-        bound = StainPipeline(tuple(s.bind(index) for s in self.steps))
+        an estimate (a run binds once with it; its units and loaders bind again without).
+        The slides' estimates are read once for all the steps (parsing them costs about as
+        much as opening the index)."""
+        tables = SlideTables.from_index(index) if any(s.per_slide for s in self.steps) else None
+        bound = StainPipeline(tuple(s.bind(index, tables) for s in self.steps))
         with_tables = [s.tables for s in bound.steps if s.tables is not _NO_TABLES]
         if warn and with_tables:
             with_tables[0].warn_missing(index)
