@@ -250,6 +250,10 @@ def test_gigapath_refuses_tiles_off_its_grid(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tiles", [3, 40, 1030])  # 1030: two segments of 1024
+# prov-gigapath's own code imports timm.models.registry and .layers, deprecated in timm 1.0
+@pytest.mark.filterwarnings("ignore:Importing from timm.models.:FutureWarning")
+# and registers its model with timm again each time the checkout is imported (per parameter)
+@pytest.mark.filterwarnings("ignore:Overwriting gigapath_slide_enc:UserWarning")
 def test_gigapath_equals_prov_gigapaths_own_code(tmp_path: Path, tiles: int) -> None:
     root = peer_root("prov-gigapath")
     peer = peer_gigapath(root)
