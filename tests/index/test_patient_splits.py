@@ -196,8 +196,11 @@ def test_written_folds_are_selected_by_name(slides: Path, tmp_path: Path) -> Non
         assert len(train) + len(val) == len(index) and len(val) > 0
         assert set(val.columns["slide_id"].tolist()).isdisjoint(train.columns["slide_id"].tolist())
         assert val.split == f"fold{k}:val"
-    with pytest.raises(Exception, match=r"fold1:train \.\. fold3:train"):
+    with pytest.raises(Exception, match=r"fold1 \.\. fold3 .*fold1:train \.\. fold3:train"):
         SlideIndex.open(index.path, split="fold4:train")
+    assert len(SlideIndex.open(index.path, split="fold2")) == len(
+        SlideIndex.open(index.path, split="fold2:val")
+    )  # a fold's own name, which the error above offers too
     # splits already there: replaced only when asked
     with pytest.raises(InputError, match=r"split with --folds 3 .*--overwrite"):
         write_splits(index.path, SplitPlan(test=0.25, val=0.25), False)

@@ -119,8 +119,9 @@ def copies(records: list[SlideRecord]) -> list[list[str]]:
     if groups:
         log.warning(
             "%d slides have the same contents as another (copies or links of one scan): %s. "
-            "Each copy's tiles are in the index, so a split by slide id would put the same "
-            "tissue on both sides; remove the copies, or give them one split",
+            "Each copy's tiles are in the index: wsi-loader split deals copies to one split, "
+            "but splits given in a manifest or labels CSV must do the same (one split per "
+            "group), or remove the copies",
             sum(len(group) - 1 for group in groups),
             describe_copies(groups),
         )

@@ -177,4 +177,12 @@ def split_choices(names: Sequence[str]) -> str:
         return str(list(names)) if names else "none"
     others = [name for name in names if name not in folds]
     first, last = folds[0], folds[-1]
-    return str([*others, f"{first}:train .. {last}:train", f"{first}:val .. {last}:val"])
+    return str(
+        [
+            *others,
+            f"{first} .. {last} (each fold: its slides, as foldN:val)",
+            f"{first}:train .. {last}:train",
+            f"{first}:val .. {last}:val",
+            *([f"{first}:test .. {last}:test"] if "test" in others else []),
+        ]
+    )
