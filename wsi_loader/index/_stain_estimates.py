@@ -387,22 +387,64 @@ def fit_image(rgb: npt.NDArray[np.uint8]) -> StainEstimate:
     """A target fitted from an RGB image the way torchstain's ``fit`` does it: the Macenko
     vectors from pixels with OD >= beta, concentrations over all pixels; LAB moments (sample
     standard deviation) over all pixels. Give a crop filled with tissue."""
+    pixels, stained = stained_pixels(rgb)
+    he, max_c = _macenko_fit(pixels, stained)
+    lab = rgb_to_lab(pixels).astype(np.float64)
+    return _fitted(he, max_c, lab, lab.std(axis=0, ddof=1), int(stained.sum()))
+
+
+def fit_macenko(rgb: npt.NDArray[np.uint8]) -> tuple[FloatArray, FloatArray]:
+    """`fit_image`'s Macenko values alone (a per-tile Macenko needs no LAB moments, which
+    cost as much again): its `StainEstimate.matrix` and maximum concentrations."""
+    he, max_c = _macenko_fit(*stained_pixels(rgb))
+    return np.array([_unit(he[:, 0]), _unit(he[:, 1])]).T, max_c
+
+
+def fit_lab(rgb: npt.NDArray[np.uint8]) -> tuple[FloatArray, FloatArray]:
+    """`fit_image`'s LAB mean and standard deviation alone (a per-tile Reinhard's), refused
+    as it refuses an image with too few stained pixels."""
+    pixels, _ = stained_pixels(rgb)
+    lab = rgb_to_lab(pixels).astype(np.float64)
+    return lab.mean(axis=0), lab.std(axis=0, ddof=1)
+
+
+def _macenko_fit(
+    pixels: npt.NDArray[np.uint8], stained: npt.NDArray[np.bool_]
+) -> tuple[FloatArray, FloatArray]:
+    """The stain matrix (columns H and E, as `macenko_vectors` gives them) and the maximum
+    concentrations (torchstain's percentile over every pixel) of pixels ``(n, 3)``."""
+    he = macenko_vectors(_OD_TABLE[pixels[stained]])  # only the stained pixels' OD
+    return he, _nearest_percentile(concentrations(_OD_TABLE[pixels], he), MAX_C_PERCENTILE)
+
+
+def stained_pixels(
+    rgb: npt.NDArray[np.uint8],
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """An image's pixels ``(n, 3)`` and which are stained (an OD of at least `BETA` in every
+    channel), checked to be a uint8 (H, W, 3) image with enough stained pixels for
+    `fit_image` (an `InputError` otherwise). The rule is on the uint8 values: OD falls as
+    the intensity rises, so OD >= `BETA` is intensity <= the last level whose OD is, and
+    three comparisons of bytes cost a tenth of the float OD's."""
     if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
         raise InputError(
             f"a stain target image must be uint8 (H, W, 3), got {rgb.dtype} {rgb.shape}"
         )
     pixels = rgb.reshape(-1, 3)
-    od = optical_density(pixels)
-    stained = od[(od >= BETA).all(axis=1)]
-    if len(stained) < 100:
+    stained = pixels[:, 0] <= _STAINED_LEVEL
+    stained &= pixels[:, 1] <= _STAINED_LEVEL
+    stained &= pixels[:, 2] <= _STAINED_LEVEL
+    count = int(stained.sum())
+    if count < 100:
         raise InputError(
-            f"the stain target image has {len(stained)} stained pixels: too few for a target "
+            f"the stain target image has {count} stained pixels: too few for a target "
             "(give a crop with tissue)"
         )
-    he = macenko_vectors(stained)
-    max_c = _nearest_percentile(concentrations(od, he), MAX_C_PERCENTILE)
-    lab = rgb_to_lab(pixels).astype(np.float64)
-    return _fitted(he, max_c, lab, lab.std(axis=0, ddof=1), len(stained))
+    return pixels, stained
+
+
+_OD_TABLE = optical_density(np.arange(256, dtype=np.uint8))  # the OD of each uint8 intensity
+# the highest intensity whose OD is at least BETA (OD falls as intensity rises)
+_STAINED_LEVEL = int(np.flatnonzero(_OD_TABLE >= BETA)[-1])
 
 
 def _nearest_percentile(values: FloatArray, q: float) -> FloatArray:

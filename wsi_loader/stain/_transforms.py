@@ -42,7 +42,8 @@ from wsi_loader.errors import ConfigError, InputError
 from wsi_loader.index._stain_estimates import (
     IO,
     StainEstimate,
-    fit_image,
+    fit_lab,
+    fit_macenko,
     single_threaded_opencv,
 )
 from wsi_loader.index._table import SlideIndex
@@ -233,12 +234,15 @@ class Normalize(StainTransform):
         if self.per_tile:
             assert images is not None
             for i, tile in enumerate(images):
+                # `fit_image`'s values of this method only: the other's cost as much again
                 try:
-                    own = fit_image(np.ascontiguousarray(tile))
+                    if self.method == "macenko":
+                        he[i], max_c[i] = fit_macenko(np.ascontiguousarray(tile))
+                    else:
+                        mean[i], own_std = fit_lab(np.ascontiguousarray(tile))
+                        std[i] = np.maximum(own_std, 1e-6)
                 except (InputError, ValueError, np.linalg.LinAlgError):
                     continue  # too little tissue: the slide's values
-                he[i], max_c[i] = own.matrix(), own.max_c
-                mean[i], std[i] = own.lab_mean, np.maximum(own.lab_std, 1e-6)
                 active[i] = True
         target = self.resolved
         if self.method == "macenko":
