@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -429,3 +430,25 @@ def test_index_and_info_summaries_say_which_slides_are_not_h_and_e(
     assert main(["info", out, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["stain"]["not_he"] == [slides[0]]
+
+
+def test_archive_reference_leaves_out_slides_that_are_not_he(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An archive's median stain is the default normalisation target of H&E tiles: an IHC
+    slide (DAB as its second stain) among them must not pull it; an archive with no H&E slide
+    keeps them all, and says so."""
+
+    def stain(h: tuple[float, float, float], e: tuple[float, float, float]) -> StainEstimate:
+        return StainEstimate(h, e, (2.0, 1.0), (50, 20, -10), (10, 5, 5), 10)
+
+    he = [stain((0.56, 0.72, 0.41), (0.22, 0.80, 0.56)) for _ in range(2)]
+    dab = (0.27, 0.57, 0.78)  # DAB's OD vector: E leans to green by 0.30 < MIN_E_LEAN
+    ihc = [stain((0.65, 0.70, 0.29), dab) for _ in range(3)]  # the majority, yet not H&E
+    assert all(s.not_he() for s in ihc) and not any(s.not_he() for s in he)
+    ref = archive_reference(he + ihc)
+    assert np.allclose(ref.e, np.array(he[0].e) / np.linalg.norm(he[0].e), atol=1e-6)
+    with caplog.at_level(logging.WARNING, logger="wsi_loader.index._stain_estimates"):
+        only_ihc = archive_reference(ihc)
+    assert np.allclose(only_ihc.e, np.array(dab) / np.linalg.norm(dab), atol=1e-6)
+    assert "none of the 3 slides' stains looks like H&E" in caplog.text

@@ -456,10 +456,20 @@ def _nearest_percentile(values: FloatArray, q: float) -> FloatArray:
 
 def archive_reference(stains: Iterable[StainEstimate]) -> StainEstimate:
     """The median stain of an archive: element-wise medians of the slides' vectors (made
-    unit again), maximum concentrations and LAB moments."""
+    unit again), maximum concentrations and LAB moments, over its H&E slides: an IHC or
+    Giemsa slide (`StainEstimate.not_he`) would pull the target H&E tiles are normalised to.
+    An archive with no H&E slide keeps them all, and says so."""
     found = list(stains)
     if not found:
         raise InputError("no slide has a stain estimate, so there is no archive reference")
+    he = [s for s in found if s.not_he() is None]
+    if not he:
+        log.warning(
+            "none of the %d slides' stains looks like H&E: their median is the reference, "
+            "but stain normalisation assumes H&E",
+            len(found),
+        )
+    found = he or found
 
     def median(values: Iterable[Iterable[float]]) -> tuple[float, ...]:
         return tuple(float(v) for v in np.median(np.array([list(v) for v in values]), axis=0))
