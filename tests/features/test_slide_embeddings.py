@@ -243,12 +243,12 @@ def test_features_files_say_the_level0_patch_size(index: SlideIndex, tmp_path: P
 
 
 def test_a_slide_off_the_encoders_grid_is_a_failed_slide(tmp_path: Path) -> None:
-    from tests.models.slide_peers import random_like
+    from tests.models.encoder_weights import seeded_like
     from tests.models.test_slide_encoders import gigapath_file
     from wsi_loader.models._slide_encoders import build_slide_encoder, slide_recipe_of
 
     net = build_slide_encoder(slide_recipe_of("gigapath_slide"), device="cpu").net
-    weights = gigapath_file(tmp_path, random_like(net.state_dict()))
+    weights = gigapath_file(tmp_path, seeded_like(net.state_dict(), fan_in=True))
     features, out = tmp_path / "features", tmp_path / "out"
     for name in ("small", "huge"):
         write_features(
