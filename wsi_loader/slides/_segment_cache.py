@@ -42,6 +42,9 @@ class SegmentCache:
             ("planned", self._planned),
         ]
 
+    def __len__(self) -> int:
+        return len(self._protected) + len(self._probation) + len(self._planned)
+
     def __contains__(self, key: SegmentKey) -> bool:
         return key in self._protected or key in self._probation or key in self._planned
 

@@ -515,12 +515,57 @@ class TiffReader(SlideReader):
             if (self.path, level, i, scale) not in self._cache
         ]
 
+    def ranges_of(self, windows: list[Window], out_size: int) -> list[Range]:
+        """`byte_ranges` of every window, in order. Windows that are exactly one storage tile
+        at full size (a tile grid laid on the storage tiles, the common case) are planned
+        together with numpy; the others one by one (a batch's look-ahead: ~2.5 -> ~0.3 us a
+        tile, on the reading path of every batch)."""
+        spots = np.asarray(windows, dtype=np.int64).reshape(-1, 5)
+        whole = np.zeros(len(spots), dtype=bool)
+        segment = np.zeros(len(spots), dtype=np.int64)
+        for level in np.unique(spots[:, 2]).tolist():
+            if not 0 <= level < len(self._levels):
+                continue  # byte_ranges says what is wrong with it
+            lv, ds = self._levels[level], self.meta.level_downsamples[level]
+            here = spots[:, 2] == level
+            x, y, w, h = (spots[:, k] for k in (0, 1, 3, 4))
+            if level:  # l0_to_level: round half to even, as Python's round
+                x, y = np.rint(x / ds).astype(np.int64), np.rint(y / ds).astype(np.int64)
+            fits = (
+                here
+                & (w == lv.seg_w)
+                & (h == lv.seg_h)
+                & (w == out_size)  # full size: no DCT scaling
+                & (x >= 0)
+                & (y >= 0)
+                & (x % lv.seg_w == 0)
+                & (y % lv.seg_h == 0)
+                & (x + w <= lv.width)
+                & (y + h <= lv.height)
+            )
+            whole |= fits
+            segment[fits] = (y[fits] // lv.seg_h) * lv.across + x[fits] // lv.seg_w
+        offsets, counts = np.zeros(len(spots), np.int64), np.zeros(len(spots), np.int64)
+        for level in np.unique(spots[whole, 2]).tolist():
+            at = whole & (spots[:, 2] == level)
+            offsets[at] = self._levels[level].offsets[segment[at]]
+            counts[at] = self._levels[level].counts[segment[at]]
+        if whole.all() and not self._cache:  # (no segment decoded yet: none to leave out)
+            return list(zip(offsets.tolist(), counts.tolist(), strict=True))
+        ranges: list[Range] = []
+        for n, window in enumerate(windows):
+            if not whole[n]:
+                ranges.extend(self.byte_ranges(window, out_size))
+            elif (self.path, int(spots[n, 2]), int(segment[n]), 1) not in self._cache:
+                ranges.append((int(offsets[n]), int(counts[n])))
+        return ranges
+
     def prefetch(self, windows: list[Window], out_size: int) -> None:
         """Start fetching the bytes of these windows' segments in the background: range
         requests (coalesced, concurrent) for a URL, kernel read-ahead for a local file."""
         if self.closed:
             return
-        ranges = [r for window in windows for r in self.byte_ranges(window, out_size)]
+        ranges = self.ranges_of(windows, out_size)
         if self._remote is not None:
             self._remote.prefetch(ranges)
         else:
