@@ -522,34 +522,14 @@ class TiffReader(SlideReader):
         tile, on the reading path of every batch)."""
         spots = np.asarray(windows, dtype=np.int64).reshape(-1, 5)
         whole = np.zeros(len(spots), dtype=bool)
-        segment = np.zeros(len(spots), dtype=np.int64)
+        segment, offsets, counts = (np.zeros(len(spots), dtype=np.int64) for _ in range(3))
         for level in np.unique(spots[:, 2]).tolist():
-            if not 0 <= level < len(self._levels):
-                continue  # byte_ranges says what is wrong with it
-            lv, ds = self._levels[level], self.meta.level_downsamples[level]
-            here = spots[:, 2] == level
-            x, y, w, h = (spots[:, k] for k in (0, 1, 3, 4))
-            if level:  # l0_to_level: round half to even, as Python's round
-                x, y = np.rint(x / ds).astype(np.int64), np.rint(y / ds).astype(np.int64)
-            fits = (
-                here
-                & (w == lv.seg_w)
-                & (h == lv.seg_h)
-                & (w == out_size)  # full size: no DCT scaling
-                & (x >= 0)
-                & (y >= 0)
-                & (x % lv.seg_w == 0)
-                & (y % lv.seg_h == 0)
-                & (x + w <= lv.width)
-                & (y + h <= lv.height)
-            )
-            whole |= fits
-            segment[fits] = (y[fits] // lv.seg_h) * lv.across + x[fits] // lv.seg_w
-        offsets, counts = np.zeros(len(spots), np.int64), np.zeros(len(spots), np.int64)
-        for level in np.unique(spots[whole, 2]).tolist():
-            at = whole & (spots[:, 2] == level)
-            offsets[at] = self._levels[level].offsets[segment[at]]
-            counts[at] = self._levels[level].counts[segment[at]]
+            if 0 <= level < len(self._levels):  # (else byte_ranges says what is wrong)
+                here = spots[:, 2] == level
+                lv, ds = self._levels[level], self.meta.level_downsamples[level]
+                fits, at = lv.whole_tiles(spots[here], ds, out_size)
+                whole[here], segment[here] = fits, at
+                offsets[here], counts[here] = lv.offsets[at], lv.counts[at]
         if whole.all() and not self._cache:  # (no segment decoded yet: none to leave out)
             return list(zip(offsets.tolist(), counts.tolist(), strict=True))
         ranges: list[Range] = []

@@ -150,6 +150,32 @@ class Level:
         segments = len(self.offsets)
         return 16 * segments + (96 * segments if self.page is not None else 0) + 1024
 
+    def whole_tiles(
+        self, windows: npt.NDArray[np.int64], downsample: float, out_size: int
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+        """Which of these windows of this level ((N, 5) level-0 x, y, level, width, height)
+        are exactly one storage tile read at full size, and its segment (0 for the others):
+        `TiffReader._whole_tile` of many windows at once, with numpy."""
+        x, y, w, h = (windows[:, k] for k in (0, 1, 3, 4))
+        if downsample != 1:  # l0_to_level: round half to even, as Python's round
+            x, y = (
+                np.rint(x / downsample).astype(np.int64),
+                np.rint(y / downsample).astype(np.int64),
+            )
+        fits: npt.NDArray[np.bool_] = (
+            (w == self.seg_w)
+            & (h == self.seg_h)
+            & (w == out_size)  # full size: no DCT scaling
+            & (x >= 0)
+            & (y >= 0)
+            & (x % self.seg_w == 0)
+            & (y % self.seg_h == 0)
+            & (x + w <= self.width)
+            & (y + h <= self.height)
+        )
+        segment = np.where(fits, (y // self.seg_h) * self.across + x // self.seg_w, 0)
+        return fits, segment.astype(np.int64)
+
     def _libjpeg_reason(self, data: bytes, exc: ValueError) -> str:
         """libjpeg's own words for a failed decode (TurboJPEG's header errors are vaguer, e.g.
         "Could not determine subsampling level" for OpenSlide's "Bogus marker length")."""
