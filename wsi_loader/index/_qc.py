@@ -49,6 +49,7 @@ MIN_TILE_PX = 4  # ...unless a tile would then be fewer pixels wide than this
 NEIGHBOURHOOD_UM = 1000.0  # "the tissue around" a pixel, for folds and bubble rims
 MIN_PEN_UM = 100.0  # ink areas smaller than this square are no strokes
 MIN_FOLD_UM = 150.0  # folds smaller than this square are no folds (specks, nuclei clusters)
+FOLD_REACH_UM = 1000.0  # a fold over pale tissue has it within this on both sides
 MIN_BUBBLE_UM = 200.0  # the inside of a bubble is at least this square
 BLUE_STAIN_SHARE = 0.5  # blue over more of the coloured area than this: the stain, not ink
 
@@ -231,7 +232,15 @@ def measure(
         # a stroke is an area: lone ink-coloured pixels are specks or clumps of nuclei
         ink = large_parts(ink, _pixels(MIN_PEN_UM, um_per_px, w))
         bubble = bubbles(picture, ink, stained, window, _pixels(MIN_BUBBLE_UM, um_per_px, w))
-        fold = folded(picture, stained & ~bubble, ink, window, _pixels(MIN_FOLD_UM, um_per_px, w))
+        fold = folded(
+            picture,
+            stained & ~bubble,
+            ink,
+            window,
+            _pixels(MIN_FOLD_UM, um_per_px, w),
+            tissue=rule.stained(picture) & ~ink & ~bubble,
+            reach=_width(FOLD_REACH_UM, um_per_px, w),
+        )
         # a stroke going on over tissue adds its density there: pen, not a fold
         inked = inked_folds(picture, fold, ink, stained & ~bubble, window)
         ink |= inked
@@ -314,6 +323,12 @@ def _pixels(side_um: float, um_per_px: float | None, width: int) -> int:
     1/100 of the picture's width)."""
     side = side_um / um_per_px if um_per_px else width / 100
     return max(4, round(side * side))
+
+
+def _width(um: float, um_per_px: float | None, width: int) -> float:
+    """``um`` in picture pixels (without an MPP: as `_pixels` reads `MIN_FOLD_UM`, 1/100 of
+    the picture's width)."""
+    return um / um_per_px if um_per_px else width / 100 * um / MIN_FOLD_UM
 
 
 def _neighbourhood(um_per_px: float | None, longest: int) -> int:

@@ -47,6 +47,12 @@ BLACK_INK_CHROMA = 35  # ...and channels this close (dense nuclei are purple eve
 FOLD_DENSITY = 1.8  # a fold absorbs this many times the tissue around it, or more
 FOLD_HUE_COSINE = 0.97  # ...in the same colour (two layers of the same tissue)
 HUE_PARTS = 3  # a fold is compared with the tissue around of its own hue: this many hues
+# a fold over pale tissue (judged against it only as a band, `folded`):
+PALE_DENSITY = 1.4  # ...this many times the pale tissue of its hue around it, a candidate
+SIDE_DENSITY = 1.8  # ...this many times the tissue on both sides of it (5 x 5 means)
+SIDE_TISSUE = 0.8  # ...a side is tissue over this share of its 5 x 5 pixels
+SIDE_PALE = 0.6  # ...and pale tissue over this share (the tissue the fold lies on)
+BAND_LENGTH = 2.5  # ...and the band this many times as long as it is wide
 # a "fold" touching a pen stroke whose share of red absorbed differs from the tissue around
 # by more than this fraction is the stroke going on over tissue (red ink absorbs less red
 # than eosin, green, blue and black more); two layers of one tissue absorb in its proportions
@@ -109,7 +115,13 @@ def optical_density(rgb: RGBArray) -> npt.NDArray[np.float32]:
 
 
 def folded(
-    rgb: RGBArray, stained: BoolArray, ink: BoolArray, window: int, min_area: int
+    rgb: RGBArray,
+    stained: BoolArray,
+    ink: BoolArray,
+    window: int,
+    min_area: int,
+    tissue: BoolArray | None = None,
+    reach: float = 0.0,
 ) -> BoolArray:
     """Pixels of tissue lying on itself: two layers absorb twice as much light (optical
     density x2) in the same colour. A stained pixel is folded when its density is at least
@@ -117,7 +129,15 @@ def folded(
     pixels; not the slide's, since a dense region is no fold) and points the same way in
     colour space (a band of darker *other* tissue, such as epidermis beside dermis, has
     another colour). Areas under ``min_area`` pixels (a speck, a cluster of nuclei) and the
-    rims of pen strokes (ink thinning out over tissue) are no folds."""
+    rims of pen strokes (ink thinning out over tissue) are no folds.
+
+    A fold over tissue too pale to count as stained (``tissue``: all of it, pale included)
+    is judged against that pale tissue too, but only as a band: `PALE_DENSITY` times the
+    pale tissue of its hue around it, `SIDE_DENSITY` times the pale tissue within ``reach``
+    pixels on both sides of it along a row or a column (`between`), `BAND_LENGTH` times as
+    long as it is wide (`_long`) and not within a tenth of ``reach`` of ink. Dense tissue
+    beside loose tissue is wider than that or has dense tissue on its other side, and a
+    dense nodule is round: neither is a fold."""
     if not stained.any():
         return np.zeros(stained.shape, dtype=bool)
     from scipy import ndimage  # here: index readers (spawned workers) need no scipy
@@ -136,12 +156,96 @@ def folded(
     fold = _denser(density, strength, own_hue) | _denser(
         density, strength, _typical_around(raw, stained, window)
     )
-    fold &= stained
-    fold &= ~ndimage.binary_dilation(ink, iterations=1)
-    # a fold is an area: most of each pixel's 3 x 3 neighbours folded too (not a clump of
-    # nuclei, a speck), and the area large enough
-    fold &= ndimage.uniform_filter(fold.astype(np.float32), 3, mode="constant") >= 4.5 / 9
+    rims = ndimage.binary_dilation(ink, iterations=1)
+    fold = _areas(fold & stained & ~rims)
+    if tissue is not None and reach > 0 and (tissue & ~stained).any():
+        # ...or against the tissue of its hue around it, pale included: over pale stroma the
+        # stained tissue around is the dense cellular tissue beside it (or the fold itself),
+        # as dense as the fold; a band only (dense tissue beside loose tissue is no band)
+        pale_hue = np.zeros_like(density)
+        for part in hue_parts(density, tissue):
+            pale_hue[part] = _typical_around(raw, part, window)[part]
+        over_pale = _areas(_denser(density, strength, pale_hue, PALE_DENSITY) & stained & ~rims)
+        near_ink = ndimage.binary_dilation(ink, iterations=3)
+        # densities over 5 x 5 pixels of tissue (the nuclei in pale stroma counted in)
+        plain = (tissue & ~near_ink).astype(np.float32)
+        share = ndimage.uniform_filter(plain, 5, mode="constant")
+        smooth = ndimage.uniform_filter(strength * plain, 5, mode="constant")
+        smooth /= np.maximum(share, 1e-6)
+        # the sides: tissue all round, none of it the candidate band
+        loose = ndimage.uniform_filter((tissue & ~stained).astype(np.float32), 5, mode="constant")
+        solid = (share >= SIDE_TISSUE) & (loose >= SIDE_PALE)
+        solid &= ~ndimage.binary_dilation(over_pale, iterations=2)
+        sides = np.where(solid, smooth, np.inf).astype(np.float32)
+        bands = over_pale & between(smooth, sides, round(reach / 2))
+        bands = _long(_areas(bands), BAND_LENGTH)
+        # ink thinning out over tissue is a band beside a stroke: no such band comes near ink
+        near = max(3, round(reach / 10))
+        fold |= bands & ~_touching(bands, ndimage.binary_dilation(ink, iterations=near))
     return large_parts(fold, min_area)
+
+
+def _areas(mask: BoolArray) -> BoolArray:
+    """A fold is an area: the pixels of ``mask`` most of whose 3 x 3 neighbours are in it
+    too (not a clump of nuclei, a speck)."""
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
+    kept: BoolArray = mask & (
+        ndimage.uniform_filter(mask.astype(np.float32), 3, mode="constant") >= 4.5 / 9
+    )
+    return kept
+
+
+def between(
+    strength: npt.NDArray[np.float32], sides: npt.NDArray[np.float32], half: int
+) -> BoolArray:
+    """Pixels `SIDE_DENSITY` times as dense (``strength``) as ``sides`` (inf: no side) at
+    some pixel within ``2 * half`` pixels before them and at one within as many after them,
+    along a row or a column: a band lying on the tissue of ``sides``."""
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
+    found = np.zeros(strength.shape, dtype=bool)
+    size = 2 * half + 1
+    for axis in (0, 1):
+        both = np.ones(strength.shape, dtype=bool)
+        for origin in (half, -half):  # the window ending at the pixel, then starting there
+            lowest = ndimage.minimum_filter1d(
+                sides, size, axis=axis, mode="constant", cval=np.inf, origin=origin
+            )
+            both &= strength >= SIDE_DENSITY * lowest
+        found |= both
+    return found
+
+
+def _long(mask: BoolArray, length: float) -> BoolArray:
+    """The connected parts (8-neighbours) of ``mask`` at least ``length`` times as long as
+    they are wide: area over the square of the widest point's width (twice its distance
+    from the part's edge); a disc is 0.8, a strip as long as ``length`` widths ``length``."""
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
+    labels, count = ndimage.label(mask, structure=np.ones((3, 3), dtype=bool))
+    if not count:
+        return mask
+    areas = np.bincount(labels.ravel(), minlength=count + 1)
+    inside = ndimage.distance_transform_edt(mask)
+    widest = np.zeros(count + 1)
+    np.maximum.at(widest, labels.ravel(), inside.ravel())
+    long = areas >= length * (2 * widest) ** 2
+    long[0] = False
+    kept: BoolArray = long[labels]
+    return kept
+
+
+def _touching(mask: BoolArray, other: BoolArray) -> BoolArray:
+    """The connected parts (8-neighbours) of ``mask`` with a pixel in ``other``."""
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
+    labels, count = ndimage.label(mask, structure=np.ones((3, 3), dtype=bool))
+    touching = np.zeros(count + 1, dtype=bool)
+    touching[labels[mask & other]] = True
+    touching[0] = False
+    found: BoolArray = touching[labels]
+    return found
 
 
 def inked_folds(
@@ -183,15 +287,16 @@ def _denser(
     density: npt.NDArray[np.float32],
     strength: npt.NDArray[np.float32],
     around: npt.NDArray[np.float32],
+    factor: float = FOLD_DENSITY,
 ) -> BoolArray:
-    """Pixels at least `FOLD_DENSITY` times as dense as ``around`` and of its colour."""
+    """Pixels at least ``factor`` times as dense as ``around`` and of its colour."""
     around_strength = _norm(around)
     dot = density[..., 0] * around[..., 0]
     dot += density[..., 1] * around[..., 1]
     dot += density[..., 2] * around[..., 2]
     with np.errstate(invalid="ignore", divide="ignore"):
         cosine = dot / (strength * around_strength)
-    found: BoolArray = (strength >= FOLD_DENSITY * around_strength) & (cosine >= FOLD_HUE_COSINE)
+    found: BoolArray = (strength >= factor * around_strength) & (cosine >= FOLD_HUE_COSINE)
     return found
 
 
