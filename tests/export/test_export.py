@@ -262,7 +262,7 @@ def test_unit_timeout_is_a_flag_and_needs_local_workers(
     with pytest.raises(ConfigError, match="unit_timeout"):
         export_index(index, tmp_path / "b", unit_timeout=-1)
     code = main(["export", str(index.path), "--out", str(tmp_path / "c"), "--unit-timeout", "60",
-                 "--format", "coords-h5", "--no-progress"])  # fmt: skip
+                 "--format", "webdataset", "--no-progress"])  # fmt: skip
     assert code == 0
     settings = json.loads((tmp_path / "c" / "export.json").read_text())["settings"]
     assert "unit_timeout" not in settings  # how long a unit may take is not what it holds

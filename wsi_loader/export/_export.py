@@ -194,6 +194,12 @@ def export_index(
     scales = _context_scales(index, context, options.format)
     options = replace(options, context=tuple(scales))
     steps = as_stain(stain)
+    if steps is not None and options.format == "coords-h5":
+        raise ConfigError(
+            "stain (--stain, or a stain section in --config) cannot go with a coords-h5 "
+            "export: it writes coordinates and reads no pixels",
+            key="stain",
+        )
     if steps is not None:  # targets resolved now (an archive median, a file), once
         options = replace(options, stain=json.dumps(steps.bind(index).spec(), sort_keys=True))
     readable = require_slides(index, missing_slides)
