@@ -64,6 +64,24 @@ def test_predict_over_a_folder_of_slides_indexes_it_and_a_rerun_reuses_the_index
     assert {p: p.stat().st_mtime_ns for p in (out / "model-outputs-csv").iterdir()} == stamps
 
 
+def test_root_with_slides_makes_the_index_built_on_the_way_movable(
+    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--root was not given to the build (absolute paths stored), then the pass opened the
+    index with it: ignored, now refused as a root that remaps nothing."""
+    out = tmp_path / "p"
+    code = run("predict", str(slides), "--root", str(slides), "--model", MODEL, "--out", str(out),
+               *GRID)  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    index = SlideIndex.open(out / "index")
+    assert sorted(s.path for s in index.slides) == sorted(NAMES)  # relative to the root
+    moved = tmp_path / "moved"
+    shutil.move(str(slides), moved)
+    reopened = SlideIndex.open(out / "index", root=str(moved))
+    paths = {reopened.slide_path(i) for i in range(len(reopened.slides))}
+    assert paths == {str(moved / name) for name in NAMES}
+
+
 def test_features_over_slide_files_writes_the_index_where_asked(
     slides: Path, tmp_path: Path
 ) -> None:
