@@ -56,3 +56,16 @@ def test_an_option_the_export_would_ignore_is_refused_naming_both(
     assert code == 2, err
     assert all(name in err for name in named), err
     assert not out.exists()
+
+
+def test_workers_with_a_scheduler_are_refused_naming_both(
+    index: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Dask cluster's workers write the units: --workers was silently ignored."""
+    out = tmp_path / "out"
+    code = main(["export", str(index.path), "--out", str(out), "--format", "webdataset",
+                 "--workers", "4", "--scheduler", "tcp://127.0.0.1:1"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--workers" in err and "--scheduler" in err
+    assert not out.exists()

@@ -144,7 +144,10 @@ def _refuse_ignored(flags: dict[str, object], options: ExportConfig, scheduler: 
         refuse(given + (["scheduler"] if scheduler else []), "cannot go with --format "
                "coords-h5: it writes one file of coordinates per slide, at once, reading no "
                "pixels")  # fmt: skip
-    elif options.image_format == "png":
+    elif scheduler:
+        refuse([key for key in ("workers",) if key in flags], "cannot go with --scheduler: "
+               "the Dask cluster's workers write the units (leave --workers out)")  # fmt: skip
+    if options.format != "coords-h5" and options.image_format == "png":
         refuse([key for key in ("quality",) if key in flags], "is for --image-format jpeg or "
                "webp: png is lossless")  # fmt: skip
     if not options.shuffle:
