@@ -306,6 +306,11 @@ def test_a_root_for_an_index_of_absolute_paths_is_refused(archive: Path, tmp_pat
             opening()
         assert str(tmp_path / "idx") in str(caught.value) and "--root" in str(caught.value)
     assert SlideIndex.open(tmp_path / "idx").slide_path(0) == index.slide_path(0)
+    # an index built with a root its slides are outside of stores their absolute paths too,
+    # and is reopened with that root (export's units do): not refused
+    elsewhere = build_index([moved], tmp_path / "idx2", root=str(tmp_path / "other"))
+    assert all(os.path.isabs(s.path) for s in elsewhere.slides)
+    assert len(SlideIndex.open(elsewhere.path, root=elsewhere.root)) == len(elsewhere)
 
 
 def test_labels_csv_and_manifest(archive: Path, tmp_path: Path) -> None:

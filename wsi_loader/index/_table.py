@@ -345,6 +345,8 @@ class SlideIndex:
         """A root remaps relative slide paths only: for an index whose every slide path is
         absolute (built without a root) it would change nothing, so it is refused, not
         silently ignored."""
+        if self.meta.get("root") is not None:  # built with a root: remapped, or reopened
+            return
         if self.slides and all(os.path.isabs(s.path) or is_url(s.path) for s in self.slides):
             raise ConfigError(
                 f"root {root!r} (--root) cannot remap this index: it stores absolute slide "
