@@ -155,3 +155,17 @@ def test_a_magnification_that_is_not_one_is_refused(
     config.write_text(f"index:\n  mag: '{written}'\n")
     assert main(["index", str(slide), "--out", str(tmp_path / "j"), "--config", str(config)]) == 2
     assert "'index.mag'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cluster", [["--scheduler", "tcp://127.0.0.1:1"], ["--ray", "auto"]])
+def test_workers_with_a_cluster_are_refused_naming_both(
+    cluster: list[str], tmp_path: Path, make_slide: SlideFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The cluster's workers index the slides: --workers was silently ignored (Dask, Ray)."""
+    slide = make_slide(width=1024, height=768, seed=3)
+    out = tmp_path / "idx"
+    code = main(["index", str(slide), "--out", str(out), "--workers", "4", *cluster])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--workers" in err and cluster[0] in err
+    assert not out.exists()

@@ -64,6 +64,24 @@ def test_predict_over_a_folder_of_slides_indexes_it_and_a_rerun_reuses_the_index
     assert {p: p.stat().st_mtime_ns for p in (out / "model-outputs-csv").iterdir()} == stamps
 
 
+def test_root_with_slides_makes_the_index_built_on_the_way_movable(
+    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--root was not given to the build (absolute paths stored), then the pass opened the
+    index with it: ignored, now refused as a root that remaps nothing."""
+    out = tmp_path / "p"
+    code = run("predict", str(slides), "--root", str(slides), "--model", MODEL, "--out", str(out),
+               *GRID)  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    index = SlideIndex.open(out / "index")
+    assert sorted(s.path for s in index.slides) == sorted(NAMES)  # relative to the root
+    moved = tmp_path / "moved"
+    shutil.move(str(slides), moved)
+    reopened = SlideIndex.open(out / "index", root=str(moved))
+    paths = {reopened.slide_path(i) for i in range(len(reopened.slides))}
+    assert paths == {str(moved / name) for name in NAMES}
+
+
 def test_features_over_slide_files_writes_the_index_where_asked(
     slides: Path, tmp_path: Path
 ) -> None:
@@ -140,7 +158,8 @@ def test_an_index_with_grid_options_or_beside_slides_is_refused(
     assert "--mpp go with slides, but" in capsys.readouterr().err
     assert run("predict", str(idx.path), str(slides), "--model", MODEL, "--out", out) == 2
     assert "is an index, given beside other paths" in capsys.readouterr().err
-    assert run("predict", str(slides), "--mil-model", "m:f", "--out", out, "--level", "0") == 2
+    # (main, not run: PASS's --workers is refused with --mil-model, as the tile pass's)
+    assert main(["predict", str(slides), "--mil-model", "m:f", "--out", out, "--level", "0"]) == 2
     assert "with --mil-model, PATH is one features folder" in capsys.readouterr().err
 
 

@@ -262,7 +262,7 @@ def test_unit_timeout_is_a_flag_and_needs_local_workers(
     with pytest.raises(ConfigError, match="unit_timeout"):
         export_index(index, tmp_path / "b", unit_timeout=-1)
     code = main(["export", str(index.path), "--out", str(tmp_path / "c"), "--unit-timeout", "60",
-                 "--format", "coords-h5", "--no-progress"])  # fmt: skip
+                 "--format", "webdataset", "--no-progress"])  # fmt: skip
     assert code == 0
     settings = json.loads((tmp_path / "c" / "export.json").read_text())["settings"]
     assert "unit_timeout" not in settings  # how long a unit may take is not what it holds
@@ -601,3 +601,40 @@ def test_a_flat_export_resumed_after_the_index_got_splits_says_what_changed(
     said = str(caught.value)
     assert "()" not in said and "split_folders" in said
     assert "by split" in said and "--split" in said and "--overwrite" in said
+
+
+def test_an_export_into_a_folder_another_export_is_writing_is_refused(
+    index: SlideIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two exports at once into one folder were not kept apart: a second one with --overwrite
+    cleared the first's finished shards mid-run, and the first then ended with exit 0 and an
+    export missing most of its tiles (380 of 1,330 in the trial)."""
+    started, release = threading.Event(), threading.Event()
+    real_unit = running_module.export_unit
+
+    def paused_unit(unit: Any) -> Any:
+        if not started.is_set():
+            started.set()
+            release.wait(600)
+        return real_unit(unit)
+
+    monkeypatch.setattr(running_module, "export_unit", paused_unit)
+    out = tmp_path / "out"
+    first: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: first.append(export_index(index, out, format="webdataset", shard_size=8))
+    )
+    thread.start()
+    try:
+        assert started.wait(600)
+        for overwrite in (False, True):
+            with pytest.raises(ConfigError, match="another export is writing"):
+                export_index(index, out, format="webdataset", shard_size=8, overwrite=overwrite)
+    finally:
+        release.set()
+        thread.join()
+    assert first and first[0].tiles + first[0].failed == len(index)  # (bad.svs's corrupt tiles)
+    with open(out / "manifest.csv", newline="") as fh:
+        assert len(list(csv.DictReader(fh))) == first[0].tiles
+    again = export_index(index, out, format="webdataset", shard_size=8)  # the lock was let go
+    assert again.units_skipped == again.units

@@ -91,3 +91,24 @@ def test_concatenated_features_and_the_command_line(index: SlideIndex, tmp_path:
     assert summary["written"] == 1 and summary["skipped"] == 0
     assert main([*args, "--context", "2.0:64,1.0:48"]) == 0
     assert json.loads((out / "features.json").read_text())["skipped"] == 1
+
+
+def test_concatenated_features_without_context_tiles_are_refused(
+    index: SlideIndex, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no context scales (none given, none in the index), ``concat`` has nothing to
+    concatenate: it was silently ignored (plain features written)."""
+    from wsi_loader.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="context_features") as caught:
+        extract(index, "tests.feature_models:plain", tmp_path / "lib", context_features="concat")
+    assert "no context" in str(caught.value)
+    assert not (tmp_path / "lib").exists()
+    out = tmp_path / "cli"
+    args = ["features", str(index.path), "--model", "tests.feature_models:plain"]
+    args += ["--out", str(out), "--workers", "0", "--no-progress"]
+    code = main([*args, "--context-features", "concat"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--context-features" in err and "--context" in err and str(index.path) in err
+    assert not out.exists()

@@ -261,3 +261,23 @@ def test_a_slide_off_the_encoders_grid_is_a_failed_slide(tmp_path: Path) -> None
     assert report.written == 1 and [f["slide"] for f in report.failures] == ["huge"]
     _, rows, _ = read_back(out)
     assert "1000 x 1000 tile grid" in next(r for r in rows if r["slide"] == "huge")["status"]
+
+
+def test_a_level0_patch_size_that_would_be_ignored_is_refused(
+    tmp_path: Path, weights: Path
+) -> None:
+    """patch_size_level0 (--patch-size-level0) is for files that do not say it: one that says
+    another was read and the option silently ignored, as it was for a slide encoder that
+    reads no positions (CHIEF)."""
+    sized = tmp_path / "sized"
+    write_features(sized, "a", 5, model="encoder:conch_v15", patch_size=512, mpp=0.5)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="patch_size_level0") as caught:
+        embed_slides(sized, "titan", out, weights=titan_weights(tmp_path), patch_size_level0=2048)
+    assert str(sized / "a.h5") in str(caught.value) and "1024" in str(caught.value)
+    chief = tmp_path / "chief"
+    write_features(chief, "a", 5)
+    with pytest.raises(ConfigError, match="patch_size_level0") as caught:
+        embed_slides(chief, "chief", out, weights=weights, patch_size_level0=1024)
+    assert "positions" in str(caught.value)
+    assert not out.exists()

@@ -276,6 +276,10 @@ def test_cli_index_with_annotations_and_info_json(
         ),
         ({"background_label": "Other"}, "background_label applies to label_from: annotations"),
         ({"annotations": "x", "min_coverage": 0}, "min_coverage"),
+        # each was silently ignored without what it applies to
+        ({"min_coverage": 0.3}, "min_coverage needs annotations"),
+        ({"class_priority": ["Tumor"]}, "class_priority needs annotations"),
+        ({"annotations": "x", "max_excluded": 0.2}, "max_excluded applies to exclude"),
     ],
 )
 def test_option_errors(tmp_path: Path, options: dict[str, object], message: str) -> None:

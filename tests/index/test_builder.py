@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import SlideFactory
-from wsi_loader.errors import IndexFormatError
+from wsi_loader.errors import ConfigError, IndexFormatError
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index import _builder as builder_module
 from wsi_loader.index import _slide_task as slide_task_module
@@ -256,8 +256,6 @@ def test_a_slide_that_kills_its_worker_is_a_failed_row_and_the_rest_indexed(
 def test_slide_timeout_needs_local_workers(archive: Path, tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from wsi_loader.errors import ConfigError
-
     with ThreadPoolExecutor(1) as pool, pytest.raises(ConfigError, match="worker processes"):
         build_index([archive], tmp_path / "idx", executor=pool, slide_timeout=5)
 
@@ -290,6 +288,29 @@ def test_root_may_start_with_home(
     assert reopened.slide_path(2) == str(archive / "sub" / "b.svs")
     assert index.view(root="~").slide_path(0) == os.path.join(str(archive.parent), "a.svs")
     assert index.view(root="s3://b/~x").slide_path(0) == "s3://b/~x/a.svs"
+
+
+def test_a_root_for_an_index_of_absolute_paths_is_refused(archive: Path, tmp_path: Path) -> None:
+    """An index built without a root stores absolute paths, which a root cannot remap: it was
+    silently ignored (the slides were looked for where they were, and the error then advised
+    giving the root that had been given)."""
+    index = build_index([archive], tmp_path / "idx")
+    assert all(os.path.isabs(s.path) for s in index.slides)
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(archive), moved)
+    for opening in (
+        lambda: SlideIndex.open(tmp_path / "idx", root=str(moved)),
+        lambda: index.view(root=str(moved)),
+    ):
+        with pytest.raises(ConfigError, match="absolute") as caught:
+            opening()
+        assert str(tmp_path / "idx") in str(caught.value) and "--root" in str(caught.value)
+    assert SlideIndex.open(tmp_path / "idx").slide_path(0) == index.slide_path(0)
+    # an index built with a root its slides are outside of stores their absolute paths too,
+    # and is reopened with that root (export's units do): not refused
+    elsewhere = build_index([moved], tmp_path / "idx2", root=str(tmp_path / "other"))
+    assert all(os.path.isabs(s.path) for s in elsewhere.slides)
+    assert len(SlideIndex.open(elsewhere.path, root=elsewhere.root)) == len(elsewhere)
 
 
 def test_labels_csv_and_manifest(archive: Path, tmp_path: Path) -> None:

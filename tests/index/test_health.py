@@ -40,3 +40,18 @@ def test_missing_and_changed_slides_each_get_their_advice(archive: Path, tmp_pat
     message = str(caught.value)
     assert "bad.svs does not exist" in message and "good.svs changed since indexing" in message
     assert "if the archive moved" in message and "rebuild the index" in message
+
+
+def test_a_moved_archive_of_an_index_of_absolute_paths_is_told_to_rebuild(
+    archive: Path, tmp_path: Path
+) -> None:
+    """The advice was to give the archive's new folder as the root, which such an index
+    cannot take (refused: it stores absolute paths)."""
+    build_index([archive], tmp_path / "idx", tile_size=256, level=0, min_tissue=0.0)
+    archive.rename(tmp_path / "elsewhere")
+    with pytest.raises(SlideNotFoundError) as caught:
+        TileDataset(tmp_path / "idx")
+    message = str(caught.value)
+    assert "stores absolute slide paths" in message and "--root" in message
+    assert "give its folder as the root" not in message
+    assert "rebuild the index where the slides are now" in message

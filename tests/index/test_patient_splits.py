@@ -334,3 +334,25 @@ def test_info_shows_each_slides_patient(slides: Path, tmp_path: Path) -> None:
     patients = {Path(s["path"]).stem: s["patient"] for s in index.summary()["slides"]}
     assert patients["TCGA-CR-7395-01A-01-TS1"] == patients["TCGA-CR-7395-01Z-00-DX1"]
     assert patients["TCGA-CR-7395-01A-01-TS1"] == "TCGA-CR-7395"
+
+
+def test_a_rebuild_of_a_moved_archive_keeps_the_splits_split_wrote(
+    slides: Path, tmp_path: Path
+) -> None:
+    """An index of absolute paths is rebuilt where its slides are now (a root cannot remap
+    it): the splits were kept by path, so every one was dropped without a word, and the next
+    `split` dealt the test set again."""
+    labels = "slide,label\n" + "".join(
+        f"{p.stem},{'ab'[i % 2]}\n" for i, p in enumerate(sorted(slides.glob("*.svs")))
+    )
+    index = _build(slides, tmp_path / "idx", labels)
+    written = _names(write_splits(index.path, SplitPlan(stratify=None, test=0.34), False))
+    moved = tmp_path / "moved"
+    slides.rename(moved)
+    table = moved / "labels.csv"
+    rebuilt = build_index(
+        [moved], tmp_path / "idx", tile_size=128, level=0, min_tissue=0.0, labels=str(table),
+        allow_shrink=True,
+    )  # fmt: skip
+    assert all(r.path.startswith(str(moved)) for r in rebuilt.slides)
+    assert _names(rebuilt) == written

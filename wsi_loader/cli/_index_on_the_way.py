@@ -141,6 +141,9 @@ def _build_here(paths: list[str], index_out: Path, args: argparse.Namespace) -> 
     from wsi_loader.index import build_index
 
     overrides = {key: getattr(args, key) for key in GRID_KEYS}
+    # --root: the slide paths are stored relative to it (the pass opens the index with it;
+    # an index of absolute paths cannot be remapped)
+    overrides["root"] = args.root
     config = with_overrides(IndexConfig(), source="command line", **overrides)
     index = build_index(paths, index_out, config, progress=not args.no_progress)
     ok = sum(s.status == "ok" for s in index.slides)

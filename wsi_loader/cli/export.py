@@ -15,6 +15,7 @@ from wsi_loader.cli.common import (
 )
 from wsi_loader.cli.stain import add_stain_options, stain_option
 from wsi_loader.config import Config, DatasetConfig, ExportConfig, load_config, validate
+from wsi_loader.errors import ConfigError
 from wsi_loader.index import SlideIndex
 
 
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     options: ExportConfig = validate(
         ExportConfig, {**config.export.model_dump(), **flags}, "command line", "export"
     )
+    _refuse_ignored(flags, options, args.scheduler)
     index = SlideIndex.open(args.index, root=args.root or config.index.root)
     context = None
     if args.context is not None:
@@ -125,3 +127,29 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _refuse_ignored(flags: dict[str, object], options: ExportConfig, scheduler: str | None) -> None:
+    """Options given on the command line that this export would silently ignore are refused,
+    naming both (a config file's export section may hold values for other formats)."""
+
+    def refuse(given: list[str], why: str) -> None:
+        if given:
+            names = ", ".join("--" + key.replace("_", "-") for key in given)
+            raise ConfigError(f"{names} {why}", path="command line")
+
+    if options.format == "coords-h5":
+        keys = ("image_format", "quality", "shard_size", "workers", "unit_timeout", "verify")
+        given = [key for key in keys if key in flags]
+        refuse(given + (["scheduler"] if scheduler else []), "cannot go with --format "
+               "coords-h5: it writes one file of coordinates per slide, at once, reading no "
+               "pixels")  # fmt: skip
+    elif scheduler:
+        refuse([key for key in ("workers",) if key in flags], "cannot go with --scheduler: "
+               "the Dask cluster's workers write the units (leave --workers out)")  # fmt: skip
+    if options.format != "coords-h5" and options.image_format == "png":
+        refuse([key for key in ("quality",) if key in flags], "is for --image-format jpeg or "
+               "webp: png is lossless")  # fmt: skip
+    if not options.shuffle:
+        refuse([key for key in ("seed",) if key in flags], "is the seed of --shuffle, which "
+               "this export does not use")  # fmt: skip

@@ -319,6 +319,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "give --scheduler (Dask) or --ray, not both", path="command line", key="ray"
         )
+    if args.workers is not None and (args.scheduler or args.ray):
+        raise ConfigError(
+            f"--workers cannot go with {'--scheduler' if args.scheduler else '--ray'}: the "
+            "cluster's workers index the slides (leave --workers out)",
+            path="command line",
+            key="workers",
+        )
     with dask_client(args.scheduler) as client, ray_executor(args.ray) as on_ray:
         index = build_index(
             args.paths,

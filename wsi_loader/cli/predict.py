@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         "top_k": args.top_k,
         "threshold": args.threshold,
     }
+    _refuse_ignored(args)
     if args.mil_model and stain_option(args) is not None:
         raise ConfigError(
             "--stain (or a stain section in --config) goes with --model: a MIL model reads "
@@ -164,6 +165,56 @@ def run(args: argparse.Namespace) -> int:
     if len(report.slide_results) > 20:
         print(f"  ... {len(report.slide_results) - 20} more in slides.csv", file=sys.stderr)
     return unfinished_slides(report, None if args.mil_model else args.dtype)
+
+
+# the options of the tile pass (reading slides, running the model over tiles, tile
+# probabilities into slide scores), at their defaults: a MIL model reads a features folder and
+# makes the slide call itself, so any other value would be silently ignored
+_TILE_PASS_ONLY = {
+    "ray": None,
+    "tta": "none",
+    "workers": None,
+    "timeout": 0,
+    "dtype": "float32",
+    "batch_size": 64,
+    "slide_rule": "mean",
+    "top_k": 10,
+    "missing_slides": "raise",
+    "quarantine": None,
+}
+
+
+def _refuse_ignored(args: argparse.Namespace) -> None:
+    """Options that would be silently ignored in this combination are refused, naming both
+    (before anything is read or written)."""
+
+    def flag(key: str) -> str:
+        return "--" + key.replace("_", "-")
+
+    if args.mil_model:
+        given = [key for key, default in _TILE_PASS_ONLY.items() if getattr(args, key) != default]
+        if args.root is not None and args.mil_index is None:
+            given.append("root")  # remaps the slides of --index only
+        if given:
+            names = ", ".join(flag(key) for key in given)
+            raise ConfigError(
+                f"{names} cannot go with --mil-model: they are options of the tile pass "
+                "(--model); a MIL model reads the features folder and makes the slide call "
+                "itself (--root goes with --index)",
+                path="command line",
+            )
+    if args.no_heatmaps:
+        given = [
+            key
+            for key, default in (("heatmap_class", None), ("heatmap_size", 1024))
+            if getattr(args, key) != default
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(flag(key) for key in given)} cannot go with --no-heatmaps "
+                "(it draws no heatmaps)",
+                path="command line",
+            )
 
 
 def _features_folder(args: argparse.Namespace) -> str:

@@ -22,8 +22,8 @@ def register(sub: Subparsers) -> None:
     p.add_argument(
         "--color-by",
         choices=["tissue", "label", "status", "annotation", "qc"],
-        default="tissue",
-        help="qc: the quality-control rule flagging each tile (pen, fold, bubble, blur)",
+        help="what colours the tiles (default: tissue); qc: the quality-control rule flagging "
+        "each tile (pen, fold, bubble, blur)",
     )
     p.add_argument("--max-size", type=int, default=1024, help="longest side of the thumbnail")
     p.add_argument(
@@ -69,6 +69,13 @@ def run_inspect(args: argparse.Namespace) -> int:
             path="command line",
             key="heatmap_class",
         )
+    if args.color_by is not None and args.predictions:
+        raise ConfigError(
+            "--color-by goes without --predictions DIR: with it, inspect draws predict's "
+            "heatmap (--heatmap-class picks a class), not the tile grid",
+            path="command line",
+            key="color_by",
+        )
     index = open_index(args)
     if args.predictions:
         from wsi_loader.predict._heatmaps import prediction_heatmap
@@ -83,7 +90,9 @@ def run_inspect(args: argparse.Namespace) -> int:
         heatmap.save(args.out)
         print(f"{args.out}: heatmap of {', '.join(heatmap.names)}", file=sys.stderr)
         return 0
-    overview = SlideOverview(index, args.slide, color_by=args.color_by, max_size=args.max_size)
+    overview = SlideOverview(
+        index, args.slide, color_by=args.color_by or "tissue", max_size=args.max_size
+    )
     overview.save(args.out)
     print(
         f"{args.out}: {len(overview.cells)} tiles of "

@@ -13,6 +13,9 @@ from wsi_loader.config._validate import OptionValueError, close_key, validate
 QC_RULES = ("pen", "blur", "fold", "bubble")  # index/_qc.py's RULES, by name
 
 
+_DEFAULT_MIN_COVERAGE = 0.5
+
+
 class IndexConfig(Strict):
     """How `build_index` lays the tile grid; ``configs/index.yaml`` documents the defaults."""
 
@@ -52,7 +55,10 @@ class IndexConfig(Strict):
         "slides", description="a tile's label: its slide's label, or its annotated class"
     )
     min_coverage: float = Field(
-        0.5, gt=0, le=1, description="share of a tile a class must cover to label it (or roi)"
+        _DEFAULT_MIN_COVERAGE,
+        gt=0,
+        le=1,
+        description="share of a tile a class must cover to label it (or roi)",
     )
     background_label: str | None = Field(
         None, min_length=1, description="label of tiles no class covers enough (else none)"
@@ -132,6 +138,9 @@ class IndexConfig(Strict):
                 ("roi", bool(self.roi)),
                 ("exclude", bool(self.exclude)),
                 ("annotation_objects", bool(self.annotation_objects)),
+                # what labels or keeps tiles by annotated classes: ignored without them
+                ("min_coverage", self.min_coverage != _DEFAULT_MIN_COVERAGE),
+                ("class_priority", bool(self.class_priority)),
             )
             if used
         ]
@@ -140,6 +149,8 @@ class IndexConfig(Strict):
         both = sorted(set(self.roi) & set(self.exclude))
         if both:
             raise ValueError(f"classes {both} are both a region of interest and excluded")
+        if self.max_excluded and not self.exclude:
+            raise ValueError("max_excluded applies to exclude (--exclude C[,C])")
         if self.background_label is not None and self.label_from != "annotations":
             raise ValueError("background_label applies to label_from: annotations")
         if self.tissue_class is not None and self.annotations is None:

@@ -53,6 +53,7 @@ from wsi_loader.export._folder import (
     SETTINGS_FILE,
     check_destination,
     clear_export,
+    held,
     read_settings,
     remove_partial_files,
     unit_contents,
@@ -194,6 +195,12 @@ def export_index(
     scales = _context_scales(index, context, options.format)
     options = replace(options, context=tuple(scales))
     steps = as_stain(stain)
+    if steps is not None and options.format == "coords-h5":
+        raise ConfigError(
+            "stain (--stain, or a stain section in --config) cannot go with a coords-h5 "
+            "export: it writes coordinates and reads no pixels",
+            key="stain",
+        )
     if steps is not None:  # targets resolved now (an archive median, a file), once
         options = replace(options, stain=json.dumps(steps.bind(index).spec(), sort_keys=True))
     readable = require_slides(index, missing_slides)
@@ -217,157 +224,161 @@ def export_index(
     if by_split:  # image folders of an index with splits, exported whole: DIR/<split>/<label>/
         settings["split_folders"] = by_split
     settings = json.loads(json.dumps(settings))  # as the settings file holds them (no tuples)
-    if overwrite and read_settings(out_path) is not None:
-        clear_export(out_path)
-    if not overwrite:
-        _check_split_layout(out_path, settings)
-    resuming = check_destination(out_path, settings)
-    remove_partial_files(out_path, kept)
-    out_path.mkdir(parents=True, exist_ok=True)
-    generation = str(index.meta["generation"])
-    full = SlideIndex.open(
-        index.path, root=index.root, generation=generation, quarantine=index.quarantine_file
-    )
+    # held to the end: a second export into the folder (--overwrite clears it) is refused
+    with held(out_path):
+        if overwrite and read_settings(out_path) is not None:
+            clear_export(out_path)
+        if not overwrite:
+            _check_split_layout(out_path, settings)
+        resuming = check_destination(out_path, settings)
+        remove_partial_files(out_path, kept)
+        out_path.mkdir(parents=True, exist_ok=True)
+        generation = str(index.meta["generation"])
+        full = SlideIndex.open(
+            index.path, root=index.root, generation=generation, quarantine=index.quarantine_file
+        )
 
-    # The plan (which generation rows, in which order; which were left out) is fixed by the
-    # first run, so units keep their contents when a resumed run sees a quarantine that grew.
-    plan = out_path / PLAN_FILE
-    if resuming and plan.exists():
-        with np.load(plan) as saved:
-            order, left_out = saved["order"], saved["left_out"]
-    else:
-        rows = _generation_rows(index)
-        why = np.full(len(rows), -1, dtype=np.int64)  # -1: exported
-        why[index.quarantined_mask()] = QUARANTINED
-        why[~np.isin(rows, _generation_rows(readable))] = UNREADABLE
-        if options.format == "imagefolder" and kept is None:
-            why[index.tile_labels() < 0] = UNLABELLED
-        order = rows[why < 0]
-        if options.shuffle:  # a keyed permutation, as DistributedTileSampler's
-            order = order[RandomPermutation(len(order), options.seed)(np.arange(len(order)))]
-        left_out = np.stack([rows[why >= 0], why[why >= 0]], axis=1)
-        # (the temporary name ends in .npz: np.savez would add it)
-        with replacing(plan, plan.with_name(f".plan.tmp-{os.getpid()}.npz")) as tmp:
-            np.savez(tmp, order=order, left_out=left_out)
-    contents = unit_contents(full, order, shard_size)
-    slides = unit_slides(full, order, shard_size) if contents is not None else []
-    content = hashlib.sha256(
-        "".join(contents or ["gone"]).encode("utf-8", "surrogateescape")
-    ).hexdigest()
-    if resuming and read_settings(out_path) != {**settings, "content": content}:
-        raise ConfigError(
-            f"{out_path} holds an export of other tiles: the index was rebuilt with different "
-            "tiles since this export began; pass --overwrite (overwrite=True) to replace it, or "
-            "choose an empty folder",
-            path=str(out_path),
-        )
-    assert contents is not None  # a fresh plan always fits its own generation
-    write_file(
-        out_path / SETTINGS_FILE,
-        json.dumps({**settings, "content": content}, sort_keys=True).encode(),
-    )
-    folders = tuple(_label_folders(index).items())
-    if options.format == "imagefolder":
-        warn_of_split_words(dict(folders).values(), out_path)
-    # local processes share this machine's cores; an executor's workers are sized by their owner
-    threads = threads_per_process(workers) if executor is None else 1
-    units = [
-        ExportUnit(
-            number=i,
-            rows=tuple(order[start : start + shard_size].tolist()),
-            index_path=str(index.path),
-            generation=generation,
-            root=index.root,
-            out=str(out_path),
-            options=options,
-            folders=folders,
-            unlabelled_out=None if kept is None else str(kept),
-            content=contents[i],
-            slides=slides[i],
-            verify=verify,
-            threads=threads,
-            quarantine=None if index.quarantine_file is None else str(index.quarantine_file),
-            split_folders=tuple(by_split.items()),
-        )
-        for i, start in enumerate(range(0, len(order), shard_size))
-    ]
-    if options.format == "coords-h5":  # coordinates only: no pixels are read
-        units = []
-        records = [export_coords(full, order, out_path)]
-    else:
-        try:
-            records = run_units(units, workers, executor, progress, checked.unit_timeout)
-        except BaseException:
-            # local workers are ended by now; one ended mid-write (the others' unit failed on
-            # a full disk) left its temporary file, which would keep the space it took
-            if executor is None:
-                remove_partial_files(out_path, kept)
-            raise
-    tiles = [t for r in records for t in r["tiles"]]
-    failures = [f for r in records for f in r["failures"]]
-    reasons = _quarantine_reasons(full)
-    for row, left in left_out.tolist():
-        fields = tile_fields(full, row)
-        if left == UNREADABLE:
-            reason = "slide cannot be read (missing_slides='exclude')"
-        elif left == UNLABELLED:
-            reason = "no label (left out of the class folders; unlabelled_out keeps them)"
+        # The plan (which generation rows, in which order; which were left out) is fixed by the
+        # first run, so units keep their contents when a resumed run sees a quarantine that grew.
+        plan = out_path / PLAN_FILE
+        if resuming and plan.exists():
+            with np.load(plan) as saved:
+                order, left_out = saved["order"], saved["left_out"]
         else:
-            error = reasons(fields)
-            reason = f"quarantined before export: {error}" if error else "quarantined before export"
-        failures.append({**fields, "reason": reason})
-    failures.sort(key=lambda f: f["row"])
-    quarantined = int((left_out[:, 1] == QUARANTINED).sum())
-    unlabelled = int((left_out[:, 1] == UNLABELLED).sum())
-    if unlabelled:
-        log.warning(
-            "%d tiles have no label: they are left out of the image folders (a folder of "
-            "them would be one more class to every reader) and listed in failures.csv; "
-            "--unlabelled-out DIR (unlabelled_out=DIR) writes them to a folder outside the "
-            "export",
-            unlabelled,
+            rows = _generation_rows(index)
+            why = np.full(len(rows), -1, dtype=np.int64)  # -1: exported
+            why[index.quarantined_mask()] = QUARANTINED
+            why[~np.isin(rows, _generation_rows(readable))] = UNREADABLE
+            if options.format == "imagefolder" and kept is None:
+                why[index.tile_labels() < 0] = UNLABELLED
+            order = rows[why < 0]
+            if options.shuffle:  # a keyed permutation, as DistributedTileSampler's
+                order = order[RandomPermutation(len(order), options.seed)(np.arange(len(order)))]
+            left_out = np.stack([rows[why >= 0], why[why >= 0]], axis=1)
+            # (the temporary name ends in .npz: np.savez would add it)
+            with replacing(plan, plan.with_name(f".plan.tmp-{os.getpid()}.npz")) as tmp:
+                np.savez(tmp, order=order, left_out=left_out)
+        contents = unit_contents(full, order, shard_size)
+        slides = unit_slides(full, order, shard_size) if contents is not None else []
+        content = hashlib.sha256(
+            "".join(contents or ["gone"]).encode("utf-8", "surrogateescape")
+        ).hexdigest()
+        if resuming and read_settings(out_path) != {**settings, "content": content}:
+            raise ConfigError(
+                f"{out_path} holds an export of other tiles: the index was rebuilt with "
+                "different tiles since this export began; pass --overwrite (overwrite=True) to "
+                "replace it, or choose an empty folder",
+                path=str(out_path),
+            )
+        assert contents is not None  # a fresh plan always fits its own generation
+        write_file(
+            out_path / SETTINGS_FILE,
+            json.dumps({**settings, "content": content}, sort_keys=True).encode(),
         )
-    write_csv(out_path / "manifest.csv", MANIFEST_COLUMNS, tiles)
-    write_csv(out_path / "failures.csv", FAILURE_COLUMNS, failures)
-    shards = [r["shard"] for r in records if r.get("shard")]
-    report = ExportReport(
-        out=out_path,
-        tiles=len(tiles),
-        failed=len(failures) - quarantined - unlabelled,
-        quarantined=quarantined,
-        units=len(units),
-        units_skipped=sum(bool(r.get("skipped")) for r in records),
-        shards=shards,
-        unlabelled=unlabelled,
-    )
-    per_shard = [sh["slides"] for sh in shards]
-    summary = {
-        "settings": {**settings, "content": content},
-        "generation": generation,
-        "slides_per_shard": {
-            "mean": float(np.mean(per_shard)) if per_shard else 0.0,
-            "min": min(per_shard, default=0),
-            "max": max(per_shard, default=0),
-        },
-        "tiles": report.tiles,
-        "failed": report.failed,
-        "quarantined": report.quarantined,
-        "unlabelled": report.unlabelled,
-        "shards": shards,
-        "label_folders": {str(k): v for k, v in folders},
-    }
-    write_file(out_path / "export.json", json.dumps(summary, indent=1, sort_keys=True).encode())
-    if options.format == "webdataset":
-        classes = list(index.classes) if index.coverage is not None else []
-        card = webdataset_card(options.image_ext, classes, index.split, len(options.context))
-        write_card(out_path, card)
-    elif options.format == "imagefolder":
-        # every label of the index, present or not: the class ids are then the index's
-        # label ids (the folders sort in that order) in an export of any split
-        classes = sorted(folder for _, folder in folders)
-        card = imagefolder_card(options.image_ext, classes, index.split, list(by_split.items()))
-        write_card(out_path, card)
-    return report
+        folders = tuple(_label_folders(index).items())
+        if options.format == "imagefolder":
+            warn_of_split_words(dict(folders).values(), out_path)
+        # local processes share this machine's cores; an executor's workers are sized by their owner
+        threads = threads_per_process(workers) if executor is None else 1
+        units = [
+            ExportUnit(
+                number=i,
+                rows=tuple(order[start : start + shard_size].tolist()),
+                index_path=str(index.path),
+                generation=generation,
+                root=index.root,
+                out=str(out_path),
+                options=options,
+                folders=folders,
+                unlabelled_out=None if kept is None else str(kept),
+                content=contents[i],
+                slides=slides[i],
+                verify=verify,
+                threads=threads,
+                quarantine=None if index.quarantine_file is None else str(index.quarantine_file),
+                split_folders=tuple(by_split.items()),
+            )
+            for i, start in enumerate(range(0, len(order), shard_size))
+        ]
+        if options.format == "coords-h5":  # coordinates only: no pixels are read
+            units = []
+            records = [export_coords(full, order, out_path)]
+        else:
+            try:
+                records = run_units(units, workers, executor, progress, checked.unit_timeout)
+            except BaseException:
+                # local workers are ended by now; one ended mid-write (the others' unit failed on
+                # a full disk) left its temporary file, which would keep the space it took
+                if executor is None:
+                    remove_partial_files(out_path, kept)
+                raise
+        tiles = [t for r in records for t in r["tiles"]]
+        failures = [f for r in records for f in r["failures"]]
+        reasons = _quarantine_reasons(full)
+        for row, left in left_out.tolist():
+            fields = tile_fields(full, row)
+            if left == UNREADABLE:
+                reason = "slide cannot be read (missing_slides='exclude')"
+            elif left == UNLABELLED:
+                reason = "no label (left out of the class folders; unlabelled_out keeps them)"
+            else:
+                error = reasons(fields)
+                reason = (
+                    f"quarantined before export: {error}" if error else "quarantined before export"
+                )
+            failures.append({**fields, "reason": reason})
+        failures.sort(key=lambda f: f["row"])
+        quarantined = int((left_out[:, 1] == QUARANTINED).sum())
+        unlabelled = int((left_out[:, 1] == UNLABELLED).sum())
+        if unlabelled:
+            log.warning(
+                "%d tiles have no label: they are left out of the image folders (a folder of "
+                "them would be one more class to every reader) and listed in failures.csv; "
+                "--unlabelled-out DIR (unlabelled_out=DIR) writes them to a folder outside the "
+                "export",
+                unlabelled,
+            )
+        write_csv(out_path / "manifest.csv", MANIFEST_COLUMNS, tiles)
+        write_csv(out_path / "failures.csv", FAILURE_COLUMNS, failures)
+        shards = [r["shard"] for r in records if r.get("shard")]
+        report = ExportReport(
+            out=out_path,
+            tiles=len(tiles),
+            failed=len(failures) - quarantined - unlabelled,
+            quarantined=quarantined,
+            units=len(units),
+            units_skipped=sum(bool(r.get("skipped")) for r in records),
+            shards=shards,
+            unlabelled=unlabelled,
+        )
+        per_shard = [sh["slides"] for sh in shards]
+        summary = {
+            "settings": {**settings, "content": content},
+            "generation": generation,
+            "slides_per_shard": {
+                "mean": float(np.mean(per_shard)) if per_shard else 0.0,
+                "min": min(per_shard, default=0),
+                "max": max(per_shard, default=0),
+            },
+            "tiles": report.tiles,
+            "failed": report.failed,
+            "quarantined": report.quarantined,
+            "unlabelled": report.unlabelled,
+            "shards": shards,
+            "label_folders": {str(k): v for k, v in folders},
+        }
+        write_file(out_path / "export.json", json.dumps(summary, indent=1, sort_keys=True).encode())
+        if options.format == "webdataset":
+            classes = list(index.classes) if index.coverage is not None else []
+            card = webdataset_card(options.image_ext, classes, index.split, len(options.context))
+            write_card(out_path, card)
+        elif options.format == "imagefolder":
+            # every label of the index, present or not: the class ids are then the index's
+            # label ids (the folders sort in that order) in an export of any split
+            classes = sorted(folder for _, folder in folders)
+            card = imagefolder_card(options.image_ext, classes, index.split, list(by_split.items()))
+            write_card(out_path, card)
+        return report
 
 
 def _context_scales(

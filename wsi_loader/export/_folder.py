@@ -14,10 +14,13 @@ ImageFolder and Hugging Face's imagefolder take every folder of the root for a c
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +28,13 @@ import numpy as np
 
 from wsi_loader.errors import ConfigError
 from wsi_loader.export._card import CARD_FILE, is_ours
+from wsi_loader.files import lock
 from wsi_loader.index._fingerprints import slide_version
 from wsi_loader.index._table import SlideIndex
 
 PARTS_FILE = ".export-parts.jsonl"  # one record per finished unit, appended under a lock
 SETTINGS_FILE = ".export-settings.json"
+LOCK_FILE = ".export-lock"  # held (flock) by the export writing the folder
 PLAN_FILE = ".export-plan.npz"
 
 
@@ -68,9 +73,29 @@ def relative_name(path: Path, out: Path) -> str:
     return Path(os.path.relpath(path, out)).as_posix()
 
 
+@contextmanager
+def held(out: Path) -> Iterator[None]:
+    """Hold ``out`` for one export (its `LOCK_FILE` locked) for the block: a second export
+    into it (``--overwrite`` would clear the first's finished units mid-run) is refused. The
+    folder is created for the lock file, which the export's readers do not see (hidden)."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    try:
+        try:
+            lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, out / LOCK_FILE)
+        except BlockingIOError:
+            raise ConfigError(
+                f"another export is writing {out}: wait for it, or write elsewhere",
+                path=str(out),
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def read_settings(out: Path) -> dict[str, Any] | None:
     """The settings of the export in ``out`` (None for an empty or missing folder)."""
-    if not out.exists() or not any(out.iterdir()):
+    if not out.exists() or not any(p.name != LOCK_FILE for p in out.iterdir()):
         return None
     source = out / SETTINGS_FILE
     if not source.exists():

@@ -148,6 +148,15 @@ def extract(
         if context is None
         else validate(DatasetConfig, {"context": list(context)}).context or []
     )
+    if context_features == "concat" and not options.context:
+        raise ConfigError(
+            "context_features 'concat' (--context-features concat) needs context tiles, and "
+            "there are no context scales: none given (context=, --context) and none in the "
+            "index (index --context)",
+            path=str(view.path),
+            key="context_features",
+            value=context_features,
+        )
     layout = context_layout(options.context, context_features)
     out_path = Path(out)
     slide_ids = slides_with_tiles(view)

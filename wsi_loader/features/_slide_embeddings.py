@@ -223,9 +223,24 @@ def _check_sources(
     """Refuse features from another patch encoder, or (for slide encoders reading positions)
     at another resolution or patch size, or without a level-0 patch size."""
     expected = f"encoder:{recipe.patch_encoder}"
+    if patch_size_level0 is not None and not recipe.positions:
+        raise ConfigError(
+            f"patch_size_level0 (--patch-size-level0) is for slide encoders that read the "
+            f"tiles' positions; {recipe.name} reads none (leave it out)",
+            key="patch_size_level0",
+            value=patch_size_level0,
+        )
     for s in sources:
         if s.error is not None:
             continue
+        if patch_size_level0 is not None and s.patch_size_level0 not in (None, patch_size_level0):
+            raise ConfigError(
+                f"{s.path} says its tiles are {s.patch_size_level0} level-0 px, not "
+                f"patch_size_level0={patch_size_level0} (--patch-size-level0 is for files that "
+                "do not say it: leave it out)",
+                key="patch_size_level0",
+                value=patch_size_level0,
+            )
         if s.model.lower() != expected:
             raise ConfigError(
                 f"{s.path} holds features of {s.model or 'an unnamed model'}, but slide encoder "

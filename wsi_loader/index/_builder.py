@@ -103,10 +103,12 @@ def _with_qc_columns(arrays: TileArrays) -> TileArrays:
 
 
 def _keep_split(record: SlideRecord, kept: dict[str, str]) -> SlideRecord:
-    """``record`` with the split `wsi-loader split` gave it, unless its input gives one."""
-    if record.split is not None or record.path not in kept:
+    """``record`` with the split `wsi-loader split` gave it (by its path, else by its
+    content: a slide moved), unless its input gives one."""
+    if record.split is not None:
         return record
-    return replace(record, split=kept[record.path])
+    split = kept.get(record.path) or kept.get(f"content:{record.content}")
+    return record if split is None else replace(record, split=split)
 
 
 def _label_tiles(
@@ -323,7 +325,10 @@ def _build(
     if kept:
         log.info(
             "kept the splits wsi-loader split gave: %d slides keep theirs",
-            sum(r.path in kept and r.split == kept[r.path] for r, _ in results),
+            sum(
+                r.split is not None and _keep_split(replace(r, split=None), kept) == r
+                for r, _ in results
+            ),
         )
     check_splits([record for record, _ in results], root)
     try:

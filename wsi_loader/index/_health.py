@@ -144,9 +144,16 @@ def require_slides(index: SlideIndex, on_missing: str = "raise") -> SlideIndex:
         else ""
     )
     where = _where(index, missing[0])
+    stored = index.slides[missing[0]].path
+    if os.path.isabs(stored) and not is_url(stored):  # a root cannot remap it (refused)
+        moved = "if the archive moved, rebuild the index where the slides are now"
+    else:
+        moved = (
+            "if the archive moved, give its folder as the root "
+            "(SlideIndex.open(dir, root=...) or --root)"
+        )
     raise SlideNotFoundError(
-        f"{what} {where[0].upper()}{where[1:]}; if the archive moved, give its folder as the root "
-        f"(SlideIndex.open(dir, root=...) or --root), {exclude}.{changed}",
+        f"{what} {where[0].upper()}{where[1:]}; {moved}, {exclude}.{changed}",
         path=index.slide_path(missing[0]),
     )
 

@@ -72,18 +72,25 @@ def previous(out: str, config: IndexConfig) -> SlideIndex | None:
 def kept_splits(
     out: str, previous: SlideIndex | None
 ) -> tuple[dict[str, str], dict[str, Any] | None]:
-    """The splits `wsi-loader split` wrote into the index at ``out``, by stored slide path,
-    and its plan: a rebuild keeps them for the slides whose inputs give no split (whether
-    the slides' tiles are reused or read again). Empty for an index never split so: the
-    splits of its slides then came from its inputs alone. ``previous``: the index at ``out``
-    when it is open already (grid parameters unchanged)."""
+    """The splits `wsi-loader split` wrote into the index at ``out``, by stored slide path
+    and by content (``content:<digest>``: a slide found under another path, an archive moved
+    and indexed where it is now, keeps its split), and its plan: a rebuild keeps them for the
+    slides whose inputs give no split (whether the slides' tiles are reused or read again).
+    Empty for an index never split so: the splits of its slides then came from its inputs
+    alone. ``previous``: the index at ``out`` when it is open already (grid parameters
+    unchanged)."""
     if previous is None and not os.path.exists(os.path.join(out, CURRENT)):
         return {}, None
     index = previous if previous is not None else SlideIndex.open(out)
     plan = index.meta.get("splits")
     if not isinstance(plan, dict):
         return {}, None
-    return {r.path: r.split for r in index.slides if r.split is not None}, plan
+    by_content: dict[str, set[str]] = {}
+    for r in index.slides:
+        if r.split is not None and r.content is not None:
+            by_content.setdefault(f"content:{r.content}", set()).add(r.split)
+    kept = {key: next(iter(found)) for key, found in by_content.items() if len(found) == 1}
+    return {**kept, **{r.path: r.split for r in index.slides if r.split is not None}}, plan
 
 
 def _as_stored(value: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from wsi_loader.errors import IndexFormatError
+from wsi_loader.errors import ConfigError, IndexFormatError
 from wsi_loader.files import expand_home
 from wsi_loader.index._checks import check_params, check_slides, check_values
 from wsi_loader.index._labels import patient_of, split_choices, split_mask, split_members
@@ -111,6 +111,8 @@ class SlideIndex:
         else:
             gen = base / generation
         index = cls._open_generation(base, gen, None if root is None else expand_home(root))
+        if root is not None:
+            index._check_remappable(root)
         return index.view(
             exclude_quarantined=exclude_quarantined, split=split, quarantine=quarantine, where=where
         )
@@ -221,6 +223,8 @@ class SlideIndex:
         the slides of ``split``, without the slides ``drop_slides``, or only the rows
         ``where`` keeps (see `open`); or with its quarantine in another file (``quarantine``,
         see `open`). Views compose."""
+        if root is not None:
+            self._check_remappable(root)
         index = self if root is None else replace(self, root=expand_home(root))
         if quarantine is not None:
             index = replace(index, quarantine_file=quarantine_file(quarantine))
@@ -336,6 +340,23 @@ class SlideIndex:
     def quarantine(self) -> Quarantine:
         """Failed reads: DIR/quarantine.jsonl, or the file the index was opened with."""
         return Quarantine(self.quarantine_file or self.path / "quarantine.jsonl")
+
+    def _check_remappable(self, root: str) -> None:
+        """A root remaps relative slide paths only: for an index whose every slide path is
+        absolute (built without a root) it would change nothing, so it is refused, not
+        silently ignored."""
+        if self.meta.get("root") is not None:  # built with a root: remapped, or reopened
+            return
+        if self.slides and all(os.path.isabs(s.path) or is_url(s.path) for s in self.slides):
+            raise ConfigError(
+                f"root {root!r} (--root) cannot remap this index: it stores absolute slide "
+                "paths (it was built without a root), which are read where they are; drop "
+                "the root, or rebuild the index with one (wsi-loader index ... --root DIR, "
+                "build_index(..., root=DIR)) to make it movable",
+                path=str(self.path),
+                key="root",
+                value=root,
+            )
 
     def slide_path(self, slide_id: int) -> str:
         """Absolute path of a slide, with the root (or its remapping) applied."""

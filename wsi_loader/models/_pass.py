@@ -106,6 +106,15 @@ class PassOptions:
             raise ConfigError("batch_size must be a whole number", key="batch_size")
         if self.batch_size < 1:
             raise ConfigError("batch_size must be >= 1", key="batch_size", value=self.batch_size)
+        if self.runner is not None:  # its cluster reads the tiles, not a local loader
+            for key, given in (("workers", self.workers is not None), ("timeout", self.timeout)):
+                if given:
+                    raise ConfigError(
+                        f"{key} (--{key}) cannot go with a runner (--ray): the cluster's tasks "
+                        "read the tiles, not local workers; leave it out",
+                        key=key,
+                        value=getattr(self, key),
+                    )
         resolve_device(self.device)
 
 

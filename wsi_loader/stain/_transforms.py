@@ -187,7 +187,8 @@ class Normalize(StainTransform):
     """Normalise every tile to ``target`` from its slide's stain (`resolve_target` lists the
     targets; None: the index's archive reference). ``method``: "macenko" or "reinhard";
     ``per_tile``: estimate each tile instead of using its slide's values (torchstain's way:
-    slower and noisier; a tile whose estimate fails falls back to its slide's)."""
+    slower and noisier; a tile whose estimate fails falls back to its slide's). Tiles of
+    slides without an estimate pass unchanged either way."""
 
     method: str = "macenko"
     target: Any = None
@@ -233,7 +234,10 @@ class Normalize(StainTransform):
         active = t.valid[ids].copy()
         if self.per_tile:
             assert images is not None
-            for i, tile in enumerate(images):
+            # tiles of slides without an estimate (fluorescence, too little stain) pass
+            # unchanged, as they do per slide: their own fit would take them for H&E
+            for i in np.flatnonzero(active):
+                tile = images[i]
                 # `fit_image`'s values of this method only: the other's cost as much again
                 try:
                     if self.method == "macenko":
