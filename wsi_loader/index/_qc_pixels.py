@@ -151,8 +151,9 @@ def tissue_layers(
     rings = np.bincount(ring.ravel(), minlength=count + 1)
     glass = np.bincount(ring[~tissue].ravel(), minlength=count + 1)
     inside = glass <= LAYER_GLASS * rings
+    inside &= np.bincount(labels[ink & blue], minlength=count + 1) >= LAYER_SHARE * sizes
     inside[0] = False
-    if not inside.any():
+    if not inside.any():  # no blue stroke within the section: nothing to compare
         return np.zeros(ink.shape, dtype=bool)
     reference = stained & ~ndimage.binary_dilation(ink, iterations=2)
     if not reference.any():
@@ -177,6 +178,7 @@ def tissue_layers(
     alike = np.bincount(labels[pixels], minlength=count + 1)
     denser = np.bincount(labels[ink & (ratio >= LAYER_DENSITY)], minlength=count + 1)
     layer = inside & (alike >= LAYER_SHARE * sizes) & (2 * denser >= sizes)
+    layer[0] = False
     found: BoolArray = layer[labels]
     return found
 
