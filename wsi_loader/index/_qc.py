@@ -36,7 +36,14 @@ from wsi_loader.config import close_key
 from wsi_loader.errors import ConfigError
 from wsi_loader.index._focus import Sharpness, relative_focus
 from wsi_loader.index._lowres import FloatArray, LowResolution, TileBoxes, box_means
-from wsi_loader.index._qc_pixels import bubbles, folded, inked_folds, large_parts, pen_inks
+from wsi_loader.index._qc_pixels import (
+    bubbles,
+    folded,
+    inked_folds,
+    large_parts,
+    pen_inks,
+    tissue_layers,
+)
 from wsi_loader.index._tissue import BoolArray, PixelRule, tile_fractions
 from wsi_loader.slides._base import RGBArray
 
@@ -228,9 +235,14 @@ def measure(
         blue_stain = coloured > 0 and int(blue.sum()) > BLUE_STAIN_SHARE * coloured
         if not blue_stain:
             ink |= blue
+        saturated, whole = stained.copy(), rule.stained(picture)
         stained &= ~ink
         # a stroke is an area: lone ink-coloured pixels are specks or clumps of nuclei
         ink = large_parts(ink, _pixels(MIN_PEN_UM, um_per_px, w))
+        # ...not of the tissue's own hue: a dense core lying on itself is a fold, not ink
+        layers = tissue_layers(picture, ink, blue, stained, whole, window)
+        ink &= ~layers
+        stained |= layers & saturated
         bubble = bubbles(picture, ink, stained, window, _pixels(MIN_BUBBLE_UM, um_per_px, w))
         fold = folded(
             picture,
@@ -238,7 +250,7 @@ def measure(
             ink,
             window,
             _pixels(MIN_FOLD_UM, um_per_px, w),
-            tissue=rule.stained(picture) & ~ink & ~bubble,
+            tissue=whole & ~ink & ~bubble,
             reach=_width(FOLD_REACH_UM, um_per_px, w),
         )
         # a stroke going on over tissue adds its density there: pen, not a fold

@@ -57,6 +57,14 @@ BAND_LENGTH = 2.5  # ...and the band this many times as long as it is wide
 # by more than this fraction is the stroke going on over tissue (red ink absorbs less red
 # than eosin, green, blue and black more); two layers of one tissue absorb in its proportions
 INKED_RED_SHARE = 0.15
+# ...and the other way round: "ink" nearly all of whose pixels have the optical density's
+# proportions of the tissue of a hue around them (cosine at least this) is that tissue
+# lying on itself, a fold (the doubled dark-haematoxylin core passes histolab's blue
+# triples); marker ink, laid over the stain or not, has its own colour
+LAYER_HUE_COSINE = 0.998
+LAYER_SHARE = 0.9  # ...over this share of its pixels
+LAYER_DENSITY = 1.3  # ...half of its pixels this many times as dense as that tissue
+LAYER_GLASS = 0.1  # ...and at most this share of the pixels around it glass (a stroke runs on)
 
 
 @cache
@@ -112,6 +120,67 @@ def optical_density(rgb: RGBArray) -> npt.NDArray[np.float32]:
     table = -np.log10(np.maximum(np.arange(256, dtype=np.float32), 1.0) / 255.0)
     density: npt.NDArray[np.float32] = table.astype(np.float32)[rgb]
     return density
+
+
+def tissue_layers(
+    rgb: RGBArray,
+    ink: BoolArray,
+    blue: BoolArray,
+    stained: BoolArray,
+    tissue: BoolArray,
+    window: int,
+) -> BoolArray:
+    """The connected parts (8-neighbours) of ``ink`` that are tissue lying on itself: at
+    least `LAYER_SHARE` of their pixels are blue ink (``blue``, `pen_inks`) whose optical
+    density (3 x 3 means) points within `LAYER_HUE_COSINE` of the typical density of the
+    ``stained`` tissue of one of its hues around them (`hue_parts`; tissue within 2 pixels
+    of ink left out, which ink tints), half of them `LAYER_DENSITY` times as dense, and
+    they lie within the section: at most `LAYER_GLASS` of the pixels within 2 of them are
+    glass (neither ``tissue`` nor ink). Two layers of a tissue absorb in its proportions,
+    and a dense haematoxylin doubled passes histolab's blue triples; a marker stroke has
+    its own colour and runs over the glass too. Blue is the one ink of a stain's hue: red
+    ink is redder than eosin (`RED_INK_HUE`), green is no stain's, black is grey (and tints
+    the tissue around it, so the two agree)."""
+    if not ink.any() or not stained.any():
+        return np.zeros(ink.shape, dtype=bool)
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
+    labels, count = ndimage.label(ink, structure=np.ones((3, 3), dtype=bool))
+    sizes = np.bincount(labels.ravel(), minlength=count + 1)
+    ring = ndimage.grey_dilation(labels, size=5) * ~ink
+    rings = np.bincount(ring.ravel(), minlength=count + 1)
+    glass = np.bincount(ring[~tissue].ravel(), minlength=count + 1)
+    inside = glass <= LAYER_GLASS * rings
+    inside &= np.bincount(labels[ink & blue], minlength=count + 1) >= LAYER_SHARE * sizes
+    inside[0] = False
+    if not inside.any():  # no blue stroke within the section: nothing to compare
+        return np.zeros(ink.shape, dtype=bool)
+    reference = stained & ~ndimage.binary_dilation(ink, iterations=2)
+    if not reference.any():
+        return np.zeros(ink.shape, dtype=bool)
+    raw = optical_density(rgb)
+    density = ndimage.uniform_filter(raw, (3, 3, 1), mode="nearest")
+    strength = _norm(density)
+    best = np.zeros(ink.shape, dtype=np.float32)
+    ratio = np.zeros(ink.shape, dtype=np.float32)
+    for part in hue_parts(raw, reference):
+        around = _typical_around(raw, part, window)
+        dot = density[..., 0] * around[..., 0]
+        dot += density[..., 1] * around[..., 1]
+        dot += density[..., 2] * around[..., 2]
+        around_strength = np.maximum(_norm(around), 1e-6)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cosine = dot / (strength * around_strength)
+        closer = cosine > best
+        ratio = np.where(closer, strength / around_strength, ratio)
+        best = np.maximum(best, cosine)
+    pixels = ink & blue & (best >= LAYER_HUE_COSINE)
+    alike = np.bincount(labels[pixels], minlength=count + 1)
+    denser = np.bincount(labels[ink & (ratio >= LAYER_DENSITY)], minlength=count + 1)
+    layer = inside & (alike >= LAYER_SHARE * sizes) & (2 * denser >= sizes)
+    layer[0] = False
+    found: BoolArray = layer[labels]
+    return found
 
 
 def folded(
