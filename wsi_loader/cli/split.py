@@ -12,7 +12,7 @@ from typing import Any
 from wsi_loader.cli.common import COMMON, Subparsers, one_line
 from wsi_loader.index import SlideIndex
 from wsi_loader.index._labels import patient_of
-from wsi_loader.index._splits import SplitPlan, stored_plan, write_splits
+from wsi_loader.index._splits import SplitPlan, no_tiles, stored_plan, write_splits
 
 
 def share(value: str) -> float:
@@ -34,7 +34,8 @@ def register(sub: Subparsers) -> None:
         description="Deal whole patients (or slides) to train/val/test, or to K folds beside "
         "a test split, stratified by label, the same for the same seed. The index gets a new "
         "generation whose slides carry their split: --split train (and foldN:train, "
-        "foldN:val, test with --folds) selects them in every command.",
+        "foldN:val, test with --folds) selects them in every command. Slides with no tiles are "
+        "left out of the dealing: they get no split, and a warning names them.",
         epilog="A slide's patient is the 'patient' (or 'case_id') column of the manifest or "
         "labels CSV it was indexed with, else the case of its TCGA barcode name "
         "(TCGA-CR-7395-01A-01-TS1 -> TCGA-CR-7395), else the slide is its own patient.",
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
                     "splits": found,
                     "assigned": dict(sorted(assigned.items())),
                     "kept": kept,
+                    "no_tiles": no_tiles(index.slides),
                 },
                 indent=1,
             )
@@ -153,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
             f"{name}: {entry['patients']} patients, {entry['slides']} slides, "
             f"{entry['tiles']} tiles ({shown})"
         )
+    left = no_tiles(index.slides)
+    if left:
+        print(f"no split: {len(left)} slides with no tiles (left out of the dealing)")
     folds = plan.folds if plan else 1
     if folds > 1:
         print(
