@@ -161,3 +161,28 @@ def test_slides_without_tiles_are_left_out_of_the_dealing(
     again = cli("split", str(out))
     assert again.returncode == 0 and "nothing assigned" in again.stderr, again.stderr
     assert SlideIndex.open(out).meta["generation"] == generation
+
+
+def test_a_copy_of_a_scan_counts_as_its_patient(tmp_path: Path, make_slide: SlideFactory) -> None:
+    """A symlinked copy with no patient goes with its original (one scan), but the printout
+    counted it as a patient of its own ("3 patients" in a fold of two)."""
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    for i in range(4):
+        shutil.copy(make_slide(width=512, height=512, seed=60 + i), folder / f"case {i}.svs")
+    (folder / "copy of case 0.svs").symlink_to(folder / "case 0.svs")
+    out = tmp_path / "idx"
+    build_index([folder], out, tile_size=256, level=0, min_tissue=0.0)
+    done = cli("split", str(out), "--folds", "2", "--test", "0", "--seed", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)["splits"]
+    splits = _splits(out)
+    assert splits["copy of case 0.svs"] == splits["case 0.svs"]
+    assert sum(entry["slides"] for entry in found.values()) == 5
+    assert {name: entry["patients"] for name, entry in found.items()} == {
+        "fold1": 2,
+        "fold2": 2,
+    }, found
+    shown = cli("split", str(out), "--folds", "2", "--test", "0", "--seed", "3", "--overwrite")
+    fold = splits["case 0.svs"]
+    assert f"{fold}: 2 patients, 3 slides" in shown.stdout, shown.stdout

@@ -11,8 +11,7 @@ from typing import Any
 
 from wsi_loader.cli.common import COMMON, Subparsers, one_line
 from wsi_loader.index import SlideIndex
-from wsi_loader.index._labels import patient_of
-from wsi_loader.index._splits import SplitPlan, no_tiles, stored_plan, write_splits
+from wsi_loader.index._splits import SplitPlan, no_tiles, patients, stored_plan, write_splits
 
 
 def share(value: str) -> float:
@@ -72,10 +71,11 @@ def register(sub: Subparsers) -> None:
 
 
 def counts(index: SlideIndex) -> dict[str, dict[str, object]]:
-    """Per split: patients, slides, tiles and slides per label."""
+    """Per split: patients (as they were dealt: a copy of a scan is its original's), slides,
+    tiles and slides per label."""
     out: dict[str, dict[str, object]] = {}
-    patients: dict[str, set[str]] = defaultdict(set)
-    for record in index.slides:
+    members: dict[str, set[str]] = defaultdict(set)
+    for record, patient in zip(index.slides, patients(index.slides), strict=True):
         if record.split is None:
             continue
         entry = out.setdefault(record.split, {"patients": 0, "slides": 0, "tiles": 0, "labels": {}})
@@ -85,9 +85,9 @@ def counts(index: SlideIndex) -> dict[str, dict[str, object]]:
         assert isinstance(labels, dict)
         name = record.label or "(none)"
         labels[name] = labels.get(name, 0) + 1
-        patients[record.split].add(patient_of(record) or f"slide {record.path}")
+        members[record.split].add(str(patient))
     for name, entry in out.items():
-        entry["patients"] = len(patients[name])
+        entry["patients"] = len(members[name])
     return dict(sorted(out.items()))
 
 

@@ -146,6 +146,17 @@ def _members(
     return members
 
 
+def patients(slides: Sequence[SlideRecord]) -> list[str | None]:
+    """Each slide's patient as `split` deals them (its patient, else the slide itself; copies
+    of one scan joined), for the slides that have a split; None for the others."""
+    rows = [i for i, s in enumerate(slides) if s.split is not None]
+    out: list[str | None] = [None] * len(slides)
+    for group, members in _members(slides, rows, SplitPlan()).items():
+        for i in members:
+            out[i] = group
+    return out
+
+
 def _stratum(slides: Sequence[SlideRecord], rows: list[int], plan: SplitPlan) -> str:
     """A group's label (a patient whose slides carry several: the most common one)."""
     if not plan.stratify:
