@@ -214,3 +214,43 @@ def test_a_folder_without_slides_is_refused_before_torch_is_imported(
     )
     assert "no slides here" in done.stderr and "folder with slide files" in done.stderr
     assert done.stdout.split() == ["2", "False"], done.stderr
+
+
+@pytest.mark.parametrize("command", ["predict", "features"])
+def test_a_rerun_with_other_grid_options_is_refused_naming_them(
+    command: str, slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One folder, one run: the grid options of the index built on the way are options of
+    the run, so a rerun with others (which rebuilt OUT/index and recomputed every output) is
+    refused, naming each, with nothing in OUT changed; --overwrite rebuilds it."""
+    out = tmp_path / "out"
+    model = MODEL if command == "predict" else ENCODER
+    assert run(command, str(slides), "--model", model, "--out", str(out), *GRID) == 0
+    capsys.readouterr()
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in files}
+    other = ["--tile-size", "512", "--mpp", "0.5", "--min-tissue", "0"]
+    assert run(command, str(slides), "--model", model, "--out", str(out), *other) == 2
+    err = capsys.readouterr().err
+    index = out / "index"
+    assert (
+        f"{index} holds an index built with other grid options (--tile-size 256 -> 512; "
+        "--mpp none -> 0.5; --level 0 -> none)"
+    ) in err, err
+    assert "--overwrite" in err
+    after = sorted(p for p in out.rglob("*") if p.is_file())
+    assert after == files
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in after} == before
+    # an index given elsewhere (--index-out) is kept to its options in the same way
+    where = tmp_path / "shared index"
+    assert run(command, str(slides), "--model", model, "--out", str(tmp_path / "o2"),
+               "--index-out", str(where), *GRID) == 0  # fmt: skip
+    capsys.readouterr()
+    assert run(command, str(slides), "--model", model, "--out", str(tmp_path / "o3"),
+               "--index-out", str(where), *GRID[:4], "--min-tissue", "0.3") == 2  # fmt: skip
+    assert "--min-tissue 0.0 -> 0.3" in capsys.readouterr().err
+    assert not (tmp_path / "o3").exists()
+    # with --overwrite the index is rebuilt with the new options
+    assert run(command, str(slides), "--model", model, "--out", str(out), *other,
+               "--overwrite") == 0  # fmt: skip
+    assert SlideIndex.open(index).params["tile_size"] == 512

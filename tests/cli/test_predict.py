@@ -80,3 +80,24 @@ def test_a_heatmap_option_with_no_heatmaps_is_refused_naming_both(
     assert code == 2, err
     assert given[0] in err and "--no-heatmaps" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["--threshold", "1.5"], "argument --threshold: must be in [0, 1], got 1.5"),
+        (["--top-k", "0"], "argument --top-k: must be a whole number >= 1, got 0"),
+        (["--heatmap-size", "10"], "argument --heatmap-size: must be 64 to 8192 pixels, got 10"),
+    ],
+)
+def test_an_option_out_of_range_is_named_as_typed(
+    given: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--threshold 1.5` said "threshold must be in [0, 1]", the library's keyword for it."""
+    out = tmp_path / "p"
+    with pytest.raises(SystemExit) as exited:
+        main(["predict", str(tmp_path), "--model", MODEL, "--out", str(out), *given])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err, err
+    assert not out.exists()

@@ -123,3 +123,66 @@ def test_split_again_deals_only_the_slides_added(tmp_path: Path, make_slide: Sli
     other = cli("split", str(out), "--folds", "5")
     assert other.returncode == 2 and "--overwrite" in other.stderr
     assert "Traceback" not in other.stderr
+
+
+def test_slides_without_tiles_are_left_out_of_the_dealing(
+    tmp_path: Path, make_slide: SlideFactory
+) -> None:
+    """A slide with no tile (smaller than one, no tissue) was dealt like any other: in the
+    trial the test split got one slide and 0 tiles. Such slides get no split, are named in a
+    warning, and the shares are dealt among the patients with tiles."""
+    out = _index(tmp_path, make_slide)
+    folder = tmp_path / "slides"
+    rows = (folder / "manifest.csv").read_text().splitlines()
+    for i, patient in ((0, "P3"), (1, "P4")):
+        shutil.copy(make_slide(width=100, height=100, seed=90 + i), folder / f"empty{i}.svs")
+        rows.append(f"empty{i}.svs,b,{patient}")
+    (folder / "manifest.csv").write_text("\n".join(rows) + "\n")
+    build_index([folder / "manifest.csv"], out, tile_size=128, level=0, min_tissue=0.0)
+    for args in (["--folds", "3", "--test", "0"], ["--test", "0.2", "--val", "0.2"]):
+        for seed in range(4):
+            done = cli("split", str(out), *args, "--seed", str(seed), "--overwrite", "--json")
+            assert done.returncode == 0, done.stderr
+            found = json.loads(done.stdout)
+            assert found["no_tiles"] == [str(folder / "empty0.svs"), str(folder / "empty1.svs")]
+            assert len(found["splits"]) == 3, found["splits"]  # each patient with tiles in one
+            assert all(entry["tiles"] > 0 for entry in found["splits"].values()), found
+            splits = _splits(out)
+            assert splits["empty0.svs"] is None and splits["empty1.svs"] is None
+    said = cli("split", str(out), "--folds", "3", "--test", "0", "--overwrite")
+    assert said.returncode == 0, said.stderr
+    assert (
+        f"2 slides have no tiles and were left out of the dealing (no split): "
+        f"{folder / 'empty0.svs'}, {folder / 'empty1.svs'}"
+    ) in said.stderr, said.stderr
+    assert "no split: 2 slides with no tiles" in said.stdout, said.stdout
+    # dealt already: nothing more to assign, the index unchanged
+    generation = SlideIndex.open(out).meta["generation"]
+    again = cli("split", str(out))
+    assert again.returncode == 0 and "nothing assigned" in again.stderr, again.stderr
+    assert SlideIndex.open(out).meta["generation"] == generation
+
+
+def test_a_copy_of_a_scan_counts_as_its_patient(tmp_path: Path, make_slide: SlideFactory) -> None:
+    """A symlinked copy with no patient goes with its original (one scan), but the printout
+    counted it as a patient of its own ("3 patients" in a fold of two)."""
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    for i in range(4):
+        shutil.copy(make_slide(width=512, height=512, seed=60 + i), folder / f"case {i}.svs")
+    (folder / "copy of case 0.svs").symlink_to(folder / "case 0.svs")
+    out = tmp_path / "idx"
+    build_index([folder], out, tile_size=256, level=0, min_tissue=0.0)
+    done = cli("split", str(out), "--folds", "2", "--test", "0", "--seed", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)["splits"]
+    splits = _splits(out)
+    assert splits["copy of case 0.svs"] == splits["case 0.svs"]
+    assert sum(entry["slides"] for entry in found.values()) == 5
+    assert {name: entry["patients"] for name, entry in found.items()} == {
+        "fold1": 2,
+        "fold2": 2,
+    }, found
+    shown = cli("split", str(out), "--folds", "2", "--test", "0", "--seed", "3", "--overwrite")
+    fold = splits["case 0.svs"]
+    assert f"{fold}: 2 patients, 3 slides" in shown.stdout, shown.stdout

@@ -104,7 +104,9 @@ def _records(patients: int, seed: int = 0) -> list[SlideRecord]:
 
     rng = random.Random(seed)
     records = [
-        SlideRecord(path=f"s/{p}-{k}.svs", label="b" if p % 4 == 0 else "a", patient=f"P{p}")
+        SlideRecord(
+            path=f"s/{p}-{k}.svs", label="b" if p % 4 == 0 else "a", patient=f"P{p}", tiles=4
+        )
         for p in range(patients)
         for k in range(rng.randint(1, 3))
     ]
@@ -161,7 +163,7 @@ def test_plans_that_cannot_be_met_say_why() -> None:
     records = _records(6)
     with pytest.raises(InputError, match=r"--folds 10 needs at least 10 patients outside the test"):
         assign(records, SplitPlan(folds=10, test=0.2, val=0.0))
-    unlabelled = [*records, SlideRecord(path="s/nolabel.svs", patient="Q")]
+    unlabelled = [*records, SlideRecord(path="s/nolabel.svs", patient="Q", tiles=4)]
     with pytest.raises(InputError, match=r"--stratify label: 1 slides have no label \(nolabel.svs"):
         assign(unlabelled, SplitPlan(stratify="label"))
     assert None not in assign(unlabelled, SplitPlan(stratify=None))
@@ -172,7 +174,7 @@ def test_plans_that_cannot_be_met_say_why() -> None:
     with pytest.raises(InputError, match="no indexed slide"):
         assign([SlideRecord(path="x.svs", status="failed")], SplitPlan())
     # slides without a patient are their own; failed slides get no split
-    mixed = [SlideRecord(path=f"s/{i}.svs", label="a") for i in range(10)]
+    mixed = [SlideRecord(path=f"s/{i}.svs", label="a", tiles=4) for i in range(10)]
     mixed.append(SlideRecord(path="s/bad.svs", status="failed"))
     dealt = assign(mixed, SplitPlan(stratify=None, test=0.2, val=0.2))
     assert dealt[-1] is None and Counter(dealt[:-1]) == {"train": 6, "val": 2, "test": 2}

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 import torch
 from scipy.stats import rankdata
 from torch.nn import functional as F  # noqa: N812
@@ -54,3 +56,29 @@ def test_mil_slide_predictions_attention_and_heatmaps(index: SlideIndex, tmp_pat
     assert summary["classes"] == ["normal", "tumour"] and summary["written"] == 2
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["slides"]["n"] == 2
+
+
+def test_bags_whose_slide_file_is_not_found_say_why(
+    index: SlideIndex, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A features file that names no slide (another tool's, without the 'slide' attribute)
+    was warned about as "slide file not found (None)"."""
+    features = tmp_path / "features"
+    extract(index, "tests.feature_models:tiny", features, workers=0)
+    missing = tmp_path / "moved" / "bad.svs"
+    with h5py.File(features / "good.h5", "r+") as h5:
+        del h5.attrs["slide"]
+    with h5py.File(features / "bad.h5", "r+") as h5:
+        h5.attrs["slide"] = str(missing)
+    out = tmp_path / "mil"
+    with caplog.at_level(logging.WARNING, logger="wsi_loader"):
+        code = main(["predict", str(features), "--mil-model", "tests.feature_models:bag_model",
+                     "--out", str(out), "--device", "cpu"])  # fmt: skip
+    assert code == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        "good: good.h5 names no slide file (no 'slide' attribute): no heatmap; pass --index "
+        "(the index the features came from)"
+    ) in said, said
+    assert f"bad: slide file not found ({missing}): no heatmap; pass --index" in " ".join(said)
+    assert not any("None" in message for message in said), said

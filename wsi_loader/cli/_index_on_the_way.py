@@ -11,10 +11,14 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wsi_loader.cli.common import one_line
 from wsi_loader.cli.index import GRID_KEYS, add_grid_options
 from wsi_loader.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from wsi_loader.config import IndexConfig
 
 # the files a `predict` or `features` run writes into its output folder
 RUN_MARKERS = ("predict.json", "features.json")
@@ -63,6 +67,8 @@ def index_for(args: argparse.Namespace) -> str:
     out = Path(args.out)
     index_out = Path(args.index_out) if args.index_out is not None else out / "index"
     _check_index_out(index_out, out, f"{args.command}.json" if not args.overwrite else None)
+    if not args.overwrite:
+        _check_grid(index_out, args)
     return _build(paths, index_out, args)
 
 
@@ -113,6 +119,49 @@ def _check_index_out(index_out: Path, out: Path, own: str | None) -> None:
                 )
 
 
+def _check_grid(index_out: Path, args: argparse.Namespace) -> None:
+    """One folder, one run: an index already at ``index_out`` laid with other grid options
+    would be rebuilt and every output recomputed, so the run is refused, naming each option
+    with its value then and now, before anything changes (--overwrite rebuilds it)."""
+    from wsi_loader.index import SlideIndex
+    from wsi_loader.index._incremental import changed_grid
+
+    if not is_index(str(index_out)):
+        return
+    changed = changed_grid(SlideIndex.open(index_out).params, _config(args))
+    if changed:
+        shown = "; ".join(
+            f"--{key.replace('_', '-')} {_value(was)} -> {_value(now)}" for key, was, now in changed
+        )
+        raise ConfigError(
+            f"{index_out} holds an index built with other grid options ({shown}): give the "
+            "options it was built with, write elsewhere (--out, --index-out), or pass "
+            "--overwrite to rebuild it and redo the outputs",
+            path="command line",
+        )
+
+
+def _value(value: object) -> str:
+    """A grid option's value as typed on a command line (none: not given)."""
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return ",".join(_value(v) for v in value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _config(args: argparse.Namespace) -> IndexConfig:
+    """The `IndexConfig` of the index built on the way: the `index` command's defaults, the
+    grid options given, and --root."""
+    from wsi_loader.config import IndexConfig, with_overrides
+
+    overrides = {key: getattr(args, key) for key in GRID_KEYS}
+    # --root: the slide paths are stored relative to it (the pass opens the index with it;
+    # an index of absolute paths cannot be remapped)
+    overrides["root"] = args.root
+    return with_overrides(IndexConfig(), source="command line", **overrides)
+
+
 def _build(paths: list[str], index_out: Path, args: argparse.Namespace) -> str:
     """Build the index; under torchrun, rank 0 builds it while the others wait for it (two
     builds into one folder refuse each other), and a failure is every rank's."""
@@ -137,15 +186,9 @@ def _build(paths: list[str], index_out: Path, args: argparse.Namespace) -> str:
 
 
 def _build_here(paths: list[str], index_out: Path, args: argparse.Namespace) -> None:
-    from wsi_loader.config import IndexConfig, with_overrides
     from wsi_loader.index import build_index
 
-    overrides = {key: getattr(args, key) for key in GRID_KEYS}
-    # --root: the slide paths are stored relative to it (the pass opens the index with it;
-    # an index of absolute paths cannot be remapped)
-    overrides["root"] = args.root
-    config = with_overrides(IndexConfig(), source="command line", **overrides)
-    index = build_index(paths, index_out, config, progress=not args.no_progress)
+    index = build_index(paths, index_out, _config(args), progress=not args.no_progress)
     ok = sum(s.status == "ok" for s in index.slides)
     build = index.meta.get("build") or {}
     reused = f", {build['unchanged']} unchanged" if build.get("unchanged") else ""

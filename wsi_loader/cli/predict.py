@@ -28,6 +28,37 @@ from wsi_loader.cli.stain import add_stain_options, stain_option
 from wsi_loader.errors import ConfigError
 
 
+def _number(value: str, kind: type[float] | type[int], what: str) -> float:
+    try:
+        return kind(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what}, got {value!r}") from None
+
+
+def probability(value: str) -> float:
+    """--threshold: in [0, 1] (refused naming the option, not the library's keyword)."""
+    number = _number(value, float, "must be a number in [0, 1]")
+    if not 0 <= number <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
+    return number
+
+
+def top_k(value: str) -> int:
+    """--top-k: a whole number >= 1."""
+    number = int(_number(value, int, "must be a whole number >= 1"))
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {value}")
+    return number
+
+
+def heatmap_size(value: str) -> int:
+    """--heatmap-size: 64 to 8192 pixels."""
+    number = int(_number(value, int, "must be a whole number of pixels, 64 to 8192"))
+    if not 64 <= number <= 8192:
+        raise argparse.ArgumentTypeError(f"must be 64 to 8192 pixels, got {value}")
+    return number
+
+
 def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "predict",
@@ -65,7 +96,7 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--multi-label", action="store_true", help="sigmoid per class, not softmax")
     p.add_argument("--tta", choices=["none", "flips", "d4"], default="none")
     p.add_argument("--heatmap-class", metavar="NAME", help="draw this class only")
-    p.add_argument("--heatmap-size", type=int, default=1024, metavar="PX")
+    p.add_argument("--heatmap-size", type=heatmap_size, default=1024, metavar="PX")
     p.add_argument("--no-heatmaps", action="store_true")
     p.add_argument(
         "--slide-rule",
@@ -73,10 +104,10 @@ def register(sub: Subparsers) -> None:
         default="mean",
         help="a slide's score per class: mean, max or top-k mean of its tile probabilities",
     )
-    p.add_argument("--top-k", type=int, default=10, metavar="K")
+    p.add_argument("--top-k", type=top_k, default=10, metavar="K")
     p.add_argument(
         "--threshold",
-        type=float,
+        type=probability,
         default=0.5,
         help="for the share of tiles at or above it, multi-label slide calls, and the calls of "
         "a one-output model (slides.csv's predicted, each tile's GeoJSON classification)",

@@ -11,8 +11,7 @@ from typing import Any
 
 from wsi_loader.cli.common import COMMON, Subparsers, one_line
 from wsi_loader.index import SlideIndex
-from wsi_loader.index._labels import patient_of
-from wsi_loader.index._splits import SplitPlan, stored_plan, write_splits
+from wsi_loader.index._splits import SplitPlan, no_tiles, patients, stored_plan, write_splits
 
 
 def share(value: str) -> float:
@@ -34,7 +33,8 @@ def register(sub: Subparsers) -> None:
         description="Deal whole patients (or slides) to train/val/test, or to K folds beside "
         "a test split, stratified by label, the same for the same seed. The index gets a new "
         "generation whose slides carry their split: --split train (and foldN:train, "
-        "foldN:val, test with --folds) selects them in every command.",
+        "foldN:val, test with --folds) selects them in every command. Slides with no tiles are "
+        "left out of the dealing: they get no split, and a warning names them.",
         epilog="A slide's patient is the 'patient' (or 'case_id') column of the manifest or "
         "labels CSV it was indexed with, else the case of its TCGA barcode name "
         "(TCGA-CR-7395-01A-01-TS1 -> TCGA-CR-7395), else the slide is its own patient.",
@@ -71,10 +71,11 @@ def register(sub: Subparsers) -> None:
 
 
 def counts(index: SlideIndex) -> dict[str, dict[str, object]]:
-    """Per split: patients, slides, tiles and slides per label."""
+    """Per split: patients (as they were dealt: a copy of a scan is its original's), slides,
+    tiles and slides per label."""
     out: dict[str, dict[str, object]] = {}
-    patients: dict[str, set[str]] = defaultdict(set)
-    for record in index.slides:
+    members: dict[str, set[str]] = defaultdict(set)
+    for record, patient in zip(index.slides, patients(index.slides), strict=True):
         if record.split is None:
             continue
         entry = out.setdefault(record.split, {"patients": 0, "slides": 0, "tiles": 0, "labels": {}})
@@ -84,9 +85,9 @@ def counts(index: SlideIndex) -> dict[str, dict[str, object]]:
         assert isinstance(labels, dict)
         name = record.label or "(none)"
         labels[name] = labels.get(name, 0) + 1
-        patients[record.split].add(patient_of(record) or f"slide {record.path}")
+        members[record.split].add(str(patient))
     for name, entry in out.items():
-        entry["patients"] = len(patients[name])
+        entry["patients"] = len(members[name])
     return dict(sorted(out.items()))
 
 
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
                     "splits": found,
                     "assigned": dict(sorted(assigned.items())),
                     "kept": kept,
+                    "no_tiles": no_tiles(index.slides),
                 },
                 indent=1,
             )
@@ -153,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
             f"{name}: {entry['patients']} patients, {entry['slides']} slides, "
             f"{entry['tiles']} tiles ({shown})"
         )
+    left = no_tiles(index.slides)
+    if left:
+        print(f"no split: {len(left)} slides with no tiles (left out of the dealing)")
     folds = plan.folds if plan else 1
     if folds > 1:
         print(

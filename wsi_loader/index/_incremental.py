@@ -52,14 +52,7 @@ def previous(out: str, config: IndexConfig) -> SlideIndex | None:
     if not os.path.exists(os.path.join(out, CURRENT)):
         return None
     index = SlideIndex.open(out)
-    wanted = config.model_dump()
-    built = {**IndexConfig().model_dump(), **index.params}  # older indexes lack newer keys
-    # min_coverage picks tiles only through roi; otherwise it only relabels (no re-read)
-    params = GRID_PARAMS + (("min_coverage",) if built["roi"] or wanted["roi"] else ())
-    # QC thresholds pick tiles only through qc_exclude; otherwise they only change counts
-    params += ("qc_thresholds",) if built["qc_exclude"] or wanted["qc_exclude"] else ()
-    # compared as stored (JSON: tuples of the config are lists in meta.json)
-    changed = [k for k in params if _as_stored(built.get(k)) != _as_stored(wanted.get(k))]
+    changed = [key for key, _, _ in changed_grid(index.params, config)]
     if changed:
         log.info("grid parameters changed (%s): re-indexing every slide", ", ".join(changed))
         return None
@@ -67,6 +60,20 @@ def previous(out: str, config: IndexConfig) -> SlideIndex | None:
         log.info("the index has no quality-control columns: re-indexing every slide")
         return None
     return index
+
+
+def changed_grid(params: dict[str, Any], config: IndexConfig) -> list[tuple[str, Any, Any]]:
+    """The grid parameters (`GRID_PARAMS`) an index built with ``params`` (its meta.json's)
+    lays otherwise than ``config`` would: (name, value built with, value wanted), as stored."""
+    wanted = config.model_dump()
+    built = {**IndexConfig().model_dump(), **params}  # older indexes lack newer keys
+    # min_coverage picks tiles only through roi; otherwise it only relabels (no re-read)
+    names = GRID_PARAMS + (("min_coverage",) if built["roi"] or wanted["roi"] else ())
+    # QC thresholds pick tiles only through qc_exclude; otherwise they only change counts
+    names += ("qc_thresholds",) if built["qc_exclude"] or wanted["qc_exclude"] else ()
+    # compared as stored (JSON: tuples of the config are lists in meta.json)
+    pairs = [(k, _as_stored(built.get(k)), _as_stored(wanted.get(k))) for k in names]
+    return [(k, was, now) for k, was, now in pairs if was != now]
 
 
 def kept_splits(

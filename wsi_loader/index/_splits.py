@@ -9,6 +9,9 @@ one after another, and the groups dealt in that order by systematic sampling (a 
 of 0.2 takes every fifth group). Each split gets its share of the groups, rounded (0.2 of 12
 patients: 2), and each label its share of each split, to one group; k folds are dealt in
 turn, so fold sizes differ by one group at most.
+
+Slides with no tiles (smaller than one tile, no tissue) are left out of the dealing: they get
+no split (a split of such slides alone would hold no tile), and a warning names them.
 """
 
 from __future__ import annotations
@@ -86,6 +89,16 @@ def _dealt(count: int, share: float) -> list[bool]:
     return [math.floor((i + 1) * share + 0.5) > math.floor(i * share + 0.5) for i in range(count)]
 
 
+def dealt(record: SlideRecord) -> bool:
+    """Whether a slide is dealt to a split: indexed, with tiles."""
+    return record.status == "ok" and record.tiles > 0
+
+
+def no_tiles(slides: Sequence[SlideRecord]) -> list[str]:
+    """The paths of the indexed slides with no tiles and no split (left out of the dealing)."""
+    return [s.path for s in slides if s.status == "ok" and s.tiles == 0 and s.split is None]
+
+
 def _group(record: SlideRecord, by: str) -> str:
     if by == "patient":
         patient = patient_of(record)
@@ -133,6 +146,17 @@ def _members(
     return members
 
 
+def patients(slides: Sequence[SlideRecord]) -> list[str | None]:
+    """Each slide's patient as `split` deals them (its patient, else the slide itself; copies
+    of one scan joined), for the slides that have a split; None for the others."""
+    rows = [i for i, s in enumerate(slides) if s.split is not None]
+    out: list[str | None] = [None] * len(slides)
+    for group, members in _members(slides, rows, SplitPlan()).items():
+        for i in members:
+            out[i] = group
+    return out
+
+
 def _stratum(slides: Sequence[SlideRecord], rows: list[int], plan: SplitPlan) -> str:
     """A group's label (a patient whose slides carry several: the most common one)."""
     if not plan.stratify:
@@ -142,12 +166,13 @@ def _stratum(slides: Sequence[SlideRecord], rows: list[int], plan: SplitPlan) ->
 
 
 def assign(slides: Sequence[SlideRecord], plan: SplitPlan) -> list[str | None]:
-    """Each slide's split under ``plan`` (None for slides that failed to index). Raises
-    `InputError` when the plan cannot be met (a label missing, more folds than groups)."""
+    """Each slide's split under ``plan`` (None for slides that failed to index or have no
+    tiles). Raises `InputError` when the plan cannot be met (a label missing, more folds than
+    groups)."""
     plan.check()
-    usable = [i for i, s in enumerate(slides) if s.status == "ok"]
+    usable = [i for i, s in enumerate(slides) if dealt(s)]
     if not usable:
-        raise InputError("the index has no indexed slide to split")
+        raise InputError("the index has no indexed slide with tiles to split")
     _check_labelled(slides, usable, plan)
     members = _members(slides, usable, plan)
     strata: dict[str, list[str]] = {}
@@ -205,7 +230,7 @@ def assign_more(slides: Sequence[SlideRecord], plan: SplitPlan) -> list[str | No
             "deal: give the options the index was split with, or pass --overwrite "
             "(overwrite=True) to deal every patient again"
         )
-    usable = [i for i, s in enumerate(slides) if s.status == "ok"]
+    usable = [i for i, s in enumerate(slides) if dealt(s)]
     members = _members(slides, usable, plan)
     has = {g: sorted({out[i] or "" for i in rows} - {""}) for g, rows in members.items()}
     new = [g for g in sorted(members) if not has[g]]
@@ -269,7 +294,7 @@ def write_splits(
     path: str | os.PathLike[str], plan: SplitPlan | None, overwrite: bool
 ) -> SlideIndex:
     """Split the index at ``path`` under ``plan`` and write it as a new generation (the
-    tiles as they are).
+    tiles as they are). Slides with no tiles get no split (a warning names them).
 
     An index that has splits already keeps them unless ``overwrite``: its slides without a
     split (slides added since) are dealt, those of a patient with a split to that split, the
@@ -290,8 +315,9 @@ def write_splits(
                     path=os.fspath(path),
                 )
             plan = plan or stored or _inferred_plan(index.splits())
-            if all(s.split is not None for s in index.slides if s.status == "ok"):
-                log.info("every indexed slide has a split: nothing to assign")
+            if all(s.split is not None for s in index.slides if dealt(s)):
+                log.info("every indexed slide with tiles has a split: nothing to assign")
+                _warn_no_tiles(index.slides)
                 return index
             splits = assign_more(index.slides, plan)
         else:
@@ -310,8 +336,21 @@ def write_splits(
         params, root = index.params, index.meta.get("root")
         del index  # releases its generation, which write_index may then delete
         written = write_index(path, records, tiles, params, root, extra)
+    _warn_no_tiles(written.slides)
     warn_split_gaps(written)
     return written
+
+
+def _warn_no_tiles(slides: Sequence[SlideRecord]) -> None:
+    left = no_tiles(slides)
+    if left:
+        more = f", and {len(left) - 10} more" if len(left) > 10 else ""
+        log.warning(
+            "%d slides have no tiles and were left out of the dealing (no split): %s%s",
+            len(left),
+            ", ".join(left[:10]),
+            more,
+        )
 
 
 def _inferred_plan(names: list[str]) -> SplitPlan:

@@ -268,8 +268,15 @@ def _slide_file(
     with h5py.File(bags.files[i], "r") as h5:
         stored = h5.attrs.get("slide")
     path = os.fsdecode(stored) if isinstance(stored, bytes | str) else None
-    if path is None or not os.path.isfile(path):
-        log.warning("%s: slide file not found (%s): no heatmap; pass --index", slide, path)
+    hint = "no heatmap; pass --index (the index the features came from)"
+    if path is None:  # another tool's file
+        log.warning(
+            "%s: %s names no slide file (no 'slide' attribute): %s", slide, bags.files[i].name,
+            hint,
+        )  # fmt: skip
+        return None
+    if not os.path.isfile(path):
+        log.warning("%s: slide file not found (%s): %s", slide, path, hint)
         return None
     return path
 
