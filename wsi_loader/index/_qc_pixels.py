@@ -206,7 +206,9 @@ def folded(
     pixels on both sides of it along a row or a column (`between`), `BAND_LENGTH` times as
     long as it is wide (`_long`) and not within a tenth of ``reach`` of ink. Dense tissue
     beside loose tissue is wider than that or has dense tissue on its other side, and a
-    dense nodule is round: neither is a fold."""
+    dense nodule is round: neither is a fold. Where such a band runs on beside dense tissue
+    or along the section's edge (pale tissue on one side only), the rest of it is found
+    from the band (`_band_on`)."""
     if not stained.any():
         return np.zeros(stained.shape, dtype=bool)
     from scipy import ndimage  # here: index readers (spawned workers) need no scipy
@@ -250,8 +252,44 @@ def folded(
         bands = _long(_areas(bands), BAND_LENGTH)
         # ink thinning out over tissue is a band beside a stroke: no such band comes near ink
         near = max(3, round(reach / 10))
-        fold |= bands & ~_touching(bands, ndimage.binary_dilation(ink, iterations=near))
+        inked = ndimage.binary_dilation(ink, iterations=near)
+        bands &= ~_touching(bands, inked)
+        fold |= bands | _band_on(over_pale, bands, inked, min_area)
     return large_parts(fold, min_area)
+
+
+def _band_on(over_pale: BoolArray, bands: BoolArray, inked: BoolArray, min_area: int) -> BoolArray:
+    """The rest of the folds ``bands`` found: where a fold runs on beside dense tissue or
+    along the section's edge it has pale tissue on one side only, but it is the same area
+    as dense over the pale tissue of its hue (``over_pale``, lines a pixel or two wide such
+    as a dense area's rim taken off). Such an area is kept where the band in it is a fold's
+    size (``min_area`` pixels: not a few pixels of a gland's wall) and it is a band itself,
+    its gaps closed and holes filled (a ragged cellular nodule is no band), away from ink
+    (``inked``)."""
+    from scipy import ndimage  # here: index readers (spawned workers) need no scipy
+
+    square = np.ones((3, 3), dtype=bool)
+    labels, count = ndimage.label(ndimage.binary_opening(over_pale, square), structure=square)
+    if not count:
+        return np.zeros(bands.shape, dtype=bool)
+    proven = np.bincount(labels[bands], minlength=count + 1) >= min_area
+    proven[0] = False
+    whole: BoolArray = proven[labels]
+    if not whole.any():
+        return whole
+    whole &= ~_touching(whole, inked)
+    found = np.zeros(bands.shape, dtype=bool)
+    if not whole.any():
+        return found
+    # over the bounding box of those areas (with room for the closing): most of a slide has none
+    rows, cols = np.nonzero(whole.any(axis=1))[0], np.nonzero(whole.any(axis=0))[0]
+    box = (
+        slice(max(rows[0] - 3, 0), rows[-1] + 4),
+        slice(max(cols[0] - 3, 0), cols[-1] + 4),
+    )
+    solid = ndimage.binary_fill_holes(ndimage.binary_closing(whole[box], square, iterations=2))
+    found[box] = whole[box] & _long(solid, BAND_LENGTH)
+    return found
 
 
 def _areas(mask: BoolArray) -> BoolArray:
