@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -20,6 +22,29 @@ def density(rgb: tuple[int, int, int]) -> npt.NDArray[np.float64]:
     return -np.log10(np.maximum(np.asarray(rgb, np.float64), 1.0) / 255.0)
 
 
+def flags_and_shares(
+    image: npt.NDArray[np.uint8],
+) -> tuple[
+    dict[str, npt.NDArray[np.bool_]], Callable[[npt.NDArray[np.bool_]], npt.NDArray[np.float64]]
+]:
+    """QC of ``image`` as a slide's picture in tiles of `TILE_PX`: each rule's flags, and the
+    share of each tile a mask covers (the truth's tile shares)."""
+    h, w = image.shape[:2]
+    ys, xs = np.meshgrid(np.arange(0, h, TILE_PX), np.arange(0, w, TILE_PX), indexing="ij")
+    tiles = TileBoxes(xs.ravel().astype(np.int64), ys.ravel().astype(np.int64), TILE_PX)
+    rule = pixel_rule(image, "brightfield")
+    result = qc.measure(
+        LowResolution(image, 0, (w, h)), rule, tiles, UM_PER_PX, None,
+        tissue_mask(image, rule, None),
+    )  # fmt: skip
+
+    def share(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
+        at = zip(xs.ravel().tolist(), ys.ravel().tolist(), strict=True)
+        return np.array([mask[y : y + TILE_PX, x : x + TILE_PX].mean() for x, y in at])
+
+    return qc.flags(result.columns), share
+
+
 def test_red_marker_over_tissue_is_pen_not_fold() -> None:
     """A red marker stroke running from glass over pink tissue (the marker's density added
     to the tissue's, as on HistoQC's pen_red slide, where 101 tiles of it were folds): red
@@ -34,18 +59,7 @@ def test_red_marker_over_tissue_is_pen_not_fold() -> None:
     od += np.where(stroke[..., None], 0.55 * density(RED_MARKER), 0.0)
     image = np.clip(255 * 10**-od + 0.5, 0, 255).astype(np.uint8)
     image[~(tissue | stroke)] = GLASS
-    ys, xs = np.meshgrid(np.arange(0, h, TILE_PX), np.arange(0, w, TILE_PX), indexing="ij")
-    tiles = TileBoxes(xs.ravel().astype(np.int64), ys.ravel().astype(np.int64), TILE_PX)
-    rule = pixel_rule(image, "brightfield")
-    result = qc.measure(
-        LowResolution(image, 0, (w, h)), rule, tiles, UM_PER_PX, None,
-        tissue_mask(image, rule, None),
-    )  # fmt: skip
-    flagged = qc.flags(result.columns)
-
-    def share(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
-        at = zip(xs.ravel().tolist(), ys.ravel().tolist(), strict=True)
-        return np.array([mask[y : y + TILE_PX, x : x + TILE_PX].mean() for x, y in at])
+    flagged, share = flags_and_shares(image)
 
     over_tissue = share(stroke & tissue) >= 0.5
     clean = (share(stroke) == 0) & (share(tissue) == 1)
@@ -88,18 +102,7 @@ def test_a_second_layer_of_dark_h_tissue_is_no_ink() -> None:
         image[stroke] = 0.25 * image[stroke] + 0.75 * np.asarray(colour, dtype=np.float64)
         strokes[name] = stroke
     image = (image + 0.5).astype(np.uint8)
-    ys, xs = np.meshgrid(np.arange(0, h, TILE_PX), np.arange(0, w, TILE_PX), indexing="ij")
-    tiles = TileBoxes(xs.ravel().astype(np.int64), ys.ravel().astype(np.int64), TILE_PX)
-    rule = pixel_rule(image, "brightfield")
-    result = qc.measure(
-        LowResolution(image, 0, (w, h)), rule, tiles, UM_PER_PX, None,
-        tissue_mask(image, rule, None),
-    )  # fmt: skip
-    flagged = qc.flags(result.columns)
-
-    def share(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
-        at = zip(xs.ravel().tolist(), ys.ravel().tolist(), strict=True)
-        return np.array([mask[y : y + TILE_PX, x : x + TILE_PX].mean() for x, y in at])
+    flagged, share = flags_and_shares(image)
 
     folded = share(fold) >= 0.5
     assert folded.sum() >= 10
