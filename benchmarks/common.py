@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -21,8 +22,17 @@ def scratch_folder(path: str | None, prefix: str) -> Path:
 def synthetic_slide(path: Path, width: int = 20_000, seed: int = 0, mpp: float = 0.5) -> Path:
     """A synthetic 4:3 Aperio SVS at ``path``, written only when it is not there yet."""
     if not path.exists():
-        write_svs(str(path), SlideSpec(width=width, height=width * 3 // 4, seed=seed, mpp=mpp))
+        written(path, SlideSpec(width=width, height=width * 3 // 4, seed=seed, mpp=mpp))
     return path
+
+
+def written(path: Path, spec: SlideSpec) -> None:
+    """Write a synthetic SVS to ``path`` whole or not at all: into a temporary name beside it,
+    renamed when complete (a run stopped mid-write must not leave a broken slide that the
+    next run, finding the file, would use)."""
+    partial = path.with_name(f".{path.name}.partial")
+    write_svs(str(partial), spec)
+    os.replace(partial, path)
 
 
 def random_rows_of_one_slide(folder: Path, tiles: int) -> tuple[SlideIndex, list[int]]:

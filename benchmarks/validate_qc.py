@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from common import scratch_folder
+from common import scratch_folder, written
 from qc_real_images import DEFAULT as IMAGES_FOLDER
 from qc_real_images import real_images_section
 from scipy import ndimage, stats
@@ -43,7 +43,7 @@ from scipy import ndimage, stats
 from wsi_loader.index import SlideIndex, build_index
 from wsi_loader.index import _qc as qc
 from wsi_loader.slides import open_slide
-from wsi_loader.synthetic import SlideSpec, tissue_of, with_qc_artefacts, write_svs
+from wsi_loader.synthetic import SlideSpec, tissue_of, with_qc_artefacts
 from wsi_loader.synthetic._artefacts import Score, score, truth_shares
 
 REGIMES = {
@@ -60,7 +60,7 @@ QUICK = {EIGHT: (16_000, 8_000, 0.5, 1.0, (1,))}
 def slide_for(scratch: Path, spec: SlideSpec, name: str) -> Path:
     path = scratch / f"{name}.svs"
     if not path.exists():
-        write_svs(str(path), spec)
+        written(path, spec)  # whole or not at all: an interrupted run leaves no broken slide
     return path
 
 
