@@ -165,12 +165,8 @@ def tissue_layers(
     ratio = np.zeros(ink.shape, dtype=np.float32)
     for part in hue_parts(raw, reference):
         around = _typical_around(raw, part, window)
-        dot = density[..., 0] * around[..., 0]
-        dot += density[..., 1] * around[..., 1]
-        dot += density[..., 2] * around[..., 2]
         around_strength = np.maximum(_norm(around), 1e-6)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            cosine = dot / (strength * around_strength)
+        cosine = _cosine(density, strength, around, around_strength)
         closer = cosine > best
         ratio = np.where(closer, strength / around_strength, ratio)
         best = np.maximum(best, cosine)
@@ -398,13 +394,25 @@ def _denser(
 ) -> BoolArray:
     """Pixels at least ``factor`` times as dense as ``around`` and of its colour."""
     around_strength = _norm(around)
+    cosine = _cosine(density, strength, around, around_strength)
+    found: BoolArray = (strength >= factor * around_strength) & (cosine >= FOLD_HUE_COSINE)
+    return found
+
+
+def _cosine(
+    density: npt.NDArray[np.float32],
+    strength: npt.NDArray[np.float32],
+    around: npt.NDArray[np.float32],
+    around_strength: npt.NDArray[np.float32],
+) -> npt.NDArray[np.float32]:
+    """Per pixel, the cosine between ``density`` and ``around`` (their lengths given): how
+    alike their colours are, whatever their strength."""
     dot = density[..., 0] * around[..., 0]
     dot += density[..., 1] * around[..., 1]
     dot += density[..., 2] * around[..., 2]
     with np.errstate(invalid="ignore", divide="ignore"):
-        cosine = dot / (strength * around_strength)
-    found: BoolArray = (strength >= factor * around_strength) & (cosine >= FOLD_HUE_COSINE)
-    return found
+        cosine: npt.NDArray[np.float32] = dot / (strength * around_strength)
+    return cosine
 
 
 def hue_parts(density: npt.NDArray[np.float32], stained: BoolArray) -> list[BoolArray]:
